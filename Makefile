@@ -1,0 +1,50 @@
+# trident's front door. `make run` trains the default deck; `make test` runs the tests.
+BUILD      ?= build
+BUILD_TYPE ?= Release
+JOBS       ?= $(shell nproc)
+NP         ?= 1
+DECK       ?= input/default.toml
+PYTHON     ?= /usr/bin/python3
+CMAKE_ARGS ?=
+TRIDENT    := $(BUILD)/trident
+
+# Open MPI refuses to run as root unless told; CI and containers run as root.
+ifeq ($(shell id -u),0)
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+endif
+
+.PHONY: all build deps check-deps test test-asan run data bench clean
+
+all: build
+
+deps:
+	@tools/deps.sh install
+
+check-deps:
+	@tools/deps.sh check
+
+$(BUILD)/CMakeCache.txt: | check-deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
+
+build: check-deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The default corpus (King James Bible) and its token datasets; see input/data.mk.
+include input/data.mk
+
+run: build data
+	mpirun -np $(NP) --oversubscribe $(TRIDENT) train $(DECK)
+	@$(PYTHON) tools/plot_metrics.py output/default/metrics.h5 --out output/default/metrics.png || true
+	@echo
+	@echo "Outputs in output/default/: metrics.h5 (per-step metrics), checkpoints/ (HDF5), config.toml"
+	@echo "Sample:  $(TRIDENT) sample --checkpoint \$$(ls output/default/checkpoints/*.h5 | tail -1) --prompt 'In the beginning'"
+
+bench: build
+	bench/run.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,88 @@
+// trident/model/spec.hpp — the model's shape and the ShardSpec of every parameter: the one
+// place that knows how a logical tensor maps onto this rank's shard and onto the rank's
+// flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
+// ranges and the grad-norm "count each parameter once" rule all read it.
+// defines: trident::model::ModelConfig, Split, Init, ShardBlock, ShardSpec, StageLayout,
+//          gpt_param_specs, for_each_local_element
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace trident::model {
+
+struct ModelConfig {
+  int vocab_size = 0;  // the true vocabulary (any TP padding is internal)
+  int seq_len = 128;
+  int n_layer = 4;
+  int n_head = 4;
+  int d_model = 256;
+
+  int d_ff() const { return 4 * d_model; }
+  int head_dim() const { return d_model / n_head; }
+  bool operator==(const ModelConfig& o) const {
+    return vocab_size == o.vocab_size && seq_len == o.seq_len && n_layer == o.n_layer &&
+           n_head == o.n_head && d_model == o.d_model;
+  }
+  bool operator!=(const ModelConfig& o) const { return !(*this == o); }
+};
+
+// How tensor parallelism splits a parameter along split_dim.
+enum class Split {
+  none,        // replicated on every TP rank (LayerNorms, row-parallel biases, wpe)
+  contiguous,  // one contiguous slice per rank (c_fc columns, c_proj rows, wte rows)
+  qkv,         // c_attn: q, k and v blocks each split by heads, one slice of each per rank
+};
+
+enum class Init { normal, zeros, ones };
+
+// A contiguous run of the split dimension: `count` indices starting at `global_start` in
+// the logical tensor land at `local_start` in this rank's shard.
+struct ShardBlock {
+  std::int64_t global_start;
+  std::int64_t local_start;
+  std::int64_t count;
+};
+
+struct ShardSpec {
+  std::string name;                   // global name, as in FORMAT.md ("h.3.mlp.c_fc.weight")
+  std::vector<std::int64_t> shape;    // logical shape (what files hold)
+  std::vector<std::int64_t> local_shape;  // this rank's shard (may include TP padding rows)
+  int split_dim = -1;                 // -1 when Split::none
+  Split split = Split::none;
+  std::vector<ShardBlock> blocks;     // along split_dim; empty when Split::none
+  std::int64_t offset = 0;            // first element in the rank's flat buffer
+  Init init = Init::normal;
+  float init_std = 0.0f;
+  bool weight_decay = false;          // AdamW decay: 2-D weights only
+  int layer = -1;                     // transformer block index, -1 for embeddings / ln_f
+
+  std::int64_t numel() const;        // logical
+  std::int64_t local_numel() const;  // in the flat buffer
+  bool tp_replicated() const { return split == Split::none; }
+};
+
+// Which part of the model a pipeline chunk owns.
+struct StageLayout {
+  int first_layer = 0;      // [first_layer, last_layer)
+  int last_layer = 0;
+  bool has_embedding = true;  // wte, wpe (first stage)
+  bool has_head = true;       // ln_f and the tied LM head (last stage)
+};
+
+// Vocabulary rows each TP rank holds: the vocabulary padded up to a multiple of tp_size.
+int vocab_per_rank(int vocab_size, int tp_size);
+
+// The ShardSpecs of a chunk, with offsets packed in order from `offset0`.
+std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout& stage,
+                                       int tp_rank, int tp_size, std::int64_t offset0 = 0);
+
+// Calls fn(local_index, global_index) for every element of the shard that exists in the
+// logical tensor (padding rows are skipped); indices are row-major flat indices into the
+// local shard and the logical tensor.
+void for_each_local_element(const ShardSpec& spec,
+                            const std::function<void(std::int64_t, std::int64_t)>& fn);
+
+}  // namespace trident::model

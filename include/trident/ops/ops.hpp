@@ -1,0 +1,124 @@
+// trident/ops/ops.hpp — the kernels one training step needs, behind one backend-neutral
+// interface. Model code calls these and nothing else; only ops/cpu (OpenBLAS + OpenMP) and
+// ops/cuda (cuBLAS + CUDA kernels) implement them. Pointers are memory of the backend's
+// device. Everything is row-major fp32.
+//
+// Dimension legend: B = micro-batch, T = sequence length, C = channels (of this rank's
+// shard where TP splits them), NH = heads (on this rank), hs = C / NH, V = vocabulary
+// columns on this rank, N = B*T rows.
+//
+// Gradient rule (as llm.c): parameter gradients are ACCUMULATED (+=) so microbatches add
+// up; activation gradients are WRITTEN (=), except where a comment says "+=" (the
+// residual stream: layernorm_backward and residual_backward add into dx).
+//
+// defines: trident::ops::Ops, make_cpu_ops, make_ops
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "trident/core/buffer.hpp"
+
+namespace trident::ops {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // ---- matrix products ------------------------------------------------------------
+  // C[m,n] = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; row-major, leading dims
+  // are row strides of the stored matrices.
+  virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                    int ldc) = 0;
+
+  // linear: y[N,out] = x[N,in] @ w[in,out] + b[out]   (b may be null)
+  virtual void linear_forward(float* y, const float* x, const float* w, const float* b, int n,
+                              int in, int out) = 0;
+  // dx[N,in] = dy @ w^T (skipped when dx is null); dw[in,out] += x^T @ dy;
+  // db[out] += sum over rows of dy (skipped when db is null)
+  virtual void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                               const float* w, int n, int in, int out) = 0;
+
+  // ---- normalization and pointwise ------------------------------------------------
+  // y = (x - mean) * rstd * w + b per row; saves mean[N], rstd[N] for the backward. eps 1e-5.
+  virtual void layernorm_forward(float* y, float* mean, float* rstd, const float* x,
+                                 const float* w, const float* b, int n, int c) = 0;
+  // dx[N,C] += ..., dw[C] += ..., db[C] += ...
+  virtual void layernorm_backward(float* dx, float* dw, float* db, const float* dy,
+                                  const float* x, const float* w, const float* mean,
+                                  const float* rstd, int n, int c) = 0;
+
+  // GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  virtual void gelu_forward(float* y, const float* x, std::int64_t n) = 0;
+  virtual void gelu_backward(float* dx, const float* x, const float* dy, std::int64_t n) = 0;
+
+  // y = a + b   (y may alias a or b)
+  virtual void add(float* y, const float* a, const float* b, std::int64_t n) = 0;
+  // x *= alpha
+  virtual void scale(float* x, float alpha, std::int64_t n) = 0;
+  // sum of x[i]^2, accumulated in double
+  virtual double sum_squares(const float* x, std::int64_t n) = 0;
+  virtual void fill(float* x, float value, std::int64_t n) = 0;
+  virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
+
+  // ---- attention --------------------------------------------------------------------
+  // qkv[B,T,3C]: columns q (C), then k (C), then v (C); inside each, head h owns columns
+  // [h*hs, (h+1)*hs). Causal softmax(q k^T / sqrt(hs)) v per head, written to out[B,T,C]
+  // with head h at columns [h*hs, (h+1)*hs). att[B,NH,T,T] keeps the probabilities for the
+  // backward (entries above the diagonal are 0).
+  virtual void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+                                 int nh) = 0;
+  // dqkv[B,T,3C] = gradient w.r.t. qkv; datt[B,NH,T,T] is scratch.
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                  const float* att, int b, int t, int c, int nh) = 0;
+
+  // ---- embeddings -----------------------------------------------------------------
+  // Masked (vocab-parallel) lookup: x[N,C] = wte[tok - vocab_start] when
+  // vocab_start <= tok < vocab_start + v, else 0. wte is [v, C].
+  virtual void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n,
+                                 int c, int vocab_start, int v) = 0;
+  // dwte[v,C] += dx rows for the tokens in range
+  virtual void embedding_backward(float* dwte, const float* dx, const std::int32_t* tokens,
+                                  int n, int c, int vocab_start, int v) = 0;
+  // x[B,T,C] += wpe[t] for each position t
+  virtual void position_forward(float* x, const float* wpe, int b, int t, int c) = 0;
+  // dwpe[T,C] += sum over the batch of dx[b,t]
+  virtual void position_backward(float* dwpe, const float* dx, int b, int t, int c) = 0;
+
+  // ---- softmax cross-entropy, in three passes so that the vocabulary may be sharded ----
+  // (between the passes the caller reduces row_max with MAX and sumexp/target_logit with
+  // SUM over the TP group). logits[N, ld]; only columns [0, v_valid) are real, the rest is
+  // padding and is ignored (and gets zero gradient).
+  virtual void xent_row_max(float* row_max, const float* logits, int n, int ld, int v_valid) = 0;
+  // sumexp[N] = sum_j exp(logits[j] - row_max); target_logit[N] = logits[target - vocab_start]
+  // when the target is in this shard, else 0.
+  virtual void xent_sumexp(float* sumexp, float* target_logit, const float* logits,
+                           const float* row_max, const std::int32_t* targets, int n, int ld,
+                           int v_valid, int vocab_start) = 0;
+  // loss[N] = log(sumexp) + row_max - target_logit
+  virtual void xent_loss(float* loss, const float* row_max, const float* sumexp,
+                         const float* target_logit, int n) = 0;
+  // In place: logits[N,ld] becomes scale * (softmax - onehot(target)); padding columns 0.
+  virtual void xent_backward(float* logits, const float* row_max, const float* sumexp,
+                             const std::int32_t* targets, int n, int ld, int v_valid,
+                             int vocab_start, float scale) = 0;
+
+  // ---- optimizer --------------------------------------------------------------------
+  // torch.optim.AdamW, step by step:  p *= 1 - lr*wd;  m = b1 m + (1-b1) g;
+  // v = b2 v + (1-b2) g^2;  p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+  // with bc1 = 1 - b1^step, bc2 = 1 - b2^step (passed in).
+  virtual void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, float bc1,
+                     float bc2) = 0;
+};
+
+// threads: OpenMP and BLAS threads this rank uses (>= 1).
+std::unique_ptr<Ops> make_cpu_ops(int threads);
+// make_ops("cpu" | "cuda", threads): a clear Error when the backend is not available.
+std::unique_ptr<Ops> make_ops(const std::string& device, int threads);
+
+}  // namespace trident::ops
