@@ -1,0 +1,138 @@
+// trident/model/gpt.hpp — a GPT-2 model chunk: the layers one pipeline stage owns, as
+// Megatron-style tensor-parallel layers over the `ops` kernels, with a hand-written
+// backward that mirrors the forward in reverse.
+// defines: trident::model::GptChunk, ChunkActivations, LayerActivations, Recompute
+//
+// Legend: B = micro-batch, T = seq_len, C = d_model, NH = heads on this rank,
+// C3 = 3*C/tp (this rank's q,k,v columns), F = 4*C/tp (this rank's MLP columns),
+// Vl = vocabulary rows on this rank (padded), L = layers in this chunk.
+//
+// TP communication (all over ps.tp; free when tp == 1):
+//   column-parallel c_attn, c_fc:  forward identity, backward allreduce of dx
+//   row-parallel c_proj:           forward allreduce of y (bias added once after), backward identity
+//   vocab-parallel embedding:      masked lookup + allreduce
+//   LM head + cross-entropy:       max / sum-exp / target logit reduced, never the full logits
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "trident/core/buffer.hpp"
+#include "trident/model/spec.hpp"
+#include "trident/ops/ops.hpp"
+#include "trident/parallel/comm.hpp"
+
+namespace trident::model {
+
+enum class Recompute { none, full };
+
+// What one transformer block keeps from its forward for its backward.
+struct LayerActivations {
+  float* ln1;       // [B,T,C]
+  float* ln1_mean;  // [B,T]
+  float* ln1_rstd;  // [B,T]
+  float* qkv;       // [B,T,C3]
+  float* atty;      // [B,T,C/tp]  attention output before c_proj
+  float* att;       // [B,NH,T,T]  softmax probabilities
+  float* res2;      // [B,T,C]     residual after attention
+  float* ln2;       // [B,T,C]
+  float* ln2_mean;  // [B,T]
+  float* ln2_rstd;  // [B,T]
+  float* fch;       // [B,T,F]     c_fc output
+  float* fch_gelu;  // [B,T,F]
+};
+
+// Activations of one microbatch in flight through one chunk (the pipeline stashes several).
+struct ChunkActivations {
+  FloatBuffer input;                     // [B,T,C] embedding output, or received from the previous stage
+  FloatBuffer outputs;                   // [L,B,T,C] each block's output (the last is the chunk's output)
+  FloatBuffer store;                     // per-layer activations (empty with full recompute)
+  std::vector<LayerActivations> layers;  // views into store
+  FloatBuffer lnf;                       // [B,T,C] (last stage)
+  FloatBuffer lnf_mean, lnf_rstd;        // [B,T]
+  FloatBuffer doutput;                   // [B,T,C] d loss / d chunk output
+  FloatBuffer dinput;                    // [B,T,C] d loss / d chunk input (to send back)
+  double loss_sum = 0;                   // sum of token losses (last stage)
+};
+
+class GptChunk {
+ public:
+  GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
+           ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none);
+
+  const ModelConfig& config() const { return cfg_; }
+  const StageLayout& stage() const { return stage_; }
+  const std::vector<ShardSpec>& specs() const { return specs_; }
+  const ShardSpec& spec(const std::string& name) const;
+  std::int64_t num_params() const { return num_params_; }
+  int micro_batch() const { return B_; }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* params() const { return params_.data(); }
+
+  // GPT-2 initialization from the counter-based RNG: normal(0, 0.02), residual
+  // projections 0.02/sqrt(2*n_layer), biases 0, LayerNorm weights 1. Keyed by global
+  // name and logical element index: the same weights in every layout.
+  void init_weights(std::uint64_t seed);
+  void zero_grads();
+
+  std::unique_ptr<ChunkActivations> make_activations() const;
+
+  // One microbatch forward. First stage: embeds inputs[B,T]; others read a.input.
+  // Last stage: also computes the loss of targets[B,T] and the head's backward (the
+  // gradients of ln_f and the LM head accumulate here, so no logits stay alive), scaled
+  // by loss_scale = 1 / (target tokens in the global batch); returns the sum of losses.
+  // With with_backward = false (evaluation) the head computes the loss only.
+  double forward(ChunkActivations& a, const std::int32_t* inputs, const std::int32_t* targets,
+                 float loss_scale, bool with_backward = true);
+  // One microbatch backward from a.doutput (set by forward on the last stage, received
+  // otherwise). Parameter gradients accumulate (+=). First stage: into wte/wpe; others:
+  // writes a.dinput.
+  void backward(ChunkActivations& a, const std::int32_t* inputs);
+
+  float* output(ChunkActivations& a) const;  // [B,T,C] the chunk's output
+
+  // Inference (single stage and TP group of 1): logits [V] of the last position of
+  // tokens[0..t), 1 <= t <= seq_len.
+  void logits_last(const std::int32_t* tokens, int t, float* logits);
+
+ private:
+  struct LayerParams {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  };
+  LayerParams layer_params(float* base, int l) const;
+  float* tensor(float* base, const std::string& name) const;
+  void bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views, int count) const;
+  std::int64_t layer_store_size() const;
+
+  void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
+  void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
+  void block_backward(int l, const float* x, float* dres, LayerActivations& la);
+  double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
+                               float loss_scale, bool with_backward);
+  // Row-parallel linear: y = allreduce_tp(x @ w) + bias (bias added once).
+  void row_parallel_forward(float* y, const float* x, const float* w, const float* bias, int n,
+                            int in, int out);
+
+  ModelConfig cfg_;
+  StageLayout stage_;
+  parallel::ParallelState& ps_;
+  ops::Ops& ops_;
+  int B_, T_, C_, NH_, C3_, F_, Vl_, vocab_start_, v_valid_;
+  Recompute recompute_;
+  std::vector<ShardSpec> specs_;
+  std::int64_t num_params_ = 0;
+  FloatBuffer params_, grads_;
+  std::vector<LayerParams> p_layers_, g_layers_;  // views, by chunk-local layer index
+
+  // Backward scratch, shared by all microbatches (only one backward runs at a time).
+  FloatBuffer dres_, dbuf_, dqkv_, datt_, dfch_, dgelu_;
+  FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
+  FloatBuffer recompute_store_;
+  std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
+  std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
+};
+
+}  // namespace trident::model

@@ -1,0 +1,84 @@
+// trident/parallel/comm.hpp — communicators and every collective trident issues, with a
+// call and byte counter per communicator (reported in the metrics as comm/<group>/bytes).
+// defines: trident::parallel::Comm, CommCounters, ParallelState, make_parallel_state,
+//          node_local_size
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "trident/parallel/grid.hpp"
+
+namespace trident::parallel {
+
+struct CommCounters {
+  std::int64_t calls = 0;
+  std::int64_t bytes = 0;  // payload bytes this rank contributed
+};
+
+// A communicator with a name ("world", "tp", "pp", "dp", "embedding"). Owns the MPI
+// handle it created (not MPI_COMM_WORLD). Collectives on a size-1 communicator return at
+// once without calling MPI or counting. A rank outside the group holds size 0.
+class Comm {
+ public:
+  Comm() = default;
+  static Comm world();
+  Comm(MPI_Comm comm, std::string name, bool owned);
+  ~Comm();
+  Comm(Comm&& o) noexcept;
+  Comm& operator=(Comm&& o) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // Collective over this communicator: members with the same color form a new one.
+  Comm split(int color, int key, std::string name) const;
+
+  MPI_Comm raw() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  const CommCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+
+  void allreduce_sum(float* data, std::int64_t n);
+  void allreduce_sum(double* data, std::int64_t n);
+  void allreduce_max(float* data, std::int64_t n);
+  void allreduce_max(double* data, std::int64_t n);
+  void allreduce_max(int* data, std::int64_t n);
+  void broadcast(void* data, std::int64_t bytes, int root);
+  void barrier();
+
+ private:
+  void count(std::int64_t bytes) {
+    counters_.calls += 1;
+    counters_.bytes += bytes;
+  }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  bool owned_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+  CommCounters counters_;
+};
+
+// The parallel state passed explicitly to every layer (no globals).
+struct ParallelState {
+  GridShape shape;
+  GridCoord coord;
+  int world_rank = 0;
+  Comm world, tp, dp, pp, embedding;
+
+  bool first_stage() const { return coord.pp == 0; }
+  bool last_stage() const { return coord.pp == shape.pp - 1; }
+};
+
+// Builds the tp/dp/pp/embedding communicators with MPI_Comm_split (collective on world).
+// The caller has checked that the world size equals shape.world_size().
+ParallelState make_parallel_state(const GridShape& shape);
+
+// Ranks of this job on this rank's node (MPI_COMM_TYPE_SHARED); collective on world.
+int node_local_size();
+
+}  // namespace trident::parallel

@@ -1,0 +1,47 @@
+// trident/parallel/grid.hpp — the process grid as pure arithmetic (no MPI here).
+// defines: trident::parallel::GridShape, GridCoord, Axis, coord_of, rank_of, group_ranks
+//
+// Megatron-LM's order, TP fastest, then DP, then PP (DESIGN.md, decision 1):
+//     world_rank = tp_rank + TP * (dp_rank + DP * pp_rank)
+// TP neighbours are adjacent ranks, i.e. on the same node with the fastest links.
+// Worked example, 16 ranks, TP=2, PP=4, DP=2:
+//     TP groups [0,1] [2,3] [4,5] [6,7] [8,9] [10,11] [12,13] [14,15]
+//     DP groups [0,2] [1,3] [4,6] [5,7] [8,10] [9,11] [12,14] [13,15]
+//     PP groups [0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15]
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace trident::parallel {
+
+struct GridShape {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int world_size() const { return tp * pp * dp; }
+};
+
+struct GridCoord {
+  int tp = 0;
+  int dp = 0;
+  int pp = 0;
+};
+
+enum class Axis { tp, dp, pp };
+
+GridCoord coord_of(const GridShape& shape, int world_rank);
+int rank_of(const GridShape& shape, const GridCoord& coord);
+
+// All groups along `axis`, each a list of world ranks in the order of the axis index;
+// groups are ordered by the smallest rank they contain.
+std::vector<std::vector<int>> group_ranks(const GridShape& shape, Axis axis);
+
+// The embedding group of each pipeline: its first and last stage (one rank when pp == 1),
+// for every (tp, dp) position.
+std::vector<std::vector<int>> embedding_group_ranks(const GridShape& shape);
+
+// {"tp": [[0,1],...], "dp": [...], "pp": [...], "embedding": [...]} on one line.
+std::string groups_json(const GridShape& shape);
+
+}  // namespace trident::parallel

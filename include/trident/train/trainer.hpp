@@ -1,0 +1,70 @@
+// trident/train/trainer.hpp — one rank's share of training: the model chunk, its
+// optimizer and the executor, and what one optimizer step does with a global batch.
+// The step loop with its files (metrics, checkpoints) is in train/run.hpp.
+// defines: trident::train::Trainer, StepStats
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "trident/model/gpt.hpp"
+#include "trident/ops/ops.hpp"
+#include "trident/parallel/comm.hpp"
+#include "trident/pipeline/executor.hpp"
+#include "trident/train/config.hpp"
+#include "trident/train/optimizer.hpp"
+
+namespace trident::train {
+
+struct StepStats {
+  double loss = 0;       // mean over the global batch's target tokens
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+};
+
+// The model's placement for this rank: its pipeline stage's layers, TP shards.
+model::StageLayout stage_layout(const Config& cfg, const parallel::ParallelState& ps);
+
+class Trainer {
+ public:
+  // cfg must be resolved (resolve_world) and have model.vocab_size > 0.
+  Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops);
+
+  model::GptChunk& model() { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  const Config& config() const { return cfg_; }
+  parallel::ParallelState& state() { return ps_; }
+
+  // Sequences of a global batch of `global_batch` that this DP rank processes, and the
+  // first of them.
+  std::int64_t local_batch(std::int64_t global_batch) const;
+  std::int64_t local_first(std::int64_t global_batch) const;
+
+  // Zeroes the gradients, then runs the forwards and backwards of this rank's slice
+  // inputs/targets [local_batch, T] in microbatches of parallel.micro_batch_size, and
+  // averages the gradients over DP. Returns the mean loss of the global batch (all ranks).
+  double forward_backward(const std::int32_t* inputs, const std::int32_t* targets,
+                          std::int64_t global_batch);
+
+  // After forward_backward: the grad norm, clipping and one AdamW step at step s's lr.
+  StepStats optimizer_step(std::int64_t step, double loss);
+
+  // Mean loss of a global batch, forwards only.
+  double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
+                  std::int64_t global_batch);
+
+ private:
+  pipeline::Executor& executor_for(int microbatches);
+  double reduce_loss(double local_sum, std::int64_t global_batch);
+  int microbatches_for(std::int64_t global_batch) const;
+
+  Config cfg_;
+  parallel::ParallelState& ps_;
+  ops::Ops& ops_;
+  std::unique_ptr<model::GptChunk> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::map<int, std::unique_ptr<pipeline::Executor>> executors_;  // by microbatch count
+};
+
+}  // namespace trident::train

@@ -1,0 +1,316 @@
+// GPT-2 chunk forward and backward over the ops interface (see trident/model/gpt.hpp).
+// The backward of each block mirrors its forward line by line in reverse order.
+#include "trident/model/gpt.hpp"
+
+#include <algorithm>
+
+#include "trident/core/error.hpp"
+#include "trident/core/rng.hpp"
+
+namespace trident::model {
+
+GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
+                   ops::Ops& ops, int micro_batch, Recompute recompute)
+    : cfg_(cfg), stage_(stage), ps_(ps), ops_(ops), recompute_(recompute) {
+  const int tp = ps.tp.size(), tp_rank = ps.tp.rank();
+  TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
+                " must be divisible by model.n_head = ", cfg.n_head);
+  TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
+  B_ = micro_batch;
+  T_ = cfg.seq_len;
+  C_ = cfg.d_model;
+  NH_ = cfg.n_head / tp;
+  C3_ = 3 * C_ / tp;
+  F_ = 4 * C_ / tp;
+  Vl_ = vocab_per_rank(cfg.vocab_size, tp);
+  vocab_start_ = Vl_ * tp_rank;
+  v_valid_ = std::max(0, std::min(cfg.vocab_size - vocab_start_, Vl_));
+
+  specs_ = gpt_param_specs(cfg, stage, tp_rank, tp);
+  for (const auto& s : specs_) num_params_ += s.local_numel();
+  params_ = FloatBuffer(num_params_);
+  grads_ = FloatBuffer(num_params_);
+  params_.zero();
+  grads_.zero();
+  for (int l = stage.first_layer; l < stage.last_layer; ++l) {
+    p_layers_.push_back(layer_params(params_.data(), l));
+    g_layers_.push_back(layer_params(grads_.data(), l));
+  }
+
+  const std::int64_t N = std::int64_t(B_) * T_;
+  dres_ = FloatBuffer(N * C_);
+  dbuf_ = FloatBuffer(N * C_);
+  dqkv_ = FloatBuffer(N * C3_);
+  datt_ = FloatBuffer(std::int64_t(B_) * NH_ * T_ * T_);
+  dfch_ = FloatBuffer(N * F_);
+  dgelu_ = FloatBuffer(N * F_);
+  if (stage.has_head) {
+    logits_ = FloatBuffer(N * Vl_);
+    row_max_ = FloatBuffer(N);
+    sumexp_ = FloatBuffer(2 * N);  // sumexp then target logit: one allreduce for both
+    token_loss_ = FloatBuffer(N);
+  }
+  if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
+}
+
+const ShardSpec& GptChunk::spec(const std::string& name) const {
+  for (const auto& s : specs_)
+    if (s.name == name) return s;
+  fail("parameter '", name, "' is not held by this pipeline stage");
+}
+
+float* GptChunk::tensor(float* base, const std::string& name) const {
+  return base + spec(name).offset;
+}
+
+GptChunk::LayerParams GptChunk::layer_params(float* base, int l) const {
+  const std::string p = "h." + std::to_string(l) + ".";
+  return {tensor(base, p + "ln_1.weight"),       tensor(base, p + "ln_1.bias"),
+          tensor(base, p + "attn.c_attn.weight"), tensor(base, p + "attn.c_attn.bias"),
+          tensor(base, p + "attn.c_proj.weight"), tensor(base, p + "attn.c_proj.bias"),
+          tensor(base, p + "ln_2.weight"),       tensor(base, p + "ln_2.bias"),
+          tensor(base, p + "mlp.c_fc.weight"),   tensor(base, p + "mlp.c_fc.bias"),
+          tensor(base, p + "mlp.c_proj.weight"), tensor(base, p + "mlp.c_proj.bias")};
+}
+
+void GptChunk::init_weights(std::uint64_t seed) {
+  for (const auto& s : specs_) {
+    float* p = params_.data() + s.offset;
+    std::fill(p, p + s.local_numel(), 0.0f);  // TP padding rows stay 0
+    if (s.init == Init::zeros) continue;
+    if (s.init == Init::ones) {
+      std::fill(p, p + s.local_numel(), 1.0f);
+      continue;
+    }
+    const std::uint64_t key = rng::key_of(s.name);
+    const double sd = s.init_std;
+    for_each_local_element(s, [&](std::int64_t local, std::int64_t global) {
+      p[local] = float(sd * rng::normal(seed, key, std::uint64_t(global)));
+    });
+  }
+}
+
+void GptChunk::zero_grads() { grads_.zero(); }
+
+std::int64_t GptChunk::layer_store_size() const {
+  const std::int64_t N = std::int64_t(B_) * T_;
+  const std::int64_t Ca = C_ / ps_.tp.size();
+  return N * (C_ + 2 + C3_ + Ca + C_ + C_ + 2 + 2 * F_) + std::int64_t(B_) * NH_ * T_ * T_;
+}
+
+void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views,
+                           int count) const {
+  const std::int64_t N = std::int64_t(B_) * T_;
+  const std::int64_t Ca = C_ / ps_.tp.size();
+  store = FloatBuffer(layer_store_size() * count);
+  store.zero();
+  views.resize(count);
+  float* p = store.data();
+  auto take = [&p](std::int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  for (auto& la : views) {
+    la.ln1 = take(N * C_);
+    la.ln1_mean = take(N);
+    la.ln1_rstd = take(N);
+    la.qkv = take(N * C3_);
+    la.atty = take(N * Ca);
+    la.att = take(std::int64_t(B_) * NH_ * T_ * T_);
+    la.res2 = take(N * C_);
+    la.ln2 = take(N * C_);
+    la.ln2_mean = take(N);
+    la.ln2_rstd = take(N);
+    la.fch = take(N * F_);
+    la.fch_gelu = take(N * F_);
+  }
+}
+
+std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
+  const std::int64_t N = std::int64_t(B_) * T_;
+  const int L = stage_.last_layer - stage_.first_layer;
+  auto a = std::make_unique<ChunkActivations>();
+  a->input = FloatBuffer(N * C_);
+  a->outputs = FloatBuffer(std::max(1, L) * N * C_);
+  a->doutput = FloatBuffer(N * C_);
+  a->dinput = FloatBuffer(N * C_);
+  a->input.zero();
+  a->outputs.zero();
+  if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
+  if (stage_.has_head) {
+    a->lnf = FloatBuffer(N * C_);
+    a->lnf_mean = FloatBuffer(N);
+    a->lnf_rstd = FloatBuffer(N);
+  }
+  return a;
+}
+
+float* GptChunk::output(ChunkActivations& a) const {
+  const int L = stage_.last_layer - stage_.first_layer;
+  if (L == 0) return a.input.data();
+  return a.outputs.data() + std::int64_t(L - 1) * B_ * T_ * C_;
+}
+
+// ---- forward ---------------------------------------------------------------------------
+
+void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t) {
+  const int n = b * t;
+  ops_.embedding_forward(x, inputs, tensor(params_.data(), "wte"), n, C_, vocab_start_, Vl_);
+  ps_.tp.allreduce_sum(x, std::int64_t(n) * C_);
+  ops_.position_forward(x, tensor(params_.data(), "wpe"), b, t, C_);
+}
+
+void GptChunk::row_parallel_forward(float* y, const float* x, const float* w, const float* bias,
+                                    int n, int in, int out) {
+  // The bias joins on TP rank 0 only, so that the allreduce adds it exactly once.
+  ops_.linear_forward(y, x, w, ps_.tp.rank() == 0 ? bias : nullptr, n, in, out);
+  ps_.tp.allreduce_sum(y, std::int64_t(n) * out);
+}
+
+void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations& la, int b,
+                             int t) {
+  const LayerParams& p = p_layers_[l];
+  const int n = b * t, Ca = C_ / ps_.tp.size();
+  ops_.layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, n, C_);
+  ops_.linear_forward(la.qkv, la.ln1, p.qkv_w, p.qkv_b, n, C_, C3_);
+  ops_.attention_forward(la.atty, la.att, la.qkv, b, t, Ca, NH_);
+  row_parallel_forward(la.res2, la.atty, p.attproj_w, p.attproj_b, n, Ca, C_);
+  ops_.add(la.res2, la.res2, x, std::int64_t(n) * C_);
+  ops_.layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w, p.ln2_b, n, C_);
+  ops_.linear_forward(la.fch, la.ln2, p.fc_w, p.fc_b, n, C_, F_);
+  ops_.gelu_forward(la.fch_gelu, la.fch, std::int64_t(n) * F_);
+  row_parallel_forward(out, la.fch_gelu, p.fcproj_w, p.fcproj_b, n, F_, C_);
+  ops_.add(out, out, la.res2, std::int64_t(n) * C_);
+}
+
+double GptChunk::forward(ChunkActivations& a, const std::int32_t* inputs,
+                         const std::int32_t* targets, float loss_scale, bool with_backward) {
+  const std::int64_t NC = std::int64_t(B_) * T_ * C_;
+  if (stage_.has_embedding) embed_forward(a.input.data(), inputs, B_, T_);
+  const int L = stage_.last_layer - stage_.first_layer;
+  for (int l = 0; l < L; ++l) {
+    const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
+    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
+    block_forward(l, x, a.outputs.data() + l * NC, la, B_, T_);
+  }
+  a.loss_sum = stage_.has_head ? head_forward_backward(a, targets, loss_scale, with_backward)
+                                 : 0.0;
+  return a.loss_sum;
+}
+
+double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
+                                       float loss_scale, bool with_backward) {
+  const int N = B_ * T_;
+  float* wte = tensor(params_.data(), "wte");
+  float* dwte = tensor(grads_.data(), "wte");
+  float* lnf_w = tensor(params_.data(), "ln_f.weight");
+  const float* x = output(a);
+  ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, lnf_w,
+                         tensor(params_.data(), "ln_f.bias"), N, C_);
+  // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
+  float* logits = logits_.data();
+  ops_.gemm(false, true, N, Vl_, C_, 1.0f, a.lnf.data(), C_, wte, C_, 0.0f, logits, Vl_);
+  float* sumexp = sumexp_.data();
+  float* target_logit = sumexp_.data() + N;
+  ops_.xent_row_max(row_max_.data(), logits, N, Vl_, v_valid_);
+  ps_.tp.allreduce_max(row_max_.data(), N);
+  ops_.xent_sumexp(sumexp, target_logit, logits, row_max_.data(), targets, N, Vl_, v_valid_,
+                   vocab_start_);
+  ps_.tp.allreduce_sum(sumexp_.data(), 2 * std::int64_t(N));
+  ops_.xent_loss(token_loss_.data(), row_max_.data(), sumexp, target_logit, N);
+  double loss_sum = 0;
+  for (int i = 0; i < N; ++i) loss_sum += token_loss_[i];
+  if (!with_backward) return loss_sum;
+
+  // The head's backward right away: dlogits in place, then d lnf and d wte.
+  ops_.xent_backward(logits, row_max_.data(), sumexp, targets, N, Vl_, v_valid_, vocab_start_,
+                     loss_scale);
+  float* dlnf = dbuf_.data();
+  ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf, C_);
+  ps_.tp.allreduce_sum(dlnf, std::int64_t(N) * C_);
+  ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, a.lnf.data(), C_, 1.0f, dwte, C_);
+  a.doutput.zero();
+  ops_.layernorm_backward(a.doutput.data(), tensor(grads_.data(), "ln_f.weight"),
+                          tensor(grads_.data(), "ln_f.bias"), dlnf, x, lnf_w,
+                          a.lnf_mean.data(), a.lnf_rstd.data(), N, C_);
+  return loss_sum;
+}
+
+// ---- backward --------------------------------------------------------------------------
+
+void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivations& la) {
+  const LayerParams& p = p_layers_[l];
+  const LayerParams& g = g_layers_[l];
+  const int n = B_ * T_, Ca = C_ / ps_.tp.size();
+  float* dbuf = dbuf_.data();
+  // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
+  ops_.linear_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dres, la.fch_gelu, p.fcproj_w, n,
+                       F_, C_);
+  ops_.gelu_backward(dfch_.data(), la.fch, dgelu_.data(), std::int64_t(n) * F_);
+  ops_.linear_backward(dbuf, g.fc_w, g.fc_b, dfch_.data(), la.ln2, p.fc_w, n, C_, F_);
+  ps_.tp.allreduce_sum(dbuf, std::int64_t(n) * C_);
+  ops_.layernorm_backward(dres, g.ln2_w, g.ln2_b, dbuf, la.res2, p.ln2_w, la.ln2_mean,
+                          la.ln2_rstd, n, C_);
+  // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x))))
+  float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
+  ops_.linear_backward(datty, g.attproj_w, g.attproj_b, dres, la.atty, p.attproj_w, n, Ca, C_);
+  ops_.attention_backward(dqkv_.data(), datt_.data(), datty, la.qkv, la.att, B_, T_, Ca, NH_);
+  ops_.linear_backward(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, n, C_, C3_);
+  ps_.tp.allreduce_sum(dbuf, std::int64_t(n) * C_);
+  ops_.layernorm_backward(dres, g.ln1_w, g.ln1_b, dbuf, x, p.ln1_w, la.ln1_mean, la.ln1_rstd, n,
+                          C_);
+}
+
+void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
+  const std::int64_t NC = std::int64_t(B_) * T_ * C_;
+  float* dres = dres_.data();  // d loss / d residual stream, walking down the blocks
+  ops_.copy(dres, a.doutput.data(), NC);
+  const int L = stage_.last_layer - stage_.first_layer;
+  for (int l = L - 1; l >= 0; --l) {
+    const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
+    LayerActivations* la = nullptr;
+    if (recompute_ == Recompute::full) {
+      la = &recompute_layer_[0];
+      // Re-run the block forward; its output is not needed, so it lands in scratch.
+      block_forward(l, x, dbuf_.data(), *la, B_, T_);
+    } else {
+      la = &a.layers[l];
+    }
+    block_backward(l, x, dres, *la);
+  }
+  if (stage_.has_embedding) {
+    ops_.embedding_backward(tensor(grads_.data(), "wte"), dres, inputs, B_ * T_, C_,
+                            vocab_start_, Vl_);
+    ops_.position_backward(tensor(grads_.data(), "wpe"), dres, B_, T_, C_);
+  } else {
+    ops_.copy(a.dinput.data(), dres, NC);
+  }
+}
+
+// ---- inference -------------------------------------------------------------------------
+
+void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
+  TRIDENT_CHECK(stage_.has_embedding && stage_.has_head && ps_.tp.size() == 1,
+                "sampling needs the whole model on one rank");
+  TRIDENT_CHECK(t >= 1 && t <= T_, "context of ", t, " tokens outside [1, ", T_, "]");
+  if (!infer_acts_) infer_acts_ = make_activations();
+  const std::int64_t tC = std::int64_t(t) * C_;
+  ChunkActivations& a = *infer_acts_;
+  embed_forward(a.input.data(), tokens, 1, t);
+  const int L = stage_.last_layer - stage_.first_layer;
+  for (int l = 0; l < L; ++l) {
+    const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * tC;
+    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
+    block_forward(l, x, a.outputs.data() + l * tC, la, 1, t);
+  }
+  const float* last = (L ? a.outputs.data() + (L - 1) * tC : a.input.data()) + (t - 1) * C_;
+  ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
+                         tensor(params_.data(), "ln_f.weight"), tensor(params_.data(), "ln_f.bias"),
+                         1, C_);
+  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, tensor(params_.data(), "wte"), C_,
+            0.0f, logits_.data(), Vl_);
+  std::copy(logits_.data(), logits_.data() + v_valid_, logits);
+}
+
+}  // namespace trident::model

@@ -1,0 +1,128 @@
+// Communicators and counted collectives (see trident/parallel/comm.hpp).
+#include "trident/parallel/comm.hpp"
+
+#include <climits>
+#include <utility>
+
+#include "trident/core/error.hpp"
+
+namespace trident::parallel {
+
+namespace {
+int as_count(std::int64_t n) {
+  TRIDENT_CHECK(n >= 0 && n <= INT_MAX, "MPI message of ", n, " elements exceeds INT_MAX");
+  return static_cast<int>(n);
+}
+}  // namespace
+
+Comm Comm::world() { return Comm(MPI_COMM_WORLD, "world", false); }
+
+Comm::Comm(MPI_Comm comm, std::string name, bool owned)
+    : comm_(comm), name_(std::move(name)), owned_(owned) {
+  if (comm_ == MPI_COMM_NULL) {  // this rank is not a member (MPI_UNDEFINED color)
+    rank_ = -1;
+    size_ = 0;
+    return;
+  }
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+Comm::~Comm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owned_ && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+Comm::Comm(Comm&& o) noexcept
+    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+      name_(std::move(o.name_)),
+      owned_(std::exchange(o.owned_, false)),
+      rank_(o.rank_),
+      size_(o.size_),
+      counters_(o.counters_) {}
+
+Comm& Comm::operator=(Comm&& o) noexcept {
+  if (this != &o) {
+    Comm tmp(std::move(o));
+    std::swap(comm_, tmp.comm_);
+    std::swap(name_, tmp.name_);
+    std::swap(owned_, tmp.owned_);
+    std::swap(rank_, tmp.rank_);
+    std::swap(size_, tmp.size_);
+    std::swap(counters_, tmp.counters_);
+  }
+  return *this;
+}
+
+Comm Comm::split(int color, int key, std::string name) const {
+  MPI_Comm out;
+  MPI_Comm_split(comm_, color, key, &out);
+  return Comm(out, std::move(name), true);
+}
+
+void Comm::allreduce_sum(float* data, std::int64_t n) {
+  if (size_ <= 1) return;
+  count(n * std::int64_t(sizeof(float)));
+  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_FLOAT, MPI_SUM, comm_);
+}
+void Comm::allreduce_sum(double* data, std::int64_t n) {
+  if (size_ <= 1) return;
+  count(n * std::int64_t(sizeof(double)));
+  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_DOUBLE, MPI_SUM, comm_);
+}
+void Comm::allreduce_max(float* data, std::int64_t n) {
+  if (size_ <= 1) return;
+  count(n * std::int64_t(sizeof(float)));
+  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_FLOAT, MPI_MAX, comm_);
+}
+void Comm::allreduce_max(double* data, std::int64_t n) {
+  if (size_ <= 1) return;
+  count(n * std::int64_t(sizeof(double)));
+  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_DOUBLE, MPI_MAX, comm_);
+}
+void Comm::allreduce_max(int* data, std::int64_t n) {
+  if (size_ <= 1) return;
+  count(n * std::int64_t(sizeof(int)));
+  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_INT, MPI_MAX, comm_);
+}
+void Comm::broadcast(void* data, std::int64_t bytes, int root) {
+  if (size_ <= 1) return;
+  count(bytes);
+  MPI_Bcast(data, as_count(bytes), MPI_BYTE, root, comm_);
+}
+void Comm::barrier() {
+  if (size_ <= 1) return;
+  count(0);
+  MPI_Barrier(comm_);
+}
+
+ParallelState make_parallel_state(const GridShape& shape) {
+  ParallelState ps;
+  ps.shape = shape;
+  ps.world = Comm::world();
+  ps.world_rank = ps.world.rank();
+  TRIDENT_CHECK(ps.world.size() == shape.world_size(), "world size ", ps.world.size(),
+                " is not tp * pp * dp = ", shape.tp, " * ", shape.pp, " * ", shape.dp);
+  ps.coord = coord_of(shape, ps.world_rank);
+  const GridCoord& c = ps.coord;
+  // color = the group's index along the other axes, key = position along the axis.
+  ps.tp = ps.world.split(c.dp + shape.dp * c.pp, c.tp, "tp");
+  ps.dp = ps.world.split(c.tp + shape.tp * c.pp, c.dp, "dp");
+  ps.pp = ps.world.split(c.tp + shape.tp * c.dp, c.pp, "pp");
+  const bool in_embedding = c.pp == 0 || c.pp == shape.pp - 1;
+  ps.embedding = ps.world.split(in_embedding ? c.tp + shape.tp * c.dp : MPI_UNDEFINED, c.pp,
+                                "embedding");
+  return ps;
+}
+
+int node_local_size() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
+}  // namespace trident::parallel

@@ -1,0 +1,71 @@
+// Rank arithmetic of the process grid (see trident/parallel/grid.hpp).
+#include "trident/parallel/grid.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "trident/core/error.hpp"
+
+namespace trident::parallel {
+
+GridCoord coord_of(const GridShape& s, int r) {
+  TRIDENT_CHECK(r >= 0 && r < s.world_size(), "rank ", r, " outside a world of ", s.world_size());
+  return GridCoord{r % s.tp, (r / s.tp) % s.dp, r / (s.tp * s.dp)};
+}
+
+int rank_of(const GridShape& s, const GridCoord& c) { return c.tp + s.tp * (c.dp + s.dp * c.pp); }
+
+std::vector<std::vector<int>> group_ranks(const GridShape& s, Axis axis) {
+  const int extent = axis == Axis::tp ? s.tp : axis == Axis::dp ? s.dp : s.pp;
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < s.world_size(); ++r) {
+    GridCoord c = coord_of(s, r);
+    int& index = axis == Axis::tp ? c.tp : axis == Axis::dp ? c.dp : c.pp;
+    if (index != 0) continue;  // r leads its group
+    std::vector<int> g;
+    for (int i = 0; i < extent; ++i) {
+      index = i;
+      g.push_back(rank_of(s, c));
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+std::vector<std::vector<int>> embedding_group_ranks(const GridShape& s) {
+  std::vector<std::vector<int>> groups;
+  for (const auto& pipe : group_ranks(s, Axis::pp)) {
+    std::vector<int> g{pipe.front()};
+    if (pipe.size() > 1) g.push_back(pipe.back());
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+namespace {
+void write_groups(std::ostringstream& os, const std::vector<std::vector<int>>& groups) {
+  os << '[';
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    os << (i ? ", [" : "[");
+    for (std::size_t j = 0; j < groups[i].size(); ++j) os << (j ? ", " : "") << groups[i][j];
+    os << ']';
+  }
+  os << ']';
+}
+}  // namespace
+
+std::string groups_json(const GridShape& s) {
+  std::ostringstream os;
+  os << "{\"tp\": ";
+  write_groups(os, group_ranks(s, Axis::tp));
+  os << ", \"dp\": ";
+  write_groups(os, group_ranks(s, Axis::dp));
+  os << ", \"pp\": ";
+  write_groups(os, group_ranks(s, Axis::pp));
+  os << ", \"embedding\": ";
+  write_groups(os, embedding_group_ranks(s));
+  os << '}';
+  return os.str();
+}
+
+}  // namespace trident::parallel

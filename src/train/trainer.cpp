@@ -1,0 +1,98 @@
+// One optimizer step of one rank (see trident/train/trainer.hpp).
+#include "trident/train/trainer.hpp"
+
+#include "trident/core/error.hpp"
+#include "trident/train/lr_schedule.hpp"
+
+namespace trident::train {
+
+model::StageLayout stage_layout(const Config& cfg, const parallel::ParallelState& ps) {
+  const int per_stage = cfg.model.n_layer / ps.shape.pp;
+  const int first = per_stage * ps.coord.pp;
+  return model::StageLayout{first, first + per_stage, ps.first_stage(), ps.last_stage()};
+}
+
+Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
+    : cfg_(cfg), ps_(ps), ops_(ops) {
+  TRIDENT_CHECK(cfg.model.vocab_size > 0, "model.vocab_size is 0 and no dataset gave one");
+  const auto recompute =
+      cfg.parallel.recompute == "full" ? model::Recompute::full : model::Recompute::none;
+  model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
+                                             cfg.parallel.micro_batch_size, recompute);
+  optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train);
+}
+
+std::int64_t Trainer::local_batch(std::int64_t global_batch) const {
+  return global_batch / ps_.shape.dp;
+}
+
+std::int64_t Trainer::local_first(std::int64_t global_batch) const {
+  return local_batch(global_batch) * ps_.coord.dp;
+}
+
+int Trainer::microbatches_for(std::int64_t global_batch) const {
+  const std::int64_t per_mb = std::int64_t(cfg_.parallel.micro_batch_size) * ps_.shape.dp;
+  TRIDENT_CHECK(global_batch % per_mb == 0, "a batch of ", global_batch,
+                " sequences does not split into microbatches of parallel.micro_batch_size = ",
+                cfg_.parallel.micro_batch_size, " on ", ps_.shape.dp, " data-parallel ranks");
+  return int(global_batch / per_mb);
+}
+
+pipeline::Executor& Trainer::executor_for(int microbatches) {
+  auto it = executors_.find(microbatches);
+  if (it == executors_.end()) {
+    auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
+                                         cfg_.parallel.vpp, microbatches);
+    it = executors_
+             .emplace(microbatches, std::make_unique<pipeline::Executor>(*model_, std::move(sched),
+                                                                         ps_.coord.pp))
+             .first;
+  }
+  return *it->second;
+}
+
+double Trainer::reduce_loss(double local_sum, std::int64_t global_batch) {
+  double sum = local_sum;  // non-zero on the last stage only
+  ps_.pp.allreduce_sum(&sum, 1);
+  ps_.dp.allreduce_sum(&sum, 1);
+  return sum / double(global_batch * cfg_.model.seq_len);
+}
+
+double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t* targets,
+                                 std::int64_t global_batch) {
+  const int m = microbatches_for(global_batch);
+  const std::int64_t mb_tokens = std::int64_t(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len;
+  const float loss_scale = float(1.0 / double(global_batch * cfg_.model.seq_len));
+  model_->zero_grads();
+  const double local = executor_for(m).run(
+      [&](int mb) {
+        return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
+      },
+      loss_scale);
+  // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
+  ps_.dp.allreduce_sum(model_->grads(), model_->num_params());
+  return reduce_loss(local, global_batch);
+}
+
+StepStats Trainer::optimizer_step(std::int64_t step, double loss) {
+  StepStats st;
+  st.loss = loss;
+  st.grad_norm = optimizer_->grad_norm(ps_);
+  st.lr = learning_rate(cfg_.train, long(step));
+  optimizer_->step(st.lr, st.grad_norm);
+  return st;
+}
+
+double Trainer::evaluate(const std::int32_t* inputs, const std::int32_t* targets,
+                         std::int64_t global_batch) {
+  const int m = microbatches_for(global_batch);
+  const std::int64_t mb_tokens = std::int64_t(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len;
+  const double local = executor_for(m).forward_only(
+      [&](int mb) {
+        return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
+      },
+      m);
+  return reduce_loss(local, global_batch);
+}
+
+}  // namespace trident::train
