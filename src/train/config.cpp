@@ -1,0 +1,616 @@
+// The input deck: a table of every key (FORMAT.md's order), TOML in through toml++, overrides,
+// validation with one-line messages, and the resolved deck back out as TOML.
+// defines: trident::train::load_config, parse_config, to_toml, resolve_world,
+//          microbatches_per_rank, Config::operator==
+//
+// How a deck is read: parse the text (syntax errors carry line:column) -> assign each key
+// through the key table, checking its TOML type -> apply the `--set` overrides through the
+// same table -> validate ranges, enums and divisibility. Every key remembers where it was
+// set ("deck.toml:4:1", "deck.toml (--set)") so that a later check points at the right place.
+#include "trident/train/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <variant>
+
+#include "trident/core/error.hpp"
+
+namespace trident::train {
+
+bool Config::Parallel::operator==(const Parallel& o) const {
+  return tp == o.tp && pp == o.pp && dp == o.dp && vpp == o.vpp && schedule == o.schedule &&
+         micro_batch_size == o.micro_batch_size && sequence_parallel == o.sequence_parallel &&
+         zero_stage == o.zero_stage && recompute == o.recompute;
+}
+bool Config::Train::operator==(const Train& o) const {
+  return steps == o.steps && global_batch_size == o.global_batch_size && lr == o.lr &&
+         min_lr == o.min_lr && warmup_steps == o.warmup_steps &&
+         weight_decay == o.weight_decay && beta1 == o.beta1 && beta2 == o.beta2 &&
+         eps == o.eps && grad_clip == o.grad_clip && seed == o.seed &&
+         eval_every == o.eval_every && eval_batches == o.eval_batches;
+}
+bool Config::Data::operator==(const Data& o) const {
+  return train == o.train && valid == o.valid;
+}
+bool Config::IO::operator==(const IO& o) const {
+  return out_dir == o.out_dir && checkpoint_every == o.checkpoint_every &&
+         keep_checkpoints == o.keep_checkpoints && resume == o.resume &&
+         init_weights == o.init_weights;
+}
+bool Config::Runtime::operator==(const Runtime& o) const {
+  return device == o.device && precision == o.precision && threads == o.threads;
+}
+bool Config::operator==(const Config& o) const {
+  return model == o.model && parallel == o.parallel && train == o.train && data == o.data &&
+         io == o.io && runtime == o.runtime;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// The key table: one row per deck key, in FORMAT.md's order.
+
+using Field = std::variant<int*, std::int64_t*, double*, bool*, std::string*>;
+
+struct KeyDef {
+  const char* section;
+  const char* name;
+  std::function<Field(Config&)> field;
+  std::string full() const { return std::string(section) + "." + name; }
+};
+
+const std::vector<KeyDef>& key_table() {
+  static const std::vector<KeyDef> keys = {
+      {"model", "vocab_size", [](Config& c) -> Field { return &c.model.vocab_size; }},
+      {"model", "seq_len", [](Config& c) -> Field { return &c.model.seq_len; }},
+      {"model", "n_layer", [](Config& c) -> Field { return &c.model.n_layer; }},
+      {"model", "n_head", [](Config& c) -> Field { return &c.model.n_head; }},
+      {"model", "d_model", [](Config& c) -> Field { return &c.model.d_model; }},
+
+      {"parallel", "tp", [](Config& c) -> Field { return &c.parallel.tp; }},
+      {"parallel", "pp", [](Config& c) -> Field { return &c.parallel.pp; }},
+      {"parallel", "dp", [](Config& c) -> Field { return &c.parallel.dp; }},
+      {"parallel", "vpp", [](Config& c) -> Field { return &c.parallel.vpp; }},
+      {"parallel", "schedule", [](Config& c) -> Field { return &c.parallel.schedule; }},
+      {"parallel", "micro_batch_size",
+       [](Config& c) -> Field { return &c.parallel.micro_batch_size; }},
+      {"parallel", "sequence_parallel",
+       [](Config& c) -> Field { return &c.parallel.sequence_parallel; }},
+      {"parallel", "zero_stage", [](Config& c) -> Field { return &c.parallel.zero_stage; }},
+      {"parallel", "recompute", [](Config& c) -> Field { return &c.parallel.recompute; }},
+
+      {"train", "steps", [](Config& c) -> Field { return &c.train.steps; }},
+      {"train", "global_batch_size",
+       [](Config& c) -> Field { return &c.train.global_batch_size; }},
+      {"train", "lr", [](Config& c) -> Field { return &c.train.lr; }},
+      {"train", "min_lr", [](Config& c) -> Field { return &c.train.min_lr; }},
+      {"train", "warmup_steps", [](Config& c) -> Field { return &c.train.warmup_steps; }},
+      {"train", "weight_decay", [](Config& c) -> Field { return &c.train.weight_decay; }},
+      {"train", "beta1", [](Config& c) -> Field { return &c.train.beta1; }},
+      {"train", "beta2", [](Config& c) -> Field { return &c.train.beta2; }},
+      {"train", "eps", [](Config& c) -> Field { return &c.train.eps; }},
+      {"train", "grad_clip", [](Config& c) -> Field { return &c.train.grad_clip; }},
+      {"train", "seed", [](Config& c) -> Field { return &c.train.seed; }},
+      {"train", "eval_every", [](Config& c) -> Field { return &c.train.eval_every; }},
+      {"train", "eval_batches", [](Config& c) -> Field { return &c.train.eval_batches; }},
+
+      {"data", "train", [](Config& c) -> Field { return &c.data.train; }},
+      {"data", "valid", [](Config& c) -> Field { return &c.data.valid; }},
+
+      {"io", "out_dir", [](Config& c) -> Field { return &c.io.out_dir; }},
+      {"io", "checkpoint_every", [](Config& c) -> Field { return &c.io.checkpoint_every; }},
+      {"io", "keep_checkpoints", [](Config& c) -> Field { return &c.io.keep_checkpoints; }},
+      {"io", "resume", [](Config& c) -> Field { return &c.io.resume; }},
+      {"io", "init_weights", [](Config& c) -> Field { return &c.io.init_weights; }},
+
+      {"runtime", "device", [](Config& c) -> Field { return &c.runtime.device; }},
+      {"runtime", "precision", [](Config& c) -> Field { return &c.runtime.precision; }},
+      {"runtime", "threads", [](Config& c) -> Field { return &c.runtime.threads; }},
+  };
+  return keys;
+}
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = {"model", "parallel", "train",
+                                                 "data",  "io",       "runtime"};
+  return names;
+}
+
+const KeyDef* find_key(const std::string& section, const std::string& name) {
+  for (const KeyDef& k : key_table())
+    if (section == k.section && name == k.name) return &k;
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------
+// "Did you mean": optimal-string-alignment distance (a transposition costs 1).
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  const std::size_t n = a.size(), m = b.size();
+  std::vector<std::vector<std::size_t>> d(n + 1, std::vector<std::size_t>(m + 1));
+  for (std::size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= n; ++i) {
+    for (std::size_t j = 1; j <= m; ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[n][m];
+}
+
+// Close enough to be a typo: at most 2 edits (1 for names of 4 characters or fewer).
+bool is_close(const std::string& typed, const std::string& known, std::size_t dist) {
+  const std::size_t limit = std::min(typed.size(), known.size()) <= 4 ? 1 : 2;
+  return dist <= limit;
+}
+
+std::string suggest_key(const std::string& section, const std::string& name) {
+  // The same name in another section ("train.tp" -> "parallel.tp") is the likeliest slip.
+  for (const KeyDef& k : key_table())
+    if (name == k.name) return str(" (did you mean '", k.full(), "'?)");
+  const std::string typed = section + "." + name;
+  std::string best;
+  std::size_t best_d = SIZE_MAX;
+  for (const KeyDef& k : key_table()) {
+    // Compare within the section, and also the whole dotted name (catches section typos).
+    const std::size_t d = std::min(section == k.section ? edit_distance(name, k.name) : SIZE_MAX,
+                                   edit_distance(typed, k.full()));
+    if (d < best_d) best_d = d, best = k.full();
+  }
+  if (!best.empty() && is_close(name, best.substr(best.find('.') + 1), best_d))
+    return str(" (did you mean '", best, "'?)");
+  return "";
+}
+
+std::string suggest_section(const std::string& section) {
+  std::string best;
+  std::size_t best_d = SIZE_MAX;
+  for (const std::string& s : section_names()) {
+    const std::size_t d = edit_distance(section, s);
+    if (d < best_d) best_d = d, best = s;
+  }
+  if (is_close(section, best, best_d)) return str(" (did you mean '[", best, "]'?)");
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------
+// Printing values (messages and to_toml).
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// The shortest decimal that reads back as exactly `v`, spelled as a TOML float.
+std::string toml_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string field_value(const Field& f) {
+  struct Visitor {
+    std::string operator()(int* p) const { return std::to_string(*p); }
+    std::string operator()(std::int64_t* p) const { return std::to_string(*p); }
+    std::string operator()(double* p) const { return toml_float(*p); }
+    std::string operator()(bool* p) const { return *p ? "true" : "false"; }
+    std::string operator()(std::string* p) const { return toml_string(*p); }
+  };
+  return std::visit(Visitor{}, f);
+}
+
+const char* expected_name(const Field& f) {
+  struct Visitor {
+    const char* operator()(int*) const { return "an integer"; }
+    const char* operator()(std::int64_t*) const { return "an integer"; }
+    const char* operator()(double*) const { return "a number"; }
+    const char* operator()(bool*) const { return "a boolean (true or false)"; }
+    const char* operator()(std::string*) const { return "a string"; }
+  };
+  return std::visit(Visitor{}, f);
+}
+
+const char* toml_type_name(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+std::string at(const std::string& source, const toml::source_region& r) {
+  if (r.begin.line == 0) return source;
+  return str(source, ":", r.begin.line, ":", r.begin.column);
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading.
+
+class Loader {
+ public:
+  explicit Loader(std::string source) : source_(std::move(source)) { cfg_.source = source_; }
+
+  void read_text(const std::string& text) {
+    toml::table root;
+    try {
+      root = toml::parse(text, source_);
+    } catch (const toml::parse_error& e) {
+      // toml++ descriptions are one line; keep only the first in case that ever changes.
+      std::string what(e.description());
+      what = what.substr(0, what.find('\n'));
+      fail(at(source_, e.source()), ": TOML syntax error: ", what);
+    }
+
+    // toml++ tables are sorted by name; report problems in the order of the file instead.
+    struct Entry {
+      toml::source_position pos;
+      std::string section, name;
+      const toml::key* key;
+      const toml::node* node;
+    };
+    auto before = [](const Entry& a, const Entry& b) {
+      return std::make_pair(a.pos.line, a.pos.column) < std::make_pair(b.pos.line, b.pos.column);
+    };
+    std::vector<Entry> sections;
+    for (auto&& [key, node] : root)
+      sections.push_back({key.source().begin, std::string(key.str()), "", &key, &node});
+    std::sort(sections.begin(), sections.end(), before);
+
+    for (const Entry& sec : sections) {
+      const std::string where = at(source_, sec.key->source());
+      const bool known = std::find(section_names().begin(), section_names().end(),
+                                   sec.section) != section_names().end();
+      if (!known) {
+        if (!sec.node->is_table()) {  // a key outside any section
+          std::string hint;
+          for (const KeyDef& k : key_table())
+            if (sec.section == k.name) { hint = str(" (did you mean '", k.full(), "'?)"); break; }
+          fail(where, ": unknown key '", sec.section, "' outside any section", hint);
+        }
+        fail(where, ": unknown section '[", sec.section, "]'", suggest_section(sec.section));
+      }
+      if (!sec.node->is_table())
+        fail(where, ": ", sec.section, ": expected a table (the section [", sec.section,
+             "]), got ", toml_type_name(sec.node->type()));
+
+      std::vector<Entry> keys;
+      for (auto&& [key, node] : *sec.node->as_table())
+        keys.push_back({key.source().begin, sec.section, std::string(key.str()), &key, &node});
+      std::sort(keys.begin(), keys.end(), before);
+      for (const Entry& e : keys) {
+        const std::string kwhere = at(source_, e.key->source());
+        const KeyDef* def = find_key(e.section, e.name);
+        if (!def)
+          fail(kwhere, ": unknown key '", e.section, ".", e.name, "'",
+               suggest_key(e.section, e.name));
+        assign(*def, *e.node, kwhere);
+      }
+    }
+  }
+
+  void apply_override(const std::string& ov) {
+    const std::string where = source_ + " (--set)";
+    const std::size_t eq = ov.find('=');
+    const std::string key = trim(ov.substr(0, eq));
+    const std::size_t dot = key.find('.');
+    auto bare = [](const std::string& s) {
+      return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+      });
+    };
+    if (eq == std::string::npos || dot == std::string::npos || !bare(key.substr(0, dot)) ||
+        !bare(key.substr(dot + 1)))
+      fail(where, ": --set expects section.key=value, got '", ov, "'");
+    const std::string section = key.substr(0, dot), name = key.substr(dot + 1);
+    const KeyDef* def = find_key(section, name);
+    if (!def) {
+      const bool known = std::find(section_names().begin(), section_names().end(), section) !=
+                         section_names().end();
+      if (!known && suggest_key(section, name).empty())
+        fail(where, ": unknown section '[", section, "]' in --set ", key,
+             suggest_section(section));
+      fail(where, ": unknown key '", key, "'", suggest_key(section, name));
+    }
+
+    const std::string value = trim(ov.substr(eq + 1));
+    Field f = def->field(cfg_);
+    // A value is TOML when "v = <value>" parses to exactly that one key.
+    std::optional<toml::table> parsed;
+    try {
+      const std::string doc = "v = " + value;
+      toml::table t = toml::parse(doc, std::string_view("--set"));
+      if (t.size() == 1 && t.contains("v")) parsed = std::move(t);
+    } catch (const toml::parse_error&) {
+    }
+    if (std::holds_alternative<std::string*>(f) && !(parsed && parsed->get("v")->is_string())) {
+      *std::get<std::string*>(f) = value;  // unquoted text for a string key
+      origin_[def->full()] = where;
+      return;
+    }
+    if (!parsed)
+      fail(where, ": ", def->full(), ": expected ", expected_name(f), ", got '", value, "'");
+    assign(*def, *parsed->get("v"), where);
+  }
+
+  Config finish() {
+    validate();
+    return cfg_;
+  }
+
+ private:
+  static std::string trim(const std::string& s) {
+    const std::size_t b = s.find_first_not_of(" \t");
+    if (b == std::string::npos) return "";
+    return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+  }
+
+  void assign(const KeyDef& def, const toml::node& node, const std::string& where) {
+    Field f = def.field(cfg_);
+    const std::string key = def.full();
+    auto wrong = [&]() {
+      fail(where, ": ", key, ": expected ", expected_name(f), ", got ",
+           toml_type_name(node.type()));
+    };
+    if (auto* p = std::get_if<int*>(&f)) {
+      if (!node.is_integer()) wrong();
+      const std::int64_t v = node.as_integer()->get();
+      if (v < INT_MIN || v > INT_MAX) fail(where, ": ", key, ": ", v, " is out of range");
+      **p = static_cast<int>(v);
+    } else if (auto* p64 = std::get_if<std::int64_t*>(&f)) {
+      if (!node.is_integer()) wrong();
+      **p64 = node.as_integer()->get();
+    } else if (auto* pd = std::get_if<double*>(&f)) {
+      if (node.is_integer())  // integers are fine where a float is expected
+        **pd = static_cast<double>(node.as_integer()->get());
+      else if (node.is_floating_point())
+        **pd = node.as_floating_point()->get();
+      else
+        wrong();
+    } else if (auto* pb = std::get_if<bool*>(&f)) {
+      if (!node.is_boolean()) wrong();
+      **pb = node.as_boolean()->get();
+    } else if (auto* ps = std::get_if<std::string*>(&f)) {
+      if (!node.is_string()) wrong();
+      **ps = node.as_string()->get();
+    }
+    origin_[key] = where;
+  }
+
+  // Where a key was set: its line in the file, the file's --set, or just the file (default).
+  std::string where(const std::string& key) const {
+    auto it = origin_.find(key);
+    return it == origin_.end() ? source_ : it->second;
+  }
+  // For a rule over two keys: point at the one the user wrote (the first if both).
+  std::string where(const std::string& a, const std::string& b) const {
+    return origin_.count(a) || !origin_.count(b) ? where(a) : where(b);
+  }
+
+  template <typename T>
+  void need(bool ok, const std::string& key, const char* rule, const T& value) const {
+    if (!ok) fail(where(key), ": ", key, ": must be ", rule, ", got ", value);
+  }
+  void need_finite(double v, const std::string& key) const {
+    if (!std::isfinite(v)) fail(where(key), ": ", key, ": must be finite, got ", toml_float(v));
+  }
+  void need_one_of(const std::string& v, const std::string& key,
+                   const std::vector<std::string>& allowed) const {
+    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
+    std::string list;
+    for (std::size_t i = 0; i < allowed.size(); ++i)
+      list += (i ? (i + 1 == allowed.size() ? " or " : ", ") : "") + allowed[i];
+    fail(where(key), ": ", key, ": expected ", list, ", got ", toml_string(v));
+  }
+
+  void validate() const {
+    const Config& c = cfg_;
+    // [model]
+    need(c.model.vocab_size >= 0, "model.vocab_size", ">= 0 (0: from the dataset)",
+         c.model.vocab_size);
+    need(c.model.seq_len >= 1, "model.seq_len", ">= 1", c.model.seq_len);
+    need(c.model.n_layer >= 1, "model.n_layer", ">= 1", c.model.n_layer);
+    need(c.model.n_head >= 1, "model.n_head", ">= 1", c.model.n_head);
+    need(c.model.d_model >= 1, "model.d_model", ">= 1", c.model.d_model);
+    if (c.model.d_model % c.model.n_head != 0)
+      fail(where("model.d_model", "model.n_head"), ": model.d_model = ", c.model.d_model,
+           " is not divisible by model.n_head = ", c.model.n_head);
+
+    // [parallel]
+    const Config::Parallel& p = c.parallel;
+    need(p.tp >= 1, "parallel.tp", ">= 1", p.tp);
+    need(p.pp >= 1, "parallel.pp", ">= 1", p.pp);
+    need(p.dp >= 0, "parallel.dp", ">= 0 (0: world size / (tp * pp))", p.dp);
+    need(p.vpp >= 1, "parallel.vpp", ">= 1", p.vpp);
+    need_one_of(p.schedule, "parallel.schedule", kSchedules);
+    need(p.micro_batch_size >= 1, "parallel.micro_batch_size", ">= 1", p.micro_batch_size);
+    need(p.zero_stage == 0 || p.zero_stage == 1, "parallel.zero_stage", "0 or 1", p.zero_stage);
+    need_one_of(p.recompute, "parallel.recompute", {"none", "full"});
+    if (p.vpp > 1 && p.schedule != "interleaved-1f1b" && p.schedule != "looped-bfs")
+      fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,
+           " needs parallel.schedule = \"interleaved-1f1b\" or \"looped-bfs\", got ",
+           toml_string(p.schedule));
+    if (c.model.n_head % p.tp != 0)
+      fail(where("model.n_head", "parallel.tp"), ": model.n_head = ", c.model.n_head,
+           " is not divisible by parallel.tp = ", p.tp);
+    if (static_cast<std::int64_t>(c.model.n_layer) % (static_cast<std::int64_t>(p.pp) * p.vpp))
+      fail(where("model.n_layer", "parallel.pp"), ": model.n_layer = ", c.model.n_layer,
+           " is not divisible by parallel.pp * parallel.vpp = ", p.pp, " * ", p.vpp);
+    if (p.sequence_parallel && c.model.seq_len % p.tp != 0)
+      fail(where("parallel.sequence_parallel", "model.seq_len"),
+           ": parallel.sequence_parallel needs model.seq_len = ", c.model.seq_len,
+           " divisible by parallel.tp = ", p.tp);
+
+    // [train]
+    const Config::Train& t = c.train;
+    need(t.steps >= 1, "train.steps", ">= 1", t.steps);
+    need(t.global_batch_size >= 1, "train.global_batch_size", ">= 1", t.global_batch_size);
+    if (t.global_batch_size % p.micro_batch_size != 0)
+      fail(where("train.global_batch_size", "parallel.micro_batch_size"),
+           ": train.global_batch_size = ", t.global_batch_size,
+           " is not divisible by parallel.micro_batch_size = ", p.micro_batch_size);
+    for (const auto& [key, v] : {std::pair<const char*, double>{"train.lr", t.lr},
+                                 {"train.min_lr", t.min_lr},
+                                 {"train.weight_decay", t.weight_decay},
+                                 {"train.beta1", t.beta1},
+                                 {"train.beta2", t.beta2},
+                                 {"train.eps", t.eps},
+                                 {"train.grad_clip", t.grad_clip}})
+      need_finite(v, key);
+    need(t.lr > 0, "train.lr", "> 0", toml_float(t.lr));
+    need(t.min_lr >= 0, "train.min_lr", ">= 0", toml_float(t.min_lr));
+    if (t.min_lr > t.lr)
+      fail(where("train.min_lr", "train.lr"), ": train.min_lr = ", toml_float(t.min_lr),
+           " must be <= train.lr = ", toml_float(t.lr));
+    need(t.warmup_steps >= 0, "train.warmup_steps", ">= 0", t.warmup_steps);
+    if (t.warmup_steps > t.steps)
+      fail(where("train.warmup_steps", "train.steps"), ": train.warmup_steps = ",
+           t.warmup_steps, " must be <= train.steps = ", t.steps);
+    need(t.weight_decay >= 0, "train.weight_decay", ">= 0", toml_float(t.weight_decay));
+    need(t.beta1 >= 0 && t.beta1 < 1, "train.beta1", "in [0, 1)", toml_float(t.beta1));
+    need(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", "in [0, 1)", toml_float(t.beta2));
+    need(t.eps > 0, "train.eps", "> 0", toml_float(t.eps));
+    need(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 disables clipping)",
+         toml_float(t.grad_clip));
+    need(t.seed >= 0, "train.seed", ">= 0", t.seed);
+    need(t.eval_every >= 0, "train.eval_every", ">= 0 (0: never)", t.eval_every);
+    need(t.eval_batches >= 1, "train.eval_batches", ">= 1", t.eval_batches);
+
+    // [io]
+    need(!c.io.out_dir.empty(), "io.out_dir", "a directory", "\"\"");
+    need(c.io.checkpoint_every >= 0, "io.checkpoint_every", ">= 0 (0: only at the end)",
+         c.io.checkpoint_every);
+    need(c.io.keep_checkpoints >= 0, "io.keep_checkpoints", ">= 0", c.io.keep_checkpoints);
+    need(!c.io.resume.empty(), "io.resume", "\"auto\", \"none\" or a checkpoint path", "\"\"");
+
+    // [runtime]
+    need_one_of(c.runtime.device, "runtime.device", {"cpu", "cuda"});
+    need_one_of(c.runtime.precision, "runtime.precision", {"fp32", "tf32", "bf16"});
+    if (c.runtime.precision != "fp32" && c.runtime.device != "cuda")
+      fail(where("runtime.precision", "runtime.device"), ": runtime.precision = ",
+           toml_string(c.runtime.precision), " needs runtime.device = \"cuda\", got ",
+           toml_string(c.runtime.device));
+    need(c.runtime.threads >= 0, "runtime.threads", ">= 0 (0: cores / ranks on this node)",
+         c.runtime.threads);
+  }
+
+  std::string source_;
+  Config cfg_;
+  std::map<std::string, std::string> origin_;  // key -> where it was set
+};
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  Loader loader(source_name);
+  loader.read_text(toml_text);
+  for (const std::string& ov : overrides) loader.apply_override(ov);
+  return loader.finish();
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail("input deck '", path, "' not found");
+  if (fs::is_directory(path, ec)) fail("input deck '", path, "' is a directory, not a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("input deck '", path, "' cannot be read: ", std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail("input deck '", path, "' cannot be read: ", std::strerror(errno));
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_toml(const Config& cfg) {
+  Config c = cfg;  // the key table hands out pointers into a mutable Config
+  std::string out = "# trident input deck, fully resolved\n";
+  std::string section;
+  for (const KeyDef& k : key_table()) {
+    if (section != k.section) {
+      out += str(section.empty() ? "" : "\n", "[", k.section, "]\n");
+      section = k.section;
+    }
+    out += str(k.name, " = ", field_value(k.field(c)), "\n");
+  }
+  return out;
+}
+
+void resolve_world(Config& cfg, int world_size) {
+  Config::Parallel& p = cfg.parallel;
+  const std::string& src = cfg.source;
+  TRIDENT_CHECK(world_size >= 1, "world size must be >= 1, got ", world_size);
+  const std::int64_t tp_pp = static_cast<std::int64_t>(p.tp) * p.pp;
+  if (p.dp == 0) {
+    if (world_size % tp_pp != 0)
+      fail(src, ": parallel.tp * parallel.pp = ", p.tp, " * ", p.pp,
+           " does not divide the world size ", world_size, " (parallel.dp = 0)");
+    p.dp = static_cast<int>(world_size / tp_pp);
+  } else if (tp_pp * p.dp != world_size) {
+    fail(src, ": parallel.tp * parallel.pp * parallel.dp = ", p.tp, " * ", p.pp, " * ", p.dp,
+         " = ", tp_pp * p.dp, " ranks, but the world has ", world_size,
+         " (set parallel.dp = 0 to fit the world)");
+  }
+  const std::int64_t per_step = static_cast<std::int64_t>(p.micro_batch_size) * p.dp;
+  if (cfg.train.global_batch_size % per_step != 0)
+    fail(src, ": train.global_batch_size = ", cfg.train.global_batch_size,
+         " is not divisible by parallel.micro_batch_size * parallel.dp = ", p.micro_batch_size,
+         " * ", p.dp, " = ", per_step);
+}
+
+int microbatches_per_rank(const Config& cfg) {
+  TRIDENT_CHECK(cfg.parallel.dp >= 1, "microbatches_per_rank: parallel.dp is not resolved ",
+                "(call resolve_world first)");
+  return static_cast<int>(cfg.train.global_batch_size /
+                          (static_cast<std::int64_t>(cfg.parallel.micro_batch_size) *
+                           cfg.parallel.dp));
+}
+
+}  // namespace trident::train
