@@ -1,2 +1,166 @@
-// trident's entry point (skeleton; subcommands come next).
-int main() { return 0; }
+// trident's entry point: MPI, the command line (CLI11), and how errors end the job.
+//
+// An error every rank agrees on (a bad deck, a missing file: see parallel/agree.hpp) is
+// printed once by rank 0 as "trident: error: ..." and every rank exits 1 after
+// MPI_Finalize. An error on one rank only, once ranks communicate, prints from that rank
+// and aborts the whole job (MPI_Abort) so that no rank is left waiting.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "trident/core/log.hpp"
+#include "trident/parallel/agree.hpp"
+
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+void print_error(const char* what, bool only_rank0) {
+  if (only_rank0 && trident::log::rank() != 0) return;
+  if (trident::log::rank() == 0 || only_rank0)
+    std::fprintf(stderr, "trident: error: %s\n", what);
+  else
+    std::fprintf(stderr, "trident: error: [rank %d] %s\n", trident::log::rank(), what);
+  std::fflush(stderr);
+}
+
+int run(int argc, char** argv) {
+  using namespace trident::app;
+  CLI::App app{"trident: 3D-parallel GPT training with MPI (see README.md)", "trident"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "trident 0.1.0");
+
+  DeckArgs deck;
+  auto add_deck = [&deck](CLI::App* sub) {
+    sub->add_option("deck", deck.deck, "input deck (TOML)")->required();
+    sub->add_option("--set", deck.overrides, "override a deck key: section.key=value")
+        ->take_all();
+  };
+
+  auto* train = app.add_subcommand("train", "train a model on the deck");
+  add_deck(train);
+
+  std::string weights, batch, out;
+  int steps = 1;
+  auto* grad = app.add_subcommand("grad", "loss and full gradients of one batch");
+  add_deck(grad);
+  grad->add_option("--weights", weights, "weights file (HDF5)")->required();
+  grad->add_option("--batch", batch, "batch file with /inputs and /targets")->required();
+  grad->add_option("--out", out, "gradient dump to write")->required();
+
+  auto* step = app.add_subcommand("step", "optimizer steps on one batch (for oracles)");
+  add_deck(step);
+  step->add_option("--weights", weights, "weights file (HDF5)")->required();
+  step->add_option("--batch", batch, "batch file with /inputs and /targets")->required();
+  step->add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
+  step->add_option("--out", out, "weights file to write")->required();
+
+  auto* init = app.add_subcommand("init", "write freshly initialized weights");
+  add_deck(init);
+  init->add_option("--out", out, "weights file to write")->required();
+
+  std::string input, output, tokenizer = "byte", valid_output;
+  int vocab_size = 0, valid_every = 0;
+  auto* prep = app.add_subcommand("prepare-data", "tokenize a text corpus into a token dataset");
+  prep->add_option("--input", input, "text file")->required();
+  prep->add_option("--output", output, "token dataset to write (HDF5)")->required();
+  prep->add_option("--tokenizer", tokenizer, "byte | sentencepiece")
+      ->check(CLI::IsMember({"byte", "sentencepiece"}));
+  prep->add_option("--vocab-size", vocab_size, "vocabulary of the BPE (sentencepiece)");
+  prep->add_option("--valid-output", valid_output,
+                   "also write a validation dataset from held-out blocks of lines");
+  prep->add_option("--valid-every", valid_every,
+                   "hold out every N-th block of 100 lines for validation (default 20)");
+
+  std::string checkpoint, prompt;
+  int n_tokens = 200, top_k = 0;
+  double temperature = 0.0;
+  std::uint64_t seed = 1234;
+  auto* sample = app.add_subcommand("sample", "generate text from a checkpoint");
+  sample->add_option("--checkpoint", checkpoint, "checkpoint or weights file")->required();
+  sample->add_option("--prompt", prompt, "text to continue");
+  sample->add_option("--tokens", n_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  sample->add_option("--temperature", temperature, "0: greedy; > 0: sample")
+      ->check(CLI::NonNegativeNumber);
+  sample->add_option("--top-k", top_k, "sample among the k most likely (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  sample->add_option("--seed", seed, "random seed for sampling");
+
+  int tp = 1, pp = 1, dp = 1, microbatches = 1, vpp = 1;
+  std::string schedule_name;
+  auto* grid = app.add_subcommand("grid", "print the TP, PP and DP groups as JSON");
+  grid->add_option("--tp", tp)->check(CLI::PositiveNumber);
+  grid->add_option("--pp", pp)->check(CLI::PositiveNumber);
+  grid->add_option("--dp", dp)->check(CLI::PositiveNumber);
+
+  auto* schedule = app.add_subcommand("schedule", "print a pipeline schedule's timeline");
+  schedule->add_option("--schedule", schedule_name)->required();
+  schedule->add_option("--pp", pp)->check(CLI::PositiveNumber);
+  schedule->add_option("--microbatches", microbatches)->check(CLI::PositiveNumber);
+  schedule->add_option("--vpp", vpp)->check(CLI::PositiveNumber);
+
+  // CLI11 would report "a subcommand is required" for a misspelt one; name it instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      known = known || sub->get_name() == argv[1];
+    }
+    if (!known)
+      throw trident::parallel::AgreedError(std::string("unknown subcommand '") + argv[1] +
+                                           "' (expected one of: " + names + ")");
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return trident::log::rank() == 0 ? app.exit(e) : 0;
+  } catch (const CLI::CallForAllHelp& e) {
+    return trident::log::rank() == 0 ? app.exit(e) : 0;
+  } catch (const CLI::CallForVersion& e) {
+    return trident::log::rank() == 0 ? app.exit(e) : 0;
+  } catch (const CLI::ParseError& e) {
+    throw trident::parallel::AgreedError(std::string(e.what()) + " (see trident --help)");
+  }
+
+  if (*train) return run_train(deck);
+  if (*grad) return run_grad(deck, weights, batch, out);
+  if (*step) return run_step(deck, weights, batch, steps, out);
+  if (*init) return run_init(deck, out);
+  if (*prep)
+    return run_prepare_data(input, output, tokenizer, vocab_size, valid_output, valid_every);
+  if (*sample) return run_sample(checkpoint, prompt, n_tokens, temperature, top_k, seed);
+  if (*grid) return run_grid(tp, pp, dp);
+  if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  trident::log::set_rank(rank);
+  int status = 0;
+  try {
+    status = run(argc, argv);
+  } catch (const trident::parallel::AgreedError& e) {
+    print_error(e.what(), true);
+    status = 1;
+  } catch (const std::exception& e) {
+    // Only this rank failed (or we cannot know): stop everyone.
+    print_error(e.what(), world_size() == 1);
+    if (world_size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    status = 1;
+  }
+  MPI_Finalize();
+  return status;
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# `make bench`: trident's training step against PyTorch and against OpenBLAS SGEMM, all three
+# measured in this one run on the same threads (bench/bench.py does the measuring and prints
+# the table; results.json goes to $OUT if set, else to BUILD/bench-work/).
+# usage: bench/run.sh BUILD_DIR
+# Knobs (environment): BENCH_THREADS (2), BENCH_TRIDENT_STEPS (30), BENCH_TORCH_STEPS (20),
+#   OPENBLAS_CORETYPE (left alone if set; see bench.py), PYTHON (/usr/bin/python3).
+set -euo pipefail
+
+build=${1:?usage: bench/run.sh BUILD_DIR}
+src=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-/usr/bin/python3}
+
+[ -f "$build/CMakeCache.txt" ] || { echo "bench: $build is not a configured build directory" >&2; exit 2; }
+skip=()
+if ! cmake --build "$build" --target trident -j "$(nproc)"; then
+  echo "bench: building trident failed; measuring PyTorch and SGEMM only" >&2
+  skip=(--skip-trident)
+fi
+# The SGEMM microbenchmark: the CMake target when bench/ is part of the build, else compiled
+# here against the OpenBLAS the build found.
+sgemm="$build/bench/trident_bench_sgemm"
+if ! cmake --build "$build" --target trident_bench_sgemm -j "$(nproc)" >/dev/null 2>&1; then
+  echo "bench: no trident_bench_sgemm target in $build (is add_subdirectory(bench) in CMakeLists.txt?);" \
+       "compiling bench/sgemm_bench.cpp directly" >&2
+  inc=$(sed -n 's/^OPENBLAS_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")
+  lib=$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")
+  mkdir -p "$build/bench"
+  "${CXX:-c++}" -O2 -std=c++17 -I"$inc" "$src/bench/sgemm_bench.cpp" "$lib" -o "$sgemm"
+fi
+
+exec "$python" "$src/bench/bench.py" --build "$build" --sgemm "$sgemm" "${skip[@]}"

@@ -1,0 +1,81 @@
+// trident/io/checkpoint.hpp — checkpoints (FORMAT.md): one file per checkpoint,
+// <out_dir>/checkpoints/step-<NNNNNNNN>.h5, holding /model/<name>,
+// /optimizer/exp_avg/<name> and /optimizer/exp_avg_sq/<name> (AdamW moments, same names
+// and shapes), and root attributes format = "trident-checkpoint", format_version = 1,
+// step, consumed_samples, seed, config (the resolved deck as TOML text) and the model
+// attributes. Everything a bitwise resume needs: the data order and any RNG stream are
+// functions of (seed, step), AdamW's bias correction of step.
+// defines: trident::io::CheckpointState, checkpoint_path, write_checkpoint,
+//          read_checkpoint, read_checkpoint_state, find_latest_checkpoint,
+//          prune_checkpoints
+//
+// Atomicity: a checkpoint is written as step-NNNNNNNN.h5.tmp, flushed and closed by every
+// rank, then renamed by rank 0 (after a barrier). A crash leaves at worst a .tmp file,
+// which no reader looks at; find_latest_checkpoint also skips a step-*.h5 that does not
+// open or whose attributes are wrong (a truncated copy, a damaged disk). Each tensor
+// carries a checksum (see tensor_io.hpp), verified when it is read.
+//
+// ZeRO-1 (TODO): the moments are given as full local shards, indexed by the same specs as
+// the parameters. A ZeRO-1 rank that holds only a range of its moments must gather them
+// over its DP group first (or this API grows a per-rank flat range: the hyperslabs of a
+// range are a few row pieces per block, and ShardRole would name the range's owner).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trident/io/shard_role.hpp"
+#include "trident/model/spec.hpp"
+
+namespace trident::io {
+
+// The scalar state of a run at a checkpoint.
+struct CheckpointState {
+  std::int64_t step = 0;              // optimizer steps completed
+  std::int64_t consumed_samples = 0;  // sequences drawn so far
+  std::uint64_t seed = 0;             // train.seed
+  std::string config;                 // the full resolved deck, TOML
+};
+
+// <checkpoint_dir>/step-<8-digit step>.h5
+std::string checkpoint_path(const std::string& checkpoint_dir, std::int64_t step);
+
+// Writes checkpoint_path(checkpoint_dir, state.step) atomically, collectively over comm
+// (MPI_COMM_NULL: one process): every rank gives its ShardSpecs, which index all three of
+// its flat buffers (parameters and both AdamW moments), and its role. Creates the
+// directory. Returns the checkpoint's path.
+std::string write_checkpoint(const std::string& checkpoint_dir, MPI_Comm comm,
+                             const model::ModelConfig& cfg,
+                             const std::vector<model::ShardSpec>& specs,
+                             const CheckpointState& state, const float* params,
+                             const float* exp_avg, const float* exp_avg_sq,
+                             const ShardRole& role = {});
+
+// Reads a checkpoint into any layout: this rank's shards of the parameters, and of the
+// moments unless exp_avg / exp_avg_sq are nullptr. Checks format, version, the model
+// attributes against cfg, every tensor's presence, type, shape and checksum.
+CheckpointState read_checkpoint(const std::string& path, MPI_Comm comm,
+                                const model::ModelConfig& cfg,
+                                const std::vector<model::ShardSpec>& specs, float* params,
+                                float* exp_avg, float* exp_avg_sq, const ShardRole& role = {});
+
+// The scalar state alone (serial), after checking the format attributes and that the
+// /model and /optimizer groups exist.
+CheckpointState read_checkpoint_state(const std::string& path);
+
+// The newest step-*.h5 in checkpoint_dir that opens and passes read_checkpoint_state (and
+// whose `step` attribute matches its name); the others are skipped with a warning. None
+// when the directory is missing or holds no usable checkpoint. Serial: call it on one
+// rank and broadcast, or on every rank of a shared file system.
+std::optional<std::string> find_latest_checkpoint(const std::string& checkpoint_dir);
+
+// Keeps the newest `keep` complete checkpoints (as find_latest_checkpoint judges them) and
+// deletes every step-*.h5 and step-*.h5.tmp older than the oldest kept one; keep <= 0
+// keeps everything. Returns the deleted paths. Serial (rank 0).
+std::vector<std::string> prune_checkpoints(const std::string& checkpoint_dir, int keep);
+
+}  // namespace trident::io

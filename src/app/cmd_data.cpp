@@ -1,0 +1,183 @@
+// `trident prepare-data` (text -> token datasets) and `trident sample` (text from a model).
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "commands.hpp"
+#include "trident/core/log.hpp"
+#include "trident/core/rng.hpp"
+#include "trident/io/checkpoint.hpp"
+#include "trident/io/dataset.hpp"
+#include "trident/io/tokenizer.hpp"
+#include "trident/io/weights.hpp"
+#include "trident/model/gpt.hpp"
+#include "trident/parallel/agree.hpp"
+
+namespace trident::app {
+
+namespace {
+
+constexpr int kBlockLines = 100;  // validation holds out whole blocks of lines
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  TRIDENT_CHECK(f.good(), "--input: cannot read text file '", path, "'");
+  std::ostringstream os;
+  os << f.rdbuf();
+  std::string text = os.str();
+  TRIDENT_CHECK(!text.empty(), "--input: '", path, "' is empty");
+  return text;
+}
+
+// Splits text into train and valid: every valid_every-th block of kBlockLines lines is
+// held out (0: nothing held out).
+void split_text(const std::string& text, int valid_every, std::string& train, std::string& valid) {
+  std::size_t pos = 0;
+  long line = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const bool held_out = valid_every > 0 && (line / kBlockLines) % valid_every == valid_every - 1;
+    (held_out ? valid : train).append(text, pos, end - pos);
+    pos = end;
+    ++line;
+  }
+}
+
+io::TokenDataset tokenize(const io::Tokenizer& tok, const std::string& text) {
+  io::TokenDataset d;
+  d.vocab_size = tok.vocab_size();
+  d.tokenizer = tok.kind_name();
+  d.tokenizer_model = tok.serialized();
+  // Encode a block of lines at a time: the same tokens as the whole text (BPE does not
+  // merge across newlines here), with bounded memory per call.
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = pos;
+    for (int i = 0; i < kBlockLines && end < text.size(); ++i) {
+      end = text.find('\n', end);
+      end = end == std::string::npos ? text.size() : end + 1;
+    }
+    auto ids = tok.encode(std::string_view(text).substr(pos, end - pos));
+    d.tokens.insert(d.tokens.end(), ids.begin(), ids.end());
+    pos = end;
+  }
+  d.num_tokens = std::int64_t(d.tokens.size());
+  return d;
+}
+
+}  // namespace
+
+int run_prepare_data(const std::string& input, const std::string& output,
+                     const std::string& tokenizer, int vocab_size, const std::string& valid_output,
+                     int valid_every) {
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    TRIDENT_CHECK(world == 1, "prepare-data runs on one process (not under mpirun -np ", world, ")");
+    const std::string text = read_text(input);
+    if (valid_every == 0 && !valid_output.empty()) valid_every = 20;
+    TRIDENT_CHECK(valid_every >= 0, "--valid-every must be >= 0");
+    std::string train_text, valid_text;
+    split_text(text, valid_output.empty() ? 0 : valid_every, train_text, valid_text);
+    TRIDENT_CHECK(valid_output.empty() || !valid_text.empty(), "--input: '", input,
+                  "' is too short to hold out every ", valid_every, "-th block of ", kBlockLines,
+                  " lines for --valid-output");
+
+    io::Tokenizer tok = io::Tokenizer::byte();
+    if (tokenizer == "sentencepiece") {
+      TRIDENT_CHECK(vocab_size > 0, "--tokenizer sentencepiece needs --vocab-size N");
+      // SentencePiece trains from a file: the training part only, never the held-out text.
+      const std::string tmp = output + ".train-text.tmp";
+      std::ofstream(tmp, std::ios::binary) << train_text;
+      try {
+        tok = io::Tokenizer::train_sentencepiece(tmp, vocab_size);
+      } catch (...) {
+        std::filesystem::remove(tmp);
+        throw;
+      }
+      std::filesystem::remove(tmp);
+    } else {
+      TRIDENT_CHECK(vocab_size == 0 || vocab_size == 256,
+                    "--tokenizer byte has a vocabulary of 256, not --vocab-size ", vocab_size);
+    }
+    io::TokenDataset train = tokenize(tok, train_text);
+    io::write_token_dataset(output, train);
+    log::info(output, ": ", train.num_tokens, " tokens (", tok.kind_name(), ", vocabulary ",
+              tok.vocab_size(), ") from ", train_text.size(), " bytes");
+    if (!valid_output.empty()) {
+      io::TokenDataset valid = tokenize(tok, valid_text);
+      io::write_token_dataset(valid_output, valid);
+      log::info(valid_output, ": ", valid.num_tokens, " tokens from ", valid_text.size(), " bytes");
+    }
+  });
+  return 0;
+}
+
+int run_sample(const std::string& checkpoint, const std::string& prompt, int tokens,
+               double temperature, int top_k, std::uint64_t seed) {
+  model::ModelConfig cfg;
+  std::unique_ptr<io::Tokenizer> tok;
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    TRIDENT_CHECK(world == 1, "sample runs on one process (not under mpirun -np ", world, ")");
+    cfg = io::read_model_config(checkpoint);
+    // The tokenizer lives in the training dataset named by the checkpoint's deck.
+    io::CheckpointState st = io::read_checkpoint_state(checkpoint);
+    const std::string marker = "train = \"";
+    const std::size_t data_at = st.config.find("[data]");
+    const std::size_t at = st.config.find(marker, data_at == std::string::npos ? 0 : data_at);
+    TRIDENT_CHECK(at != std::string::npos, checkpoint, ": its deck names no data.train");
+    const std::size_t begin = at + marker.size();
+    const std::string data = st.config.substr(begin, st.config.find('"', begin) - begin);
+    tok = std::make_unique<io::Tokenizer>(io::load_tokenizer(data));
+  });
+  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, 1});
+  auto ops = ops::make_cpu_ops(int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
+  model::GptChunk chunk(cfg, model::StageLayout{0, cfg.n_layer, true, true}, ps, *ops, 1);
+  io::read_weights(checkpoint, MPI_COMM_NULL, cfg, chunk.specs(), chunk.params());
+
+  std::vector<std::int32_t> ids = tok->encode(prompt.empty() ? "\n" : prompt);
+  const std::size_t prompt_len = ids.size();
+  std::vector<float> logits(std::size_t(cfg.vocab_size));
+  std::vector<int> order(std::size_t(cfg.vocab_size));
+  const std::uint64_t stream = rng::key_of("sample");
+  for (int n = 0; n < tokens; ++n) {
+    const int t = int(std::min<std::size_t>(ids.size(), std::size_t(cfg.seq_len)));
+    chunk.logits_last(ids.data() + ids.size() - std::size_t(t), t, logits.data());
+    int next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (temperature > 0) {
+      std::iota(order.begin(), order.end(), 0);
+      const int k = top_k > 0 ? std::min(top_k, cfg.vocab_size) : cfg.vocab_size;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int a, int b) { return logits[a] > logits[b]; });
+      std::vector<double> p(static_cast<std::size_t>(k));
+      double total = 0;
+      for (int i = 0; i < k; ++i)
+        total += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / temperature);
+      double u = rng::uniform01(seed, stream, std::uint64_t(n)) * total;
+      next = order[k - 1];
+      for (int i = 0; i < k; ++i)
+        if ((u -= p[i]) <= 0) {
+          next = order[i];
+          break;
+        }
+    }
+    ids.push_back(next);
+  }
+  const std::string text = tok->decode(ids);
+  const std::string head = tok->decode({ids.begin(), ids.begin() + long(prompt_len)});
+  std::fputs((prompt.empty() ? text.substr(head.size()) : text).c_str(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+}  // namespace trident::app

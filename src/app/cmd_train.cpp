@@ -1,0 +1,101 @@
+// `trident train`, `trident grad`, `trident step` and `trident init`.
+#include <mpi.h>
+
+#include "commands.hpp"
+#include "trident/core/log.hpp"
+#include "trident/io/grad.hpp"
+#include "trident/io/h5.hpp"
+#include "trident/io/weights.hpp"
+#include "trident/parallel/agree.hpp"
+#include "trident/train/run.hpp"
+
+namespace trident::app {
+
+int run_train(const DeckArgs& args) {
+  Session s = open_session(args, "");
+  train::Trainer trainer(s.cfg, s.ps, *s.ops);
+  train::run_training(trainer);
+  return 0;
+}
+
+namespace {
+
+// The batch file's tokens and the trainer with the file's weights: what grad and step share.
+struct FixedBatch {
+  io::Batch batch;
+  const std::int32_t* inputs = nullptr;   // this DP rank's slice
+  const std::int32_t* targets = nullptr;
+};
+
+FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std::string& batch) {
+  FixedBatch fb;
+  const train::Config& cfg = tr.config();
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    fb.batch = io::read_batch(batch, cfg.model.vocab_size);
+    TRIDENT_CHECK(fb.batch.seq_len == cfg.model.seq_len, batch, ": sequences of ",
+                  fb.batch.seq_len, " tokens, the deck has model.seq_len = ", cfg.model.seq_len);
+    TRIDENT_CHECK(fb.batch.batch % (cfg.parallel.micro_batch_size * tr.state().shape.dp) == 0,
+                  batch, ": a batch of ", fb.batch.batch,
+                  " sequences does not split into microbatches of parallel.micro_batch_size = ",
+                  cfg.parallel.micro_batch_size, " over dp = ", tr.state().shape.dp);
+  });
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    io::read_weights(weights, MPI_COMM_WORLD, cfg.model, tr.model().specs(), tr.model().params(),
+                     train::shard_role(tr.state()));
+  });
+  const std::int64_t first = tr.local_first(fb.batch.batch) * cfg.model.seq_len;
+  fb.inputs = fb.batch.inputs.data() + first;
+  fb.targets = fb.batch.targets.data() + first;
+  return fb;
+}
+
+}  // namespace
+
+int run_grad(const DeckArgs& args, const std::string& weights, const std::string& batch,
+             const std::string& out) {
+  Session s = open_session(args, "");
+  train::Trainer tr(s.cfg, s.ps, *s.ops);
+  FixedBatch fb = load_fixed(tr, weights, batch);
+  const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
+  io::write_grad_dump(out, MPI_COMM_WORLD, s.cfg.model, tr.model().specs(), tr.model().grads(),
+                      loss, train::shard_role(s.ps));
+  log::info("loss ", loss, " -> ", out);
+  return 0;
+}
+
+int run_step(const DeckArgs& args, const std::string& weights, const std::string& batch,
+             int steps, const std::string& out) {
+  Session s = open_session(args, "");
+  train::Trainer tr(s.cfg, s.ps, *s.ops);
+  FixedBatch fb = load_fixed(tr, weights, batch);
+  std::vector<double> losses, norms;
+  for (int k = 1; k <= steps; ++k) {
+    const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
+    const train::StepStats st = tr.optimizer_step(k, loss);
+    losses.push_back(st.loss);
+    norms.push_back(st.grad_norm);
+    log::info("step ", k, " | loss ", st.loss, " | grad norm ", st.grad_norm, " | lr ", st.lr);
+  }
+  io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, tr.model().specs(), tr.model().params(),
+                    train::shard_role(s.ps));
+  if (s.ps.world_rank == 0) {
+    io::h5::File f = io::h5::open_file(out, io::h5::Mode::read_write);
+    io::h5::write_attr_doubles(f, "losses", losses);
+    io::h5::write_attr_doubles(f, "grad_norms", norms);
+    f.close();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return 0;
+}
+
+int run_init(const DeckArgs& args, const std::string& out) {
+  Session s = open_session(args, "");
+  train::Trainer tr(s.cfg, s.ps, *s.ops);
+  tr.model().init_weights(std::uint64_t(s.cfg.train.seed));
+  io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, tr.model().specs(), tr.model().params(),
+                    train::shard_role(s.ps));
+  log::info("initialized weights (seed ", s.cfg.train.seed, ") -> ", out);
+  return 0;
+}
+
+}  // namespace trident::app

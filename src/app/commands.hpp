@@ -1,0 +1,49 @@
+// The subcommands of `trident` (FORMAT.md, "The command line"). Each returns the exit
+// status; errors are trident::Error (see main.cpp for how they end the job).
+// defines: trident::app::{TrainArgs, GradArgs, ...}, run_* and Session helpers
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trident/ops/ops.hpp"
+#include "trident/parallel/comm.hpp"
+#include "trident/train/config.hpp"
+
+namespace trident::app {
+
+struct DeckArgs {
+  std::string deck;
+  std::vector<std::string> overrides;  // --set section.key=value
+};
+
+// What every deck-driven subcommand sets up: the validated deck (dp resolved against the
+// world), the process grid and the kernel backend.
+struct Session {
+  train::Config cfg;
+  parallel::ParallelState ps;
+  std::unique_ptr<ops::Ops> ops;
+};
+
+// Loads and checks the deck on every rank (agreeing on failure), builds the grid and the
+// backend. `vocab_from` is a token dataset that supplies model.vocab_size when the deck
+// leaves it 0 ("" when there is none).
+Session open_session(const DeckArgs& args, const std::string& vocab_from);
+
+int run_train(const DeckArgs& args);
+int run_grad(const DeckArgs& args, const std::string& weights, const std::string& batch,
+             const std::string& out);
+int run_step(const DeckArgs& args, const std::string& weights, const std::string& batch,
+             int steps, const std::string& out);
+int run_init(const DeckArgs& args, const std::string& out);
+int run_prepare_data(const std::string& input, const std::string& output,
+                     const std::string& tokenizer, int vocab_size, const std::string& valid_output,
+                     int valid_every);
+int run_sample(const std::string& checkpoint, const std::string& prompt, int tokens,
+               double temperature, int top_k, std::uint64_t seed);
+int run_grid(int tp, int pp, int dp);
+int run_schedule(const std::string& name, int pp, int microbatches, int vpp);
+
+}  // namespace trident::app

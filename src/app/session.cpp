@@ -1,0 +1,60 @@
+// Start-up shared by the deck-driven subcommands (see commands.hpp).
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "commands.hpp"
+#include "trident/io/dataset.hpp"
+#include "trident/parallel/agree.hpp"
+
+namespace trident::app {
+
+namespace {
+
+// Threads per rank: the cores this rank may run on, shared with the node's other ranks
+// when they are not bound apart (ranks x threads never exceed the cores).
+int default_threads(int local_ranks) {
+  cpu_set_t set;
+  int allowed = 1;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) allowed = CPU_COUNT(&set);
+  const int online = int(sysconf(_SC_NPROCESSORS_ONLN));
+  return std::max(1, std::min(allowed, online / std::max(1, local_ranks)));
+}
+
+}  // namespace
+
+Session open_session(const DeckArgs& args, const std::string& vocab_from) {
+  Session s;
+  const int local_ranks = parallel::node_local_size();
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    s.cfg = train::load_config(args.deck, args.overrides);
+    train::Config& c = s.cfg;
+    const std::string data = vocab_from.empty() ? c.data.train : vocab_from;
+    if (c.model.vocab_size == 0) {
+      TRIDENT_CHECK(!data.empty(), c.source,
+                    ": model.vocab_size = 0 takes the vocabulary from data.train, which is empty");
+      c.model.vocab_size = io::read_token_dataset_header(data).vocab_size;
+    }
+    train::resolve_world(c, world);
+    // Dimensions whose machinery is still to come fail clearly rather than silently.
+    TRIDENT_CHECK(c.parallel.tp == 1, c.source, ": parallel.tp = ", c.parallel.tp,
+                  " is not available yet in this build (tensor parallelism: coming)");
+    TRIDENT_CHECK(c.parallel.pp == 1, c.source, ": parallel.pp = ", c.parallel.pp,
+                  " is not available yet in this build (pipeline parallelism: coming)");
+    TRIDENT_CHECK(c.parallel.vpp == 1, c.source, ": parallel.vpp > 1 needs pipeline parallelism");
+    TRIDENT_CHECK(!c.parallel.sequence_parallel, c.source,
+                  ": parallel.sequence_parallel needs tensor parallelism (not available yet)");
+    TRIDENT_CHECK(c.parallel.zero_stage == 0, c.source,
+                  ": parallel.zero_stage = 1 is not available yet in this build");
+    const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
+    s.ops = ops::make_ops(c.runtime.device, threads);
+  });
+  s.ps = parallel::make_parallel_state(
+      parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp});
+  return s;
+}
+
+}  // namespace trident::app

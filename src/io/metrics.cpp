@@ -1,0 +1,215 @@
+// metrics.h5: extendable columns, appended and flushed per step (see trident/io/metrics.hpp).
+#include "trident/io/metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+
+#include "trident/core/error.hpp"
+#include "trident/core/log.hpp"
+#include "trident/io/h5.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trident::io {
+
+namespace {
+
+constexpr hsize_t kChunkRows = 1024;
+const char* const kStandard[] = {"loss", "lr", "grad_norm", "step_time_s", "tokens_per_s"};
+
+// A table: 1-D datasets of one length in one group; "step" (int64) and float64 columns.
+struct Table {
+  std::string group;  // "" (the root) or "eval"
+  std::vector<std::pair<std::string, h5::Hid>> columns;
+  std::int64_t rows = 0;
+
+  hid_t find(const std::string& name) const {
+    for (const auto& c : columns)
+      if (c.first == name) return c.second;
+    return H5I_INVALID_HID;
+  }
+  std::string full(const std::string& name) const {
+    return group.empty() ? name : group + "/" + name;
+  }
+};
+
+h5::Hid new_column(const h5::File& f, const std::string& name, bool is_step,
+                   std::int64_t rows) {
+  h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_chunk(dcpl, 1, &kChunkRows);
+  if (is_step) {
+    std::int64_t fill = -1;
+    H5Pset_fill_value(dcpl, H5T_NATIVE_INT64, &fill);
+  } else {
+    double fill = std::numeric_limits<double>::quiet_NaN();
+    H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &fill);
+  }
+  return h5::create_dataset(f, name, is_step ? H5T_STD_I64LE : H5T_IEEE_F64LE, {rows}, dcpl, {-1});
+}
+
+void resize(const h5::File& f, hid_t ds, std::int64_t rows) {
+  hsize_t n = hsize_t(rows);
+  if (H5Dset_extent(ds, &n) < 0) fail(f.path(), ": cannot resize ", h5::object_name(ds));
+}
+
+// Writes one value at row `row` (the dataset already holds row + 1 rows).
+void put(const h5::File& f, hid_t ds, std::int64_t row, hid_t mem_type, const void* value) {
+  h5::Hid fspace(H5Dget_space(ds));
+  hsize_t start = hsize_t(row), count = 1;
+  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+  h5::Hid mspace(H5Screate_simple(1, &count, nullptr));
+  if (H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, value) < 0)
+    fail(f.path(), ": cannot write ", h5::object_name(ds), " (disk full?)");
+}
+
+// Opens every 1-D dataset of a table's group (an existing file).
+void open_table(const h5::File& f, Table& t) {
+  h5::Hid g = t.group.empty() ? h5::open_group(f, "/") : h5::open_group(f, t.group);
+  H5G_info_t info;
+  H5Gget_info(g, &info);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256];
+    if (H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name,
+                           H5P_DEFAULT) < 0)
+      continue;
+    H5O_info_t oi;
+    if (H5Oget_info_by_name(g, name, &oi, H5P_DEFAULT) < 0 || oi.type != H5O_TYPE_DATASET) continue;
+    h5::Hid ds = h5::open_dataset(g, name);
+    if (h5::dataset_shape(ds).size() == 1) t.columns.emplace_back(name, std::move(ds));
+  }
+  hid_t step = t.find("step");
+  if (step < 0) fail(f.path(), ": missing dataset /", t.full("step"));
+  t.rows = h5::dataset_shape(step)[0];
+}
+
+// Drops the rows whose step > resume_step and makes every column the same length.
+void truncate(const h5::File& f, Table& t, std::int64_t resume_step) {
+  std::vector<std::int64_t> steps(std::size_t(t.rows));
+  if (t.rows > 0 &&
+      H5Dread(t.find("step"), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, steps.data()) < 0)
+    fail(f.path(), ": cannot read /", t.full("step"));
+  auto keep = std::find_if(steps.begin(), steps.end(),
+                           [&](std::int64_t s) { return s > resume_step || s < 0; });
+  t.rows = keep - steps.begin();
+  for (auto& c : t.columns) resize(f, c.second, t.rows);
+}
+
+// Adds the columns of `names` that the table lacks (NaN for the rows it has).
+void ensure_columns(const h5::File& f, Table& t, const std::vector<std::string>& names) {
+  for (const auto& n : names)
+    if (t.find(n) < 0) t.columns.emplace_back(n, new_column(f, t.full(n), n == "step", t.rows));
+}
+
+}  // namespace
+
+struct MetricsWriter::Impl {
+  std::string path;
+  h5::File file;
+  Table train{"", {}, 0}, eval{"eval", {}, 0};
+  std::map<std::string, double> pending;  // extra columns of the next row
+
+  void open(std::int64_t resume_step, const std::vector<std::string>& extra) {
+    std::vector<std::string> train_cols = {"step"};
+    for (const char* c : kStandard) train_cols.push_back(c);
+    train_cols.insert(train_cols.end(), extra.begin(), extra.end());
+    const std::vector<std::string> eval_cols = {"step", "loss"};
+
+    std::error_code ec;
+    if (resume_step >= 0 && fs::exists(path, ec)) {
+      try {
+        file = h5::open_file(path, h5::Mode::read_write, /*file_locking=*/false);
+        open_table(file, train);
+        if (h5::exists(file, "eval")) open_table(file, eval);
+        truncate(file, train, resume_step);
+        truncate(file, eval, resume_step);
+      } catch (const Error& e) {
+        log::warn(e.what(), "; moving it to ", path, ".bad and starting a new metrics file");
+        train.columns.clear();
+        eval.columns.clear();
+        train.rows = eval.rows = 0;
+        file = h5::File();
+        fs::rename(path, path + ".bad", ec);
+      }
+    }
+    if (!file.valid()) file = h5::open_file(path, h5::Mode::create, /*file_locking=*/false);
+    ensure_columns(file, train, train_cols);
+    ensure_columns(file, eval, eval_cols);
+    file.flush();
+  }
+
+  void append_row(Table& t, std::int64_t step, const std::map<std::string, double>& values) {
+    const std::int64_t row = t.rows;
+    for (auto& c : t.columns) resize(file, c.second, row + 1);
+    put(file, t.find("step"), row, H5T_NATIVE_INT64, &step);
+    for (auto& c : t.columns) {
+      if (c.first == "step") continue;
+      auto it = values.find(c.first);
+      if (it != values.end()) put(file, c.second, row, H5T_NATIVE_DOUBLE, &it->second);
+    }
+    t.rows = row + 1;
+    file.flush();
+  }
+};
+
+MetricsWriter::MetricsWriter(const std::string& out_dir, std::int64_t resume_step,
+                             const std::vector<std::string>& extra_columns)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->path = (fs::path(out_dir) / "metrics.h5").string();
+  for (const auto& c : extra_columns) {
+    bool standard = c == "step";
+    for (const char* s : kStandard) standard = standard || c == s;
+    TRIDENT_CHECK(!standard && !c.empty() && c.find('/') == std::string::npos, impl_->path,
+                  ": bad extra metrics column '", c, "'");
+  }
+  h5::make_parent_dir(impl_->path, MPI_COMM_NULL);
+  impl_->open(resume_step, extra_columns);
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (!impl_) return;
+  try {
+    close();
+  } catch (const Error& e) {
+    log::warn(e.what());
+  }
+}
+
+MetricsWriter::MetricsWriter(MetricsWriter&&) noexcept = default;
+MetricsWriter& MetricsWriter::operator=(MetricsWriter&&) noexcept = default;
+
+void MetricsWriter::set(const std::string& column, double value) {
+  TRIDENT_CHECK(impl_->train.find(column) >= 0 && column != "step", impl_->path,
+                ": no metrics column '", column, "' (extra columns are named at creation)");
+  impl_->pending[column] = value;
+}
+
+void MetricsWriter::append(const StepMetrics& m) {
+  auto values = std::move(impl_->pending);
+  impl_->pending.clear();
+  values["loss"] = m.loss;
+  values["lr"] = m.lr;
+  values["grad_norm"] = m.grad_norm;
+  values["step_time_s"] = m.step_time_s;
+  values["tokens_per_s"] = m.tokens_per_s;
+  impl_->append_row(impl_->train, m.step, values);
+}
+
+void MetricsWriter::append_eval(std::int64_t step, double loss) {
+  impl_->append_row(impl_->eval, step, {{"loss", loss}});
+}
+
+void MetricsWriter::close() {
+  if (!impl_->file.valid()) return;
+  impl_->train.columns.clear();
+  impl_->eval.columns.clear();
+  impl_->file.close();
+}
+
+const std::string& MetricsWriter::path() const { return impl_->path; }
+std::int64_t MetricsWriter::rows() const { return impl_->train.rows; }
+std::int64_t MetricsWriter::eval_rows() const { return impl_->eval.rows; }
+
+}  // namespace trident::io

@@ -1,0 +1,189 @@
+// The training loop (see trident/train/run.hpp).
+#include "trident/train/run.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "trident/core/log.hpp"
+#include "trident/io/checkpoint.hpp"
+#include "trident/io/dataset.hpp"
+#include "trident/io/metrics.hpp"
+#include "trident/io/weights.hpp"
+#include "trident/parallel/agree.hpp"
+#include "trident/train/data_loader.hpp"
+
+namespace trident::train {
+
+namespace fs = std::filesystem;
+
+io::ShardRole shard_role(const parallel::ParallelState& ps) {
+  return io::ShardRole::for_rank(ps.coord.tp, ps.coord.dp, ps.coord.pp);
+}
+
+namespace {
+
+std::string format_duration(double seconds) {
+  const long s = long(std::lround(std::max(0.0, seconds)));
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
+// Reads a token dataset and checks it fits the model's vocabulary.
+DataLoader open_loader(const std::string& path, const std::string& key, const Config& cfg,
+                       const std::string& stream) {
+  io::TokenDataset data = io::read_token_dataset(path);
+  TRIDENT_CHECK(data.vocab_size <= cfg.model.vocab_size, path, ": vocab_size = ",
+                data.vocab_size, " exceeds the deck's model.vocab_size = ", cfg.model.vocab_size,
+                " (", key, ")");
+  return DataLoader(std::move(data.tokens), cfg.model.seq_len, std::uint64_t(cfg.train.seed),
+                    stream, path + " (" + key + ")");
+}
+
+// The checkpoint to resume from (same answer on every rank), or none.
+std::optional<std::string> resume_path(const Config& cfg, const parallel::ParallelState& ps) {
+  const std::string& r = cfg.io.resume;
+  if (r == "none") return std::nullopt;
+  if (r != "auto") {
+    TRIDENT_CHECK(fs::exists(r), "io.resume: checkpoint '", r, "' not found");
+    return r;
+  }
+  std::string found;
+  if (ps.world_rank == 0) {
+    auto latest = io::find_latest_checkpoint(cfg.io.out_dir + "/checkpoints");
+    if (latest) found = *latest;
+  }
+  int n = int(found.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  found.resize(std::size_t(n));
+  MPI_Bcast(found.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (found.empty()) return std::nullopt;
+  return found;
+}
+
+}  // namespace
+
+void run_training(Trainer& tr) {
+  const Config& cfg = tr.config();
+  parallel::ParallelState& ps = tr.state();
+  model::GptChunk& model = tr.model();
+  AdamW& opt = tr.optimizer();
+  const std::int64_t G = cfg.train.global_batch_size, T = cfg.model.seq_len;
+  const io::ShardRole role = shard_role(ps);
+  const std::string ck_dir = cfg.io.out_dir + "/checkpoints";
+
+  // ---- start-up: every failure here is agreed on by all ranks --------------------------
+  std::optional<DataLoader> train_data, valid_data;
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    TRIDENT_CHECK(!cfg.data.train.empty(), cfg.source,
+                  ": data.train is empty; name a token dataset (trident prepare-data makes one)");
+    train_data.emplace(open_loader(cfg.data.train, "data.train", cfg, "train"));
+    if (!cfg.data.valid.empty())
+      valid_data.emplace(open_loader(cfg.data.valid, "data.valid", cfg, "valid"));
+    if (ps.world_rank == 0) {
+      std::error_code ec;
+      fs::create_directories(cfg.io.out_dir, ec);
+      TRIDENT_CHECK(!ec, "io.out_dir: cannot create '", cfg.io.out_dir, "': ", ec.message());
+      const std::string tmp = cfg.io.out_dir + "/config.toml.tmp";
+      std::ofstream f(tmp);
+      f << to_toml(cfg);
+      f.close();
+      TRIDENT_CHECK(f.good(), "io.out_dir: cannot write '", tmp, "'");
+      fs::rename(tmp, cfg.io.out_dir + "/config.toml", ec);
+      TRIDENT_CHECK(!ec, "io.out_dir: cannot write config.toml: ", ec.message());
+    }
+  });
+
+  std::int64_t start = 0;
+  std::optional<std::string> resume;
+  parallel::agree(MPI_COMM_WORLD, [&] { resume = resume_path(cfg, ps); });
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    if (resume) {
+      io::CheckpointState st =
+          io::read_checkpoint(*resume, MPI_COMM_WORLD, cfg.model, model.specs(), model.params(),
+                              opt.exp_avg(), opt.exp_avg_sq(), role);
+      TRIDENT_CHECK(st.seed == std::uint64_t(cfg.train.seed), *resume, ": written with seed ",
+                    st.seed, ", the deck has train.seed = ", cfg.train.seed,
+                    " (the data order would differ)");
+      start = st.step;
+      opt.set_steps_taken(st.step);
+    } else if (!cfg.io.init_weights.empty()) {
+      io::read_weights(cfg.io.init_weights, MPI_COMM_WORLD, cfg.model, model.specs(),
+                       model.params(), role);
+    } else {
+      model.init_weights(std::uint64_t(cfg.train.seed));
+    }
+  });
+  if (resume) log::info("resuming from ", *resume, " at step ", start);
+  if (start >= cfg.train.steps) {
+    log::info("nothing to do: the run already has ", start, " of ", cfg.train.steps, " steps");
+    return;
+  }
+
+  std::optional<io::MetricsWriter> metrics;
+  if (ps.world_rank == 0) metrics.emplace(cfg.io.out_dir, resume ? start : -1);
+  log::info("trident: ", model.num_params(), " parameters on this rank, layout tp=",
+            ps.shape.tp, " pp=", ps.shape.pp, " dp=", ps.shape.dp, ", ",
+            microbatches_per_rank(cfg), " microbatches of ", cfg.parallel.micro_batch_size,
+            " per step, ", G * T, " tokens per step");
+
+  // ---- the step loop ----------------------------------------------------------------------
+  const std::int64_t local = tr.local_batch(G), first = tr.local_first(G);
+  IntBuffer inputs(std::size_t(local * T)), targets(std::size_t(local * T));
+  auto evaluate = [&](std::int64_t step) {
+    double sum = 0;
+    for (std::int64_t e = 0; e < cfg.train.eval_batches; ++e) {
+      valid_data->fill(e, G, first, local, inputs.data(), targets.data());
+      sum += tr.evaluate(inputs.data(), targets.data(), G);
+    }
+    const double loss = sum / double(cfg.train.eval_batches);
+    log::info("eval step ", step, " | loss ", loss);
+    if (metrics) metrics->append_eval(step, loss);
+  };
+  auto save = [&](std::int64_t step) {
+    io::CheckpointState st{step, step * G, std::uint64_t(cfg.train.seed), to_toml(cfg)};
+    const std::string path =
+        io::write_checkpoint(ck_dir, MPI_COMM_WORLD, cfg.model, model.specs(), st,
+                             model.params(), opt.exp_avg(), opt.exp_avg_sq(), role);
+    if (ps.world_rank == 0) {
+      io::prune_checkpoints(ck_dir, int(cfg.io.keep_checkpoints));
+      log::info("checkpoint ", path);
+    }
+  };
+
+  double elapsed = 0;
+  std::int64_t timed = 0;
+  for (std::int64_t step = start + 1; step <= cfg.train.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    train_data->fill(step, G, first, local, inputs.data(), targets.data());
+    const double loss = tr.forward_backward(inputs.data(), targets.data(), G);
+    const StepStats st = tr.optimizer_step(step, loss);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    elapsed += dt;
+    ++timed;
+    const double tok_s = double(G * T) / dt;
+    if (metrics) metrics->append({step, st.loss, st.lr, st.grad_norm, dt, tok_s});
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
+                  static_cast<long long>(step), static_cast<long long>(cfg.train.steps), st.loss,
+                  st.lr, st.grad_norm, tok_s,
+                  format_duration(elapsed / double(timed) * double(cfg.train.steps - step)).c_str());
+    log::info(line);
+    const bool last = step == cfg.train.steps;
+    if (valid_data && cfg.train.eval_every > 0 && (step % cfg.train.eval_every == 0 || last))
+      evaluate(step);
+    if (last || (cfg.io.checkpoint_every > 0 && step % cfg.io.checkpoint_every == 0)) save(step);
+  }
+}
+
+}  // namespace trident::train

@@ -1,0 +1,120 @@
+"""oracle.grad — `trident grad` against PyTorch: the loss and every gradient.
+
+For each config below: write a deck, `trident init` the weights (checking the file's format),
+perturb every tensor a little so that no bias or LayerNorm is at its trivial value (written back
+with trident_torch.save_weights), write a random batch (NumPy, fixed seed), run `trident grad`,
+and recompute loss and gradients with trident_torch in float64 from the same float32 weights.
+Pass: |loss - ref| <= 1e-5 |ref| and, per tensor, max|g - ref| <= 1e-4 max|ref|.
+Run one config with `grad_oracle.py NAME`.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as oc  # noqa: E402
+
+NAME = "oracle.grad"
+torch, np, h5py, tt = oc.setup(NAME)
+
+LOSS_TOL = 1e-5
+GRAD_TOL = 1e-4
+
+# name: (model, batch, micro_batch_size); tiny so that each config runs in about a second.
+CONFIGS = {
+    "one_head": (dict(vocab_size=64, seq_len=16, n_layer=2, n_head=1, d_model=32), 2, 2),
+    "seq24": (dict(vocab_size=80, seq_len=24, n_layer=2, n_head=2, d_model=32), 2, 2),
+    "odd_widths": (dict(vocab_size=101, seq_len=16, n_layer=2, n_head=3, d_model=48), 2, 2),
+    "microbatches": (dict(vocab_size=96, seq_len=20, n_layer=2, n_head=4, d_model=32), 6, 2),
+}
+
+
+def check_weights_file(path, model_keys, fails, what):
+    with h5py.File(path, "r") as f:
+        fmt = f.attrs.get("format")
+        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+        fails.check(fmt == "trident-weights",
+                    f"{what}: root attribute format = {fmt!r}, expected 'trident-weights'")
+        fails.check(int(f.attrs.get("format_version", -1)) == 1,
+                    f"{what}: root attribute format_version = {f.attrs.get('format_version')!r}, "
+                    "expected 1")
+        for k, v in model_keys.items():
+            fails.check(k in f.attrs and int(f.attrs[k]) == v,
+                        f"{what}: root attribute {k} = {f.attrs.get(k)!r}, expected {v}")
+
+
+def run_config(cname, model_keys, batch, mbs, fails, seed):
+    work = os.path.join(oc.out_dir(NAME), cname)
+    os.makedirs(work, exist_ok=True)
+    print(f"\n=== {cname}: {model_keys}, batch {batch}, micro_batch_size {mbs} ===")
+    deck = os.path.join(work, "deck.toml")
+    tt.write_deck(deck, {
+        "model": model_keys,
+        "parallel": {"micro_batch_size": mbs},
+        "train": {"global_batch_size": batch, "seed": 1000 + seed},
+        "io": {"out_dir": os.path.join(work, "run")},
+        "runtime": {"threads": 1},
+    })
+    init = os.path.join(work, "init.h5")
+    oc.run_trident(NAME, ["init", deck, "--out", init], work)
+    check_weights_file(init, model_keys, fails, f"{cname}: trident init {init}")
+    try:
+        cfg, model = tt.load_weights(init, dtype=torch.float32)
+    except (ValueError, KeyError) as e:
+        fails.add(f"{cname}: cannot read trident init's weights: {e}")
+        return
+    # wte: an init of all zeros or ones would make the comparison toothless.
+    std = float(model.wte.detach().std())
+    fails.check(0.005 < std < 0.1, f"{cname}: trident init wte std = {std:.4g}, expected ~0.02")
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (0.05 if p.dim() == 1 else 0.005))
+    weights = os.path.join(work, "weights.h5")
+    tt.save_weights(model, weights)
+
+    rng = np.random.default_rng(seed)
+    V, T = model_keys["vocab_size"], model_keys["seq_len"]
+    inputs = rng.integers(0, V, size=(batch, T))
+    targets = rng.integers(0, V, size=(batch, T))
+    bpath = os.path.join(work, "batch.h5")
+    tt.write_batch(bpath, inputs, targets)
+
+    gpath = os.path.join(work, "grad.h5")
+    oc.run_trident(NAME, ["grad", deck, "--weights", weights, "--batch", bpath, "--out", gpath],
+                   work)
+    try:
+        loss, grads = tt.read_grads(gpath, cfg)
+    except (ValueError, KeyError) as e:
+        fails.add(f"{cname}: cannot read trident grad's output: {e}")
+        return
+
+    # The reference: float64 from the very float32 weights trident read.
+    _, ref = tt.load_weights(weights, dtype=torch.float64)
+    ref_loss = ref(torch.from_numpy(inputs), torch.from_numpy(targets))
+    ref_loss.backward()
+    want = {n: p.grad.numpy() for n, p in ref.named_parameters()}
+    rel = abs(loss - ref_loss.item()) / abs(ref_loss.item())
+    print(f"  loss: trident {loss:.10f}  torch(float64) {ref_loss.item():.10f}  rel {rel:.2e}")
+    fails.check(rel <= LOSS_TOL, f"{cname}: loss {loss:.10g} vs torch {ref_loss.item():.10g}: "
+                f"relative difference {rel:.2e} > {LOSS_TOL:g}")
+    worst = oc.compare_tensors(np, grads, want, GRAD_TOL, fails, f"{cname}: gradient")
+    print(f"  worst gradient max|d|/max|ref| = {worst:.2e} (tolerance {GRAD_TOL:g})")
+
+
+def main():
+    names = sys.argv[1:] or list(CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        print(f"{NAME}: unknown config(s) {unknown}; choose from {list(CONFIGS)}")
+        return 2
+    fails = oc.Failures(NAME)
+    for cname in names:
+        model_keys, batch, mbs = CONFIGS[cname]
+        run_config(cname, model_keys, batch, mbs, fails, seed=17 + list(CONFIGS).index(cname))
+    return fails.report()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
