@@ -1,15 +1,52 @@
 // ops/cpu/cpu_ops.cpp — builds the CPU backend and owns its thread settings.
 // defines: trident::ops::make_cpu_ops, CpuOps::CpuOps, CpuOps::name, CpuOps::team, BlasThreads
+//
+// make_cpu_ops(threads) sets OpenMP's and OpenBLAS's thread counts; the kernels then call
+// sgemm single-threaded from inside their OpenMP loops (see cpu_ops.hpp).
 
 #include "cpu_ops.hpp"
 
 #include <cblas.h>
 #include <omp.h>
 
+#include <string>
+
 #include "trident/core/error.hpp"
+#include "trident/core/log.hpp"
 
 namespace trident::ops {
 namespace cpu {
+
+namespace {
+
+// OpenBLAS (DYNAMIC_ARCH builds such as Debian's) picks its kernels from the CPU model at
+// load time, and a model newer than the library falls back to generic SSE3 "Prescott"
+// kernels: 7x slower SGEMM on an AVX-512 Xeon (0.3.21 on Emerald Rapids, model 207).
+// The choice is made before main, so the fix is OPENBLAS_CORETYPE in the environment;
+// say so once per process.
+void check_blas_core() {
+  static bool checked = false;
+  if (checked) return;
+  checked = true;
+#if defined(__GNUC__) && defined(__x86_64__)
+  const char* name = openblas_get_corename();
+  const std::string core = name ? name : "";
+  const bool avx512_core = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+  const bool avx2_core = avx512_core || core == "Haswell" || core == "Zen";
+  const char* want = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !avx512_core)
+    want = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !avx2_core)
+    want = "Haswell";
+  if (want)
+    log::warn("OpenBLAS chose its '", core, "' kernels, but this CPU has ",
+              std::string(want) == "SkylakeX" ? "AVX-512" : "AVX2",
+              "; matrix products will be several times slower. Set OPENBLAS_CORETYPE=", want,
+              " in the environment (it is read when the library loads)");
+#endif
+}
+
+}  // namespace
 
 BlasThreads::BlasThreads(int n) : saved_(openblas_get_num_threads()) {
   if (n != saved_) openblas_set_num_threads(n);
@@ -23,6 +60,7 @@ CpuOps::CpuOps(int threads) : threads_(threads) {
   TRIDENT_CHECK(threads >= 1, "cpu ops: threads must be >= 1, got ", threads);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
+  check_blas_core();
 }
 
 std::string CpuOps::name() const { return str("cpu (OpenBLAS + OpenMP, ", threads_, " threads)"); }
