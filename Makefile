@@ -37,7 +37,7 @@ test: build
 include input/data.mk
 
 run: build data
-	mpirun -np $(NP) --oversubscribe $(TRIDENT) train $(DECK)
+	mpirun -np $(NP) --oversubscribe --bind-to none $(TRIDENT) train $(DECK)
 	@$(PYTHON) tools/plot_metrics.py output/default/metrics.h5 --out output/default/metrics.png || true
 	@echo
 	@echo "Outputs in output/default/: metrics.h5 (per-step metrics), checkpoints/ (HDF5), config.toml"

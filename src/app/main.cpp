@@ -10,7 +10,12 @@
 #include <cstdio>
 #include <exception>
 
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include "commands.hpp"
+#include "trident/ops/blas_core.hpp"
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
 
@@ -145,6 +150,15 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenBLAS reads OPENBLAS_CORETYPE when it loads, so a better core type (see
+  // ops/blas_core.hpp) takes a re-exec, before MPI starts. A user's setting is kept.
+  if (!std::getenv("OPENBLAS_CORETYPE")) {
+    const std::string core = trident::ops::blas_core_override();
+    if (!core.empty()) {
+      setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+      execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+    }
+  }
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
