@@ -61,30 +61,19 @@ Comm Comm::split(int color, int key, std::string name) const {
   return Comm(out, std::move(name), true);
 }
 
-void Comm::allreduce_sum(float* data, std::int64_t n) {
+void Comm::allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
+                     MPI_Op op) {
   if (size_ <= 1) return;
-  count(n * std::int64_t(sizeof(float)));
-  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_FLOAT, MPI_SUM, comm_);
+  count(n * elem_bytes);
+  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), type, op, comm_);
 }
-void Comm::allreduce_sum(double* data, std::int64_t n) {
-  if (size_ <= 1) return;
-  count(n * std::int64_t(sizeof(double)));
-  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_DOUBLE, MPI_SUM, comm_);
-}
-void Comm::allreduce_max(float* data, std::int64_t n) {
-  if (size_ <= 1) return;
-  count(n * std::int64_t(sizeof(float)));
-  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_FLOAT, MPI_MAX, comm_);
-}
-void Comm::allreduce_max(double* data, std::int64_t n) {
-  if (size_ <= 1) return;
-  count(n * std::int64_t(sizeof(double)));
-  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_DOUBLE, MPI_MAX, comm_);
-}
-void Comm::allreduce_max(int* data, std::int64_t n) {
-  if (size_ <= 1) return;
-  count(n * std::int64_t(sizeof(int)));
-  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), MPI_INT, MPI_MAX, comm_);
+
+void Comm::allreduce_sum(float* d, std::int64_t n) { allreduce(d, n, 4, MPI_FLOAT, MPI_SUM); }
+void Comm::allreduce_sum(double* d, std::int64_t n) { allreduce(d, n, 8, MPI_DOUBLE, MPI_SUM); }
+void Comm::allreduce_max(float* d, std::int64_t n) { allreduce(d, n, 4, MPI_FLOAT, MPI_MAX); }
+void Comm::allreduce_max(double* d, std::int64_t n) { allreduce(d, n, 8, MPI_DOUBLE, MPI_MAX); }
+void Comm::allreduce_max(int* d, std::int64_t n) {
+  allreduce(d, n, std::int64_t(sizeof(int)), MPI_INT, MPI_MAX);
 }
 void Comm::broadcast(void* data, std::int64_t bytes, int root) {
   if (size_ <= 1) return;

@@ -51,6 +51,8 @@ class Comm {
   void barrier();
 
  private:
+  void allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
+                 MPI_Op op);
   void count(std::int64_t bytes) {
     counters_.calls += 1;
     counters_.bytes += bytes;
