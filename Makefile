@@ -41,7 +41,8 @@ run: build data
 	@$(PYTHON) tools/plot_metrics.py output/default/metrics.h5 --out output/default/metrics.png || true
 	@echo
 	@echo "Outputs in output/default/: metrics.h5 (per-step metrics), checkpoints/ (HDF5), config.toml"
-	@echo "Sample:  $(TRIDENT) sample --checkpoint \$$(ls output/default/checkpoints/*.h5 | tail -1) --prompt 'In the beginning'"
+	@echo "Sample from the trained model (build/trident sample --checkpoint CK --prompt TEXT):"
+	@$(TRIDENT) sample --checkpoint "$$(ls output/default/checkpoints/step-*.h5 | tail -1)" --prompt "And God said" --tokens 60 --temperature 0.8 --top-k 40
 
 bench: build
 	bench/run.sh $(BUILD)
