@@ -9,7 +9,7 @@
 //
 // Gradient rule (as llm.c): parameter gradients are ACCUMULATED (+=) so microbatches add
 // up; activation gradients are WRITTEN (=), except where a comment says "+=" (the
-// residual stream: layernorm_backward and residual_backward add into dx).
+// residual stream: layernorm_backward adds into dx).
 //
 // defines: trident::ops::Ops, make_cpu_ops, make_ops
 #pragma once
@@ -110,7 +110,9 @@ class Ops {
   // ---- optimizer --------------------------------------------------------------------
   // torch.optim.AdamW, step by step:  p *= 1 - lr*wd;  m = b1 m + (1-b1) g;
   // v = b2 v + (1-b2) g^2;  p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
-  // with bc1 = 1 - b1^step, bc2 = 1 - b2^step (passed in).
+  // with bc1 = 1 - b1^step, bc2 = 1 - b2^step (passed in). As in Python, the scalar
+  // factors (1 - b, lr / bc1, ...) are formed in double, from the shortest decimal of each
+  // float argument (1 - double(0.999f) would be 1.3e-5 off 1 - 0.999).
   virtual void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, float bc1,
                      float bc2) = 0;

@@ -19,8 +19,10 @@ namespace {
 
 // Causal structure: the rows are cut into blocks of kRowBlock queries, and block
 // [r0, r1) only multiplies keys [0, r1), which skips most of the upper triangle (the
-// products that only produce masked zeros) while keeping each sgemm large enough.
-constexpr int kRowBlock = 32;
+// products that only produce masked zeros) while keeping each sgemm large enough. At
+// T = 128, hs = 64 (2 threads): 64 beat 32, 16 and one full T x T product (fwd 1.0 ms vs
+// 1.1 / 1.2 / 1.3 ms for B = 8, NH = 4).
+constexpr int kRowBlock = 64;
 
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
            const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
