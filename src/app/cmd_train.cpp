@@ -4,7 +4,9 @@
 #include "commands.hpp"
 #include "trident/core/log.hpp"
 #include "trident/io/grad.hpp"
+#include "trident/io/format.hpp"
 #include "trident/io/h5.hpp"
+#include "trident/io/tensor_io.hpp"
 #include "trident/io/weights.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/run.hpp"
@@ -76,15 +78,13 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
     norms.push_back(st.grad_norm);
     log::info("step ", k, " | loss ", st.loss, " | grad norm ", st.grad_norm, " | lr ", st.lr);
   }
-  io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, tr.model().specs(), tr.model().params(),
-                    train::shard_role(s.ps));
-  if (s.ps.world_rank == 0) {
-    io::h5::File f = io::h5::open_file(out, io::h5::Mode::read_write);
-    io::h5::write_attr_doubles(f, "losses", losses);
-    io::h5::write_attr_doubles(f, "grad_norms", norms);
-    f.close();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  // Every rank holds the same losses, as the collective attribute write needs.
+  io::write_tensor_file(out, MPI_COMM_WORLD, io::kWeightsFormat, "model", s.cfg.model,
+                        tr.model().specs(), tr.model().params(), train::shard_role(s.ps),
+                        [&](const io::h5::File& f) {
+                          io::h5::write_attr_doubles(f, "losses", losses);
+                          io::h5::write_attr_doubles(f, "grad_norms", norms);
+                        });
   return 0;
 }
 

@@ -75,21 +75,8 @@ void write_batch(const std::string& path, const Batch& b) {
 void write_grad_dump(const std::string& path, MPI_Comm comm, const model::ModelConfig& cfg,
                      const std::vector<model::ShardSpec>& specs, const float* grads, double loss,
                      const ShardRole& role) {
-  const std::string tmp = path + ".tmp";
-  h5::make_parent_dir(path, comm);
-  {
-    h5::File f = create_output(tmp, comm);
-    write_format(f, kGradFormat);
-    write_model_attrs(f, cfg);
-    h5::write_attr_double(f, "loss", loss);
-    {
-      h5::Hid g = h5::create_group(f, "grad");
-      write_tensors(f, g, cfg, specs, grads, role);
-    }
-    f.flush();
-    f.close();
-  }
-  h5::commit_file(tmp, path, comm);
+  write_tensor_file(path, comm, kGradFormat, "grad", cfg, specs, grads, role,
+                    [loss](const h5::File& f) { h5::write_attr_double(f, "loss", loss); });
 }
 
 double read_grad_dump(const std::string& path, MPI_Comm comm, const model::ModelConfig& cfg,

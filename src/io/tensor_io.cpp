@@ -1,6 +1,8 @@
 // Model tensors as HDF5 hyperslabs by ShardSpec, collectively (see trident/io/tensor_io.hpp).
 #include "trident/io/tensor_io.hpp"
 
+#include "trident/io/format.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -246,6 +248,28 @@ void read_tensors(const h5::File& file, hid_t group, const model::ModelConfig& c
       fail(file.path(), ": dataset ", h5::object_name(datasets[i]),
            " does not match its checksum (the file is damaged)");
   }
+}
+
+void write_tensor_file(const std::string& path, MPI_Comm comm, const char* format,
+                       const char* group, const model::ModelConfig& cfg,
+                       const std::vector<model::ShardSpec>& specs, const float* flat,
+                       const ShardRole& role,
+                       const std::function<void(const h5::File&)>& extra_attrs) {
+  const std::string tmp = path + ".tmp";
+  h5::make_parent_dir(path, comm);
+  {
+    h5::File f = create_output(tmp, comm);
+    write_format(f, format);
+    write_model_attrs(f, cfg);
+    if (extra_attrs) extra_attrs(f);
+    {
+      h5::Hid g = h5::create_group(f, group);
+      write_tensors(f, g, cfg, specs, flat, role);
+    }
+    f.flush();
+    f.close();
+  }
+  h5::commit_file(tmp, path, comm);
 }
 
 }  // namespace trident::io

@@ -9,20 +9,7 @@ namespace trident::io {
 void write_weights(const std::string& path, MPI_Comm comm, const model::ModelConfig& cfg,
                    const std::vector<model::ShardSpec>& specs, const float* flat,
                    const ShardRole& role) {
-  const std::string tmp = path + ".tmp";
-  h5::make_parent_dir(path, comm);
-  {
-    h5::File f = create_output(tmp, comm);
-    write_format(f, kWeightsFormat);
-    write_model_attrs(f, cfg);
-    {
-      h5::Hid g = h5::create_group(f, "model");
-      write_tensors(f, g, cfg, specs, flat, role);
-    }
-    f.flush();
-    f.close();
-  }
-  h5::commit_file(tmp, path, comm);
+  write_tensor_file(path, comm, kWeightsFormat, "model", cfg, specs, flat, role);
 }
 
 void read_weights(const std::string& path, MPI_Comm comm, const model::ModelConfig& cfg,

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "trident/io/h5.hpp"
@@ -55,6 +56,15 @@ void write_tensors(const h5::File& file, hid_t group, const model::ModelConfig& 
 void read_tensors(const h5::File& file, hid_t group, const model::ModelConfig& cfg,
                   const std::vector<model::ShardSpec>& specs, float* flat,
                   const ShardRole& role = {}, bool verify = true);
+
+// A whole file of one tensor group, written atomically (path + ".tmp", renamed): root
+// attributes format = `format` and the model's shape, whatever `extra_attrs` adds at the
+// root, then every tensor under `group`. Collective over comm (MPI_COMM_NULL: serial).
+void write_tensor_file(const std::string& path, MPI_Comm comm, const char* format,
+                       const char* group, const model::ModelConfig& cfg,
+                       const std::vector<model::ShardSpec>& specs, const float* flat,
+                       const ShardRole& role,
+                       const std::function<void(const h5::File&)>& extra_attrs = {});
 
 // The checksum of a whole logical tensor (n elements, row-major), as stored.
 std::uint64_t tensor_checksum(const float* data, std::int64_t n);
