@@ -122,7 +122,8 @@ int run_prepare_data(const std::string& input, const std::string& output,
 }
 
 int run_sample(const std::string& checkpoint, const std::string& prompt, int tokens,
-               double temperature, int top_k, std::uint64_t seed) {
+               double temperature, int top_k, std::uint64_t seed,
+               const std::string& tokenizer_data) {
   model::ModelConfig cfg;
   std::unique_ptr<io::Tokenizer> tok;
   parallel::agree(MPI_COMM_WORLD, [&] {
@@ -130,14 +131,15 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     TRIDENT_CHECK(world == 1, "sample runs on one process (not under mpirun -np ", world, ")");
     cfg = io::read_model_config(checkpoint);
-    // The tokenizer lives in the training dataset named by the checkpoint's deck.
-    io::CheckpointState st = io::read_checkpoint_state(checkpoint);
-    const std::string marker = "train = \"";
-    const std::size_t data_at = st.config.find("[data]");
-    const std::size_t at = st.config.find(marker, data_at == std::string::npos ? 0 : data_at);
-    TRIDENT_CHECK(at != std::string::npos, checkpoint, ": its deck names no data.train");
-    const std::size_t begin = at + marker.size();
-    const std::string data = st.config.substr(begin, st.config.find('"', begin) - begin);
+    // The tokenizer lives in the training dataset (by default the one the checkpoint's
+    // deck trained on).
+    std::string data = tokenizer_data;
+    if (data.empty()) {
+      const train::Config deck =
+          train::parse_config(io::read_checkpoint_state(checkpoint).config, checkpoint);
+      data = deck.data.train;
+      TRIDENT_CHECK(!data.empty(), checkpoint, ": its deck names no data.train; pass --data");
+    }
     tok = std::make_unique<io::Tokenizer>(io::load_tokenizer(data));
   });
   parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, 1});

@@ -42,7 +42,8 @@ int run_prepare_data(const std::string& input, const std::string& output,
                      const std::string& tokenizer, int vocab_size, const std::string& valid_output,
                      int valid_every);
 int run_sample(const std::string& checkpoint, const std::string& prompt, int tokens,
-               double temperature, int top_k, std::uint64_t seed);
+               double temperature, int top_k, std::uint64_t seed,
+               const std::string& tokenizer_data);
 int run_grid(int tp, int pp, int dp);
 int run_schedule(const std::string& name, int pp, int microbatches, int vpp);
 

@@ -84,7 +84,7 @@ int run(int argc, char** argv) {
   prep->add_option("--valid-every", valid_every,
                    "hold out every N-th block of 100 lines for validation (default 20)");
 
-  std::string checkpoint, prompt;
+  std::string checkpoint, prompt, tokenizer_data;
   int n_tokens = 200, top_k = 0;
   double temperature = 0.0;
   std::uint64_t seed = 1234;
@@ -97,6 +97,8 @@ int run(int argc, char** argv) {
   sample->add_option("--top-k", top_k, "sample among the k most likely (0: all)")
       ->check(CLI::NonNegativeNumber);
   sample->add_option("--seed", seed, "random seed for sampling");
+  sample->add_option("--data", tokenizer_data,
+                     "token dataset whose tokenizer to use (default: the deck's data.train)");
 
   int tp = 1, pp = 1, dp = 1, microbatches = 1, vpp = 1;
   std::string schedule_name;
@@ -141,7 +143,7 @@ int run(int argc, char** argv) {
   if (*init) return run_init(deck, out);
   if (*prep)
     return run_prepare_data(input, output, tokenizer, vocab_size, valid_output, valid_every);
-  if (*sample) return run_sample(checkpoint, prompt, n_tokens, temperature, top_k, seed);
+  if (*sample) return run_sample(checkpoint, prompt, n_tokens, temperature, top_k, seed, tokenizer_data);
   if (*grid) return run_grid(tp, pp, dp);
   if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp);
   return 1;
