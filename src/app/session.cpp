@@ -40,8 +40,6 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     }
     train::resolve_world(c, world);
     // Dimensions whose machinery is still to come fail clearly rather than silently.
-    TRIDENT_CHECK(c.parallel.tp == 1, c.source, ": parallel.tp = ", c.parallel.tp,
-                  " is not available yet in this build (tensor parallelism: coming)");
     TRIDENT_CHECK(c.parallel.pp == 1, c.source, ": parallel.pp = ", c.parallel.pp,
                   " is not available yet in this build (pipeline parallelism: coming)");
     TRIDENT_CHECK(c.parallel.vpp == 1, c.source, ": parallel.vpp > 1 needs pipeline parallelism");
