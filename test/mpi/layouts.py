@@ -100,12 +100,22 @@ def main():
             args += ["--set", kv]
         trident(np_, *args)
         with h5py.File(os.path.join(OUT, out_dir, "metrics.h5"), "r") as f:
-            return f["loss"][:], f["grad_norm"][:]
+            comm = {g: f[f"comm_{g}_bytes"][:] for g in ("tp", "dp", "pp")}
+            return f["loss"][:], f["grad_norm"][:], comm
 
-    ref_curve, ref_norm = curve(1, "serial")
+    ref_curve, ref_norm, ref_comm = curve(1, "serial")
+    check(all(np.all(v == 0) for v in ref_comm.values()), "serial run: no communication counted")
     check(np.all(ref_norm > 0.5), "clipping is active in the reference run")
     for name, np_, sets in (("tp2", 2, ["parallel.tp=2"]), ("dp2", 2, [])):
-        got, _ = curve(np_, f"train_{name}", *sets)
+        got, _, comm = curve(np_, f"train_{name}", *sets)
+        # dp=2: one allreduce of every gradient (float32) and of the loss (float64) per step.
+        if name == "dp2":
+            with h5py.File(os.path.join(OUT, "w.h5"), "r") as w:
+                n_params = sum(w["model"][k].size for k in w["model"])
+            check(np.all(comm["dp"] == 4 * n_params + 8),
+                  f"dp2: comm_dp_bytes per step = 4 * {n_params} + 8 (got {comm['dp'][0]:.0f})")
+        if name == "tp2":
+            check(np.all(comm["tp"] > 0) and np.all(comm["dp"] == 0), "tp2: traffic on tp only")
         rel = float(np.max(np.abs(got - ref_curve) / np.abs(ref_curve)))
         check(rel <= 1e-5, f"train {name}: 10 losses within 1e-5 relative of serial ({rel:.2e})")
     if failures:
