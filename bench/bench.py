@@ -220,6 +220,28 @@ def run_trident(build, work, env):
             "last_loss": float(loss[-1]), "wall_s": wall, "data": data_what, "deck": deck}
 
 
+# TP scaling: the bench model at TP 1 and 2 (one thread per rank, so 2 ranks use the cores
+# the 2-thread single-rank run uses), with TP sequence parallel as a third row.
+LAYOUTS = [("tp1", (1, 1, 1), {}), ("tp2", (2, 1, 1), {}),
+           ("tp2-sp", (2, 1, 1), {"sequence_parallel": True})]
+LAYOUT_STEPS = int(os.environ.get("BENCH_LAYOUT_STEPS", "12"))
+
+
+def run_layouts(build, work, env):
+    sys.path.insert(0, os.path.join(SRC, "tools"))
+    import parallel_bench as pb
+    import trident_torch as tt
+
+    trident = os.path.join(build, "trident")
+    data, _ = token_dataset(build, work, trident, env)
+    rows = []
+    for name, shape, extra in LAYOUTS:
+        log(f"layout {name} ...")
+        rows.append(pb.run_layout(trident, tt.write_deck, work, env, MODEL, data, name, shape,
+                                  BATCH, BATCH, LAYOUT_STEPS, extra))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -249,6 +271,8 @@ def main():
     log("trident ...")
     trident_r = {"error": "not measured (the trident build failed)"} if a.skip_trident else run_trident(build, work, env)
 
+    layouts = [] if a.skip_trident else run_layouts(build, work, env)
+
     flops = flops_per_step(**MODEL, batch=BATCH)
     t_tr, t_pt = trident_r.get("median_step_s"), torch_r.get("median_step_s")
     head = sgemm.get("lm_head_fwd", {}).get("gflops")
@@ -264,6 +288,7 @@ def main():
         "torch_gflops": flops / t_pt * 1e-9 if t_pt else None,
         "sgemm_gflops": head,
         "ratio_trident_over_sgemm": flops / t_tr * 1e-9 / head if t_tr and head else None,
+        "layouts": layouts,
         "goals": {"ratio_trident_over_torch": "<= 0.8", "ratio_trident_over_sgemm": ">= 0.7"},
     }
     path = os.path.join(out, "results.json")
@@ -294,6 +319,18 @@ def main():
     w = max(len(r[0]) for r in rows)
     for name, val, note in rows:
         print(f"  {name:<{w}}  {val:>9}  {note}")
+    if layouts:
+        print("\n  layout   ranks  step (ms)  tokens/s  TP bytes/step  formula      DP bytes/step")
+        base = next((r["median_step_s"] for r in layouts if r.get("name") == "tp1"), None)
+        for r in layouts:
+            if "error" in r:
+                print(f"  {r['name']:<8} {r['error']}")
+                continue
+            b = r["bytes_per_step"]
+            speedup = f"  ({base / r['median_step_s']:.2f}x tp1)" if base else ""
+            print(f"  {r['name']:<8} {r['ranks']:>5}  {r['median_step_s'] * 1e3:9.1f}  "
+                  f"{r['tokens_per_s']:8.0f}  {b.get('tp', 0):13.0f}  {r['tp_bytes_formula']:11.0f}"
+                  f"  {b.get('dp', 0):13.0f}{speedup}")
     for what, r in (("trident", trident_r), ("torch", torch_r), ("sgemm", sgemm)):
         if "error" in r:
             print(f"  {what}: {r['error']}")

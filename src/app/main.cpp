@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <unistd.h>
 
@@ -20,6 +21,26 @@
 #include "trident/parallel/agree.hpp"
 
 namespace {
+
+// CLI11's own PositiveNumber prints its range up to DBL_MAX; these say what is expected.
+const CLI::Validator kPositive(
+    [](std::string& v) -> std::string {
+      try {
+        if (std::stod(v) > 0) return {};
+      } catch (const std::exception&) {
+      }
+      return "expected a positive number, got '" + v + "'";
+    },
+    "POSITIVE");
+const CLI::Validator kNonNegative(
+    [](std::string& v) -> std::string {
+      try {
+        if (std::stod(v) >= 0) return {};
+      } catch (const std::exception&) {
+      }
+      return "expected a number >= 0, got '" + v + "'";
+    },
+    "NONNEGATIVE");
 
 int world_size() {
   int n = 1;
@@ -64,7 +85,7 @@ int run(int argc, char** argv) {
   add_deck(step);
   step->add_option("--weights", weights, "weights file (HDF5)")->required();
   step->add_option("--batch", batch, "batch file with /inputs and /targets")->required();
-  step->add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
+  step->add_option("--steps", steps, "optimizer steps")->check(kPositive);
   step->add_option("--out", out, "weights file to write")->required();
 
   auto* init = app.add_subcommand("init", "write freshly initialized weights");
@@ -91,11 +112,11 @@ int run(int argc, char** argv) {
   auto* sample = app.add_subcommand("sample", "generate text from a checkpoint");
   sample->add_option("--checkpoint", checkpoint, "checkpoint or weights file")->required();
   sample->add_option("--prompt", prompt, "text to continue");
-  sample->add_option("--tokens", n_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  sample->add_option("--tokens", n_tokens, "tokens to generate")->check(kPositive);
   sample->add_option("--temperature", temperature, "0: greedy; > 0: sample")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   sample->add_option("--top-k", top_k, "sample among the k most likely (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   sample->add_option("--seed", seed, "random seed for sampling");
   sample->add_option("--data", tokenizer_data,
                      "token dataset whose tokenizer to use (default: the deck's data.train)");
@@ -103,15 +124,15 @@ int run(int argc, char** argv) {
   int tp = 1, pp = 1, dp = 1, microbatches = 1, vpp = 1;
   std::string schedule_name;
   auto* grid = app.add_subcommand("grid", "print the TP, PP and DP groups as JSON");
-  grid->add_option("--tp", tp)->check(CLI::PositiveNumber);
-  grid->add_option("--pp", pp)->check(CLI::PositiveNumber);
-  grid->add_option("--dp", dp)->check(CLI::PositiveNumber);
+  grid->add_option("--tp", tp)->check(kPositive);
+  grid->add_option("--pp", pp)->check(kPositive);
+  grid->add_option("--dp", dp)->check(kPositive);
 
   auto* schedule = app.add_subcommand("schedule", "print a pipeline schedule's timeline");
   schedule->add_option("--schedule", schedule_name)->required();
-  schedule->add_option("--pp", pp)->check(CLI::PositiveNumber);
-  schedule->add_option("--microbatches", microbatches)->check(CLI::PositiveNumber);
-  schedule->add_option("--vpp", vpp)->check(CLI::PositiveNumber);
+  schedule->add_option("--pp", pp)->check(kPositive);
+  schedule->add_option("--microbatches", microbatches)->check(kPositive);
+  schedule->add_option("--vpp", vpp)->check(kPositive);
 
   // CLI11 would report "a subcommand is required" for a misspelt one; name it instead.
   if (argc > 1 && argv[1][0] != '-') {

@@ -43,8 +43,6 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     TRIDENT_CHECK(c.parallel.pp == 1, c.source, ": parallel.pp = ", c.parallel.pp,
                   " is not available yet in this build (pipeline parallelism: coming)");
     TRIDENT_CHECK(c.parallel.vpp == 1, c.source, ": parallel.vpp > 1 needs pipeline parallelism");
-    TRIDENT_CHECK(!c.parallel.sequence_parallel, c.source,
-                  ": parallel.sequence_parallel needs tensor parallelism (not available yet)");
     TRIDENT_CHECK(c.parallel.zero_stage == 0, c.source,
                   ": parallel.zero_stage = 1 is not available yet in this build");
     const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);

@@ -122,6 +122,10 @@ struct MetricsWriter::Impl {
       try {
         file = h5::open_file(path, h5::Mode::read_write, /*file_locking=*/false);
         open_table(file, train);
+        // Extra columns in subgroups (comm/tp/bytes) are not direct children of the root.
+        for (const auto& n : extra)
+          if (n.find('/') != std::string::npos && train.find(n) < 0 && h5::exists(file, n))
+            train.columns.emplace_back(n, h5::open_dataset(file, n));
         if (h5::exists(file, "eval")) open_table(file, eval);
         truncate(file, train, resume_step);
         truncate(file, eval, resume_step);
@@ -161,7 +165,10 @@ MetricsWriter::MetricsWriter(const std::string& out_dir, std::int64_t resume_ste
   for (const auto& c : extra_columns) {
     bool standard = c == "step";
     for (const char* s : kStandard) standard = standard || c == s;
-    TRIDENT_CHECK(!standard && !c.empty() && c.find('/') == std::string::npos, impl_->path,
+    // A column may sit in a subgroup ("comm/tp/bytes"), never in eval/ or at a path's ends.
+    const bool path_ok = !c.empty() && c.front() != '/' && c.back() != '/' &&
+                         c.find("//") == std::string::npos && c.rfind("eval/", 0) != 0;
+    TRIDENT_CHECK(!standard && path_ok, impl_->path,
                   ": bad extra metrics column '", c, "'");
   }
   h5::make_parent_dir(impl_->path, MPI_COMM_NULL);

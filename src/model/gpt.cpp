@@ -10,8 +10,14 @@
 namespace trident::model {
 
 GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
-                   ops::Ops& ops, int micro_batch, Recompute recompute)
-    : cfg_(cfg), stage_(stage), ps_(ps), ops_(ops), recompute_(recompute) {
+                   ops::Ops& ops, int micro_batch, Recompute recompute,
+                   bool sequence_parallel)
+    : cfg_(cfg),
+      stage_(stage),
+      ps_(ps),
+      ops_(ops),
+      tpm_(ps.tp, sequence_parallel),
+      recompute_(recompute) {
   const int tp = ps.tp.size(), tp_rank = ps.tp.rank();
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
@@ -25,6 +31,10 @@ GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::P
   Vl_ = vocab_per_rank(cfg.vocab_size, tp);
   vocab_start_ = Vl_ * tp_rank;
   v_valid_ = std::max(0, std::min(cfg.vocab_size - vocab_start_, Vl_));
+  TRIDENT_CHECK(!tpm_.sequence_parallel() || (std::int64_t(B_) * T_) % tp == 0,
+                "parallel.sequence_parallel: micro_batch_size * seq_len = ", B_ * T_,
+                " tokens must be divisible by parallel.tp = ", tp);
+  Nr_ = int(tpm_.local_rows(std::int64_t(B_) * T_));
 
   specs_ = gpt_param_specs(cfg, stage, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
@@ -44,6 +54,10 @@ GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::P
   datt_ = FloatBuffer(std::int64_t(B_) * NH_ * T_ * T_);
   dfch_ = FloatBuffer(N * F_);
   dgelu_ = FloatBuffer(N * F_);
+  if (tpm_.sequence_parallel()) {
+    full_scratch_ = FloatBuffer(N * C_);
+    local_scratch_ = FloatBuffer(std::int64_t(Nr_) * C_);
+  }
   if (stage.has_head) {
     logits_ = FloatBuffer(N * Vl_);
     row_max_ = FloatBuffer(N);
@@ -95,12 +109,13 @@ void GptChunk::zero_grads() { grads_.zero(); }
 std::int64_t GptChunk::layer_store_size() const {
   const std::int64_t N = std::int64_t(B_) * T_;
   const std::int64_t Ca = C_ / ps_.tp.size();
-  return N * (C_ + 2 + C3_ + Ca + C_ + C_ + 2 + 2 * F_) + std::int64_t(B_) * NH_ * T_ * T_;
+  const std::int64_t Nr = Nr_;
+  return N * (C_ + C3_ + Ca + C_ + 2 * F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_ * T_;
 }
 
 void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views,
                            int count) const {
-  const std::int64_t N = std::int64_t(B_) * T_;
+  const std::int64_t N = std::int64_t(B_) * T_, Nr = Nr_;
   const std::int64_t Ca = C_ / ps_.tp.size();
   store = FloatBuffer(layer_store_size() * count);
   store.zero();
@@ -113,35 +128,35 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
   };
   for (auto& la : views) {
     la.ln1 = take(N * C_);
-    la.ln1_mean = take(N);
-    la.ln1_rstd = take(N);
+    la.ln1_mean = take(Nr);
+    la.ln1_rstd = take(Nr);
     la.qkv = take(N * C3_);
     la.atty = take(N * Ca);
     la.att = take(std::int64_t(B_) * NH_ * T_ * T_);
-    la.res2 = take(N * C_);
+    la.res2 = take(Nr * C_);
     la.ln2 = take(N * C_);
-    la.ln2_mean = take(N);
-    la.ln2_rstd = take(N);
+    la.ln2_mean = take(Nr);
+    la.ln2_rstd = take(Nr);
     la.fch = take(N * F_);
     la.fch_gelu = take(N * F_);
   }
 }
 
 std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
-  const std::int64_t N = std::int64_t(B_) * T_;
+  const std::int64_t N = std::int64_t(B_) * T_, NrC = boundary_numel();
   const int L = stage_.last_layer - stage_.first_layer;
   auto a = std::make_unique<ChunkActivations>();
-  a->input = FloatBuffer(N * C_);
-  a->outputs = FloatBuffer(std::max(1, L) * N * C_);
-  a->doutput = FloatBuffer(N * C_);
-  a->dinput = FloatBuffer(N * C_);
+  a->input = FloatBuffer(NrC);
+  a->outputs = FloatBuffer(std::max(1, L) * NrC);
+  a->doutput = FloatBuffer(NrC);
+  a->dinput = FloatBuffer(NrC);
   a->input.zero();
   a->outputs.zero();
   if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
   if (stage_.has_head) {
     a->lnf = FloatBuffer(N * C_);
-    a->lnf_mean = FloatBuffer(N);
-    a->lnf_rstd = FloatBuffer(N);
+    a->lnf_mean = FloatBuffer(Nr_);
+    a->lnf_rstd = FloatBuffer(Nr_);
   }
   return a;
 }
@@ -149,44 +164,57 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
 float* GptChunk::output(ChunkActivations& a) const {
   const int L = stage_.last_layer - stage_.first_layer;
   if (L == 0) return a.input.data();
-  return a.outputs.data() + std::int64_t(L - 1) * B_ * T_ * C_;
+  return a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
 }
 
 // ---- forward ---------------------------------------------------------------------------
 
+// x: [local rows of b*t, C]. Each TP rank looks up its vocabulary rows (zeros elsewhere)
+// and TP rank 0 adds the positions; the reduction leaves the sum, which is exact because
+// every other term is 0.
 void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t) {
   const int n = b * t;
-  ops_.embedding_forward(x, inputs, tensor(params_.data(), "wte"), n, C_, vocab_start_, Vl_);
-  ps_.tp.allreduce_sum(x, std::int64_t(n) * C_);
-  ops_.position_forward(x, tensor(params_.data(), "wpe"), b, t, C_);
+  const std::int64_t local_n = tpm_.local_rows(n) * C_;
+  float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : x;
+  ops_.embedding_forward(partial, inputs, tensor(params_.data(), "wte"), n, C_, vocab_start_,
+                         Vl_);
+  if (ps_.tp.rank() == 0) ops_.position_forward(partial, tensor(params_.data(), "wpe"), b, t, C_);
+  tpm_.leave_forward(partial, x, local_n);
 }
 
 void GptChunk::row_parallel_forward(float* y, const float* x, const float* w, const float* bias,
                                     int n, int in, int out) {
-  // The bias joins on TP rank 0 only, so that the allreduce adds it exactly once.
-  ops_.linear_forward(y, x, w, ps_.tp.rank() == 0 ? bias : nullptr, n, in, out);
-  ps_.tp.allreduce_sum(y, std::int64_t(n) * out);
+  // The bias joins on TP rank 0 only, so that the reduction adds it exactly once.
+  float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : y;
+  ops_.linear_forward(partial, x, w, ps_.tp.rank() == 0 ? bias : nullptr, n, in, out);
+  tpm_.leave_forward(partial, y, tpm_.local_rows(n) * out);
 }
 
 void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations& la, int b,
                              int t) {
   const LayerParams& p = p_layers_[l];
   const int n = b * t, Ca = C_ / ps_.tp.size();
-  ops_.layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, n, C_);
+  const int nr = int(tpm_.local_rows(n));  // residual-stream rows here
+  const std::int64_t local_n = std::int64_t(nr) * C_;
+  float* ln1 = tpm_.local_part(la.ln1, local_n);
+  ops_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, nr, C_);
+  tpm_.enter_forward(la.ln1, local_n);
   ops_.linear_forward(la.qkv, la.ln1, p.qkv_w, p.qkv_b, n, C_, C3_);
   ops_.attention_forward(la.atty, la.att, la.qkv, b, t, Ca, NH_);
   row_parallel_forward(la.res2, la.atty, p.attproj_w, p.attproj_b, n, Ca, C_);
-  ops_.add(la.res2, la.res2, x, std::int64_t(n) * C_);
-  ops_.layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w, p.ln2_b, n, C_);
+  ops_.add(la.res2, la.res2, x, local_n);
+  float* ln2 = tpm_.local_part(la.ln2, local_n);
+  ops_.layernorm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w, p.ln2_b, nr, C_);
+  tpm_.enter_forward(la.ln2, local_n);
   ops_.linear_forward(la.fch, la.ln2, p.fc_w, p.fc_b, n, C_, F_);
   ops_.gelu_forward(la.fch_gelu, la.fch, std::int64_t(n) * F_);
   row_parallel_forward(out, la.fch_gelu, p.fcproj_w, p.fcproj_b, n, F_, C_);
-  ops_.add(out, out, la.res2, std::int64_t(n) * C_);
+  ops_.add(out, out, la.res2, local_n);
 }
 
 double GptChunk::forward(ChunkActivations& a, const std::int32_t* inputs,
                          const std::int32_t* targets, float loss_scale, bool with_backward) {
-  const std::int64_t NC = std::int64_t(B_) * T_ * C_;
+  const std::int64_t NC = boundary_numel();
   if (stage_.has_embedding) embed_forward(a.input.data(), inputs, B_, T_);
   const int L = stage_.last_layer - stage_.first_layer;
   for (int l = 0; l < L; ++l) {
@@ -202,12 +230,15 @@ double GptChunk::forward(ChunkActivations& a, const std::int32_t* inputs,
 double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                        float loss_scale, bool with_backward) {
   const int N = B_ * T_;
+  const std::int64_t local_n = boundary_numel();
   float* wte = tensor(params_.data(), "wte");
   float* dwte = tensor(grads_.data(), "wte");
   float* lnf_w = tensor(params_.data(), "ln_f.weight");
-  const float* x = output(a);
-  ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, lnf_w,
-                         tensor(params_.data(), "ln_f.bias"), N, C_);
+  const float* x = output(a);  // [Nr,C]
+  ops_.layernorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_mean.data(),
+                         a.lnf_rstd.data(), x, lnf_w, tensor(params_.data(), "ln_f.bias"), Nr_,
+                         C_);
+  tpm_.enter_forward(a.lnf.data(), local_n);
   // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
   float* logits = logits_.data();
   ops_.gemm(false, true, N, Vl_, C_, 1.0f, a.lnf.data(), C_, wte, C_, 0.0f, logits, Vl_);
@@ -226,14 +257,14 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   // The head's backward right away: dlogits in place, then d lnf and d wte.
   ops_.xent_backward(logits, row_max_.data(), sumexp, targets, N, Vl_, v_valid_, vocab_start_,
                      loss_scale);
-  float* dlnf = dbuf_.data();
-  ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf, C_);
-  ps_.tp.allreduce_sum(dlnf, std::int64_t(N) * C_);
+  float* dlnf_partial = dbuf_.data();  // [N,C] this rank's vocabulary share
+  ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf_partial, C_);
+  const float* dlnf = tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
   ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, a.lnf.data(), C_, 1.0f, dwte, C_);
   a.doutput.zero();
   ops_.layernorm_backward(a.doutput.data(), tensor(grads_.data(), "ln_f.weight"),
                           tensor(grads_.data(), "ln_f.bias"), dlnf, x, lnf_w,
-                          a.lnf_mean.data(), a.lnf_rstd.data(), N, C_);
+                          a.lnf_mean.data(), a.lnf_rstd.data(), Nr_, C_);
   return loss_sum;
 }
 
@@ -243,28 +274,34 @@ void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivatio
   const LayerParams& p = p_layers_[l];
   const LayerParams& g = g_layers_[l];
   const int n = B_ * T_, Ca = C_ / ps_.tp.size();
-  float* dbuf = dbuf_.data();
-  // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-  ops_.linear_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dres, la.fch_gelu, p.fcproj_w, n,
+  const std::int64_t local_n = boundary_numel();
+  float* dbuf = dbuf_.data();  // [N,C] partial input gradients of column-parallel layers
+  float* dfull = full_scratch_.data();     // SP: the gathered [N,C] residual gradient
+  float* dlocal = local_scratch_.data();   // SP: [Nr,C] reduce-scattered LayerNorm gradient
+  // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))   (dres: [Nr,C])
+  const float* dout = tpm_.leave_backward(dres, dfull, local_n);
+  ops_.linear_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, n,
                        F_, C_);
   ops_.gelu_backward(dfch_.data(), la.fch, dgelu_.data(), std::int64_t(n) * F_);
   ops_.linear_backward(dbuf, g.fc_w, g.fc_b, dfch_.data(), la.ln2, p.fc_w, n, C_, F_);
-  ps_.tp.allreduce_sum(dbuf, std::int64_t(n) * C_);
-  ops_.layernorm_backward(dres, g.ln2_w, g.ln2_b, dbuf, la.res2, p.ln2_w, la.ln2_mean,
-                          la.ln2_rstd, n, C_);
+  const float* dln2 = tpm_.enter_backward(dbuf, dlocal, local_n);
+  ops_.layernorm_backward(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean,
+                          la.ln2_rstd, Nr_, C_);
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x))))
+  const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
   float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
-  ops_.linear_backward(datty, g.attproj_w, g.attproj_b, dres, la.atty, p.attproj_w, n, Ca, C_);
+  ops_.linear_backward(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, n, Ca,
+                       C_);
   ops_.attention_backward(dqkv_.data(), datt_.data(), datty, la.qkv, la.att, B_, T_, Ca, NH_);
   ops_.linear_backward(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, n, C_, C3_);
-  ps_.tp.allreduce_sum(dbuf, std::int64_t(n) * C_);
-  ops_.layernorm_backward(dres, g.ln1_w, g.ln1_b, dbuf, x, p.ln1_w, la.ln1_mean, la.ln1_rstd, n,
-                          C_);
+  const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);
+  ops_.layernorm_backward(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
+                          Nr_, C_);
 }
 
 void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
-  const std::int64_t NC = std::int64_t(B_) * T_ * C_;
-  float* dres = dres_.data();  // d loss / d residual stream, walking down the blocks
+  const std::int64_t NC = boundary_numel();
+  float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
   const int L = stage_.last_layer - stage_.first_layer;
   for (int l = L - 1; l >= 0; --l) {
@@ -280,18 +317,45 @@ void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
     block_backward(l, x, dres, *la);
   }
   if (stage_.has_embedding) {
-    ops_.embedding_backward(tensor(grads_.data(), "wte"), dres, inputs, B_ * T_, C_,
+    // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
+    const float* demb = tpm_.leave_backward(dres, full_scratch_.data(), NC);
+    ops_.embedding_backward(tensor(grads_.data(), "wte"), demb, inputs, B_ * T_, C_,
                             vocab_start_, Vl_);
-    ops_.position_backward(tensor(grads_.data(), "wpe"), dres, B_, T_, C_);
+    ops_.position_backward(tensor(grads_.data(), "wpe"), demb, B_, T_, C_);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
+  }
+}
+
+void GptChunk::reduce_sequence_parallel_grads() {
+  if (!tpm_.sequence_parallel()) return;
+  std::vector<const ShardSpec*> norms;
+  std::int64_t total = 0;
+  for (const auto& s : specs_)
+    if (s.name.find("ln_") != std::string::npos) {
+      norms.push_back(&s);
+      total += s.local_numel();
+    }
+  if (sp_grad_pack_.size() < std::size_t(total)) sp_grad_pack_ = FloatBuffer(total);
+  // One allreduce for all of them: pack, reduce, unpack.
+  float* pack = sp_grad_pack_.data();
+  for (const ShardSpec* s : norms) {
+    ops_.copy(pack, grads_.data() + s->offset, s->local_numel());
+    pack += s->local_numel();
+  }
+  ps_.tp.allreduce_sum(sp_grad_pack_.data(), total);
+  pack = sp_grad_pack_.data();
+  for (const ShardSpec* s : norms) {
+    ops_.copy(grads_.data() + s->offset, pack, s->local_numel());
+    pack += s->local_numel();
   }
 }
 
 // ---- inference -------------------------------------------------------------------------
 
 void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
-  TRIDENT_CHECK(stage_.has_embedding && stage_.has_head && ps_.tp.size() == 1,
+  TRIDENT_CHECK(stage_.has_embedding && stage_.has_head && ps_.tp.size() == 1 &&
+                    !tpm_.sequence_parallel(),
                 "sampling needs the whole model on one rank");
   TRIDENT_CHECK(t >= 1 && t <= T_, "context of ", t, " tokens outside [1, ", T_, "]");
   if (!infer_acts_) infer_acts_ = make_activations();

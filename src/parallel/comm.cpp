@@ -1,6 +1,7 @@
 // Communicators and counted collectives (see trident/parallel/comm.hpp).
 #include "trident/parallel/comm.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <utility>
 
@@ -64,7 +65,7 @@ Comm Comm::split(int color, int key, std::string name) const {
 void Comm::allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
                      MPI_Op op) {
   if (size_ <= 1) return;
-  count(n * elem_bytes);
+  count(2.0 * double(size_ - 1) / double(size_) * double(n * elem_bytes));
   MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), type, op, comm_);
 }
 
@@ -75,9 +76,38 @@ void Comm::allreduce_max(double* d, std::int64_t n) { allreduce(d, n, 8, MPI_DOU
 void Comm::allreduce_max(int* d, std::int64_t n) {
   allreduce(d, n, std::int64_t(sizeof(int)), MPI_INT, MPI_MAX);
 }
+void Comm::reduce_scatter_sum(const float* full, float* shard, std::int64_t shard_n) {
+  if (size_ <= 1) {
+    if (shard != full) std::copy(full, full + shard_n, shard);
+    return;
+  }
+  count(double(size_ - 1) * double(shard_n) * 4.0);
+  MPI_Reduce_scatter_block(full, shard, as_count(shard_n), MPI_FLOAT, MPI_SUM, comm_);
+}
+
+void Comm::all_gather_inplace(float* full, std::int64_t shard_n) {
+  if (size_ <= 1) return;
+  count(double(size_ - 1) * double(shard_n) * 4.0);
+  MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, as_count(shard_n), MPI_FLOAT, comm_);
+}
+
+MPI_Request Comm::isend(const float* data, std::int64_t n, int peer, int tag) {
+  MPI_Request r;
+  count(double(n) * 4.0);
+  MPI_Isend(data, as_count(n), MPI_FLOAT, peer, tag, comm_, &r);
+  return r;
+}
+
+MPI_Request Comm::irecv(float* data, std::int64_t n, int peer, int tag) {
+  MPI_Request r;
+  counters_.calls += 1;
+  MPI_Irecv(data, as_count(n), MPI_FLOAT, peer, tag, comm_, &r);
+  return r;
+}
+
 void Comm::broadcast(void* data, std::int64_t bytes, int root) {
   if (size_ <= 1) return;
-  count(bytes);
+  count(rank_ == root ? double(bytes) : 0.0);
   MPI_Bcast(data, as_count(bytes), MPI_BYTE, root, comm_);
 }
 void Comm::barrier() {

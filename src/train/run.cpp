@@ -131,7 +131,11 @@ void run_training(Trainer& tr) {
 
   std::optional<io::MetricsWriter> metrics;
   // Rank 0's traffic per step and communicator (every collective is counted in parallel/).
-  const std::vector<std::string> comm_columns{"comm_tp_bytes", "comm_dp_bytes", "comm_pp_bytes"};
+  std::vector<parallel::Comm*> counted{&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
+  std::vector<std::string> comm_columns;
+  for (parallel::Comm* c : counted)
+    for (const char* what : {"bytes", "calls"})
+      comm_columns.push_back("comm/" + c->name() + "/" + what);
   if (ps.world_rank == 0) metrics.emplace(cfg.io.out_dir, resume ? start : -1, comm_columns);
   log::info("trident: ", model.num_params(), " parameters on this rank, layout tp=",
             ps.shape.tp, " pp=", ps.shape.pp, " dp=", ps.shape.dp, ", ",
@@ -166,7 +170,7 @@ void run_training(Trainer& tr) {
   std::int64_t timed = 0;
   for (std::int64_t step = start + 1; step <= cfg.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (parallel::Comm* c : {&ps.tp, &ps.dp, &ps.pp}) c->reset_counters();
+    for (parallel::Comm* c : counted) c->reset_counters();
     train_data->fill(step, G, first, local, inputs.data(), targets.data());
     const double loss = tr.forward_backward(inputs.data(), targets.data(), G);
     const StepStats st = tr.optimizer_step(step, loss);
@@ -175,9 +179,10 @@ void run_training(Trainer& tr) {
     ++timed;
     const double tok_s = double(G * T) / dt;
     if (metrics) {
-      metrics->set("comm_tp_bytes", double(ps.tp.counters().bytes));
-      metrics->set("comm_dp_bytes", double(ps.dp.counters().bytes));
-      metrics->set("comm_pp_bytes", double(ps.pp.counters().bytes));
+      for (parallel::Comm* c : counted) {
+        metrics->set("comm/" + c->name() + "/bytes", c->counters().bytes);
+        metrics->set("comm/" + c->name() + "/calls", double(c->counters().calls));
+      }
       metrics->append({step, st.loss, st.lr, st.grad_norm, dt, tok_s});
     }
     char line[200];

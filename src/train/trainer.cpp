@@ -18,7 +18,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   const auto recompute =
       cfg.parallel.recompute == "full" ? model::Recompute::full : model::Recompute::none;
   model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
-                                             cfg.parallel.micro_batch_size, recompute);
+                                             cfg.parallel.micro_batch_size, recompute,
+                                             cfg.parallel.sequence_parallel);
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train);
 }
 
@@ -69,6 +70,7 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
       },
       loss_scale);
+  model_->reduce_sequence_parallel_grads();
   // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
   ps_.dp.allreduce_sum(model_->grads(), model_->num_params());
   return reduce_loss(local, global_batch);

@@ -100,7 +100,7 @@ def main():
             args += ["--set", kv]
         trident(np_, *args)
         with h5py.File(os.path.join(OUT, out_dir, "metrics.h5"), "r") as f:
-            comm = {g: f[f"comm_{g}_bytes"][:] for g in ("tp", "dp", "pp")}
+            comm = {g: f[f"comm/{g}/bytes"][:] for g in ("tp", "dp", "pp")}
             return f["loss"][:], f["grad_norm"][:], comm
 
     ref_curve, ref_norm, ref_comm = curve(1, "serial")
@@ -113,7 +113,7 @@ def main():
             with h5py.File(os.path.join(OUT, "w.h5"), "r") as w:
                 n_params = sum(w["model"][k].size for k in w["model"])
             check(np.all(comm["dp"] == 4 * n_params + 8),
-                  f"dp2: comm_dp_bytes per step = 4 * {n_params} + 8 (got {comm['dp'][0]:.0f})")
+                  f"dp2: comm/dp/bytes per step = 4 * {n_params} + 8 (got {comm['dp'][0]:.0f})")
         if name == "tp2":
             check(np.all(comm["tp"] > 0) and np.all(comm["dp"] == 0), "tp2: traffic on tp only")
         rel = float(np.max(np.abs(got - ref_curve) / np.abs(ref_curve)))

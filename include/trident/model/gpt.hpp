@@ -7,11 +7,17 @@
 // C3 = 3*C/tp (this rank's q,k,v columns), F = 4*C/tp (this rank's MLP columns),
 // Vl = vocabulary rows on this rank (padded), L = layers in this chunk.
 //
-// TP communication (all over ps.tp; free when tp == 1):
-//   column-parallel c_attn, c_fc:  forward identity, backward allreduce of dx
-//   row-parallel c_proj:           forward allreduce of y (bias added once after), backward identity
-//   vocab-parallel embedding:      masked lookup + allreduce
-//   LM head + cross-entropy:       max / sum-exp / target logit reduced, never the full logits
+// TP communication (all over ps.tp, through parallel::TpMappings; free when tp == 1):
+//   column-parallel c_attn, c_fc:  enter (identity fwd / allreduce bwd; SP: all-gather / reduce-scatter)
+//   row-parallel c_proj:           leave (allreduce fwd / identity bwd; SP: reduce-scatter / all-gather),
+//                                  bias added once (TP rank 0, before the reduction)
+//   vocab-parallel embedding:      masked lookup, then leave
+//   LM head + cross-entropy:       ln_f output enters; max / sum-exp / target logit reduced,
+//                                  never the full logits
+// Sequence parallelism: the residual stream, the LayerNorms and the chunk's input and
+// output hold Nr = B*T/tp of the B*T token rows (rank r: rows [r*Nr, (r+1)*Nr) of the
+// flattened [B,T]); LayerNorm gradients are summed over TP once per step
+// (reduce_sequence_parallel_grads). Without it Nr = B*T.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +28,7 @@
 #include "trident/model/spec.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
+#include "trident/parallel/tp_mappings.hpp"
 
 namespace trident::model {
 
@@ -29,37 +36,38 @@ enum class Recompute { none, full };
 
 // What one transformer block keeps from its forward for its backward.
 struct LayerActivations {
-  float* ln1;       // [B,T,C]
-  float* ln1_mean;  // [B,T]
-  float* ln1_rstd;  // [B,T]
+  float* ln1;       // [B,T,C]     (all rows: gathered under SP)
+  float* ln1_mean;  // [Nr]
+  float* ln1_rstd;  // [Nr]
   float* qkv;       // [B,T,C3]
   float* atty;      // [B,T,C/tp]  attention output before c_proj
   float* att;       // [B,NH,T,T]  softmax probabilities
-  float* res2;      // [B,T,C]     residual after attention
-  float* ln2;       // [B,T,C]
-  float* ln2_mean;  // [B,T]
-  float* ln2_rstd;  // [B,T]
+  float* res2;      // [Nr,C]      residual after attention
+  float* ln2;       // [B,T,C]     (all rows: gathered under SP)
+  float* ln2_mean;  // [Nr]
+  float* ln2_rstd;  // [Nr]
   float* fch;       // [B,T,F]     c_fc output
   float* fch_gelu;  // [B,T,F]
 };
 
 // Activations of one microbatch in flight through one chunk (the pipeline stashes several).
 struct ChunkActivations {
-  FloatBuffer input;                     // [B,T,C] embedding output, or received from the previous stage
-  FloatBuffer outputs;                   // [L,B,T,C] each block's output (the last is the chunk's output)
+  FloatBuffer input;                     // [Nr,C] embedding output, or received from the previous stage
+  FloatBuffer outputs;                   // [L,Nr,C] each block's output (the last is the chunk's output)
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
   std::vector<LayerActivations> layers;  // views into store
-  FloatBuffer lnf;                       // [B,T,C] (last stage)
-  FloatBuffer lnf_mean, lnf_rstd;        // [B,T]
-  FloatBuffer doutput;                   // [B,T,C] d loss / d chunk output
-  FloatBuffer dinput;                    // [B,T,C] d loss / d chunk input (to send back)
+  FloatBuffer lnf;                       // [B,T,C] (last stage; all rows)
+  FloatBuffer lnf_mean, lnf_rstd;        // [Nr]
+  FloatBuffer doutput;                   // [Nr,C] d loss / d chunk output
+  FloatBuffer dinput;                    // [Nr,C] d loss / d chunk input (to send back)
   double loss_sum = 0;                   // sum of token losses (last stage)
 };
 
 class GptChunk {
  public:
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
-           ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none);
+           ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,
+           bool sequence_parallel = false);
 
   const ModelConfig& config() const { return cfg_; }
   const StageLayout& stage() const { return stage_; }
@@ -67,6 +75,10 @@ class GptChunk {
   const ShardSpec& spec(const std::string& name) const;
   std::int64_t num_params() const { return num_params_; }
   int micro_batch() const { return B_; }
+  // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
+  // pipeline sends between stages.
+  std::int64_t boundary_numel() const { return std::int64_t(Nr_) * C_; }
+  bool sequence_parallel() const { return tpm_.sequence_parallel(); }
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   const float* params() const { return params_.data(); }
@@ -90,8 +102,11 @@ class GptChunk {
   // otherwise). Parameter gradients accumulate (+=). First stage: into wte/wpe; others:
   // writes a.dinput.
   void backward(ChunkActivations& a, const std::int32_t* inputs);
+  // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
+  // only: sums them over TP. Once per step, after the last backward (no-op without SP).
+  void reduce_sequence_parallel_grads();
 
-  float* output(ChunkActivations& a) const;  // [B,T,C] the chunk's output
+  float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output
 
   // Inference (single stage and TP group of 1): logits [V] of the last position of
   // tokens[0..t), 1 <= t <= seq_len.
@@ -112,7 +127,7 @@ class GptChunk {
   void block_backward(int l, const float* x, float* dres, LayerActivations& la);
   double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                float loss_scale, bool with_backward);
-  // Row-parallel linear: y = allreduce_tp(x @ w) + bias (bias added once).
+  // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
   void row_parallel_forward(float* y, const float* x, const float* w, const float* bias, int n,
                             int in, int out);
 
@@ -120,7 +135,9 @@ class GptChunk {
   StageLayout stage_;
   parallel::ParallelState& ps_;
   ops::Ops& ops_;
+  parallel::TpMappings tpm_;
   int B_, T_, C_, NH_, C3_, F_, Vl_, vocab_start_, v_valid_;
+  int Nr_;  // token rows of the residual stream on this rank (B*T, or B*T/tp under SP)
   Recompute recompute_;
   std::vector<ShardSpec> specs_;
   std::int64_t num_params_ = 0;
@@ -129,6 +146,8 @@ class GptChunk {
 
   // Backward scratch, shared by all microbatches (only one backward runs at a time).
   FloatBuffer dres_, dbuf_, dqkv_, datt_, dfch_, dgelu_;
+  FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
+  FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
   FloatBuffer recompute_store_;
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute

@@ -13,9 +13,14 @@
 
 namespace trident::parallel {
 
+// Bytes are what this rank puts on the wire in the bandwidth-optimal (ring) algorithm for
+// a buffer of S bytes over p ranks: allreduce 2(p-1)/p * S, reduce-scatter and all-gather
+// (p-1)/p * S each (so a reduce-scatter + all-gather pair moves what one allreduce moves,
+// the equality sequence parallelism rests on), broadcast S on the root, send S. The same
+// measure nccl-tests call "bus bytes".
 struct CommCounters {
   std::int64_t calls = 0;
-  std::int64_t bytes = 0;  // payload bytes this rank contributed
+  double bytes = 0;
 };
 
 // A communicator with a name ("world", "tp", "pp", "dp", "embedding"). Owns the MPI
@@ -47,13 +52,21 @@ class Comm {
   void allreduce_max(float* data, std::int64_t n);
   void allreduce_max(double* data, std::int64_t n);
   void allreduce_max(int* data, std::int64_t n);
+  // Rank r's shard is full[r*shard_n, (r+1)*shard_n): reduce-scatter sums `full` over the
+  // ranks into this rank's `shard`; all-gather fills every shard of `full` in place from
+  // each rank's own (its rows of `full` already hold it).
+  void reduce_scatter_sum(const float* full, float* shard, std::int64_t shard_n);
+  void all_gather_inplace(float* full, std::int64_t shard_n);
   void broadcast(void* data, std::int64_t bytes, int root);
+  // Non-blocking point-to-point (pipeline stages); the caller waits. Sends are counted.
+  MPI_Request isend(const float* data, std::int64_t n, int peer, int tag);
+  MPI_Request irecv(float* data, std::int64_t n, int peer, int tag);
   void barrier();
 
  private:
   void allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
                  MPI_Op op);
-  void count(std::int64_t bytes) {
+  void count(double bytes) {
     counters_.calls += 1;
     counters_.bytes += bytes;
   }

@@ -134,3 +134,27 @@ TEST(Metrics, H5pyReadsTheFileWhileItIsWritten) {
   w.append(row(3));  // still writable after the reader came and went
   EXPECT_EQ(w.rows(), 3);
 }
+
+TEST(Metrics, ColumnsInSubgroupsSurviveResume) {
+  ScratchDir dir;
+  const std::string out = dir / "run";
+  const std::vector<std::string> cols{"comm/tp/bytes", "comm/dp/bytes"};
+  {
+    io::MetricsWriter w(out, -1, cols);
+    for (int s = 1; s <= 3; ++s) {
+      w.set("comm/tp/bytes", 10.0 * s);
+      w.append(row(s));
+    }
+  }
+  {
+    io::MetricsWriter w(out, 2, cols);  // resume after step 2: row 3 goes
+    EXPECT_EQ(w.rows(), 2);
+    w.set("comm/tp/bytes", 99.0);
+    w.append(row(3, 0.5));
+  }
+  const std::string path = out + "/metrics.h5";
+  EXPECT_EQ(values(path, "comm/tp/bytes"), (std::vector<double>{10, 20, 99}));
+  EXPECT_EQ(values(path, "comm/dp/bytes").size(), 3u);
+  for (const char* bad : {"/x", "x/", "a//b", "eval/x", "step"})
+    EXPECT_NE(error_of([&] { io::MetricsWriter(out, -1, {bad}); }), "") << bad;
+}

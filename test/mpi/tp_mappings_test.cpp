@@ -1,0 +1,118 @@
+// The four conjugate TP operators (parallel/tp_mappings.hpp) under mpirun, with
+// rank-valued inputs whose results are known in closed form: rank r contributes
+// (r + 1) * (j + 1) at element j, so a sum over p ranks is (j + 1) * p(p + 1)/2; gathers
+// are checked with values that name their source rank (100 * rank + i).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <vector>
+
+#include "trident/core/error.hpp"
+#include "trident/parallel/tp_mappings.hpp"
+
+namespace par = trident::parallel;
+
+namespace {
+
+constexpr std::int64_t kLocal = 6;  // elements of one rank's rows
+
+struct World {
+  par::Comm comm = par::Comm::world();
+  int p = comm.size(), r = comm.rank();
+  float tri() const { return float(p * (p + 1) / 2); }
+  std::vector<float> rank_valued(std::int64_t n) const {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::int64_t j = 0; j < n; ++j) v[std::size_t(j)] = float((r + 1) * (j + 1));
+    return v;
+  }
+};
+
+double ring_allreduce_bytes(int p, std::int64_t n) { return 2.0 * (p - 1) / p * 4.0 * double(n); }
+
+}  // namespace
+
+TEST(TpMappings, CopyIsIdentityForwardAllreduceBackward) {
+  World w;
+  par::TpMappings m(w.comm, false);
+  std::vector<float> x(kLocal, 3.0f);
+  m.enter_forward(x.data(), kLocal);
+  for (float v : x) EXPECT_EQ(v, 3.0f);
+  EXPECT_EQ(w.comm.counters().calls, 0);
+  auto d = w.rank_valued(kLocal);
+  const float* got = m.enter_backward(d.data(), nullptr, kLocal);
+  EXPECT_EQ(got, d.data());
+  for (std::int64_t j = 0; j < kLocal; ++j) EXPECT_EQ(got[j], float(j + 1) * w.tri());
+  EXPECT_DOUBLE_EQ(w.comm.counters().bytes, ring_allreduce_bytes(w.p, kLocal));
+}
+
+TEST(TpMappings, ReduceIsAllreduceForwardIdentityBackward) {
+  World w;
+  par::TpMappings m(w.comm, false);
+  auto y = w.rank_valued(kLocal);
+  m.leave_forward(y.data(), y.data(), kLocal);
+  for (std::int64_t j = 0; j < kLocal; ++j) EXPECT_EQ(y[j], float(j + 1) * w.tri());
+  std::vector<float> d(kLocal, 5.0f);
+  EXPECT_EQ(m.leave_backward(d.data(), nullptr, kLocal), d.data());
+  EXPECT_EQ(w.comm.counters().calls, 1);
+}
+
+TEST(TpMappings, SequenceGatherIsAllGatherForwardReduceScatterBackward) {
+  World w;
+  par::TpMappings m(w.comm, true);
+  ASSERT_EQ(m.sequence_parallel(), w.p > 1);
+  if (w.p == 1) GTEST_SKIP() << "needs several ranks";
+  EXPECT_EQ(m.local_rows(4 * w.p), 4);
+  std::vector<float> full(static_cast<std::size_t>(kLocal * w.p), -1.0f);
+  float* mine = m.local_part(full.data(), kLocal);
+  EXPECT_EQ(mine, full.data() + w.r * kLocal);
+  for (std::int64_t i = 0; i < kLocal; ++i) mine[i] = float(100 * w.r + i);
+  m.enter_forward(full.data(), kLocal);
+  for (int q = 0; q < w.p; ++q)
+    for (std::int64_t i = 0; i < kLocal; ++i) EXPECT_EQ(full[q * kLocal + i], float(100 * q + i));
+
+  auto dfull = w.rank_valued(kLocal * w.p);
+  std::vector<float> dlocal(kLocal);
+  const float* got = m.enter_backward(dfull.data(), dlocal.data(), kLocal);
+  EXPECT_EQ(got, dlocal.data());
+  for (std::int64_t i = 0; i < kLocal; ++i)
+    EXPECT_EQ(got[i], float(w.r * kLocal + i + 1) * w.tri());
+  // An all-gather and a reduce-scatter together move what one allreduce of the rows moves.
+  EXPECT_DOUBLE_EQ(w.comm.counters().bytes, ring_allreduce_bytes(w.p, kLocal * w.p));
+}
+
+TEST(TpMappings, SequenceReduceScatterIsReduceScatterForwardAllGatherBackward) {
+  World w;
+  par::TpMappings m(w.comm, true);
+  if (w.p == 1) GTEST_SKIP() << "needs several ranks";
+  auto partial = w.rank_valued(kLocal * w.p);
+  std::vector<float> local(kLocal);
+  m.leave_forward(partial.data(), local.data(), kLocal);
+  for (std::int64_t i = 0; i < kLocal; ++i)
+    EXPECT_EQ(local[i], float(w.r * kLocal + i + 1) * w.tri());
+
+  std::vector<float> dlocal(kLocal), dfull(static_cast<std::size_t>(kLocal * w.p), -1.0f);
+  for (std::int64_t i = 0; i < kLocal; ++i) dlocal[i] = float(100 * w.r + i);
+  const float* got = m.leave_backward(dlocal.data(), dfull.data(), kLocal);
+  EXPECT_EQ(got, dfull.data());
+  for (int q = 0; q < w.p; ++q)
+    for (std::int64_t i = 0; i < kLocal; ++i) EXPECT_EQ(got[q * kLocal + i], float(100 * q + i));
+}
+
+TEST(TpMappings, SequenceParallelRowsMustDivide) {
+  World w;
+  par::TpMappings m(w.comm, true);
+  if (w.p == 1) GTEST_SKIP() << "needs several ranks";
+  EXPECT_THROW(m.local_rows(w.p + 1), trident::Error);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) GTEST_FLAG_SET(brief, true);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rc = RUN_ALL_TESTS();
+  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return rc;
+}
