@@ -40,9 +40,8 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     }
     train::resolve_world(c, world);
     // Dimensions whose machinery is still to come fail clearly rather than silently.
-    TRIDENT_CHECK(c.parallel.pp == 1, c.source, ": parallel.pp = ", c.parallel.pp,
-                  " is not available yet in this build (pipeline parallelism: coming)");
-    TRIDENT_CHECK(c.parallel.vpp == 1, c.source, ": parallel.vpp > 1 needs pipeline parallelism");
+    TRIDENT_CHECK(c.parallel.vpp == 1, c.source, ": parallel.vpp = ", c.parallel.vpp,
+                  " (interleaved chunks) is not available yet in this build");
     TRIDENT_CHECK(c.parallel.zero_stage == 0, c.source,
                   ": parallel.zero_stage = 1 is not available yet in this build");
     const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);

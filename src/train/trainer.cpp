@@ -45,8 +45,7 @@ pipeline::Executor& Trainer::executor_for(int microbatches) {
     auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
                                          cfg_.parallel.vpp, microbatches);
     it = executors_
-             .emplace(microbatches, std::make_unique<pipeline::Executor>(*model_, std::move(sched),
-                                                                         ps_.coord.pp))
+             .emplace(microbatches, std::make_unique<pipeline::Executor>(*model_, ps_, std::move(sched)))
              .first;
   }
   return *it->second;
