@@ -1,5 +1,8 @@
 // `trident grid` and `trident schedule`: the process grid and pipeline schedules, printed
-// without running a model (rank 0 prints; no communication).
+// without running a model (rank 0 prints; no communication). The schedule's JSON line
+// (FORMAT.md) carries bubble_fraction and peak_activations (per stage, in chunk
+// activations; live until W for zb-h1), plus makespan, per-stage idle_fraction and
+// splits_weight_grad.
 #include <cstdio>
 #include <sstream>
 
@@ -12,6 +15,14 @@
 namespace trident::app {
 
 int run_grid(int tp, int pp, int dp) {
+  // Run alone it prints any shape; under mpirun the world must be that shape.
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    TRIDENT_CHECK(world == 1 || world == tp * pp * dp, "trident grid: the world has ", world,
+                  " ranks, --tp * --pp * --dp = ", tp, " * ", pp, " * ", dp, " = ",
+                  tp * pp * dp);
+  });
   log::info(parallel::groups_json(parallel::GridShape{tp, pp, dp}));
   return 0;
 }
@@ -29,7 +40,11 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
        << ", \"bubble_fraction\": " << sim.bubble_fraction << ", \"peak_activations\": [";
   for (std::size_t i = 0; i < sim.peak_activations.size(); ++i)
     json << (i ? ", " : "") << sim.peak_activations[i];
-  json << "]}";
+  json << "], \"idle_fraction\": [";
+  for (std::size_t i = 0; i < sim.idle_fraction.size(); ++i)
+    json << (i ? ", " : "") << sim.idle_fraction[i];
+  json << "], \"splits_weight_grad\": " << (pipeline::splits_weight_grad(s) ? "true" : "false")
+       << "}";
   if (log::rank() == 0) std::fputs(pipeline::format_timeline(s, sim).c_str(), stdout);
   log::info(json.str());
   return 0;

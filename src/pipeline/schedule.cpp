@@ -1,10 +1,11 @@
-// Schedule generators (see trident/pipeline/schedule.hpp). The multi-stage generators
-// (interleaved-1f1b, looped-bfs, zb-h1 across stages) belong to the pipeline issue; on a
-// single stage every schedule reduces to "forward then backward, one microbatch at a time"
-// or, for gpipe, "all forwards then all backwards".
+// Schedule generators (see trident/pipeline/schedule.hpp). Each generator is a function of
+// (pp, vpp, m, rank) alone, so every rank computes every rank's list the same way.
 #include "trident/pipeline/schedule.hpp"
 
 #include <algorithm>
+#include <map>
+#include <sstream>
+#include <utility>
 
 #include "trident/core/error.hpp"
 
@@ -25,11 +26,25 @@ const std::vector<std::string>& schedule_names() {
 
 namespace {
 
+constexpr ActionType F = ActionType::F, B = ActionType::B, W = ActionType::W;
+
+// Naive model parallelism: a microbatch goes forward and backward through all stages before
+// the next one enters. Every rank runs F0 B0 F1 B1 ...; F1 on stage 0 waits for B0 there,
+// which waits for B0 on every later stage, so no two stages ever overlap.
+std::vector<Action> naive_stage(int m) {
+  std::vector<Action> a;
+  for (int i = 0; i < m; ++i) {
+    a.push_back({F, i, 0});
+    a.push_back({B, i, 0});
+  }
+  return a;
+}
+
 // GPipe: all forwards, then all backwards (in the same microbatch order).
 std::vector<Action> gpipe_stage(int m) {
   std::vector<Action> a;
-  for (int i = 0; i < m; ++i) a.push_back({ActionType::F, i, 0});
-  for (int i = 0; i < m; ++i) a.push_back({ActionType::B, i, 0});
+  for (int i = 0; i < m; ++i) a.push_back({F, i, 0});
+  for (int i = 0; i < m; ++i) a.push_back({B, i, 0});
   return a;
 }
 
@@ -39,12 +54,74 @@ std::vector<Action> one_f_one_b_stage(int pp, int stage, int m) {
   std::vector<Action> a;
   const int warmup = std::min(m, pp - stage - 1);
   int f = 0, b = 0;
-  for (; f < warmup; ++f) a.push_back({ActionType::F, f, 0});
+  for (; f < warmup; ++f) a.push_back({F, f, 0});
   while (f < m) {
-    a.push_back({ActionType::F, f++, 0});
-    a.push_back({ActionType::B, b++, 0});
+    a.push_back({F, f++, 0});
+    a.push_back({B, b++, 0});
   }
-  while (b < m) a.push_back({ActionType::B, b++, 0});
+  while (b < m) a.push_back({B, b++, 0});
+  return a;
+}
+
+// Megatron-LM's interleaved 1F1B (forward_backward_pipelining_with_interleaving). The k-th
+// forward of a rank takes microbatches in groups of pp per chunk: chunk (k mod pp*vpp) / pp,
+// microbatch (k / (pp*vpp)) * pp + k mod pp; the k-th backward walks the chunks in reverse.
+// Warm-up is Megatron's (pp - rank - 1) * 2 + (vpp - 1) * pp forwards. Without
+// communication cost, (pp - rank - 1) warm-up forwards would give the same bubble with
+// fewer live activations; the doubled warm-up is the slack Megatron keeps for p2p latency.
+std::vector<Action> interleaved_stage(int pp, int vpp, int rank, int m) {
+  const int total = m * vpp, group = pp * vpp;
+  auto forward = [&](int k) {
+    return Action{F, (k / group) * pp + k % pp, (k % group) / pp};
+  };
+  auto backward = [&](int k) {
+    return Action{B, (k / group) * pp + k % pp, vpp - 1 - (k % group) / pp};
+  };
+  const int warmup = std::min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp);
+  std::vector<Action> a;
+  for (int k = 0; k < warmup; ++k) a.push_back(forward(k));
+  for (int i = 0; i < total - warmup; ++i) {
+    a.push_back(forward(warmup + i));
+    a.push_back(backward(i));
+  }
+  for (int k = total - warmup; k < total; ++k) a.push_back(backward(k));
+  return a;
+}
+
+// Breadth-first looping: every microbatch through chunk 0, then through chunk 1, ...; then
+// the backwards from the last chunk down. GPipe's order per chunk, so it holds all m * vpp
+// chunk activations at the peak, and its bubble is (p-1)/(v*m+p-1) once m >= pp.
+std::vector<Action> looped_bfs_stage(int vpp, int m) {
+  std::vector<Action> a;
+  for (int c = 0; c < vpp; ++c)
+    for (int i = 0; i < m; ++i) a.push_back({F, i, c});
+  for (int c = vpp - 1; c >= 0; --c)
+    for (int i = 0; i < m; ++i) a.push_back({B, i, c});
+  return a;
+}
+
+// ZB-H1: the 1F1B order of F and B (B = input gradient only), with a W after a B once the
+// stage has `stage` W's outstanding. Deferring W lets each B go upstream after one B time
+// instead of B + W, which shrinks the warm-up and cool-down waits from (p-1)(F+B+W) to
+// (p-1)(F+B-W) per stage; the deferred W's fill the cool-down. Stage r then holds up to
+// (pp - r - 1) + 1 + r = pp activations (live until W), the first stage's 1F1B peak, so
+// the most loaded stage holds no more than under 1F1B.
+std::vector<Action> zb_h1_stage(int pp, int stage, int m) {
+  std::vector<Action> a;
+  const int warmup = std::min(m, pp - stage - 1);
+  const int deferred = stage;
+  int f = 0, b = 0, w = 0;
+  auto backward = [&] {
+    a.push_back({B, b++, 0});
+    if (b - w > deferred) a.push_back({W, w++, 0});
+  };
+  for (; f < warmup; ++f) a.push_back({F, f, 0});
+  while (f < m) {
+    a.push_back({F, f++, 0});
+    backward();
+  }
+  while (b < m) backward();
+  while (w < m) a.push_back({W, w++, 0});
   return a;
 }
 
@@ -57,28 +134,83 @@ Schedule make_schedule(const std::string& name, int pp, int vpp, int m) {
                 "' (expected naive, gpipe, 1f1b, interleaved-1f1b, looped-bfs or zb-h1)");
   TRIDENT_CHECK(pp >= 1 && vpp >= 1 && m >= 1, "schedule ", name, ": pp, vpp and microbatches "
                 "must be positive (got ", pp, ", ", vpp, ", ", m, ")");
+  const bool multi_chunk = name == "interleaved-1f1b" || name == "looped-bfs";
+  TRIDENT_CHECK(vpp == 1 || multi_chunk, "schedule ", name, " places one chunk per rank, so "
+                "vpp must be 1 (got vpp = ", vpp, "); vpp > 1 needs interleaved-1f1b or "
+                "looped-bfs");
+  // Megatron's grouping of pp microbatches per chunk needs whole groups.
+  TRIDENT_CHECK(name != "interleaved-1f1b" || vpp == 1 || m % pp == 0, "schedule ", name,
+                " with vpp = ", vpp, " needs microbatches divisible by pp (got ", m,
+                " microbatches, pp = ", pp, ")");
   Schedule s{name, pp, vpp, m, {}};
-  if (name == "gpipe") {
-    for (int r = 0; r < pp; ++r) s.stages.push_back(gpipe_stage(m));
-  } else if (vpp == 1 && (pp == 1 || name == "1f1b" || name == "naive")) {
-    // naive over one stage is 1F1B's order; multi-stage naive and the rest come with the
-    // pipeline executor.
-    TRIDENT_CHECK(name != "naive" || pp == 1, "schedule naive with pp > 1 is not available yet");
-    for (int r = 0; r < pp; ++r) s.stages.push_back(one_f_one_b_stage(pp, r, m));
-  } else {
-    fail("schedule ", name, " with pp = ", pp, ", vpp = ", vpp,
-         " is not available yet (this build runs one pipeline stage)");
+  for (int r = 0; r < pp; ++r) {
+    if (name == "naive")
+      s.stages.push_back(naive_stage(m));
+    else if (name == "gpipe")
+      s.stages.push_back(gpipe_stage(m));
+    else if (name == "1f1b" || (name == "interleaved-1f1b" && vpp == 1))
+      s.stages.push_back(one_f_one_b_stage(pp, r, m));  // Megatron without a virtual pipeline
+    else if (name == "interleaved-1f1b")
+      s.stages.push_back(interleaved_stage(pp, vpp, r, m));
+    else if (name == "looped-bfs")
+      s.stages.push_back(looped_bfs_stage(vpp, m));
+    else
+      s.stages.push_back(zb_h1_stage(pp, r, m));
   }
   return s;
 }
 
+bool splits_weight_grad(const Schedule& s) {
+  for (const auto& stage : s.stages)
+    for (const auto& a : stage)
+      if (a.type == ActionType::W) return true;
+  return false;
+}
+
 int peak_activations(const std::vector<Action>& actions) {
-  int live = 0, peak = 0;
+  const bool split = std::any_of(actions.begin(), actions.end(),
+                                 [](const Action& a) { return a.type == ActionType::W; });
+  const ActionType frees = split ? ActionType::W : ActionType::B;
+  std::map<std::pair<int, int>, bool> live_set;  // (mb, chunk) with a stashed activation
+  int peak = 0;
   for (const auto& a : actions) {
-    if (a.type == ActionType::F) peak = std::max(peak, ++live);
-    if (a.type == ActionType::B) --live;
+    if (a.type == ActionType::F) live_set[{a.mb, a.chunk}] = true;
+    if (a.type == frees) live_set.erase({a.mb, a.chunk});
+    peak = std::max(peak, int(live_set.size()));
   }
   return peak;
+}
+
+std::string format_actions(const std::vector<Action>& actions) {
+  std::string out;
+  for (const auto& a : actions) out += (out.empty() ? "" : " ") + a.str();
+  return out;
+}
+
+std::vector<Action> parse_actions(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<Action> out;
+  for (std::string tok; in >> tok;) {
+    const char t = tok[0];
+    TRIDENT_CHECK(t == 'F' || t == 'B' || t == 'W', "bad action '", tok,
+                  "' (expected F, B or W, a microbatch and an optional .chunk, like F3.1)");
+    int mb = -1, chunk = 0;
+    char rest = 0;
+    const std::string body = tok.substr(1);
+    const auto dot = body.find('.');
+    std::istringstream mb_in(body.substr(0, dot));
+    const bool mb_ok = bool(mb_in >> mb) && !(mb_in >> rest) && mb >= 0;
+    bool chunk_ok = true;
+    if (dot != std::string::npos) {
+      std::istringstream chunk_in(body.substr(dot + 1));
+      chunk_ok = bool(chunk_in >> chunk) && !(chunk_in >> rest) && chunk >= 0;
+    }
+    TRIDENT_CHECK(mb_ok && chunk_ok, "bad action '", tok,
+                  "' (expected F, B or W, a microbatch and an optional .chunk, like F3.1)");
+    out.push_back({t == 'F' ? ActionType::F : t == 'B' ? ActionType::B : ActionType::W, mb,
+                   chunk});
+  }
+  return out;
 }
 
 }  // namespace trident::pipeline

@@ -12,24 +12,26 @@ namespace trident::pipeline {
 
 namespace {
 
-using Key = std::tuple<int, int, int, int>;  // type, virtual stage, mb, 0
-
-bool splits_w(const Schedule& s) {
-  for (const auto& st : s.stages)
-    for (const auto& a : st)
-      if (a.type == ActionType::W) return true;
-  return false;
-}
-
 int cost_of(const Action& a, const Costs& c, bool split) {
   if (a.type == ActionType::F) return c.f;
   if (a.type == ActionType::W) return c.w;
   return split ? c.b_split : c.b;
 }
 
-// Virtual stage of (rank, chunk): chunks are placed round-robin over the ranks.
-int virtual_stage(const Schedule& s, int rank, int chunk) { return chunk * s.pp + rank; }
+// Index of (type, chunk, mb) in per-rank tables of 3 * vpp * m entries.
+struct ActionIndex {
+  int vpp, m;
+  int operator()(ActionType t, int chunk, int mb) const {
+    return (int(t) * vpp + chunk) * m + mb;
+  }
+  int operator()(const Action& a) const { return (*this)(a.type, a.chunk, a.mb); }
+  int size() const { return 3 * vpp * m; }
+};
 
+// The action of type t on virtual stage v, as its rank's list names it.
+Action action_on(const Schedule& s, ActionType t, int v, int mb) { return {t, mb, v / s.pp}; }
+
+// "stage 0: F0 [B0] F1 | stage 1: ..." with each stage's next action in brackets.
 std::string grid_text(const Schedule& s, const std::vector<std::size_t>& next) {
   std::ostringstream os;
   for (int r = 0; r < s.pp; ++r) {
@@ -41,83 +43,184 @@ std::string grid_text(const Schedule& s, const std::vector<std::size_t>& next) {
   return os.str();
 }
 
+// A dependency of an action: the action of type `type` on virtual stage `v`, same mb.
+struct Dep {
+  ActionType type;
+  int v;
+};
+
+std::vector<Dep> deps_of(const Action& a, int v, int vstages) {
+  std::vector<Dep> d;
+  if (a.type == ActionType::F && v > 0) d.push_back({ActionType::F, v - 1});
+  if (a.type == ActionType::B) {
+    d.push_back({ActionType::F, v});
+    if (v + 1 < vstages) d.push_back({ActionType::B, v + 1});
+  }
+  if (a.type == ActionType::W) d.push_back({ActionType::B, v});
+  return d;
+}
+
+void check_counts_and_order(const Schedule& s, bool split) {
+  const ActionIndex idx{s.vpp, s.microbatches};
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& list = s.stages[r];
+    std::vector<int> pos(idx.size(), -1);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      TRIDENT_CHECK(a.mb >= 0 && a.mb < s.microbatches && a.chunk >= 0 && a.chunk < s.vpp,
+                    "schedule ", s.name, ": stage ", r, " has out-of-range action ", a.str(),
+                    " (", s.microbatches, " microbatches, vpp = ", s.vpp, ")");
+      TRIDENT_CHECK(pos[idx(a)] < 0, "schedule ", s.name, ": stage ", r, " runs ", a.str(),
+                    " twice (actions ", pos[idx(a)], " and ", i, ")");
+      pos[idx(a)] = int(i);
+    }
+    for (int c = 0; c < s.vpp; ++c)
+      for (int mb = 0; mb < s.microbatches; ++mb) {
+        for (ActionType t : {ActionType::F, ActionType::B, ActionType::W}) {
+          if (t == ActionType::W && !split) continue;
+          TRIDENT_CHECK(pos[idx(t, c, mb)] >= 0, "schedule ", s.name, ": stage ", r,
+                        " never runs ", Action{t, mb, c}.str(),
+                        t == ActionType::W ? " (the schedule splits B and W elsewhere)" : "");
+        }
+        const int f = pos[idx(ActionType::F, c, mb)], b = pos[idx(ActionType::B, c, mb)];
+        TRIDENT_CHECK(f < b, "schedule ", s.name, ": stage ", r, " runs ", list[b].str(),
+                      " (action ", b, ") before its forward ", list[f].str(), " (action ", f,
+                      ")");
+        if (split) {
+          const int w = pos[idx(ActionType::W, c, mb)];
+          TRIDENT_CHECK(b < w, "schedule ", s.name, ": stage ", r, " runs ", list[w].str(),
+                        " (action ", w, ") before its backward ", list[b].str(), " (action ",
+                        b, ")");
+        }
+      }
+  }
+}
+
+// MPI matches messages between two ranks on one tag in send order. Checks that on every
+// link (src rank, dst rank, activations or gradients) the sender produces the messages in
+// the order the receiver consumes them.
+void check_message_order(const Schedule& s) {
+  const int vstages = s.pp * s.vpp;
+  enum Kind { kActivation, kGradient };
+  using Link = std::tuple<int, int, int>;         // src rank, dst rank, kind
+  using Message = std::pair<int, int>;            // mb, producing virtual stage
+  std::map<Link, std::vector<Message>> sent, received;
+  for (int r = 0; r < s.pp; ++r)
+    for (const Action& a : s.stages[r]) {
+      const int v = virtual_stage(r, a.chunk, s.pp);
+      if (a.type == ActionType::F) {
+        if (v + 1 < vstages) sent[{r, (v + 1) % s.pp, kActivation}].push_back({a.mb, v});
+        if (v > 0) received[{(v - 1) % s.pp, r, kActivation}].push_back({a.mb, v - 1});
+      } else if (a.type == ActionType::B) {
+        if (v > 0) sent[{r, (v - 1) % s.pp, kGradient}].push_back({a.mb, v});
+        if (v + 1 < vstages) received[{(v + 1) % s.pp, r, kGradient}].push_back({a.mb, v + 1});
+      }
+    }
+  for (const auto& [link, out] : sent) {
+    const auto& in = received[link];
+    const auto [src, dst, kind] = link;
+    const ActionType t = kind == kActivation ? ActionType::F : ActionType::B;
+    const int step = kind == kActivation ? 1 : -1;  // consumer's virtual stage - producer's
+    for (std::size_t i = 0; i < out.size() && i < in.size(); ++i) {
+      if (out[i] == in[i]) continue;
+      fail("schedule ", s.name, ": stage ", src, " sends stage ", dst, " the ",
+           kind == kActivation ? "activations" : "gradients", " of its ",
+           action_on(s, t, out[i].second, out[i].first).str(), " before those of its ",
+           action_on(s, t, in[i].second, in[i].first).str(), ", but stage ", dst, " runs ",
+           action_on(s, t, in[i].second + step, in[i].first).str(), " before ",
+           action_on(s, t, out[i].second + step, out[i].first).str(),
+           " (MPI matches a link's messages in send order)");
+    }
+  }
+}
+
 }  // namespace
 
 Simulation simulate(const Schedule& s, const Costs& costs) {
-  const bool split = splits_w(s);
+  TRIDENT_CHECK(s.pp >= 1 && s.vpp >= 1 && s.microbatches >= 1, "schedule ", s.name,
+                ": pp, vpp and microbatches must be positive (got ", s.pp, ", ", s.vpp, ", ",
+                s.microbatches, ")");
+  TRIDENT_CHECK(int(s.stages.size()) == s.pp, "schedule ", s.name, " has ", s.stages.size(),
+                " stage lists for pp = ", s.pp);
+  const bool split = splits_weight_grad(s);
+  check_counts_and_order(s, split);
+
   const int vstages = s.pp * s.vpp;
-  // Each (type, virtual stage, mb) exactly once.
-  std::map<Key, int> finish;  // when the action's result is available
-  for (int r = 0; r < s.pp; ++r) {
-    std::map<Key, int> seen;
-    for (const auto& a : s.stages[r]) {
-      TRIDENT_CHECK(a.mb >= 0 && a.mb < s.microbatches && a.chunk >= 0 && a.chunk < s.vpp,
-                    "schedule ", s.name, ": stage ", r, " has out-of-range action ", a.str());
-      Key k{int(a.type), virtual_stage(s, r, a.chunk), a.mb, 0};
-      TRIDENT_CHECK(++seen[k] == 1, "schedule ", s.name, ": stage ", r, " runs ", a.str(),
-                    " twice");
-    }
-    const std::size_t expected =
-        std::size_t(s.microbatches) * std::size_t(s.vpp) * (split ? 3u : 2u);
-    TRIDENT_CHECK(s.stages[r].size() == expected, "schedule ", s.name, ": stage ", r, " has ",
-                  s.stages[r].size(), " actions, expected ", expected);
-  }
+  // finish[type][virtual stage][mb]: when the action's result is available, -1 until then.
+  const ActionIndex vidx{vstages, s.microbatches};
+  std::vector<int> finish(vidx.size(), -1);
 
   Simulation sim;
   sim.start.resize(s.pp);
-  sim.peak_activations.assign(s.pp, 0);
   std::vector<std::size_t> next(s.pp, 0);
-  std::vector<int> free_at(s.pp, 0), live(s.pp, 0);
+  std::vector<int> free_at(s.pp, 0), busy(s.pp, 0);
   std::size_t remaining = 0;
   for (const auto& st : s.stages) remaining += st.size();
-  int busy = 0;
+  // Start times depend only on each rank's previous action and the dependencies, so the
+  // order in which ranks are visited does not change the result.
   while (remaining > 0) {
     bool progress = false;
     for (int r = 0; r < s.pp; ++r) {
       if (next[r] == s.stages[r].size()) continue;
       const Action& a = s.stages[r][next[r]];
-      const int v = virtual_stage(s, r, a.chunk);
-      std::vector<Key> deps;
-      if (a.type == ActionType::F && v > 0) deps.push_back({int(ActionType::F), v - 1, a.mb, 0});
-      if (a.type == ActionType::B) {
-        deps.push_back({int(ActionType::F), v, a.mb, 0});
-        if (v + 1 < vstages) deps.push_back({int(ActionType::B), v + 1, a.mb, 0});
-      }
-      if (a.type == ActionType::W) deps.push_back({int(ActionType::B), v, a.mb, 0});
+      const int v = virtual_stage(r, a.chunk, s.pp);
       int ready = free_at[r];
-      bool ok = true;
-      for (const auto& d : deps) {
-        auto it = finish.find(d);
-        if (it == finish.end()) {
-          ok = false;
+      bool met = true;
+      for (const Dep& d : deps_of(a, v, vstages)) {
+        const int done = finish[vidx(d.type, d.v, a.mb)];
+        if (done < 0) {
+          met = false;
           break;
         }
-        ready = std::max(ready, it->second);
+        ready = std::max(ready, done + (d.v % s.pp == r ? 0 : costs.comm));
       }
-      if (!ok) continue;
+      if (!met) continue;
       const int c = cost_of(a, costs, split);
       sim.start[r].push_back(ready);
-      finish[{int(a.type), v, a.mb, 0}] = ready + c;
+      finish[vidx(a.type, v, a.mb)] = ready + c;
       free_at[r] = ready + c;
-      busy += c;
-      if (a.type == ActionType::F) sim.peak_activations[r] = std::max(sim.peak_activations[r], ++live[r]);
-      if (a.type == (split ? ActionType::W : ActionType::B)) --live[r];
+      busy[r] += c;
       ++next[r];
       --remaining;
       progress = true;
     }
-    TRIDENT_CHECK(progress, "schedule ", s.name, " deadlocks; next actions in brackets: ",
-                  grid_text(s, next));
+    if (!progress) {
+      std::ostringstream stuck;
+      for (int r = 0; r < s.pp; ++r) {
+        if (next[r] == s.stages[r].size()) continue;
+        const Action& a = s.stages[r][next[r]];
+        const int v = virtual_stage(r, a.chunk, s.pp);
+        for (const Dep& d : deps_of(a, v, vstages))
+          if (finish[vidx(d.type, d.v, a.mb)] < 0) {
+            stuck << (stuck.tellp() > 0 ? ", " : "") << "stage " << r << " is stuck on "
+                  << a.str() << " (action " << next[r] << ", waiting for "
+                  << action_on(s, d.type, d.v, a.mb).str() << " of stage " << d.v % s.pp
+                  << ")";
+            break;
+          }
+      }
+      fail("schedule ", s.name, " deadlocks: ", stuck.str(), "; next actions in brackets: ",
+           grid_text(s, next));
+    }
   }
+  check_message_order(s);
+
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
-  sim.bubble_fraction = 1.0 - double(busy) / (double(s.pp) * sim.makespan);
+  long total_busy = 0;
+  for (int r = 0; r < s.pp; ++r) {
+    total_busy += busy[r];
+    sim.peak_activations.push_back(peak_activations(s.stages[r]));
+    sim.idle_fraction.push_back(sim.makespan > 0 ? 1.0 - double(busy[r]) / sim.makespan : 0);
+  }
+  sim.bubble_fraction =
+      sim.makespan > 0 ? 1.0 - double(total_busy) / (double(s.pp) * sim.makespan) : 0;
   return sim;
 }
 
 std::string format_timeline(const Schedule& s, const Simulation& sim, const Costs& costs) {
-  const bool split = splits_w(s);
+  const bool split = splits_weight_grad(s);
   std::vector<std::vector<std::string>> cells(s.pp, std::vector<std::string>(sim.makespan));
-  std::size_t width = 2;
+  std::size_t width = std::to_string(std::max(0, sim.makespan - 1)).size();
   for (int r = 0; r < s.pp; ++r)
     for (std::size_t i = 0; i < s.stages[r].size(); ++i) {
       const Action& a = s.stages[r][i];
@@ -125,13 +228,20 @@ std::string format_timeline(const Schedule& s, const Simulation& sim, const Cost
       for (int t = 0; t < c; ++t) cells[r][sim.start[r][i] + t] = a.str();
       width = std::max(width, a.str().size());
     }
-  std::ostringstream os;
-  for (int r = 0; r < s.pp; ++r) {
-    os << "stage " << r << " |";
-    for (const auto& cell : cells[r]) os << ' ' << cell << std::string(width - cell.size(), ' ');
-    os << '\n';
-  }
-  return os.str();
+  const std::string last_label = "stage " + std::to_string(s.pp - 1);
+  auto pad = [](const std::string& text, std::size_t w) {
+    return text + std::string(w > text.size() ? w - text.size() : 0, ' ');
+  };
+  auto row = [&](const std::string& label, const std::vector<std::string>& row_cells) {
+    std::string line = pad(label, last_label.size()) + " |";
+    for (const auto& cell : row_cells) line += ' ' + pad(cell, width);
+    return line.erase(line.find_last_not_of(' ') + 1) + '\n';  // no trailing blanks
+  };
+  std::vector<std::string> slots;
+  for (int t = 0; t < sim.makespan; ++t) slots.push_back(std::to_string(t));
+  std::string out = row("slot", slots);
+  for (int r = 0; r < s.pp; ++r) out += row("stage " + std::to_string(r), cells[r]);
+  return out;
 }
 
 }  // namespace trident::pipeline

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Pipeline parallelism through the MPI executor against the serial run.
 
-For pp in {2, 4} with gpipe and 1f1b (4 microbatches), recompute off and on, and at
-tp=2 x pp=2: `trident grad` gives the serial loss to 1e-6 relative and the serial gradients
+For pp in {2, 4} with gpipe and 1f1b (4 microbatches), recompute off and on, naive,
+zb-h1 and looped-bfs (vpp 1), and at tp=2 x pp=2: `trident grad` gives the serial loss to 1e-6 relative and the serial gradients
 to max|d| <= 1e-5 * max|g| (the tied wte summed over the embedding group), and 5 training
 steps give the serial loss curve to 1e-5 relative with the pipeline's bytes per step equal
 to the formula: each stage boundary carries one activation forward and one gradient back
@@ -95,6 +95,8 @@ def main():
         for sched in ("gpipe", "1f1b"):
             for rc in ("none", "full"):
                 cases.append((f"pp{pp}_{sched}_{rc}", pp, 1, sched, rc))
+        for sched in ("naive", "zb-h1", "looped-bfs"):
+            cases.append((f"pp{pp}_{sched}_none", pp, 1, sched, "none"))
     cases.append(("tp2pp2_1f1b", 2, 2, "1f1b", "none"))
     for name, pp, tp, sched, rc in cases:
         sets = [f"parallel.pp={pp}", f"parallel.tp={tp}", f"parallel.schedule={sched}",

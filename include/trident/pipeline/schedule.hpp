@@ -2,8 +2,27 @@
 // A generator returns, for each pipeline rank, the ordered Actions it performs in one
 // optimizer step; the executor runs them, the same code for every schedule. No MPI and no
 // model here, so schedules are testable anywhere.
+//
+// Chunks and virtual stages: with vpp chunks per rank the model is cut into pp * vpp
+// virtual stages; chunk c on pp rank r is virtual stage c * pp + r (Megatron's placement),
+// so activations go r -> r+1 within a chunk and from rank pp-1 to rank 0 between chunks.
+//
+// The schedules (make_schedule):
+//   naive             one microbatch at a time through the whole pipeline: every rank runs
+//                     F0 B0 F1 B1 ..., so only one stage works at any moment (bubble (p-1)/p).
+//   gpipe             all forwards, then all backwards (Huang et al. 2019).
+//   1f1b              PipeDream-Flush: pp-rank-1 warm-up forwards, then one F one B, then
+//                     the cool-down backwards.
+//   interleaved-1f1b  Megatron's virtual pipeline (Narayanan et al. 2021): 1F1B over the
+//                     virtual stages, microbatches taken in groups of pp per chunk; with
+//                     vpp > 1 it needs microbatches % pp == 0. vpp = 1 is plain 1f1b.
+//   looped-bfs        breadth-first (Lamy-Poirier 2022): chunk 0 forwards of all
+//                     microbatches, then chunk 1's, ..., then backwards chunk vpp-1 first.
+//   zb-h1             zero bubble H1 (Qi et al. 2023): B computes only the input gradient and
+//                     W the weight gradient; 1F1B order, stage r defers its first r W's so
+//                     the backwards reach the first stage sooner, and the W's fill the tail.
 // defines: trident::pipeline::ActionType, Action, Schedule, make_schedule, schedule_names,
-//          peak_activations
+//          virtual_stage, splits_weight_grad, peak_activations, format_actions, parse_actions
 #pragma once
 
 #include <string>
@@ -37,10 +56,24 @@ struct Schedule {
 const std::vector<std::string>& schedule_names();
 
 // Builds `name` for pp ranks, vpp chunks per rank and m microbatches; an Error names the
-// schedule and the constraint that fails.
+// schedule and the constraint that fails (vpp > 1 only for interleaved-1f1b and looped-bfs;
+// interleaved-1f1b with vpp > 1 needs m % pp == 0).
 Schedule make_schedule(const std::string& name, int pp, int vpp, int microbatches);
 
-// Most microbatches whose forward activations one stage holds at the same time.
+// Virtual stage of chunk `chunk` on pipeline rank `pp_rank` (round-robin placement).
+inline int virtual_stage(int pp_rank, int chunk, int pp) { return chunk * pp + pp_rank; }
+
+// True when the schedule has W actions, i.e. its B computes only the input gradient.
+bool splits_weight_grad(const Schedule& s);
+
+// Most (microbatch, chunk) activations one stage holds at the same time. An activation is
+// live from its F until the action that last needs it: B, or W when the list has W actions
+// (the weight gradient needs the layer inputs, so they stay until W). For vpp > 1 the unit
+// is one chunk's activations, 1/vpp of a whole stage's.
 int peak_activations(const std::vector<Action>& actions);
+
+// "F0 F1 B0 B1" and back; parse_actions throws Error on a malformed token.
+std::string format_actions(const std::vector<Action>& actions);
+std::vector<Action> parse_actions(const std::string& text);
 
 }  // namespace trident::pipeline

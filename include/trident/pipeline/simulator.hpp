@@ -1,7 +1,17 @@
 // trident/pipeline/simulator.hpp — runs a Schedule on paper: every stage executes its
-// actions in order, each as soon as its data dependencies are met (F of a microbatch
-// after the previous stage's F; B after the next stage's B and its own F; W after its B).
-// It validates the schedule (each action exactly once, no deadlock) and measures it.
+// actions strictly in order, each as soon as its data dependencies are met. With v the
+// virtual stage of (rank, chunk) (virtual_stage in schedule.hpp):
+//   F(mb, v) after F(mb, v-1);  B(mb, v) after F(mb, v) and B(mb, v+1);  W(mb, v) after
+//   B(mb, v).
+// It validates the schedule and measures it. Validation, in this order:
+//   - shape: one list per pp rank, actions in range;
+//   - each F, B (and W, when the schedule has any) exactly once per (mb, chunk) per rank;
+//   - on each rank, F before B before W of the same (mb, chunk);
+//   - no deadlock when sends are non-blocking (buffered) and receives block;
+//   - MPI matching order: on each link (rank -> rank', activations or gradients) the
+//     messages are sent in the order the receiver consumes them, so an executor can post
+//     its receives in list order with one tag per link and direction.
+// Each failure is an Error naming the stage (pp rank) and the action.
 // defines: trident::pipeline::Costs, Simulation, simulate, format_timeline
 #pragma once
 
@@ -12,23 +22,29 @@
 
 namespace trident::pipeline {
 
+// Time slots per action on one chunk. For vpp > 1 a chunk holds 1/vpp of a rank's layers,
+// so these are per-chunk times: Megatron's interleaved bubble (p-1)/(v*m+p-1) is in these
+// units (a whole stage's forward then costs vpp * f).
 struct Costs {
   int f = 1;
   int b = 2;  // a B that computes input and weight gradients together
   int b_split = 1, w = 1;  // when the schedule splits B and W
+  int comm = 0;  // added to a dependency on an action of another rank (p2p latency)
 };
 
 struct Simulation {
   int makespan = 0;
   double bubble_fraction = 0;  // idle time / (stages * makespan)
-  std::vector<int> peak_activations;                // per stage
+  std::vector<int> peak_activations;                // per stage, as peak_activations()
   std::vector<std::vector<int>> start;              // [stage][action index] -> start slot
+  std::vector<double> idle_fraction;                // per stage: idle time / makespan
 };
 
-// Throws Error with the rank x action grid when the schedule is invalid or deadlocks.
+// Throws Error naming the stage and the action when the schedule is invalid or deadlocks.
 Simulation simulate(const Schedule& s, const Costs& costs = {});
 
-// One row per stage, one column per time slot, cells "F3"/"B3"/"W3" (blank when idle).
+// One row per stage, one column per time slot, cells "F3"/"B3"/"W3" ("F3.1" for chunk 1),
+// blank when idle; a header row numbers the slots.
 std::string format_timeline(const Schedule& s, const Simulation& sim, const Costs& costs = {});
 
 }  // namespace trident::pipeline

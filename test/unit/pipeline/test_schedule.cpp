@@ -1,28 +1,94 @@
-// Schedules against the simulator and the closed-form bubbles.
+// Schedules against the simulator and the closed-form bubbles. Costs are the simulator's
+// defaults per chunk: F = 1, B = 2, or B = 1 and W = 1 when a schedule splits them.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
 
 #include "trident/core/error.hpp"
 #include "trident/pipeline/simulator.hpp"
 
 using namespace trident::pipeline;
 
+namespace {
+
+struct Case {
+  std::string name;
+  int pp, vpp, m;
+};
+
+std::string label(const Case& c) {
+  return c.name + " pp=" + std::to_string(c.pp) + " vpp=" + std::to_string(c.vpp) +
+         " m=" + std::to_string(c.m);
+}
+
+// Every valid combination of the grid: pp in {2,4}, m in {1,2,4,8}, vpp in {1,2}
+// for the schedules that take chunks, plus pp = 1.
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const auto& name : schedule_names())
+    for (int pp : {1, 2, 4})
+      for (int vpp : {1, 2})
+        for (int m : {1, 2, 4, 8}) {
+          const bool chunks = name == "interleaved-1f1b" || name == "looped-bfs";
+          if (vpp > 1 && !chunks) continue;
+          if (name == "interleaved-1f1b" && vpp > 1 && m % pp != 0) continue;
+          cases.push_back({name, pp, vpp, m});
+        }
+  return cases;
+}
+
+int max_of(const std::vector<int>& v) { return *std::max_element(v.begin(), v.end()); }
+
+std::string error_of(const Schedule& s) {
+  try {
+    simulate(s);
+  } catch (const trident::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
 TEST(Schedule, SingleStageRunsForwardThenBackwardPerMicrobatch) {
   auto s = make_schedule("1f1b", 1, 1, 3);
   ASSERT_EQ(s.stages.size(), 1u);
-  std::string order;
-  for (const auto& a : s.stages[0]) order += a.str() + " ";
-  EXPECT_EQ(order, "F0 B0 F1 B1 F2 B2 ");
+  EXPECT_EQ(format_actions(s.stages[0]), "F0 B0 F1 B1 F2 B2");
   EXPECT_EQ(peak_activations(s.stages[0]), 1);
   auto sim = simulate(s);
   EXPECT_EQ(sim.makespan, 9);
   EXPECT_DOUBLE_EQ(sim.bubble_fraction, 0.0);
 }
 
+TEST(Schedule, EveryScheduleIsAcceptedWithConsistentMeasures) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(label(c));
+    Schedule s;
+    ASSERT_NO_THROW(s = make_schedule(c.name, c.pp, c.vpp, c.m));
+    EXPECT_EQ(int(s.stages.size()), c.pp);
+    EXPECT_EQ(splits_weight_grad(s), c.name == "zb-h1");
+    Simulation sim;
+    ASSERT_NO_THROW(sim = simulate(s));
+    // Every rank does the same work, so idle = makespan - work on each, and the bubble is
+    // the mean of the per-stage idle fractions.
+    const int work = c.m * c.vpp * 3;
+    double idle = 0;
+    for (int r = 0; r < c.pp; ++r) {
+      EXPECT_NEAR(sim.idle_fraction[r], 1.0 - double(work) / sim.makespan, 1e-12);
+      idle += sim.idle_fraction[r];
+      EXPECT_EQ(sim.peak_activations[r], peak_activations(s.stages[r]));
+    }
+    EXPECT_NEAR(sim.bubble_fraction, idle / c.pp, 1e-12);
+  }
+}
+
 TEST(Schedule, GPipeAndOneFOneBHaveTheClosedFormBubble) {
   // With F=1, B=2: bubble = (p-1) / (m + p - 1) for both; 1F1B holds at most p activations.
-  for (int p : {2, 3, 4})
-    for (int m : {1, 2, 5, 8}) {
-      for (const char* name : {"gpipe", "1f1b"}) {
+  for (int p : {1, 2, 3, 4})
+    for (int m : {1, 2, 4, 5, 8}) {
+      for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b"}) {  // vpp = 1: 1F1B
         auto sim = simulate(make_schedule(name, p, 1, m));
         EXPECT_NEAR(sim.bubble_fraction, double(p - 1) / (m + p - 1), 1e-12)
             << name << " p=" << p << " m=" << m;
@@ -35,12 +101,188 @@ TEST(Schedule, GPipeAndOneFOneBHaveTheClosedFormBubble) {
     }
 }
 
-TEST(Schedule, SimulatorRejectsDeadlocksAndDuplicates) {
+TEST(Schedule, NaiveRunsOneStageAtATime) {
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 4, 8}) {
+      auto s = make_schedule("naive", p, 1, m);
+      auto sim = simulate(s);
+      EXPECT_EQ(sim.makespan, 3 * p * m) << "p=" << p << " m=" << m;
+      EXPECT_NEAR(sim.bubble_fraction, double(p - 1) / p, 1e-12);
+      for (int r = 0; r < p; ++r) EXPECT_EQ(sim.peak_activations[r], 1);
+      // No two stages busy in the same slot.
+      std::vector<int> busy_count(sim.makespan, 0);
+      for (int r = 0; r < p; ++r)
+        for (std::size_t i = 0; i < s.stages[r].size(); ++i) {
+          const int cost = s.stages[r][i].type == ActionType::F ? 1 : 2;
+          for (int t = 0; t < cost; ++t) ++busy_count[sim.start[r][i] + t];
+        }
+      EXPECT_EQ(max_of(busy_count), 1);
+    }
+}
+
+TEST(Schedule, InterleavedMatchesMegatronsBubbleExactly) {
+  // Per-chunk costs F=1, B=2: bubble (p-1)/(v*m+p-1), makespan 3(v*m+p-1), exactly (not
+  // approximately) for every m that is a multiple of p.
+  for (int p : {1, 2, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p, 8}) {
+        if (m % p) continue;
+        auto sim = simulate(make_schedule("interleaved-1f1b", p, v, m));
+        EXPECT_EQ(sim.makespan, 3 * (v * m + p - 1)) << "p=" << p << " v=" << v << " m=" << m;
+        EXPECT_NEAR(sim.bubble_fraction, double(p - 1) / (v * m + p - 1), 1e-12);
+        // Megatron's warm-up (p-r-1)*2 + (v-1)*p, plus the F of the first 1F1B step.
+        for (int r = 0; r < p; ++r)
+          EXPECT_EQ(sim.peak_activations[r], std::min(v * m, (p - r - 1) * 2 + (v - 1) * p + 1));
+      }
+  // Chunk c of rank r is virtual stage c*p + r: rank 0's first chunk-1 forward comes after
+  // the group of p chunk-0 forwards.
+  auto s = make_schedule("interleaved-1f1b", 2, 2, 4);
+  EXPECT_EQ(format_actions(s.stages[0]), "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 "
+                                         "B2.1 B3.1 B2 B3");
+  EXPECT_EQ(virtual_stage(1, 1, 2), 3);
+}
+
+TEST(Schedule, LoopedBfsHasTheBreadthFirstBubble) {
+  // F of every microbatch through chunk 0, then chunk 1, ...: makespan
+  // 3 (v max(m,p) + min(m,p) - 1), which is the interleaved bubble once m >= p; every
+  // chunk activation of the step is live at the peak.
+  for (int p : {1, 2, 4})
+    for (int v : {1, 2, 3})
+      for (int m : {1, 2, 3, 4, 8}) {
+        auto sim = simulate(make_schedule("looped-bfs", p, v, m));
+        const int span = v * std::max(m, p) + std::min(m, p) - 1;
+        EXPECT_EQ(sim.makespan, 3 * span) << "p=" << p << " v=" << v << " m=" << m;
+        if (m >= p) EXPECT_NEAR(sim.bubble_fraction, double(p - 1) / (v * m + p - 1), 1e-12);
+        for (int r = 0; r < p; ++r) EXPECT_EQ(sim.peak_activations[r], v * m);
+      }
+}
+
+TEST(Schedule, ZeroBubbleH1BeatsOneFOneBAtTheSamePeakMemory) {
+  // Activations count as live from F until W (W needs the layer inputs). ZB-H1's stage r
+  // defers r W's, so it holds up to p activations where 1F1B's stage r holds p - r: the
+  // most loaded stage (stage 0, which decides the memory per device) holds the same as
+  // under 1F1B, later stages more. Costs: 1F1B F=1 B=2; ZB-H1 F=1 B=1 W=1 (the same work).
+  for (int p : {1, 2, 4})
+    for (int m : {1, 2, 4, 8}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      auto zb = simulate(make_schedule("zb-h1", p, 1, m));
+      auto one = simulate(make_schedule("1f1b", p, 1, m));
+      EXPECT_EQ(max_of(zb.peak_activations), max_of(one.peak_activations));
+      for (int r = 0; r < p; ++r) EXPECT_EQ(zb.peak_activations[r], std::min(m, p));
+      if (p > 1)
+        EXPECT_LT(zb.bubble_fraction, one.bubble_fraction);
+      else
+        EXPECT_DOUBLE_EQ(zb.bubble_fraction, 0.0);
+      // Qi et al.: the bubble shrinks from (p-1)(F+B+W) to (p-1)(F+B-W) once m >= p.
+      if (m >= p) {
+        EXPECT_EQ(zb.makespan, 3 * m + (p - 1));
+        EXPECT_NEAR(zb.bubble_fraction, double(p - 1) / (3 * m + p - 1), 1e-12);
+      }
+    }
+  auto s = make_schedule("zb-h1", 2, 1, 3);
+  EXPECT_EQ(format_actions(s.stages[0]), "F0 F1 B0 W0 F2 B1 W1 B2 W2");
+  EXPECT_EQ(format_actions(s.stages[1]), "F0 B0 F1 B1 W0 F2 B2 W1 W2");
+}
+
+TEST(Schedule, PeakActivationsCountsUntilWWhenSplit) {
+  EXPECT_EQ(peak_activations(parse_actions("F0 B0 F1 B1")), 1);
+  EXPECT_EQ(peak_activations(parse_actions("F0 B0 F1 W0 B1 W1")), 2);  // F0 live until W0
+  EXPECT_EQ(peak_activations(parse_actions("F0 F0.1 B0.1 B0")), 2);   // per chunk
+}
+
+TEST(Schedule, ActionsPrintAndParseBack) {
+  const std::string text = "F0 F1.1 B12.1 W3";
+  EXPECT_EQ(format_actions(parse_actions(text)), text);
+  EXPECT_EQ(parse_actions("B2.1")[0], (Action{ActionType::B, 2, 1}));
+  for (const char* bad : {"X1", "F", "F-1", "F1.", "F1.x", "F1x"})
+    EXPECT_THROW(parse_actions(bad), trident::Error) << bad;
+}
+
+TEST(Schedule, SimulatorRejectsSwappedPairsNamingStageAndAction) {
   Schedule bad = make_schedule("1f1b", 2, 1, 2);
   std::swap(bad.stages[1][0], bad.stages[1][1]);  // B0 before F0 on the last stage
-  EXPECT_THROW(simulate(bad), trident::Error);
+  const std::string msg = error_of(bad);
+  EXPECT_NE(msg.find("stage 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("B0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("before its forward F0"), std::string::npos) << msg;
+
+  Schedule w_first = make_schedule("zb-h1", 2, 1, 2);
+  w_first.stages[0] = parse_actions("F0 F1 W0 B0 B1 W1");
+  const std::string wmsg = error_of(w_first);
+  EXPECT_NE(wmsg.find("stage 0 runs W0"), std::string::npos) << wmsg;
+}
+
+TEST(Schedule, SimulatorNamesEveryStuckStageOnDeadlock) {
+  // Stage 0 waits for stage 1's B0 before sending F1; stage 1 waits for F1 before B0.
+  Schedule s{"hand", 2, 1, 2, {parse_actions("F0 B0 F1 B1"), parse_actions("F0 F1 B0 B1")}};
+  const std::string msg = error_of(s);
+  EXPECT_NE(msg.find("deadlocks"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stage 0 is stuck on B0 (action 1, waiting for B0 of stage 1)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("stage 1 is stuck on F1 (action 1, waiting for F1 of stage 0)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line";
+}
+
+TEST(Schedule, SimulatorRejectsMessagesOutOfMatchingOrder) {
+  // No deadlock with buffered sends, but stage 1 sends B0's gradient first while stage 0
+  // consumes B1's first: a single-tag MPI link would hand B1 the wrong gradient.
+  Schedule s{"hand", 2, 1, 2, {parse_actions("F0 F1 B1 B0"), parse_actions("F0 F1 B0 B1")}};
+  const std::string msg = error_of(s);
+  EXPECT_NE(msg.find("stage 1 sends stage 0 the gradients of its B0 before those of its B1"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(Schedule, SimulatorRejectsDuplicatesAndMissingActions) {
   Schedule dup = make_schedule("gpipe", 1, 1, 2);
   dup.stages[0][1] = dup.stages[0][0];
-  EXPECT_THROW(simulate(dup), trident::Error);
+  EXPECT_NE(error_of(dup).find("stage 0 runs F0 twice"), std::string::npos) << error_of(dup);
+  Schedule missing = make_schedule("zb-h1", 2, 1, 2);
+  missing.stages[1].pop_back();
+  EXPECT_NE(error_of(missing).find("stage 1 never runs W1"), std::string::npos)
+      << error_of(missing);
+  Schedule range = make_schedule("1f1b", 2, 1, 2);
+  range.stages[0][0].chunk = 1;
+  EXPECT_NE(error_of(range).find("out-of-range action F0.1"), std::string::npos);
+  Schedule shape = make_schedule("1f1b", 2, 1, 2);
+  shape.stages.pop_back();
+  EXPECT_THROW(simulate(shape), trident::Error);
+}
+
+TEST(Schedule, GeneratorsRejectUnsupportedShapes) {
   EXPECT_THROW(make_schedule("nope", 1, 1, 1), trident::Error);
+  try {
+    make_schedule("interleaved-1f1b", 4, 2, 6);
+    ADD_FAILURE() << "accepted m % pp != 0";
+  } catch (const trident::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("divisible by pp"), std::string::npos) << e.what();
+  }
+  for (const char* name : {"naive", "gpipe", "1f1b", "zb-h1"})
+    EXPECT_THROW(make_schedule(name, 2, 2, 4), trident::Error) << name;
+  EXPECT_THROW(make_schedule("1f1b", 0, 1, 4), trident::Error);
+}
+
+TEST(Schedule, CommunicationCostDelaysOnlyCrossRankDependencies) {
+  Costs c;
+  c.comm = 1;
+  // One rank, two chunks: the chunk 0 -> chunk 1 handoff stays on the rank, no latency.
+  EXPECT_EQ(simulate(make_schedule("looped-bfs", 1, 2, 2), c).makespan, 12);
+  // GPipe: the first microbatch's 2(p-1) hops are on the critical path, the rest overlap.
+  EXPECT_EQ(simulate(make_schedule("gpipe", 4, 1, 8), c).makespan, 3 * (8 + 3) + 2 * 3);
+  // Naive: every microbatch pays all 2(p-1) hops.
+  EXPECT_EQ(simulate(make_schedule("naive", 4, 1, 8), c).makespan, 8 * (3 * 4 + 2 * 3));
+}
+
+TEST(Schedule, TimelineHasARowPerStageAndAColumnPerSlot) {
+  auto s = make_schedule("1f1b", 2, 1, 2);
+  auto sim = simulate(s);
+  EXPECT_EQ(format_timeline(s, sim),
+            "slot    | 0  1  2  3  4  5  6  7  8\n"
+            "stage 0 | F0 F1       B0 B0    B1 B1\n"
+            "stage 1 |    F0 B0 B0 F1 B1 B1\n");
+  auto z = make_schedule("interleaved-1f1b", 1, 2, 1);
+  EXPECT_NE(format_timeline(z, simulate(z)).find("F0.1"), std::string::npos);
 }
