@@ -100,6 +100,7 @@ std::string write_checkpoint(const std::string& checkpoint_dir, MPI_Comm comm,
   const std::string path = checkpoint_path(checkpoint_dir, state.step);
   const std::string tmp = path + ".tmp";
   h5::make_parent_dir(path, comm);
+  h5::check_room(path, tensor_file_bytes(cfg, 3) + std::int64_t(state.config.size()), comm);
   {
     h5::File f = create_output(tmp, comm);
     write_format(f, kCheckpointFormat);

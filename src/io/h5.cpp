@@ -2,12 +2,17 @@
 #include "trident/io/h5.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
 #include "trident/core/error.hpp"
+#include "trident/parallel/agree.hpp"
 
 namespace fs = std::filesystem;
 
@@ -147,7 +152,9 @@ void write_numeric(hid_t obj, const std::string& name, hid_t file_type, hid_t me
   check(H5Awrite(a, mem_type, v), obj, "cannot write attribute '" + name + "'");
 }
 
-// Broadcasts rank 0's error message (empty: none) and throws it on every rank.
+// Broadcasts rank 0's error message (empty: none) and throws it on every rank. Over the
+// whole world it is an AgreedError: rank 0 alone prints it and every rank exits cleanly
+// (a plain Error would make each rank print it and abort the job).
 void agree_on_error(std::string err, MPI_Comm comm) {
   if (comm != MPI_COMM_NULL) {
     int n = int(err.size());
@@ -155,7 +162,37 @@ void agree_on_error(std::string err, MPI_Comm comm) {
     err.resize(std::size_t(n));
     if (n > 0) MPI_Bcast(err.data(), n, MPI_CHAR, 0, comm);
   }
-  if (!err.empty()) throw Error(err);
+  if (err.empty()) return;
+  int same = MPI_UNEQUAL;
+  if (comm != MPI_COMM_NULL) MPI_Comm_compare(comm, MPI_COMM_WORLD, &same);
+  if (same == MPI_IDENT || same == MPI_CONGRUENT) throw parallel::AgreedError(err);
+  throw Error(err);
+}
+
+// Collective over comm (MPI_COMM_NULL: this process alone): every rank passes its error
+// ("" when it has none); if any rank has one, every rank throws the lowest failing rank's.
+// A failure that HDF5 reports on some ranks only (a full disk fails the MPI-IO aggregators'
+// writes) would otherwise leave the others waiting in the next collective call.
+void agree_on_errors(const std::string& err, MPI_Comm comm) {
+  if (comm == MPI_COMM_NULL) {
+    if (!err.empty()) throw Error(err);
+    return;
+  }
+  int rank = 0, first = INT_MAX;
+  MPI_Comm_rank(comm, &rank);
+  if (!err.empty()) first = rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return;
+  std::string msg = rank == first ? err : std::string();
+  int n = int(msg.size());
+  MPI_Bcast(&n, 1, MPI_INT, first, comm);
+  msg.resize(std::size_t(n));
+  MPI_Bcast(msg.data(), n, MPI_CHAR, first, comm);
+  if (first != 0) msg = "[rank " + std::to_string(first) + "] " + msg;
+  int same = MPI_UNEQUAL;
+  MPI_Comm_compare(comm, MPI_COMM_WORLD, &same);
+  if (same == MPI_IDENT || same == MPI_CONGRUENT) throw parallel::AgreedError(msg);
+  throw Error(msg);
 }
 
 // fsync(2) of a file or directory; best effort (some file systems refuse directories).
@@ -193,16 +230,20 @@ herr_t Hid::close() {
 void File::flush() {
   if (!valid()) return;
   quiet();
+  std::string err;
   if (H5Fflush(id(), H5F_SCOPE_GLOBAL) < 0)
-    fail(path_, ": cannot flush the HDF5 file (disk full?)", hdf5_detail());
+    err = str(path_, ": cannot flush the HDF5 file (disk full?)", hdf5_detail());
+  agree_on_errors(err, comm_);
 }
 
 void File::close() {
   if (!valid()) return;
   quiet();
+  std::string err;
   if (id_.close() < 0)
-    fail(path_, ": cannot close the HDF5 file (disk full, or objects still open?)",
-         hdf5_detail());
+    err = str(path_, ": cannot close the HDF5 file (disk full, or objects still open?)",
+              hdf5_detail());
+  agree_on_errors(err, comm_);
 }
 
 File open_file(const std::string& path, Mode mode, bool file_locking) {
@@ -437,6 +478,34 @@ void make_parent_dir(const std::string& path, MPI_Comm comm) {
     if (ec) err = str(parent.string(), ": cannot create the directory: ", ec.message());
   }
   agree_on_error(err, comm);  // also the barrier: nobody opens before the directory exists
+}
+
+void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm) {
+  auto human = [](double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    for (; b >= 1024 && u < 4; ++u) b /= 1024;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+    return std::string(buf);
+  };
+  std::string err;
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      rlim_t(bytes) > limit.rlim_cur)
+    err = str(path, ": needs about ", human(double(bytes)), ", more than the file size limit of ",
+              human(double(limit.rlim_cur)), " (ulimit -f)");
+  if (err.empty() && rank_of(comm) == 0) {
+    fs::path dir = fs::path(path).parent_path();
+    struct statvfs st;
+    if (statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0) {
+      const double avail = double(st.f_bavail) * double(st.f_frsize);
+      if (avail < double(bytes))
+        err = str(path, ": needs about ", human(double(bytes)), ", but its file system has ",
+                  human(avail), " free (disk full?)");
+    }
+  }
+  agree_on_errors(err, comm);
 }
 
 void commit_file(const std::string& tmp_path, const std::string& final_path, MPI_Comm comm) {

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "trident/core/error.hpp"
+#include "trident/parallel/agree.hpp"
 
 namespace trident::io {
 
@@ -142,8 +143,18 @@ void transfer(const h5::File& file, hid_t ds, const ShardSpec* s, float* shard, 
   }
   herr_t st = write ? H5Dwrite(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf)
                     : H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf);
-  if (st < 0)
-    fail(file.path(), ": cannot ", write ? "write" : "read", " dataset ", h5::object_name(ds));
+  auto check = [&] {
+    if (st < 0)
+      fail(file.path(), ": cannot ", write ? "write" : "read", " dataset ", h5::object_name(ds),
+           write ? " (disk full?)" : "");
+  };
+  // A collective transfer can fail on some ranks only (a full disk fails the MPI-IO
+  // aggregators' writes): every rank fails here, or the others would wait forever in the
+  // next collective call while this one unwinds.
+  if (file.parallel())
+    parallel::agree(file.comm(), check);
+  else
+    check();
 }
 
 void allreduce_sums(const h5::File& file, std::vector<std::uint64_t>& sums,
@@ -158,6 +169,12 @@ void allreduce_sums(const h5::File& file, std::vector<std::uint64_t>& sums,
 
 std::vector<ShardSpec> all_tensor_specs(const model::ModelConfig& cfg) {
   return model::gpt_param_specs(cfg, model::StageLayout{0, cfg.n_layer, true, true}, 0, 1);
+}
+
+std::int64_t tensor_file_bytes(const model::ModelConfig& cfg, int groups) {
+  std::int64_t bytes = 64 << 10;  // the superblock, root attributes, the deck's text
+  for (const auto& t : all_tensor_specs(cfg)) bytes += groups * (t.numel() * 4 + 1024);
+  return bytes;
 }
 
 std::uint64_t tensor_checksum(const float* data, std::int64_t n) {
@@ -257,6 +274,7 @@ void write_tensor_file(const std::string& path, MPI_Comm comm, const char* forma
                        const std::function<void(const h5::File&)>& extra_attrs) {
   const std::string tmp = path + ".tmp";
   h5::make_parent_dir(path, comm);
+  h5::check_room(path, tensor_file_bytes(cfg, 1), comm);
   {
     h5::File f = create_output(tmp, comm);
     write_format(f, format);

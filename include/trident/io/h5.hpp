@@ -5,7 +5,7 @@
 //          file_name, object_name, shape_str, exists, create_group, open_group,
 //          open_dataset, create_dataset, dataset_shape, dataset_class, class_name,
 //          read_attr_int/_u64/_double/_string/_ints/_doubles, write_attr_* (same kinds),
-//          has_attr, commit_file
+//          has_attr, commit_file, make_parent_dir, check_room
 //
 // Every function here silences HDF5's own error-stack printing first (quiet()), so that a
 // user sees only our line, e.g. "run/ck.h5: missing dataset /model/wte".
@@ -167,5 +167,12 @@ void commit_file(const std::string& tmp_path, const std::string& final_path, MPI
 // Creates the parent directory of `path` (rank 0 of comm, then a barrier). comm may be
 // MPI_COMM_NULL.
 void make_parent_dir(const std::string& path, MPI_Comm comm);
+
+// Fails (the same Error on every rank of comm) when a file of about `bytes` cannot be
+// written at `path`: more than its file system has free (rank 0 asks), or more than a
+// rank's file size limit (ulimit -f). Writers of large parallel files call it before
+// creating them: parallel HDF5 cannot close a file whose write failed on some ranks only
+// without hanging, so a full disk is caught here, while every rank can still fail cleanly.
+void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm);
 
 }  // namespace trident::io::h5

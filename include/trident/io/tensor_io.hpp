@@ -1,7 +1,7 @@
 // trident/io/tensor_io.hpp — the model's tensors in an HDF5 group, written and read by
 // ShardSpec: one float32 dataset per logical tensor with its full logical shape
 // (FORMAT.md, "Tensors in HDF5"), each rank transferring only its shard as a hyperslab.
-// defines: trident::io::all_tensor_specs, write_tensors, read_tensors,
+// defines: trident::io::all_tensor_specs, tensor_file_bytes, write_tensors, read_tensors,
 //          tensor_checksum
 //
 // Parallel protocol (every rank of the file's communicator, same order):
@@ -39,6 +39,10 @@ namespace trident::io {
 // Every logical tensor of the model, in file order (what every rank creates and visits):
 // gpt_param_specs(cfg, {0, n_layer, true, true}, 0, 1).
 std::vector<model::ShardSpec> all_tensor_specs(const model::ModelConfig& cfg);
+
+// About the size of a file holding `groups` copies of the model's tensors (a little more,
+// never less): what h5::check_room is asked for before such a file is written.
+std::int64_t tensor_file_bytes(const model::ModelConfig& cfg, int groups);
 
 // Creates every tensor of cfg's model under `group` (float32, logical shape) and writes
 // this rank's shards from `flat` (specs[i].offset indexes it), with a `checksum` attribute
