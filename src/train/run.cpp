@@ -4,7 +4,9 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "trident/io/weights.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/data_loader.hpp"
+#include "trident/train/signals.hpp"
 
 namespace trident::train {
 
@@ -73,6 +76,7 @@ std::optional<std::string> resume_path(const Config& cfg, const parallel::Parall
 }  // namespace
 
 void run_training(Trainer& tr) {
+  const StopSignals stop;  // SIGUSR1/SIGTERM: checkpoint the current step, return (exit 0)
   const Config& cfg = tr.config();
   parallel::ParallelState& ps = tr.state();
   model::GptChunk& model = tr.model();
@@ -93,13 +97,6 @@ void run_training(Trainer& tr) {
       std::error_code ec;
       fs::create_directories(cfg.io.out_dir, ec);
       TRIDENT_CHECK(!ec, "io.out_dir: cannot create '", cfg.io.out_dir, "': ", ec.message());
-      const std::string tmp = cfg.io.out_dir + "/config.toml.tmp";
-      std::ofstream f(tmp);
-      f << to_toml(cfg);
-      f.close();
-      TRIDENT_CHECK(f.good(), "io.out_dir: cannot write '", tmp, "'");
-      fs::rename(tmp, cfg.io.out_dir + "/config.toml", ec);
-      TRIDENT_CHECK(!ec, "io.out_dir: cannot write config.toml: ", ec.message());
     }
   });
 
@@ -122,6 +119,19 @@ void run_training(Trainer& tr) {
     } else {
       model.init_weights(std::uint64_t(cfg.train.seed));
     }
+  });
+  // The resolved deck, once the weights it describes are known to load: a deck that is
+  // refused leaves the out_dir's config.toml (that of its checkpoints) as it was.
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    if (ps.world_rank != 0) return;
+    const std::string tmp = cfg.io.out_dir + "/config.toml.tmp";
+    std::ofstream f(tmp);
+    f << to_toml(cfg);
+    f.close();
+    TRIDENT_CHECK(f.good(), "io.out_dir: cannot write '", tmp, "': ", std::strerror(errno));
+    std::error_code ec;
+    fs::rename(tmp, cfg.io.out_dir + "/config.toml", ec);
+    TRIDENT_CHECK(!ec, "io.out_dir: cannot write config.toml: ", ec.message());
   });
   if (resume) log::info("resuming from ", *resume, " at step ", start);
   if (start >= cfg.train.steps) {
@@ -195,7 +205,15 @@ void run_training(Trainer& tr) {
     const bool last = step == cfg.train.steps;
     if (valid_data && cfg.train.eval_every > 0 && (step % cfg.train.eval_every == 0 || last))
       evaluate(step);
-    if (last || (cfg.io.checkpoint_every > 0 && step % cfg.io.checkpoint_every == 0)) save(step);
+    const bool due = last || (cfg.io.checkpoint_every > 0 && step % cfg.io.checkpoint_every == 0);
+    if (due) save(step);
+    // A stop signal on any rank (signals.hpp): every rank checkpoints this step and returns.
+    if (const int sig = last ? 0 : stop.agree(MPI_COMM_WORLD)) {
+      if (!due) save(step);
+      log::info(StopSignals::name(sig), ": stopped after step ", step, " of ", cfg.train.steps,
+                " with its checkpoint; run again (io.resume = \"auto\") to continue");
+      return;
+    }
   }
 }
 

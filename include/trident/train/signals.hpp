@@ -1,0 +1,33 @@
+// trident/train/signals.hpp — a graceful stop on SIGUSR1 or SIGTERM: the handler only sets
+// a flag; at each step boundary every rank reduces the flags over the world
+// (MPI_Allreduce MAX), so all ranks stop after the same step, write a checkpoint of it
+// and return normally (exit 0). Slurm's `--signal=B:USR1@<s>`, `scancel --signal=USR1`,
+// a preempting scheduler's SIGTERM and Open MPI's mpirun (which forwards SIGUSR1 and
+// SIGTERM to its ranks) all arrive this way; see jobscripts/.
+// defines: trident::train::StopSignals
+#pragma once
+
+#include <mpi.h>
+
+namespace trident::train {
+
+class StopSignals {
+ public:
+  // Installs the handlers for SIGUSR1 and SIGTERM (and clears any earlier request); the
+  // destructor puts back the handlers that were there before.
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // The signal received on this rank since the handlers were installed (0: none).
+  // Not collective.
+  static int pending();
+  // Collective over comm: the largest signal number any rank has received (0: none), the
+  // same answer on every rank. One MPI_Allreduce of one int.
+  int agree(MPI_Comm comm) const;
+
+  static const char* name(int sig);  // "SIGTERM", "SIGUSR1", else "signal"
+};
+
+}  // namespace trident::train

@@ -1,0 +1,1012 @@
+#!/usr/bin/python3
+"""faults.bad_input: a matrix of bad input over every entry point of trident: the deck
+(syntax, unknown keys, types, ranges, every divisibility rule of every parallel
+dimension), the command line, every HDF5 file the program reads (data.train, data.valid,
+io.init_weights, io.resume, the batch file of `grad`, `sample --checkpoint`), the world
+size against the deck, and the environment (unwritable out_dir, a full disk).
+
+Each case runs trident once, directly (one rank) or under `mpirun -np N`, in its own fresh
+folder `$TRIDENT_TEST_OUT/faults.bad_input/<case>/`, whose `run/` (the decks' io.out_dir)
+already holds a sentinel from an earlier run (metrics.h5, config.toml and a checkpoint).
+A case passes when:
+  - the exit status is non-zero (and not a signal),
+  - exactly one line of stdout + stderr starts with `trident: error:`, and it names every
+    needle of the case (the key or file, and what was expected; case-insensitive),
+  - a one-rank run writes nothing else to stderr; under mpirun no other line starts with
+    `trident:` (mpirun's own banners are allowed),
+  - every process of the case (mpirun and all ranks, found by an environment marker) is gone
+    within CASE_TIMEOUT_S seconds of the start (else they are killed and the case fails),
+  - every file that existed in `run/` before is byte-for-byte the same after (the cases
+    that legitimately append to metrics.h5 check that its earlier rows survive instead).
+Prints a table (case, ranks, ok/FAIL, seconds, error line) and exits 1 if any case failed.
+
+Usage: TRIDENT=build/trident TRIDENT_TEST_OUT=/tmp/out test/faults/bad_input_matrix.py [CASE...]
+       (a CASE ending in '*' selects by prefix; --list prints the case names)
+defines: CASES, Ctx, run_case, main
+"""
+
+import hashlib
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+TEST = "faults.bad_input"
+CASE_TIMEOUT_S = 10
+PREFIX = "trident: error:"
+
+# A model small enough that anything that gets as far as computing finishes at once; 2
+# layers and 2 heads leave room for pp = 2 and tp = 2; 4 sequences for dp up to 4.
+TINY = dict(vocab_size=16, seq_len=8, n_layer=2, n_head=2, d_model=8)
+BASE_DECK = {
+    "model": dict(TINY),
+    "parallel": {"micro_batch_size": 1},
+    "train": {"steps": 1, "warmup_steps": 0, "global_batch_size": 4},
+    "data": {"train": "tokens.h5"},
+    "io": {"out_dir": "run", "resume": "none"},
+}
+SENTINEL_STEP = 2
+SENTINEL_CKPT = f"checkpoints/step-{SENTINEL_STEP:08d}.h5"
+
+
+class Raw(str):
+    """A TOML value written as is (nan, arrays, inline tables...)."""
+
+
+def toml_value(v):
+    if isinstance(v, Raw):
+        return str(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(v)
+
+
+def render_deck(overrides=None):
+    """BASE_DECK with overrides {"section.key": value} (None removes the key) as TOML."""
+    deck = {s: dict(k) for s, k in BASE_DECK.items()}
+    for full, v in (overrides or {}).items():
+        section, key = full.split(".", 1)
+        deck.setdefault(section, {})
+        if v is None:
+            deck[section].pop(key, None)
+        else:
+            deck[section][key] = v
+    out = []
+    for section, keys in deck.items():
+        out.append(f"[{section}]")
+        out += [f"{k} = {toml_value(v)}" for k, v in keys.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+# --- files ----------------------------------------------------------------------------------
+
+def write_tokens(path, ids=None, vocab_size=16, dtype=np.uint16, tokenizer="byte", attrs=None):
+    """A token dataset (FORMAT.md); `attrs` replaces or (None) removes root attributes."""
+    if ids is None:
+        ids = np.arange(512) % vocab_size
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tokens", data=np.asarray(ids).astype(dtype))
+        f.attrs["vocab_size"] = np.int64(vocab_size)
+        f.attrs["tokenizer"] = tokenizer
+        for k, v in (attrs or {}).items():
+            if v is None:
+                del f.attrs[k]
+            else:
+                f.attrs[k] = v
+    return os.path.basename(path)
+
+
+def truncate_file(path, keep=0.5):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(int(size * keep))
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def snapshot(root):
+    """{relative path: sha256} of every regular file under root."""
+    out = {}
+    if not os.path.isdir(root):
+        return out
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            if os.path.isfile(p) and not os.path.islink(p):
+                out[os.path.relpath(p, root)] = sha256(p)
+    return out
+
+
+class Ctx:
+    """What a case's setup gets: its folder, the fixtures, and helpers that write files."""
+
+    def __init__(self, d, fixtures):
+        self.d = d
+        self.fixtures = fixtures
+        self.env = {}            # extra environment for the run
+        self.preexec = None      # run in the child before exec (limits, user)
+        self.cleanups = []       # called after the run, whatever happened (unmount...)
+        self.out_dir = os.path.join(d, "run")
+        self.mutable = set()     # sentinel files the case may legitimately change
+        self.after = None        # extra check after the run: returns a problem or None
+        self.wrapper = []        # runs each rank as wrapper + [trident, ...]
+
+    def path(self, name):
+        return os.path.join(self.d, name)
+
+    def deck(self, overrides=None, name="deck.toml"):
+        with open(self.path(name), "w") as f:
+            f.write(render_deck(overrides))
+        return name
+
+    def text(self, name, content):
+        with open(self.path(name), "wb" if isinstance(content, bytes) else "w") as f:
+            f.write(content)
+        return name
+
+    def copy(self, fixture, name=None):
+        name = name or fixture
+        shutil.copyfile(os.path.join(self.fixtures, fixture), self.path(name))
+        return name
+
+    def h5_edit(self, fixture, name, fn):
+        """Copies a fixture and lets fn(h5py.File) change it in place."""
+        self.copy(fixture, name)
+        with h5py.File(self.path(name), "r+") as f:
+            fn(f)
+        return name
+
+    def train(self, overrides=None, name="deck.toml"):
+        """argv of `train` on the tiny deck with overrides (the usual case)."""
+        return ["train", self.deck(overrides, name)]
+
+
+# --- the cases ------------------------------------------------------------------------------
+# Each: name, ranks (1: run directly; N: mpirun -np N), setup(ctx) -> argv after $TRIDENT,
+# needles the error line must contain.
+
+CASES = []
+
+
+def case(name, needles, np=1):
+    def register(fn):
+        CASES.append((name, np, fn, needles))
+        return fn
+    return register
+
+
+def deck_case(name, overrides, needles, np=1):
+    CASES.append((name, np, lambda c: c.train(overrides), needles))
+
+
+def raw_deck_case(name, text, needles, np=1):
+    def setup(c):
+        c.text("deck.toml", text)
+        return ["train", "deck.toml"]
+    CASES.append((name, np, setup, needles))
+
+
+# -- the command line (bad_input.py has: no deck, missing deck, --set syntax, --set unknown
+#    key, unknown subcommand) --
+
+@case("cli_missing_required_option", ["--out"])
+def _(c):
+    return ["grad", c.deck(), "--weights", c.copy("weights.h5"), "--batch", c.copy("batch.h5")]
+
+
+@case("cli_unknown_option", ["--frobnicate"])
+def _(c):
+    return ["train", c.deck(), "--frobnicate", "3"]
+
+
+@case("cli_option_not_a_number", ["--pp", "zero"])
+def _(c):
+    return ["schedule", "--schedule", "1f1b", "--pp", "zero", "--microbatches", "4"]
+
+
+@case("cli_option_not_positive", ["--tp", "0"])
+def _(c):
+    return ["grid", "--tp", "0", "--pp", "1", "--dp", "1"]
+
+
+@case("cli_step_steps_zero", ["--steps", "0"])
+def _(c):
+    return ["step", c.deck(), "--weights", c.copy("weights.h5"), "--batch", c.copy("batch.h5"),
+            "--steps", "0", "--out", "w2.h5"]
+
+
+@case("cli_unknown_schedule", ["2f2b"])
+def _(c):
+    return ["schedule", "--schedule", "2f2b", "--pp", "2", "--microbatches", "4"]
+
+
+@case("cli_bad_tokenizer", ["--tokenizer", "bpe"])
+def _(c):
+    return ["prepare-data", "--input", c.text("corpus.txt", "hello\n" * 50), "--output",
+            "out.h5", "--tokenizer", "bpe"]
+
+
+@case("cli_set_wrong_type", ["--set", "model.n_layer", "integer", "two"])
+def _(c):
+    return ["train", c.deck(), "--set", "model.n_layer=two"]
+
+
+@case("cli_set_out_of_range", ["--set", "parallel.micro_batch_size", ">= 1"])
+def _(c):
+    return ["train", c.deck(), "--set", "parallel.micro_batch_size=0"]
+
+
+@case("cli_deck_is_directory", ["somedir", "directory"])
+def _(c):
+    os.makedirs(c.path("somedir"))
+    return ["train", "somedir"]
+
+
+@case("prepare_data_input_missing", ["--input", "no_corpus.txt"])
+def _(c):
+    return ["prepare-data", "--input", "no_corpus.txt", "--output", "out.h5"]
+
+
+@case("prepare_data_input_empty", ["--input", "empty.txt", "empty"])
+def _(c):
+    return ["prepare-data", "--input", c.text("empty.txt", ""), "--output", "out.h5"]
+
+
+@case("prepare_data_byte_vocab_size", ["--vocab-size", "1000", "256"])
+def _(c):
+    return ["prepare-data", "--input", c.text("corpus.txt", "hello\n" * 50), "--output",
+            "out.h5", "--vocab-size", "1000"]
+
+
+@case("prepare_data_sentencepiece_no_vocab", ["--tokenizer sentencepiece", "--vocab-size"])
+def _(c):
+    return ["prepare-data", "--input", c.text("corpus.txt", "hello\n" * 50), "--output",
+            "out.h5", "--tokenizer", "sentencepiece"]
+
+
+@case("prepare_data_output_under_a_file", ["afile", "cannot create"])
+def _(c):
+    c.text("afile", "not a directory\n")
+    return ["prepare-data", "--input", c.text("corpus.txt", "hello\n" * 50), "--output",
+            "afile/out.h5"]
+
+
+@case("prepare_data_under_mpirun", ["prepare-data", "one process"], np=2)
+def _(c):
+    return ["prepare-data", "--input", c.text("corpus.txt", "hello\n" * 50), "--output", "out.h5"]
+
+
+@case("sample_checkpoint_not_trident", ["tokens.h5", "format"])
+def _(c):
+    return ["sample", "--checkpoint", c.copy("tokens.h5"), "--tokens", "4"]
+
+
+@case("sample_checkpoint_missing", ["no_ckpt.h5"])
+def _(c):
+    return ["sample", "--checkpoint", "no_ckpt.h5", "--tokens", "4"]
+
+
+# -- deck syntax and keys (bad_input.py has: `= =`, runtime.threds) --
+
+raw_deck_case("toml_duplicate_key", "[model]\nn_layer = 2\nn_layer = 3\n", ["deck.toml:3:", "n_layer"])
+raw_deck_case("toml_unterminated_string", '[parallel]\nschedule = "1f1b\n', ["deck.toml:2:"])
+raw_deck_case("toml_unclosed_table_header", "[model\nn_layer = 2\n", ["deck.toml:1:"])
+raw_deck_case("toml_not_utf8", b'[model]\nn_layer = 2\n[io]\nout_dir = "r\xff\xfe"\n', ["deck.toml:4:"])
+raw_deck_case("unknown_section", "[modle]\nn_layer = 2\n", ["deck.toml:1:", "[modle]", "[model]"])
+raw_deck_case("key_outside_section", "n_layer = 2\n[model]\nd_model = 8\n",
+              ["deck.toml:1:", "n_layer", "outside any section", "model.n_layer"])
+raw_deck_case("key_in_wrong_section", "[train]\ntp = 2\n", ["deck.toml:2:", "train.tp", "parallel.tp"])
+raw_deck_case("section_is_a_value", "model = 3\n", ["deck.toml:1:", "model", "table"])
+raw_deck_case("key_is_a_table", "[model.n_layer]\nx = 1\n", ["deck.toml", "model.n_layer", "integer"])
+raw_deck_case("deck_empty", "", ["deck.toml", "model.vocab_size", "data.train"])
+
+# -- types (bad_input.py has: a string for model.n_layer) --
+
+deck_case("type_bool_for_int", {"parallel.tp": True}, ["deck.toml:", "parallel.tp", "integer", "boolean"])
+deck_case("type_float_for_int", {"model.n_layer": 2.5}, ["deck.toml:", "model.n_layer", "integer", "float"])
+deck_case("type_string_for_float", {"train.lr": "fast"}, ["deck.toml:", "train.lr", "number", "string"])
+deck_case("type_int_for_string", {"parallel.schedule": 3}, ["deck.toml:", "parallel.schedule", "string", "integer"])
+deck_case("type_int_for_bool", {"parallel.sequence_parallel": 1},
+          ["deck.toml:", "parallel.sequence_parallel", "boolean", "integer"])
+deck_case("type_array_for_int", {"model.d_model": Raw("[8]")}, ["deck.toml:", "model.d_model", "array"])
+deck_case("int_overflow", {"model.n_layer": 99999999999}, ["deck.toml:", "model.n_layer", "out of range"])
+
+# -- ranges and enums, one key each (bad_input.py has: train.lr < 0, bf16 on cpu,
+#    parallel.schedule) --
+
+for _key, _value, _rule in [
+    ("model.vocab_size", -1, ">= 0"),
+    ("model.seq_len", 0, ">= 1"),
+    ("model.n_layer", 0, ">= 1"),
+    ("model.n_head", 0, ">= 1"),
+    ("model.d_model", -8, ">= 1"),
+    ("parallel.tp", 0, ">= 1"),
+    ("parallel.pp", 0, ">= 1"),
+    ("parallel.dp", -1, ">= 0"),
+    ("parallel.vpp", 0, ">= 1"),
+    ("parallel.micro_batch_size", 0, ">= 1"),
+    ("parallel.zero_stage", 2, "0 or 1"),
+    ("parallel.recompute", "some", "none or full"),
+    ("train.steps", 0, ">= 1"),
+    ("train.global_batch_size", 0, ">= 1"),
+    ("train.lr", Raw("nan"), "finite"),
+    ("train.lr", Raw("inf"), "finite"),
+    ("train.min_lr", -1e-5, ">= 0"),
+    ("train.warmup_steps", -1, ">= 0"),
+    ("train.weight_decay", -0.1, ">= 0"),
+    ("train.beta1", 1.0, "[0, 1)"),
+    ("train.beta2", -0.5, "[0, 1)"),
+    ("train.eps", 0.0, "> 0"),
+    ("train.grad_clip", -1.0, ">= 0"),
+    ("train.seed", -1, ">= 0"),
+    ("train.eval_every", -1, ">= 0"),
+    ("train.eval_batches", 0, ">= 1"),
+    ("io.out_dir", "", "a directory"),
+    ("io.checkpoint_every", -1, ">= 0"),
+    ("io.keep_checkpoints", -1, ">= 0"),
+    ("io.resume", "", "auto"),
+    ("runtime.device", "tpu", "cpu or cuda"),
+    ("runtime.precision", "fp8", "fp32, tf32 or bf16"),
+    ("runtime.threads", -2, ">= 0"),
+]:
+    _label = str(_value).replace("-", "neg").replace(".", "p").replace('"', "") or "empty"
+    deck_case(f"range_{_key.replace('.', '_')}_{_label}", {_key: _value},
+              ["deck.toml:", _key, _rule])
+
+deck_case("rule_min_lr_above_lr", {"train.lr": 1e-4, "train.min_lr": 1e-3},
+          ["deck.toml:", "train.min_lr", "train.lr"])
+deck_case("rule_warmup_above_steps", {"train.warmup_steps": 5, "train.steps": 2},
+          ["deck.toml:", "train.warmup_steps", "train.steps"])
+deck_case("rule_tf32_on_cpu", {"runtime.precision": "tf32"},
+          ["deck.toml:", "runtime.precision", "runtime.device", "cuda"])
+deck_case("rule_vpp_needs_interleaved_schedule", {"parallel.vpp": 2},
+          ["deck.toml:", "parallel.vpp", "parallel.schedule", "interleaved-1f1b"])
+
+# -- divisibility of every parallel dimension, and the world size against the deck
+#    (bad_input.py has: global_batch_size % micro_batch_size, d_model % n_head) --
+
+deck_case("div_n_head_by_tp", {"parallel.tp": 4}, ["deck.toml:", "model.n_head = 2", "parallel.tp = 4"], np=4)
+deck_case("div_n_layer_by_pp", {"model.n_layer": 3, "parallel.pp": 2},
+          ["deck.toml:", "model.n_layer = 3", "parallel.pp"], np=2)
+deck_case("div_n_layer_by_pp_vpp", {"parallel.pp": 2, "parallel.vpp": 2,
+                                    "parallel.schedule": "interleaved-1f1b"},
+          ["deck.toml:", "model.n_layer = 2", "parallel.pp * parallel.vpp"], np=2)
+deck_case("div_seq_len_by_tp_sequence_parallel", {"model.seq_len": 9, "parallel.tp": 2,
+                                                  "parallel.sequence_parallel": True},
+          ["deck.toml:", "model.seq_len = 9", "parallel.tp = 2"], np=2)
+deck_case("div_gbs_by_mbs_dp_auto", {"parallel.micro_batch_size": 2},
+          ["deck.toml", "train.global_batch_size = 4", "parallel.micro_batch_size * parallel.dp",
+           "2 * 4"], np=4)
+deck_case("div_gbs_by_mbs_dp_explicit", {"parallel.dp": 2, "train.global_batch_size": 3},
+          ["deck.toml", "train.global_batch_size = 3", "parallel.dp", "1 * 2"], np=2)
+deck_case("world_not_divisible_by_tp_pp", {"parallel.tp": 2},
+          ["deck.toml", "parallel.tp * parallel.pp", "world size 3"], np=3)
+deck_case("world_smaller_than_tp", {"parallel.tp": 2},
+          ["deck.toml", "parallel.tp * parallel.pp", "world size 1"], np=1)
+deck_case("world_vs_tp_pp_dp", {"parallel.tp": 2, "parallel.dp": 2},
+          ["deck.toml", "parallel.tp * parallel.pp * parallel.dp", "4 ranks", "world has 2"], np=2)
+deck_case("world_vs_dp", {"parallel.dp": 4}, ["deck.toml", "4 ranks", "world has 2"], np=2)
+deck_case("div_n_layer_by_pp_larger", {"parallel.pp": 4},
+          ["deck.toml:", "model.n_layer = 2", "parallel.pp * parallel.vpp = 4 * 1"], np=4)
+deck_case("world_not_divisible_by_pp", {"parallel.pp": 2},
+          ["deck.toml", "parallel.tp * parallel.pp = 1 * 2", "world size 3"], np=3)
+deck_case("world_vs_pp_dp", {"parallel.pp": 2, "parallel.dp": 2},
+          ["deck.toml", "1 * 2 * 2 = 4 ranks", "world has 2"], np=2)
+# Dimensions still to come are refused cleanly, after the rules above (when one lands, its
+# case here goes: its bad-input rules are the div_ cases).
+deck_case("refused_vpp", {"model.n_layer": 4, "parallel.pp": 2, "parallel.vpp": 2,
+                          "parallel.schedule": "interleaved-1f1b"},
+          ["deck.toml", "parallel.vpp = 2", "not available"], np=2)
+deck_case("refused_zero_stage_1", {"parallel.zero_stage": 1},
+          ["deck.toml", "parallel.zero_stage = 1", "not available"], np=2)
+deck_case("vocab_smaller_than_dataset", {"model.vocab_size": 8},
+          ["tokens.h5", "vocab_size = 16", "model.vocab_size = 8", "data.train"], np=2)
+deck_case("vocab_from_empty_data_train", {"model.vocab_size": 0, "data.train": ""},
+          ["deck.toml", "model.vocab_size = 0", "data.train"])
+deck_case("data_train_empty", {"data.train": ""}, ["deck.toml", "data.train", "empty"])
+
+
+# -- token datasets: data.train and data.valid (bad_input.py has: train missing, train not
+#    HDF5, an id >= vocab_size in train) --
+
+def tokens_case(name, needles, np=1, key="data.train", **kw):
+    def setup(c):
+        c.copy("tokens.h5")
+        write_tokens(c.path("bad_tokens.h5"), **kw)
+        return c.train({key: "bad_tokens.h5"})
+    CASES.append((name, np, setup, needles))
+
+
+tokens_case("tokens_id_negative", ["bad_tokens.h5", "/tokens[3] = -2", "[0, vocab_size = 16)"],
+            ids=[1, 2, 3, -2] + [0] * 60, dtype=np.int32)
+tokens_case("tokens_id_beyond_int32", ["bad_tokens.h5", "/tokens[1]", "vocab_size = 16"],
+            ids=[1, 2 ** 40] + [0] * 60, dtype=np.int64)
+tokens_case("tokens_float", ["bad_tokens.h5", "/tokens", "float", "integer"], dtype=np.float32)
+tokens_case("tokens_2d", ["bad_tokens.h5", "/tokens", "[32, 16]", "1-D"],
+            ids=(np.arange(512) % 16).reshape(32, 16))
+tokens_case("tokens_empty", ["bad_tokens.h5", "/tokens", "empty"], ids=np.zeros(0), np=2)
+tokens_case("tokens_fewer_than_seq_len", ["bad_tokens.h5", "5 tokens", "model.seq_len = 8", "9"],
+            ids=[1, 2, 3, 4, 5])
+tokens_case("tokens_vocab_attr_missing", ["bad_tokens.h5", "vocab_size", "missing"],
+            attrs={"vocab_size": None})
+tokens_case("tokens_vocab_attr_string", ["bad_tokens.h5", "vocab_size", "string", "integer"],
+            attrs={"vocab_size": "sixteen"})
+tokens_case("tokens_vocab_attr_zero", ["bad_tokens.h5", "vocab_size = 0", "positive"],
+            attrs={"vocab_size": np.int64(0)})
+tokens_case("tokens_tokenizer_unknown", ["bad_tokens.h5", "tokenizer", "bpe", "byte"],
+            tokenizer="bpe")
+tokens_case("tokens_sentencepiece_without_model", ["bad_tokens.h5", "/tokenizer/model"],
+            tokenizer="sentencepiece")
+tokens_case("valid_id_out_of_range", ["bad_tokens.h5", "/tokens[0] = 20", "vocab_size = 16"],
+            key="data.valid", ids=[20] + [0] * 63, dtype=np.int32, np=2)
+tokens_case("valid_vocab_larger_than_deck", ["bad_tokens.h5", "vocab_size = 32",
+                                             "model.vocab_size = 16", "data.valid"],
+            key="data.valid", vocab_size=32)
+
+
+@case("tokens_missing_dataset", ["no_tokens.h5", "/tokens", "missing"])
+def _(c):
+    c.h5_edit("tokens.h5", "no_tokens.h5", lambda f: f.__delitem__("tokens"))
+    return c.train({"data.train": "no_tokens.h5"})
+
+
+@case("tokens_truncated", ["short.h5", "truncated"], np=2)
+def _(c):
+    c.copy("tokens.h5", "short.h5")
+    truncate_file(c.path("short.h5"))
+    return c.train({"data.train": "short.h5"})
+
+
+@case("tokens_is_directory", ["tokdir.h5", "directory"])
+def _(c):
+    os.makedirs(c.path("tokdir.h5"))
+    return c.train({"data.train": "tokdir.h5"})
+
+
+@case("valid_missing", ["no_valid.h5", "no such file"], np=2)
+def _(c):
+    return c.train({"data.train": c.copy("tokens.h5"), "data.valid": "no_valid.h5"})
+
+
+@case("valid_not_hdf5", ["valid.txt", "not an HDF5 file"])
+def _(c):
+    return c.train({"data.train": c.copy("tokens.h5"),
+                    "data.valid": c.text("valid.txt", "In the beginning\n" * 30)})
+
+
+# -- io.init_weights: a weights file (or a checkpoint) --
+
+def weights_case(name, needles, edit=None, np=2, fixture="weights.h5", raw=None, overrides=None):
+    def setup(c):
+        c.copy("tokens.h5")
+        if raw is not None:
+            raw(c)
+        elif edit is None:
+            pass
+        else:
+            c.h5_edit(fixture, "w.h5", edit)
+        return c.train({"io.init_weights": "w.h5", **(overrides or {})})
+    CASES.append((name, np, setup, needles))
+
+
+def _del_attr(name):
+    return lambda f: f.attrs.__delitem__(name)
+
+
+def _set_attr(name, value):
+    return lambda f: f.attrs.__setitem__(name, value)
+
+
+def _replace(name, data):
+    def edit(f):
+        del f[name]
+        f.create_dataset(name, data=data)
+    return edit
+
+
+def _poke(name):
+    def edit(f):
+        a = f[name][...]
+        a.flat[3] += 0.5
+        f[name][...] = a
+    return edit
+
+
+weights_case("weights_missing", ["w.h5", "no such file"], np=1)
+weights_case("weights_not_hdf5", ["w.h5", "not an HDF5 file"],
+             raw=lambda c: c.text("w.h5", "\x89HDF? no\n" * 100))
+weights_case("weights_no_format", ["w.h5", "format", "trident-weights"], _del_attr("format"), np=1)
+weights_case("weights_wrong_format", ["w.h5", 'format = "trident-grad"', "trident-weights"],
+             _set_attr("format", "trident-grad"))
+weights_case("weights_format_not_string", ["w.h5", "format", "integer", "string"],
+             _set_attr("format", np.int64(7)), np=1)
+weights_case("weights_wrong_version", ["w.h5", "format_version = 2", "expected 1"],
+             _set_attr("format_version", np.int64(2)))
+weights_case("weights_model_attr_mismatch", ["w.h5", "d_model = 16", "model.d_model = 8"],
+             _set_attr("d_model", np.int64(16)))
+weights_case("weights_model_attr_missing", ["w.h5", "n_head", "missing"], _del_attr("n_head"), np=1)
+weights_case("weights_wrong_shape", ["w.h5", "/model/wpe", "[9, 8]", "[8, 8]"],
+             _replace("model/wpe", np.zeros((9, 8), np.float32)))
+weights_case("weights_wrong_dtype", ["w.h5", "/model/ln_f.weight", "integer", "float32"],
+             _replace("model/ln_f.weight", np.ones(8, np.int32)))
+weights_case("weights_missing_tensor", ["w.h5", "/model/h.1.mlp.c_proj.bias", "missing"],
+             lambda f: f.__delitem__("model/h.1.mlp.c_proj.bias"))
+weights_case("weights_no_model_group", ["w.h5", "/model", "missing"],
+             lambda f: f.__delitem__("model"), np=1)
+weights_case("weights_checksum_mismatch", ["w.h5", "/model/wte", "checksum"], _poke("model/wte"),
+             overrides={"parallel.pp": 2})
+weights_case("weights_truncated", ["w.h5", "truncated"],
+             raw=lambda c: (c.copy("weights.h5", "w.h5"), truncate_file(c.path("w.h5"))))
+
+
+# -- io.resume: a checkpoint (bad_input.py has: a missing path) --
+
+def resume_case(name, needles, edit=None, np=2, overrides=None, raw=None, fixture="ckpt.h5"):
+    def setup(c):
+        c.copy("tokens.h5")
+        if raw is not None:
+            raw(c)
+        elif edit is not None:
+            c.h5_edit(fixture, "ck.h5", edit)
+        o = {"io.resume": "ck.h5"}
+        o.update(overrides or {})
+        return c.train(o)
+    CASES.append((name, np, setup, needles))
+
+
+resume_case("resume_not_hdf5", ["ck.h5", "not an HDF5 file"], raw=lambda c: c.text("ck.h5", "x" * 4096))
+resume_case("resume_is_weights_file", ["ck.h5", 'format = "trident-weights"', "trident-checkpoint"],
+            raw=lambda c: c.copy("weights.h5", "ck.h5"))
+resume_case("resume_wrong_version", ["ck.h5", "format_version = 3", "expected 1"],
+            _set_attr("format_version", np.int64(3)), np=1)
+resume_case("resume_step_negative", ["ck.h5", "step = -1", "non-negative"],
+            _set_attr("step", np.int64(-1)), np=1)
+resume_case("resume_config_missing", ["ck.h5", "config", "missing"], _del_attr("config"), np=1)
+resume_case("resume_seed_attr_float", ["ck.h5", "seed", "float", "integer"],
+            _set_attr("seed", 1234.0), np=1)
+resume_case("resume_optimizer_missing", ["ck.h5", "/optimizer/exp_avg_sq", "missing"],
+            lambda f: f.__delitem__("optimizer/exp_avg_sq"))
+resume_case("resume_optimizer_wrong_shape", ["ck.h5", "/optimizer/exp_avg/wte", "[16, 4]", "[16, 8]"],
+            _replace("optimizer/exp_avg/wte", np.zeros((16, 4), np.float32)),
+            overrides={"parallel.pp": 2})
+resume_case("resume_checksum_mismatch", ["ck.h5", "/optimizer/exp_avg_sq/h.0.attn.c_attn.weight",
+                                         "checksum"],
+            _poke("optimizer/exp_avg_sq/h.0.attn.c_attn.weight"), np=4,
+            overrides={"parallel.tp": 2})
+resume_case("resume_truncated", ["ck.h5", "truncated"],
+            raw=lambda c: (c.copy("ckpt.h5", "ck.h5"), truncate_file(c.path("ck.h5"), 0.7)))
+resume_case("resume_is_directory", ["ckdir", "directory"],
+            raw=lambda c: os.makedirs(c.path("ckdir")), overrides={"io.resume": "ckdir"}, np=1)
+# io.resume = "auto" finds the sentinel checkpoint in run/checkpoints: a deck that does not
+# match it is refused, never silently started afresh over it.
+deck_case("resume_auto_seed_mismatch", {"io.resume": "auto", "train.seed": 99, "train.steps": 3},
+          [SENTINEL_CKPT, "seed 1234", "train.seed = 99"], np=2)
+deck_case("resume_auto_model_mismatch", {"io.resume": "auto", "model.n_head": 4,
+                                          "train.steps": 3},
+          [SENTINEL_CKPT, "n_head = 2", "model.n_head = 4"], np=2)
+deck_case("resume_auto_shape_mismatch", {"io.resume": "auto", "model.d_model": 16,
+                                          "model.n_head": 2, "train.steps": 3},
+          [SENTINEL_CKPT, "d_model = 8", "model.d_model = 16"])
+
+
+# -- the batch file of `trident grad` (bad_input.py has: no /targets; a weights shape) --
+
+def grad_case(name, needles, batch_fn, np=1):
+    def setup(c):
+        with h5py.File(c.path("b.h5"), "w") as f:
+            batch_fn(f)
+        return ["grad", c.deck(), "--weights", c.copy("weights.h5"), "--batch", "b.h5",
+                "--out", "g.h5"]
+    CASES.append((name, np, setup, needles))
+
+
+_ids = (np.arange(4 * 9) % 16).reshape(4, 9).astype(np.int32)
+grad_case("batch_id_out_of_range", ["b.h5", "/targets[1, 2] = 99", "model.vocab_size = 16"],
+          lambda f: (f.create_dataset("inputs", data=_ids[:, :-1]),
+                     f.create_dataset("targets", data=np.where(np.arange(32).reshape(4, 8) == 10,
+                                                               99, _ids[:, 1:]))))
+grad_case("batch_seq_len_mismatch", ["b.h5", "7 tokens", "model.seq_len = 8"],
+          lambda f: (f.create_dataset("inputs", data=_ids[:, :7]),
+                     f.create_dataset("targets", data=_ids[:, 1:8])))
+grad_case("batch_shapes_differ", ["b.h5", "/inputs", "[4, 8]", "/targets", "[3, 8]"],
+          lambda f: (f.create_dataset("inputs", data=_ids[:, :-1]),
+                     f.create_dataset("targets", data=_ids[:3, 1:])))
+grad_case("batch_float_ids", ["b.h5", "/inputs", "float", "int32"],
+          lambda f: (f.create_dataset("inputs", data=_ids[:, :-1].astype(np.float32)),
+                     f.create_dataset("targets", data=_ids[:, 1:])))
+grad_case("batch_not_divisible_over_dp", ["b.h5", "3 sequences", "micro_batch_size = 1",
+                                          "dp = 2"],
+          lambda f: (f.create_dataset("inputs", data=_ids[:3, :-1]),
+                     f.create_dataset("targets", data=_ids[:3, 1:])), np=2)
+
+
+# -- the environment --
+
+@case("env_out_dir_under_a_file", ["io.out_dir", "afile/run", "not a directory"], np=2)
+def _(c):
+    c.text("afile", "a file, not a directory\n")
+    return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "afile/run"})
+
+
+@case("env_out_dir_permission_denied", ["io.out_dir", "locked/run", "permission denied"])
+def _(c):
+    # Root writes anywhere: the run drops to the nobody user (Linux, as root) so that the
+    # folder's mode bites.
+    os.makedirs(c.path("locked"))
+    c.copy("tokens.h5")
+    argv = c.train({"io.out_dir": "locked/run"})
+    os.chmod(c.path("locked"), 0o555)
+    if os.geteuid() == 0:
+        uid, gid = 65534, 65534
+        c.env["HOME"] = "/tmp"
+
+        def drop():
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        c.preexec = drop
+    return argv
+
+
+def _mount_tmpfs(c, where, size, readonly=False, fill=None):
+    """A tmpfs of `size` bytes at c.path(where), filled by fill(path) before it is made
+    read-only; unmounted after the run. Returns False where mounting is not allowed."""
+    path = c.path(where)
+    os.makedirs(path)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return False
+    c.cleanups.append(lambda: subprocess.run(["umount", "-l", path], capture_output=True))
+    if fill:
+        fill(path)
+    if readonly:
+        subprocess.run(["mount", "-o", "remount,ro", path], check=True)
+    return True
+
+
+def _sentinel_into(c, root):
+    """Moves the case's sentinel out_dir into `root`/run (its decks then use that)."""
+    dst = os.path.join(root, "run")
+    shutil.copytree(c.out_dir, dst)
+    shutil.rmtree(c.out_dir)
+    c.out_dir = dst
+
+
+@case("env_out_dir_read_only_fs", ["io.out_dir", "ro/run", "config.toml", "read-only"], np=2)
+def _(c):
+    if not _mount_tmpfs(c, "ro", 8 << 20, readonly=True, fill=lambda p: _sentinel_into(c, p)):
+        raise Skip("cannot mount a tmpfs here (not root?)")
+    return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "ro/run"})
+
+
+@case("env_disk_full_checkpoint", ["full/run/checkpoints/step-00000003.h5", "free", "disk full"], np=2)
+def _(c):
+    # The sentinel (a step-2 checkpoint) on a tmpfs with room for the metrics row of step 3
+    # but not for its checkpoint: the run resumes, trains step 3 and fails to save it.
+    used = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(c.out_dir) for f in fs)
+    ck = os.path.getsize(os.path.join(c.fixtures, "ckpt.h5"))
+    size = (used + ck // 2 + 4095) // 4096 * 4096
+    if not _mount_tmpfs(c, "full", size, fill=lambda p: _sentinel_into(c, p)):
+        raise Skip("cannot mount a tmpfs here (not root?)")
+    c.mutable = {"metrics.h5", "config.toml"}
+    c.after = lambda: _metrics_kept(os.path.join(c.out_dir, "metrics.h5"))
+    return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/run",
+                    "io.resume": "auto", "train.steps": SENTINEL_STEP + 1})
+
+
+def _metrics_kept(path):
+    try:
+        with h5py.File(path, "r") as f:
+            steps = list(f["step"][:SENTINEL_STEP])
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the finding
+        return f"metrics.h5 unreadable after the run: {e}"
+    if steps != list(range(1, SENTINEL_STEP + 1)):
+        return f"metrics.h5 lost its rows: steps {steps}"
+    return None
+
+
+@case("env_file_size_limit_checkpoint", ["run/checkpoints/step-00000001.h5", "ulimit -f"], np=2)
+def _(c):
+    # `ulimit -f`: no file may grow beyond the limit (SIGXFSZ ignored, so that a write fails
+    # with EFBIG as a full disk fails it with ENOSPC). A model whose checkpoint (~1.2 MiB)
+    # is over the limit while the metrics file is not; resume = "none" starts afresh (so
+    # metrics.h5 and config.toml are replaced, by design) and fails at its first save.
+    limit = 512 << 10
+
+    def limit_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    c.preexec = limit_size
+    c.env["PMIX_MCA_gds"] = "hash"  # not PMIx's shared-memory store: its files are larger
+    # mpirun starts its ranks with default signal dispositions: ignore SIGXFSZ again.
+    c.wrapper = ["/bin/sh", "-c", 'trap "" XFSZ; exec "$0" "$@"']
+    c.mutable = {"metrics.h5", "config.toml"}
+    return c.train({"model.d_model": 64})
+
+
+@case("env_checkpoints_dir_is_a_file", ["run/checkpoints", "cannot create"], np=2)
+def _(c):
+    # Nothing to resume (checkpoints/ is a file): a fresh run, which fails at its first save.
+    shutil.rmtree(os.path.join(c.out_dir, "checkpoints"))
+    c.text("run/checkpoints", "a file where the checkpoints folder should be\n")
+    c.mutable = {"metrics.h5", "config.toml"}
+    return c.train({"data.train": c.copy("tokens.h5"), "io.resume": "auto"})
+
+
+@case("env_metrics_is_a_directory", ["run/metrics.h5"], np=2)
+def _(c):
+    os.remove(os.path.join(c.out_dir, "metrics.h5"))
+    os.makedirs(os.path.join(c.out_dir, "metrics.h5"))
+    c.mutable = {"config.toml"}
+    return c.train({"data.train": c.copy("tokens.h5")})
+
+
+@case("env_deck_unreadable", ["deck.toml", "cannot be read", "permission denied"])
+def _(c):
+    argv = c.train()
+    os.chmod(c.path("deck.toml"), 0o000)
+    if os.geteuid() == 0:
+        c.env["HOME"] = "/tmp"
+
+        def drop():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        c.preexec = drop
+    return argv
+
+
+class Skip(Exception):
+    pass
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+def make_fixtures(exe, base):
+    """tokens.h5, valid.h5, weights.h5, batch.h5, and a run (metrics, config, a checkpoint at
+    SENTINEL_STEP) made by trident itself from the tiny deck."""
+    d = os.path.join(base, "_fixtures")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    write_tokens(os.path.join(d, "tokens.h5"))
+    write_tokens(os.path.join(d, "valid.h5"), ids=(np.arange(256) * 7) % 16)
+    with h5py.File(os.path.join(d, "batch.h5"), "w") as f:
+        f.create_dataset("inputs", data=_ids[:, :-1])
+        f.create_dataset("targets", data=_ids[:, 1:])
+    with open(os.path.join(d, "deck.toml"), "w") as f:
+        f.write(render_deck({"train.steps": SENTINEL_STEP, "data.valid": "valid.h5",
+                             "train.eval_every": 1, "train.eval_batches": 1}))
+    for argv in (["train", "deck.toml"], ["init", "deck.toml", "--out", "weights.h5"]):
+        p = subprocess.run([exe] + argv, cwd=d, capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise RuntimeError(f"fixture: trident {' '.join(argv)} failed ({p.returncode}):\n"
+                               f"{p.stdout}{p.stderr}")
+    shutil.copyfile(os.path.join(d, "run", SENTINEL_CKPT), os.path.join(d, "ckpt.h5"))
+    return d
+
+
+# --- running --------------------------------------------------------------------------------
+
+def processes_with(marker):
+    """PIDs of live processes whose environment holds marker (mpirun and its ranks)."""
+    pids = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read():
+                    with open(f"/proc/{entry}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def run_case(exe, mpirun, base, fixtures, name, ranks, setup, needles):
+    """Returns (status 'ok' | 'FAIL' | 'skip', seconds, shown line, details for the log)."""
+    d = os.path.join(base, name)
+    if os.path.isdir(d):
+        subprocess.run(["umount", "-l"] + [os.path.join(d, m) for m in ("ro", "full")],
+                       capture_output=True)
+        for dp, dirs, _ in os.walk(d):
+            for x in dirs:
+                os.chmod(os.path.join(dp, x), 0o755)
+        shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    # The sentinel: what an earlier run left in the decks' out_dir.
+    src = os.path.join(fixtures, "run")
+    shutil.copytree(src, os.path.join(d, "run"))
+    c = Ctx(d, fixtures)
+    c.copy("tokens.h5")  # the decks' data.train
+    try:
+        try:
+            args = setup(c)
+        except Skip as e:
+            return "skip", 0.0, f"(skipped: {e})", ""
+        before = snapshot(c.out_dir)
+        marker = f"TRIDENT_FAULT_CASE={name}.{os.getpid()}.{time.monotonic_ns()}"
+        env = dict(os.environ)
+        env.update(c.env)
+        env["TRIDENT_FAULT_CASE"] = marker.split("=", 1)[1]
+        if ranks == 1:
+            argv = c.wrapper + [exe] + args
+        else:
+            argv = ([mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
+                    + c.wrapper + [exe] + args)
+        cmd = " ".join(shlex.quote(a) for a in argv)
+        t0 = time.monotonic()
+        p = subprocess.Popen(argv, cwd=d, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, errors="replace",
+                             start_new_session=True, env=env, preexec_fn=c.preexec)
+        problems = []
+        try:
+            out, err = p.communicate(timeout=CASE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            problems.append(f"hung: killed after {CASE_TIMEOUT_S} s")
+        # Every rank gone too, within the same CASE_TIMEOUT_S of the start.
+        left = processes_with(marker)
+        while left and time.monotonic() - t0 < CASE_TIMEOUT_S:
+            time.sleep(0.1)
+            left = processes_with(marker)
+        if left:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            problems.append(f"{len(left)} process(es) still alive {CASE_TIMEOUT_S} s after "
+                            "the start (killed)")
+        elapsed = time.monotonic() - t0
+        return judge(c, ranks, needles, p, out, err, problems, cmd, elapsed, before)
+    finally:
+        for fn in c.cleanups:
+            fn()
+
+
+def judge(c, ranks, needles, p, out, err, problems, cmd, elapsed, before):
+    """The verdict on one finished run (before any cleanup unmounts its out_dir)."""
+    d = c.d
+    with open(os.path.join(d, "stderr.txt"), "w") as f:
+        f.write(err)
+    with open(os.path.join(d, "stdout.txt"), "w") as f:
+        f.write(out)
+
+    err_lines = [l for l in err.splitlines() if l.strip()]
+    errors = [l for l in err_lines + out.splitlines() if l.startswith(PREFIX)]
+    shown = errors[0] if errors else (err_lines[0] if err_lines else "(no stderr)")
+    if p.returncode == 0:
+        problems.append("exit status 0")
+    elif p.returncode < 0 and not any(pr.startswith("hung") for pr in problems):
+        problems.append(f"killed by signal {-p.returncode}")
+    if len(errors) != 1:
+        problems.append(f"{len(errors)} lines start with '{PREFIX}'")
+    if errors and not any(l.startswith(PREFIX) for l in err_lines):
+        problems.append("the error went to stdout, not stderr")
+    others = [l for l in err_lines if not l.startswith(PREFIX)]
+    if ranks == 1 and others:
+        problems.append(f"stderr has {len(others)} other line(s)")
+    if ranks > 1 and any(l.startswith("trident:") for l in others):
+        problems.append("other 'trident:' lines on stderr")
+    if errors:
+        missing = [n for n in needles if n.lower() not in errors[0].lower()]
+        if missing:
+            problems.append("the error line does not name " + ", ".join(repr(n) for n in missing))
+    # Nothing that was in out_dir is damaged.
+    after = snapshot(c.out_dir)
+    for rel, digest in sorted(before.items()):
+        if rel in c.mutable:
+            continue
+        if rel not in after:
+            problems.append(f"out_dir file {rel} is gone")
+        elif after[rel] != digest:
+            problems.append(f"out_dir file {rel} was changed")
+    if c.after:
+        why = c.after()
+        if why:
+            problems.append(why)
+
+    detail = (f"$ {cmd}  (in {d}; exit {p.returncode}, {elapsed:.1f} s)\n"
+              + "".join(f"  stderr: {l}\n" for l in err_lines[:20])
+              + "".join(f"  stdout: {l}\n" for l in out.splitlines()[-5:]))
+    if problems:
+        return "FAIL", elapsed, f"{shown}  <-- " + "; ".join(problems), detail
+    return "ok", elapsed, shown, detail
+
+
+def main():
+    if "--list" in sys.argv[1:]:
+        for name, ranks, _, _ in CASES:
+            print(f"{name} (np {ranks})")
+        return 0
+    exe = os.environ.get("TRIDENT")
+    if not exe or not os.access(exe, os.X_OK):
+        print(f"{TEST}: FAIL: $TRIDENT is not set to an executable trident binary (got {exe!r})")
+        return 1
+    exe = os.path.abspath(exe)
+    mpirun = shutil.which(os.environ.get("MPIEXEC", "mpirun"))
+    if not mpirun:
+        print(f"{TEST}: FAIL: mpirun not found")
+        return 1
+    base = os.path.join(os.environ.get("TRIDENT_TEST_OUT", os.path.join(os.getcwd(), "test-out")),
+                        TEST)
+    os.makedirs(base, exist_ok=True)
+    os.chmod(base, 0o755)  # the cases that run as nobody walk through it
+    for k, v in {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+                 "OMPI_MCA_rmaps_base_oversubscribe": "1"}.items():
+        os.environ.setdefault(k, v)
+    if os.geteuid() == 0:
+        os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+    names = [c[0] for c in CASES]
+    assert len(names) == len(set(names)), "duplicate case names"
+    wanted = sys.argv[1:]
+
+    def selected(name):
+        return not wanted or any(selected_by(w, name) for w in wanted)
+    unknown = [w for w in wanted if not any(selected_by(w, n) for n in names)]
+    if unknown:
+        print(f"{TEST}: unknown case(s): {', '.join(unknown)} (--list shows them)")
+        return 1
+
+    t_start = time.monotonic()
+    try:
+        fixtures = make_fixtures(exe, base)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"{TEST}: FAIL: {e}")
+        return 1
+    results = []
+    for name, ranks, setup, needles in CASES:
+        if not selected(name):
+            continue
+        status, secs, line, detail = run_case(exe, mpirun, base, fixtures, name, ranks, setup,
+                                              needles)
+        results.append((name, ranks, status, secs, line, detail))
+
+    width = max(len(r[0]) for r in results)
+    print(f"{'case':<{width}}  np  result  secs  error line")
+    print(f"{'-' * width}  --  ------  ----  ----------")
+    for name, ranks, status, secs, line, _ in results:
+        print(f"{name:<{width}}  {ranks:>2}  {status:<6}  {secs:4.1f}  {line}")
+    failed = [r for r in results if r[2] == "FAIL"]
+    skipped = [r for r in results if r[2] == "skip"]
+    for name, _, _, _, _, detail in failed:
+        print(f"\n--- {name} ---\n{detail}", end="")
+    print(f"\n{TEST}: {len(results) - len(failed) - len(skipped)} of {len(results)} cases ok"
+          + (f", {len(skipped)} skipped" if skipped else "")
+          + f" in {time.monotonic() - t_start:.0f} s"
+          + (f"; FAILED: {', '.join(r[0] for r in failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def selected_by(w, name):
+    return name == w or (w.endswith("*") and name.startswith(w[:-1]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""The Slurm jobscripts under a real, single-node Slurm started for the test (issue 8).
+
+Skipped (exit 77) where slurmctld, slurmd or munged are missing, or when not root (slurmd
+and munged need it). test/slurm/minislurm.py starts the cluster in a temporary folder and
+stops every daemon it started, whatever happens.
+
+1. jobscripts/slurm/cpu.sbatch with `sbatch --wait`: two ranks through srun --mpi=pmix;
+   exit 0, COMPLETED, the run's metrics.h5 (one row per step, eval rows), its last
+   checkpoint and config.toml;
+2. an uninterrupted run of N steps (the reference; N sized from round 1's step time so
+   that a run lasts about 12 s on an idle machine);
+3. a time limit that the run outlives, twice: `--time=1 --signal=B:USR1@50` with
+   jobscripts/slurm/chain.sbatch, CHAIN=requeue and then CHAIN=successor (its options as
+   SBATCH_TIMELIMIT/SBATCH_SIGNAL). The batch shell gets SIGUSR1 from Slurm, forwards it
+   to srun, trident checkpoints step K and exits 0, the job requeues itself / submits its
+   successor with --dependency=afterok, the next job resumes at K (resume = "auto") and
+   finishes: exit 0, the checkpoint of K, and the finished metrics bitwise those of the
+   uninterrupted run.
+
+Slurm checks time limits (and sends --signal) on a 30 s timer that starts with
+slurmctld; the chains are submitted 6 s before a tick so that the signal lands mid-run
+without waiting for a whole minute.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+import minislurm  # noqa: E402
+import tinyrun as T  # noqa: E402
+
+OUT = T.out_dir("slurm.jobs")
+JOBSCRIPTS = os.path.join(T.SOURCE, "jobscripts", "slurm")
+TICK = 30.0       # slurmctld's PERIODIC_TIMEOUT: time limits and --signal are checked then
+LEAD = 6.0        # submit a chain this long before a tick (trident starts in ~1 s)
+RUN_SECONDS = 20  # an uninterrupted chain run lasts about this long at round 1's pace
+check = T.Checks("slurm.jobs")
+
+
+def job_env(**extra):
+    env = {"TRIDENT": os.path.abspath(T.TRIDENT), "CPU_BIND": "none"}
+    env.update(extra)
+    return "ALL," + ",".join(f"{k}={v}" for k, v in env.items())
+
+
+def sbatch(cluster, *args, env=None, wait=False, timeout=240):
+    cmd = ["sbatch", "--parsable"] + (["--wait"] if wait else []) + list(args)
+    p = subprocess.run(cmd, cwd=OUT, env=env or cluster.env(), capture_output=True, text=True,
+                       timeout=timeout)
+    jobid = p.stdout.strip().split(";")[0] if p.stdout.strip() else None
+    return p.returncode, jobid, p.stderr
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def show_output(text, lines=30):
+    tail = [l for l in text.splitlines() if not l.startswith("step ")][-lines:]
+    print("    | " + "\n    | ".join(tail))
+
+
+def wait_for_tick(cluster):
+    """Sleeps until LEAD seconds before slurmctld's next 30 s timer tick."""
+    now = time.time()
+    phase = (now - cluster.started_at) % TICK
+    time.sleep((TICK - phase - LEAD) % TICK)
+
+
+def check_chain(name, outputs, steps, ref_metrics):
+    """Checks a finished chain: its stops, checkpoints, resumes and the curve."""
+    text = "".join(outputs)
+    stops = [int(k) for k in re.findall(rf"SIGUSR1: stopped after step (\d+) of {steps}", text)]
+    check(len(stops) >= 1, f"{name}: trident stopped on the time limit's SIGUSR1 "
+          f"(after steps {stops})")
+    check("jobscript: stop signal" in text, f"{name}: the batch shell trapped SIGUSR1")
+    for k in stops:
+        ck = T.checkpoint_path(os.path.join(OUT, name), k)
+        check(os.path.exists(ck) and T.checkpoint_step(ck) == k,
+              f"{name}: checkpoint step-{k:08d}.h5 of the stop")
+        check(f"resuming from {name}/checkpoints/step-{k:08d}.h5 at step {k}" in text,
+              f"{name}: the next job resumed at step {k}")
+    check(text.count("jobscript: trident exited 0") == len(stops) + 1,
+          f"{name}: every job's trident exited 0 ({len(stops) + 1} jobs)")
+    check(os.path.exists(T.checkpoint_path(os.path.join(OUT, name), steps)),
+          f"{name}: the final checkpoint (step {steps})")
+    T.same_curve(check, ref_metrics, os.path.join(OUT, name, "metrics.h5"), name)
+    if not stops:
+        show_output(text)
+
+
+def round_cpu(cluster):
+    T.write_deck(os.path.join(OUT, "cpu.toml"), "cpu", 60, eval_every=20, checkpoint_every=30)
+    t0 = time.time()
+    rc, jobid, err = sbatch(cluster, "--output=cpu-%j.out", f"--export={job_env(DECK='cpu.toml')}",
+                            os.path.join(JOBSCRIPTS, "cpu.sbatch"), wait=True)
+    out = read(os.path.join(OUT, f"cpu-{jobid}.out"))
+    print(f"cpu.sbatch: job {jobid} in {time.time() - t0:.1f} s")
+    check(rc == 0, f"cpu.sbatch: sbatch --wait exits 0 (got {rc}{': ' + err.strip() if rc else ''})")
+    check(cluster.job(jobid).get("JobState") == "COMPLETED", "cpu.sbatch: job COMPLETED")
+    check("layout tp=1 pp=1 dp=2" in out, "cpu.sbatch: two ranks through srun --mpi=pmix")
+    check("jobscript: trident exited 0" in out, "cpu.sbatch: trident exited 0")
+    if rc != 0 or "trident exited 0" not in out:
+        show_output(out)
+        cluster.dump_logs()
+        return None
+    run = os.path.join(OUT, "cpu")
+    m = T.read_metrics(os.path.join(run, "metrics.h5"))
+    check(list(m["step"]) == list(range(1, 61)), "cpu.sbatch: metrics rows 1..60")
+    check(list(m.get("eval/step", [])) == [20, 40, 60], "cpu.sbatch: eval rows 20, 40, 60")
+    check(np.all(np.isfinite(m["loss"])) and m["loss"][-1] < m["loss"][0],
+          "cpu.sbatch: finite losses that fall")
+    check(os.path.exists(T.checkpoint_path(run, 60)) and os.path.exists(T.checkpoint_path(run, 30)),
+          "cpu.sbatch: checkpoints of steps 30 and 60")
+    check("steps = 60" in read(os.path.join(run, "config.toml")), "cpu.sbatch: config.toml")
+    # The pace now (median), and a fast pace (10th percentile): the machine may be loaded
+    # now and idler later, and the chain's first job must outlast the LEAD seconds to the
+    # tick even then.
+    t = m["step_time_s"][1:]
+    return float(np.median(t)), float(np.percentile(t, 10))
+
+
+def follow_requeue(cluster, jobid, timeout):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        j = cluster.job(jobid)
+        if j.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return j
+        time.sleep(0.5)
+    return cluster.job(jobid)
+
+
+def follow_successors(cluster, jobid, timeout):
+    """Follows the chain job -> successor (named in each output); returns the job ids."""
+    ids, t0 = [jobid], time.time()
+    while time.time() - t0 < timeout:
+        j = cluster.job(ids[-1])
+        st = j.get("JobState")
+        if st in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return ids, st
+        if st == "COMPLETED":
+            m = re.search(r"successor job (\d+)", read(os.path.join(OUT, f"succ-{ids[-1]}.out")))
+            if not m:
+                return ids, st
+            ids.append(m.group(1))
+        time.sleep(1)
+    return ids, "TIMEOUT(test)"
+
+
+def main():
+    if os.geteuid() != 0:
+        print("skipped: the local Slurm cluster needs root (slurmd, munged)")
+        sys.exit(T.SKIP)
+    missing = minislurm.installed()
+    if missing:
+        print(f"skipped: Slurm is not installed here (missing {', '.join(missing)}); "
+              "apt-get install slurm-wlm munge")
+        sys.exit(T.SKIP)
+    shutil.rmtree(OUT, ignore_errors=True)
+    os.makedirs(OUT)
+    T.make_data(OUT)
+    root = tempfile.mkdtemp(prefix="trident-slurm-")
+    cluster = minislurm.MiniSlurm(root, cpus=2, cred_expire=5)
+    t_start = time.time()
+    try:
+        cluster.start()
+        print(f"cluster up in {time.time() - t_start:.1f} s ({root})")
+        pace = round_cpu(cluster)
+        if pace is None:
+            check.finish()
+        median_s, fast_s = pace
+        steps = int(min(10000, max(300, RUN_SECONDS / max(median_s, 1e-4),
+                                   (LEAD + 4) / max(fast_s, 1e-4))))
+        expect_s = steps * median_s  # how long a run should take; the waits allow for more
+        print(f"steps: median {median_s * 1e3:.2f} ms, 10th percentile {fast_s * 1e3:.2f} ms: "
+              f"chains of {steps} steps (about {expect_s:.0f} s each)")
+
+        # 2. the uninterrupted reference, through the same jobscript and layout
+        T.write_deck(os.path.join(OUT, "chain.toml"), "ref", steps)
+        t0 = time.time()
+        rc, jobid, _ = sbatch(cluster, "--output=ref-%j.out",
+                              f"--export={job_env(DECK='chain.toml')}",
+                              os.path.join(JOBSCRIPTS, "cpu.sbatch"))
+        st = cluster.wait_job(jobid, timeout=120 + 4 * expect_s) if rc == 0 else "not submitted"
+        print(f"reference: {steps} steps in {time.time() - t0:.1f} s")
+        if not check(st == "COMPLETED", f"reference run COMPLETED ({st})"):
+            show_output(read(os.path.join(OUT, f"ref-{jobid}.out")))
+            check.finish()
+        ref = os.path.join(OUT, "ref", "metrics.h5")
+
+        # 3a. requeue: the same job id comes back after cred_expire
+        wait_for_tick(cluster)
+        t0 = time.time()
+        args = "TRIDENT_ARGS=--set io.out_dir=requeue"
+        rc, jobid, err = sbatch(cluster, "--time=1", "--signal=B:USR1@50",
+                                "--output=requeue-%j.out",
+                                f"--export={job_env(DECK='chain.toml', CHAIN='requeue')},{args}",
+                                os.path.join(JOBSCRIPTS, "chain.sbatch"))
+        check(rc == 0, f"chain.sbatch (requeue) submitted ({err.strip()})")
+        j = follow_requeue(cluster, jobid, timeout=150 + 4 * expect_s)
+        print(f"requeue chain: job {jobid} {j.get('JobState')} after {j.get('Restarts')} "
+              f"requeue(s), {time.time() - t0:.1f} s")
+        check(j.get("JobState") == "COMPLETED" and int(j.get("Restarts", 0)) >= 1,
+              "requeue: the job was requeued and COMPLETED")
+        check_chain("requeue", [read(os.path.join(OUT, f"requeue-{jobid}.out"))], steps, ref)
+
+        # 3b. successor: each job submits the next with --dependency=afterok
+        wait_for_tick(cluster)
+        t0 = time.time()
+        env = cluster.env(SBATCH_TIMELIMIT="1", SBATCH_SIGNAL="B:USR1@50",
+                          SBATCH_OUTPUT=os.path.join(OUT, "succ-%j.out"))
+        args = "TRIDENT_ARGS=--set io.out_dir=successor"
+        rc, jobid, err = sbatch(cluster, f"--export={job_env(DECK='chain.toml', CHAIN='successor')},{args}",
+                                os.path.join(JOBSCRIPTS, "chain.sbatch"), env=env)
+        check(rc == 0, f"chain.sbatch (successor) submitted ({err.strip()})")
+        ids, st = follow_successors(cluster, jobid, timeout=150 + 4 * expect_s)
+        print(f"successor chain: jobs {ids} ({st}), {time.time() - t0:.1f} s")
+        check(st == "COMPLETED" and len(ids) >= 2, "successor: a successor ran and COMPLETED")
+        if len(ids) >= 2:
+            dep = re.search(r"successor job (\d+)", read(os.path.join(OUT, f"succ-{ids[0]}.out")))
+            check(dep is not None and dep.group(1) == ids[1], "successor: named in the output")
+        check_chain("successor", [read(os.path.join(OUT, f"succ-{i}.out")) for i in ids],
+                    steps, ref)
+    except BaseException:
+        cluster.dump_logs()
+        raise
+    finally:
+        daemons = dict(cluster.procs)
+        cluster.stop()
+        left = [n for n, pid in daemons.items() if minislurm.alive(pid)]
+        check(not left, f"every daemon the test started has stopped ({', '.join(daemons)})"
+              + (f"; left: {left}" if left else ""))
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"slurm.jobs: {time.time() - t_start:.0f} s in all")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()
