@@ -1,4 +1,5 @@
-// `trident prepare-data` (text -> token datasets) and `trident sample` (text from a model).
+// `trident prepare-data` (text -> token datasets), `trident sample` (text from a model) and
+// `trident export` (a checkpoint's weights as a weights file).
 #include <mpi.h>
 #include <unistd.h>
 
@@ -179,6 +180,29 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
   const std::string head = tok->decode({ids.begin(), ids.begin() + long(prompt_len)});
   std::fputs((prompt.empty() ? text.substr(head.size()) : text).c_str(), stdout);
   std::fputc('\n', stdout);
+  return 0;
+}
+
+int run_export(const std::string& checkpoint, const std::string& out) {
+  model::ModelConfig cfg;
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    TRIDENT_CHECK(world == 1, "export runs on one process (not under mpirun -np ", world, ")");
+    io::read_checkpoint_state(checkpoint);  // a checkpoint, not some other HDF5 file
+    cfg = io::read_model_config(checkpoint);
+  });
+  // The whole model in one flat buffer: the logical tensors, whatever layout wrote them.
+  model::StageLayout whole;
+  whole.first_layer = 0;
+  whole.last_layer = cfg.n_layer;
+  const auto specs = model::gpt_param_specs(cfg, whole, 0, 1);
+  std::int64_t n = 0;
+  for (const auto& s : specs) n = std::max(n, s.offset + s.local_numel());
+  FloatBuffer flat(static_cast<std::size_t>(n));
+  io::read_weights(checkpoint, MPI_COMM_NULL, cfg, specs, flat.data());
+  io::write_weights(out, MPI_COMM_NULL, cfg, specs, flat.data());
+  log::info("wrote ", out, ": ", n, " parameters of ", checkpoint);
   return 0;
 }
 

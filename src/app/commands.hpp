@@ -44,6 +44,7 @@ int run_prepare_data(const std::string& input, const std::string& output,
 int run_sample(const std::string& checkpoint, const std::string& prompt, int tokens,
                double temperature, int top_k, std::uint64_t seed,
                const std::string& tokenizer_data);
+int run_export(const std::string& checkpoint, const std::string& out);
 int run_grid(int tp, int pp, int dp);
 int run_schedule(const std::string& name, int pp, int microbatches, int vpp);
 

@@ -121,6 +121,11 @@ int run(int argc, char** argv) {
   sample->add_option("--data", tokenizer_data,
                      "token dataset whose tokenizer to use (default: the deck's data.train)");
 
+  std::string export_checkpoint, export_out;
+  auto* exp = app.add_subcommand("export", "write a checkpoint's weights as a weights file");
+  exp->add_option("--checkpoint", export_checkpoint, "checkpoint to read")->required();
+  exp->add_option("--out", export_out, "weights file to write (FORMAT.md)")->required();
+
   int tp = 1, pp = 1, dp = 1, microbatches = 1, vpp = 1;
   std::string schedule_name;
   auto* grid = app.add_subcommand("grid", "print the TP, PP and DP groups as JSON");
@@ -165,6 +170,7 @@ int run(int argc, char** argv) {
   if (*prep)
     return run_prepare_data(input, output, tokenizer, vocab_size, valid_output, valid_every);
   if (*sample) return run_sample(checkpoint, prompt, n_tokens, temperature, top_k, seed, tokenizer_data);
+  if (*exp) return run_export(export_checkpoint, export_out);
   if (*grid) return run_grid(tp, pp, dp);
   if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp);
   return 1;

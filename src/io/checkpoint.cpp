@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "trident/core/error.hpp"
+#include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/io/format.hpp"
 #include "trident/io/tensor_io.hpp"
@@ -76,6 +77,8 @@ CheckpointState read_state(const h5::File& f) {
   st.consumed_samples = h5::read_attr_int(f, "consumed_samples");
   st.seed = h5::read_attr_u64(f, "seed");
   st.config = h5::read_attr_string(f, "config");
+  st.optimizer_steps =
+      h5::has_attr(f, "optimizer_steps") ? h5::read_attr_int(f, "optimizer_steps") : st.step;
   if (st.step < 0 || st.consumed_samples < 0)
     fail(f.path(), ": step = ", st.step, ", consumed_samples = ", st.consumed_samples,
          ", expected non-negative integers");
@@ -107,12 +110,15 @@ std::string write_checkpoint(const std::string& checkpoint_dir, MPI_Comm comm,
     write_model_attrs(f, cfg);
     h5::write_attr_int(f, "step", state.step);
     h5::write_attr_int(f, "consumed_samples", state.consumed_samples);
+    h5::write_attr_int(f, "optimizer_steps",
+                       state.optimizer_steps < 0 ? state.step : state.optimizer_steps);
     h5::write_attr_u64(f, "seed", state.seed);
     h5::write_attr_string(f, "config", state.config);
     {
       h5::Hid g = h5::create_group(f, "model");
       write_tensors(f, g, cfg, specs, params, role);
     }
+    fault::at_checkpoint_write();  // tests: a rank killed mid-write (core/fault.hpp)
     {
       h5::Hid g = h5::create_group(f, kExpAvg);
       write_tensors(f, g, cfg, specs, exp_avg, role);

@@ -40,7 +40,8 @@ bool Config::Train::operator==(const Train& o) const {
          min_lr == o.min_lr && warmup_steps == o.warmup_steps &&
          weight_decay == o.weight_decay && beta1 == o.beta1 && beta2 == o.beta2 &&
          eps == o.eps && grad_clip == o.grad_clip && seed == o.seed &&
-         eval_every == o.eval_every && eval_batches == o.eval_batches;
+         eval_every == o.eval_every && eval_batches == o.eval_batches &&
+         on_nonfinite == o.on_nonfinite;
 }
 bool Config::Data::operator==(const Data& o) const {
   return train == o.train && valid == o.valid;
@@ -106,6 +107,7 @@ const std::vector<KeyDef>& key_table() {
       {"train", "seed", [](Config& c) -> Field { return &c.train.seed; }},
       {"train", "eval_every", [](Config& c) -> Field { return &c.train.eval_every; }},
       {"train", "eval_batches", [](Config& c) -> Field { return &c.train.eval_batches; }},
+      {"train", "on_nonfinite", [](Config& c) -> Field { return &c.train.on_nonfinite; }},
 
       {"data", "train", [](Config& c) -> Field { return &c.data.train; }},
       {"data", "valid", [](Config& c) -> Field { return &c.data.valid; }},
@@ -522,6 +524,7 @@ class Loader {
     need(t.seed >= 0, "train.seed", ">= 0", t.seed);
     need(t.eval_every >= 0, "train.eval_every", ">= 0 (0: never)", t.eval_every);
     need(t.eval_batches >= 1, "train.eval_batches", ">= 1", t.eval_batches);
+    need_one_of(t.on_nonfinite, "train.on_nonfinite", {"abort", "skip"});
 
     // [io]
     need(!c.io.out_dir.empty(), "io.out_dir", "a directory", "\"\"");

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 
+#include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/io/checkpoint.hpp"
 #include "trident/io/dataset.hpp"
@@ -88,6 +89,7 @@ void run_training(Trainer& tr) {
   // ---- start-up: every failure here is agreed on by all ranks --------------------------
   std::optional<DataLoader> train_data, valid_data;
   parallel::agree(MPI_COMM_WORLD, [&] {
+    fault::validate();
     TRIDENT_CHECK(!cfg.data.train.empty(), cfg.source,
                   ": data.train is empty; name a token dataset (trident prepare-data makes one)");
     train_data.emplace(open_loader(cfg.data.train, "data.train", cfg, "train"));
@@ -112,7 +114,7 @@ void run_training(Trainer& tr) {
                     st.seed, ", the deck has train.seed = ", cfg.train.seed,
                     " (the data order would differ)");
       start = st.step;
-      opt.set_steps_taken(st.step);
+      opt.set_steps_taken(st.optimizer_steps);
     } else if (!cfg.io.init_weights.empty()) {
       io::read_weights(cfg.io.init_weights, MPI_COMM_WORLD, cfg.model, model.specs(),
                        model.params(), role);
@@ -142,11 +144,11 @@ void run_training(Trainer& tr) {
   std::optional<io::MetricsWriter> metrics;
   // Rank 0's traffic per step and communicator (every collective is counted in parallel/).
   std::vector<parallel::Comm*> counted{&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
-  std::vector<std::string> comm_columns;
+  std::vector<std::string> extra_columns{"skipped"};  // 1: a non-finite step left undone
   for (parallel::Comm* c : counted)
     for (const char* what : {"bytes", "calls"})
-      comm_columns.push_back("comm/" + c->name() + "/" + what);
-  if (ps.world_rank == 0) metrics.emplace(cfg.io.out_dir, resume ? start : -1, comm_columns);
+      extra_columns.push_back("comm/" + c->name() + "/" + what);
+  if (ps.world_rank == 0) metrics.emplace(cfg.io.out_dir, resume ? start : -1, extra_columns);
   log::info("trident: ", model.num_params(), " parameters on this rank, layout tp=",
             ps.shape.tp, " pp=", ps.shape.pp, " dp=", ps.shape.dp, ", ",
             microbatches_per_rank(cfg), " microbatches of ", cfg.parallel.micro_batch_size,
@@ -165,8 +167,11 @@ void run_training(Trainer& tr) {
     log::info("eval step ", step, " | loss ", loss);
     if (metrics) metrics->append_eval(step, loss);
   };
+  std::int64_t last_saved = resume ? start : -1;
   auto save = [&](std::int64_t step) {
-    io::CheckpointState st{step, step * G, std::uint64_t(cfg.train.seed), to_toml(cfg)};
+    io::CheckpointState st{step, step * G, std::uint64_t(cfg.train.seed), to_toml(cfg),
+                           opt.steps_taken()};
+    last_saved = step;
     const std::string path =
         io::write_checkpoint(ck_dir, MPI_COMM_WORLD, cfg.model, model.specs(), st,
                              model.params(), opt.exp_avg(), opt.exp_avg_sq(), role);
@@ -180,10 +185,27 @@ void run_training(Trainer& tr) {
   std::int64_t timed = 0;
   for (std::int64_t step = start + 1; step <= cfg.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    fault::set_step(step);
+    fault::at_step_start();  // tests only (TRIDENT_FAULT): exit, abort or stall here
     for (parallel::Comm* c : counted) c->reset_counters();
     train_data->fill(step, G, first, local, inputs.data(), targets.data());
     const double loss = tr.forward_backward(inputs.data(), targets.data(), G);
     const StepStats st = tr.optimizer_step(step, loss);
+    if (!st.applied) {  // every rank has the same loss and norm: the same verdict everywhere
+      const std::string what = str("step ", step, ": the loss (", st.loss, ") or the gradient norm (",
+                                   st.grad_norm, ") is not finite");
+      if (cfg.train.on_nonfinite == "skip") {
+        log::warn(what, "; skipped, the weights are those of step ", step - 1,
+                  " (train.on_nonfinite = \"skip\")");
+      } else {
+        if (last_saved != step - 1) save(step - 1);  // the weights are still step - 1's
+        if (metrics) metrics->close();
+        throw parallel::AgreedError(str(
+            what, "; stopped with the checkpoint of step ", step - 1, " (",
+            io::checkpoint_path(ck_dir, step - 1),
+            "); lower train.lr or set train.on_nonfinite = \"skip\" to step over it"));
+      }
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     elapsed += dt;
     ++timed;
@@ -193,6 +215,7 @@ void run_training(Trainer& tr) {
         metrics->set("comm/" + c->name() + "/bytes", c->counters().bytes);
         metrics->set("comm/" + c->name() + "/calls", double(c->counters().calls));
       }
+      metrics->set("skipped", st.applied ? 0.0 : 1.0);
       metrics->append({step, st.loss, st.lr, st.grad_norm, dt, tok_s});
     }
     char line[200];

@@ -1,7 +1,11 @@
 // One optimizer step of one rank (see trident/train/trainer.hpp).
 #include "trident/train/trainer.hpp"
 
+#include <cmath>
+#include <limits>
+
 #include "trident/core/error.hpp"
+#include "trident/core/fault.hpp"
 #include "trident/train/lr_schedule.hpp"
 
 namespace trident::train {
@@ -70,6 +74,8 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
       },
       loss_scale);
   model_->reduce_sequence_parallel_grads();
+  if (fault::armed(fault::Kind::nan))  // tests: a rank whose gradients blow up
+    ops_.fill(model_->grads(), std::numeric_limits<float>::quiet_NaN(), model_->num_params());
   // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
   ps_.dp.allreduce_sum(model_->grads(), model_->num_params());
   return reduce_loss(local, global_batch);
@@ -80,7 +86,8 @@ StepStats Trainer::optimizer_step(std::int64_t step, double loss) {
   st.loss = loss;
   st.grad_norm = optimizer_->grad_norm(ps_);
   st.lr = learning_rate(cfg_.train, long(step));
-  optimizer_->step(st.lr, st.grad_norm);
+  st.applied = std::isfinite(st.loss) && std::isfinite(st.grad_norm);
+  if (st.applied) optimizer_->step(st.lr, st.grad_norm);
   return st;
 }
 

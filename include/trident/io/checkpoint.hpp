@@ -39,6 +39,10 @@ struct CheckpointState {
   std::int64_t consumed_samples = 0;  // sequences drawn so far
   std::uint64_t seed = 0;             // train.seed
   std::string config;                 // the full resolved deck, TOML
+  // AdamW updates taken (its bias correction): `step` less the steps skipped under
+  // train.on_nonfinite = "skip". -1 when writing: the same as step. Attribute
+  // `optimizer_steps`; a checkpoint without it has taken `step` updates.
+  std::int64_t optimizer_steps = -1;
 };
 
 // <checkpoint_dir>/step-<8-digit step>.h5

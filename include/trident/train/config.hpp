@@ -54,6 +54,9 @@ struct Config {
     std::int64_t seed = 1234;
     std::int64_t eval_every = 0;  // steps; 0: never
     std::int64_t eval_batches = 4;
+    // A non-finite loss or gradient norm: "abort" (checkpoint the last good step, exit
+    // non-zero) or "skip" (leave the weights as they are, count the step in the metrics).
+    std::string on_nonfinite = "abort";
     bool operator==(const Train& o) const;
   } train;
 

@@ -21,6 +21,7 @@ struct StepStats {
   double loss = 0;       // mean over the global batch's target tokens
   double grad_norm = 0;  // before clipping
   double lr = 0;
+  bool applied = true;   // false: the loss or the norm was not finite, weights untouched
 };
 
 // The model's placement for this rank: its pipeline stage's layers, TP shards.
@@ -48,6 +49,8 @@ class Trainer {
                           std::int64_t global_batch);
 
   // After forward_backward: the grad norm, clipping and one AdamW step at step s's lr.
+  // When the loss or the norm is not finite nothing is changed (StepStats::applied false):
+  // every rank sees the same loss and norm, so every rank decides alike.
   StepStats optimizer_step(std::int64_t step, double loss);
 
   // Mean loss of a global batch, forwards only.

@@ -149,7 +149,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
       "zero_stage = 0", "recompute = \"none\"", "[train]", "steps = 200",
       "global_batch_size = 32", "lr = 0.0003", "min_lr = 3e-05", "warmup_steps = 20",
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
-      "seed = 1234", "eval_every = 0", "eval_batches = 4", "[data]", "train = \"\"",
+      "seed = 1234", "eval_every = 0", "eval_batches = 4", "on_nonfinite = \"abort\"", "[data]", "train = \"\"",
       "valid = \"\"", "[io]", "out_dir = \"output/run\"", "checkpoint_every = 0",
       "keep_checkpoints = 2", "resume = \"auto\"", "init_weights = \"\"", "[runtime]",
       "device = \"cpu\"", "precision = \"fp32\"", "threads = 0"};
@@ -189,6 +189,7 @@ TEST(Config, RoundTripThroughToToml) {
   c.train.seed = 9007199254740993;  // beyond double precision: an integer must stay one
   c.train.eval_every = 50;
   c.train.eval_batches = 7;
+  c.train.on_nonfinite = "skip";
   c.data.train = "input/with \"quotes\" and \\back\\slashes\t.h5";
   c.data.valid = "input/valid.h5";
   c.io.out_dir = "output/ünïcode";
@@ -386,6 +387,7 @@ TEST(ConfigErrors, Ranges) {
       {"train.seed=-3", "train.seed"},
       {"train.eval_every=-1", "train.eval_every"},
       {"train.eval_batches=0", "train.eval_batches"},
+      {"train.on_nonfinite=\"ignore\"", "train.on_nonfinite"},
       {"io.out_dir=\"\"", "io.out_dir"},
       {"io.checkpoint_every=-5", "io.checkpoint_every"},
       {"io.keep_checkpoints=-1", "io.keep_checkpoints"},

@@ -1,0 +1,43 @@
+// trident/core/fault.hpp — fault injection for the tests (issue 9): the environment
+// variable TRIDENT_FAULT makes one world rank fail at one optimizer step, so that tests
+// can check that a job ends, that nothing written is lost and that a resume continues the
+// curve. Unset (the normal case) it costs one getenv at start-up.
+//
+//   TRIDENT_FAULT=<kind>:<rank>:<step>[,<kind>:<rank>:<step>...]
+//     exit        the rank calls _exit(3) at the start of the step (a crashed process)
+//     abort       the rank calls abort() at the start of the step (SIGABRT, a core dump)
+//     stall       the rank sleeps for an hour at the start of the step (a hung node)
+//     nan         the rank's gradients become NaN after the step's backward
+//     kill-in-checkpoint
+//                 the rank sends itself SIGKILL in the middle of writing the checkpoint of
+//                 the step (after the .tmp file holds the model, before the moments)
+//
+// defines: trident::fault::Kind, validate, armed, at_step_start, at_checkpoint_write,
+//          set_step, current_step
+#pragma once
+
+#include <cstdint>
+
+namespace trident::fault {
+
+enum class Kind { exit, abort, stall, nan, kill_in_checkpoint };
+
+// Parses TRIDENT_FAULT (at start-up, so that a malformed one is an agreed error): a
+// trident::Error naming the variable when it is malformed.
+void validate();
+
+// The optimizer step now running (set by the step loop; 0 outside it).
+void set_step(std::int64_t step);
+std::int64_t current_step();
+
+// Whether TRIDENT_FAULT asks for `kind` on this rank (log::rank()) at the current step.
+// A malformed TRIDENT_FAULT is a trident::Error naming the variable.
+bool armed(Kind kind);
+
+// The step loop calls this first in every step: exit, abort or stall when armed.
+void at_step_start();
+
+// Raises SIGKILL on this process when kill-in-checkpoint is armed (io calls it mid-write).
+void at_checkpoint_write();
+
+}  // namespace trident::fault
