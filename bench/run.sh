@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: trident's training step against PyTorch and against OpenBLAS SGEMM, all three
 # measured in this one run on the same threads (bench/bench.py does the measuring and prints
-# the table; results.json goes to $OUT if set, else to BUILD/bench-work/).
+# the table; results.json goes to $OUT if set, else to BUILD/bench-work/), then checkpoint
+# I/O at 8 ranks against dd (bench/checkpoint_bench.py; checkpoint.json beside it).
 # usage: bench/run.sh BUILD_DIR
 # Knobs (environment): BENCH_THREADS (2), BENCH_TRIDENT_STEPS (30), BENCH_TORCH_STEPS (20),
 #   OPENBLAS_CORETYPE (left alone if set; see bench.py), PYTHON (/usr/bin/python3).
@@ -29,4 +30,10 @@ if ! cmake --build "$build" --target trident_bench_sgemm -j "$(nproc)" >/dev/nul
   "${CXX:-c++}" -O2 -std=c++17 -I"$inc" "$src/bench/sgemm_bench.cpp" "$lib" -o "$sgemm"
 fi
 
-exec "$python" "$src/bench/bench.py" --build "$build" --sgemm "$sgemm" "${skip[@]}"
+"$python" "$src/bench/bench.py" --build "$build" --sgemm "$sgemm" "${skip[@]}"
+# Checkpoint write/read bandwidth at 8 ranks against dd on the same disk (issue 6).
+if (( ${#skip[@]} == 0 )); then
+  results=${OUT:-$build/bench-work}
+  mkdir -p "$results"
+  "$python" "$src/bench/checkpoint_bench.py" --build "$build" --json "$results/checkpoint.json"
+fi
