@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Checkpoints do not depend on the layout (issue 6): a run of 10 steps at TP×PP×DP =
+2×2×2 (8 ranks) writes a checkpoint at step 5; resuming from it at 1×4×2, 4×1×2, 1×1×8,
+2×2×2 with ZeRO-1 (8 ranks) and 1×2×1 (2 ranks) gives the uninterrupted run's losses of
+steps 6-10 to 1e-5 relative, and its final weights to 1e-5 relative (max|Δ| / max|w| per
+tensor); resuming at 2×2×2 itself gives them bitwise. Clipping is active (grad_clip 0.5).
+Then the reverse direction: a ZeRO-1 checkpoint (2×2×2) resumed serially.
+h5py reads the checkpoint and finds FORMAT.md's names, shapes and attributes.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import tinyrun as T  # noqa: E402
+
+OUT = T.out_dir("checkpoint.resume_layouts")
+STEPS, AT = 10, 5
+V, SEQ, L, H, C = 256, 16, 4, 4, 32
+check = T.Checks("checkpoint.resume_layouts")
+
+DECK = f"""
+[model]
+seq_len = {SEQ}
+n_layer = {L}
+n_head = {H}
+d_model = {C}
+[parallel]
+micro_batch_size = 1
+[train]
+steps = {STEPS}
+global_batch_size = 8
+lr = 3e-3
+warmup_steps = 2
+grad_clip = 0.5
+[data]
+train = "data/train.h5"
+[io]
+out_dir = "ref"
+checkpoint_every = {AT}
+keep_checkpoints = 0
+resume = "none"
+[runtime]
+threads = 1
+"""
+
+# name, ranks, tp, pp, zero
+RESUMES = [("same-2x2x2", 8, 2, 2, 0), ("1x4x2", 8, 1, 4, 0), ("4x1x2", 8, 4, 1, 0),
+           ("1x1x8", 8, 1, 1, 0), ("2x2x2-zero1", 8, 2, 2, 1), ("1x2x1", 2, 1, 2, 0)]
+
+
+def train(run, ranks, tp, pp, zero, resume="none", timeout=300):
+    args = ["train", "deck.toml", "--set", f"io.out_dir={run}", "--set", f"parallel.tp={tp}",
+            "--set", f"parallel.pp={pp}", "--set", f"io.resume={resume}"]
+    if zero:
+        args += ["--set", "parallel.zero_stage=1"]
+    p = T.trident(*args, cwd=OUT, np_=ranks, timeout=timeout, check=False)
+    if p.returncode != 0:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+    return p
+
+
+def losses(run):
+    with h5py.File(os.path.join(OUT, run, "metrics.h5"), "r") as f:
+        return f["step"][:], f["loss"][:]
+
+
+def model(path):
+    with h5py.File(path, "r") as f:
+        return {k: f["model"][k][:] for k in f["model"]}
+
+
+def compare(name, run, ref_final, bitwise):
+    step, loss = losses(run)
+    ref_step, ref_loss = losses("ref")
+    check(list(step) == list(range(1, STEPS + 1)), f"{name}: metrics rows 1..{STEPS}")
+    if len(step) != STEPS:
+        return
+    tail, ref_tail = loss[AT:], ref_loss[AT:]
+    if bitwise:
+        check(np.array_equal(tail, ref_tail), f"{name}: steps {AT + 1}-{STEPS} bitwise equal")
+    else:
+        rel = float(np.max(np.abs(tail - ref_tail) / np.abs(ref_tail)))
+        check(rel <= 1e-5, f"{name}: steps {AT + 1}-{STEPS} losses to 1e-5 relative ({rel:.1e})")
+    got = model(T.checkpoint_path(os.path.join(OUT, run), STEPS))
+    worst = max(float(np.max(np.abs(got[k] - ref_final[k])) / max(np.max(np.abs(ref_final[k])), 1e-30))
+                for k in ref_final)
+    check(worst <= (0 if bitwise else 1e-5), f"{name}: final weights max|Δ|/max|w| = {worst:.1e}")
+
+
+def format_check(path):
+    """FORMAT.md's names, shapes and attributes, as h5py sees them."""
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        ok = (a["format"] in ("trident-checkpoint", b"trident-checkpoint")
+              and int(a["step"]) == AT and int(a["consumed_samples"]) == AT * 8
+              and all(int(a[k]) == v for k, v in dict(vocab_size=V, seq_len=SEQ, n_layer=L,
+                                                         n_head=H, d_model=C).items())
+              and "format_version" in a and "[model]" in str(a["config"]))
+        check(ok, "h5py: root attributes format, format_version, step, consumed_samples, "
+              "config and the model's shape")
+        shapes = {"wte": (V, C), "wpe": (SEQ, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
+        for i in range(L):
+            p = f"h.{i}."
+            shapes.update({p + "ln_1.weight": (C,), p + "ln_1.bias": (C,),
+                           p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
+                           p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
+                           p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+                           p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
+                           p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,)})
+        for g in ("model", "optimizer/exp_avg", "optimizer/exp_avg_sq"):
+            got = {k: f[g][k].shape for k in f[g]}
+            dtypes = {str(f[g][k].dtype) for k in f[g]}
+            check(got == shapes and dtypes == {"float32"},
+                  f"h5py: /{g} holds FORMAT.md's {len(shapes)} tensors, float32, logical shapes")
+
+
+def main():
+    shutil.rmtree(OUT, ignore_errors=True)
+    os.makedirs(OUT)
+    T.make_data(OUT)
+    with open(os.path.join(OUT, "deck.toml"), "w") as f:
+        f.write(DECK)
+    if train("ref", 8, 2, 2, 0).returncode != 0:
+        check(False, "the 2x2x2 reference run")
+        check.finish()
+    ck5 = T.checkpoint_path(os.path.join(OUT, "ref"), AT)
+    format_check(ck5)
+    ref_final = model(T.checkpoint_path(os.path.join(OUT, "ref"), STEPS))
+    for name, ranks, tp, pp, zero in RESUMES:
+        run = f"resume-{name}"
+        os.makedirs(os.path.join(OUT, run, "checkpoints"))
+        shutil.copy(ck5, os.path.join(OUT, run, "checkpoints"))
+        shutil.copy(os.path.join(OUT, "ref", "metrics.h5"), os.path.join(OUT, run))
+        p = train(run, ranks, tp, pp, zero, resume="auto")
+        if check(p.returncode == 0 and f"at step {AT}" in p.stdout,
+                 f"{name}: resumed at step {AT} on {ranks} ranks"):
+            compare(name, run, ref_final, bitwise=name.startswith("same"))
+
+    # a ZeRO-1 checkpoint (moments sharded over dp in memory) read by one rank
+    if train("zero", 8, 2, 2, 1).returncode == 0:
+        run = "zero-to-serial"
+        os.makedirs(os.path.join(OUT, run, "checkpoints"))
+        shutil.copy(T.checkpoint_path(os.path.join(OUT, "zero"), AT), os.path.join(OUT, run, "checkpoints"))
+        shutil.copy(os.path.join(OUT, "zero", "metrics.h5"), os.path.join(OUT, run))
+        p = train(run, 1, 1, 1, 0, resume="auto")
+        if check(p.returncode == 0, "ZeRO-1 2x2x2 checkpoint resumed on one rank"):
+            a, b = losses("zero")[1], losses(run)[1]
+            rel = float(np.max(np.abs(a[AT:] - b[AT:]) / np.abs(a[AT:])))
+            check(rel <= 1e-5, f"ZeRO-1 -> serial: steps {AT + 1}-{STEPS} to 1e-5 relative ({rel:.1e})")
+    else:
+        check(False, "the 2x2x2 ZeRO-1 run")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()
