@@ -77,6 +77,7 @@ void run_training(Trainer& tr) {
   parallel::ParallelState& ps = tr.state();
   model::GptChunk& model = tr.model();
   AdamW& opt = tr.optimizer();
+  GradSync& sync = tr.grad_sync();
   const std::int64_t G = cfg.train.global_batch_size, T = cfg.model.seq_len;
   const io::ShardRole role = shard_role(ps);
   const std::string ck_dir = cfg.io.out_dir + "/checkpoints";
@@ -108,9 +109,21 @@ void run_training(Trainer& tr) {
   parallel::agree(MPI_COMM_WORLD, [&] { resume = resume_path(cfg, ps); });
   parallel::agree(MPI_COMM_WORLD, [&] {
     if (resume) {
-      io::CheckpointState st =
-          io::read_checkpoint(*resume, MPI_COMM_WORLD, cfg.model, model.specs(), model.params(),
-                              opt.exp_avg(), opt.exp_avg_sq(), role);
+      // Checkpoints hold full local moments; a ZeRO-1 rank keeps its shard of them.
+      FloatBuffer m_full, v_full;
+      float *m = opt.exp_avg(), *v = opt.exp_avg_sq();
+      if (sync.zero()) {
+        m_full = FloatBuffer(model.num_params());
+        v_full = FloatBuffer(model.num_params());
+        m = m_full.data();
+        v = v_full.data();
+      }
+      io::CheckpointState st = io::read_checkpoint(*resume, MPI_COMM_WORLD, cfg.model,
+                                                   model.specs(), model.params(), m, v, role);
+      if (sync.zero()) {
+        sync.scatter_full(m, opt.exp_avg());
+        sync.scatter_full(v, opt.exp_avg_sq());
+      }
       TRIDENT_CHECK(st.seed == std::uint64_t(cfg.train.seed), *resume, ": written with seed ",
                     st.seed, ", the deck has train.seed = ", cfg.train.seed,
                     " (the data order would differ)");
@@ -137,10 +150,7 @@ void run_training(Trainer& tr) {
     for (const char* what : {"bytes", "calls"})
       comm_columns.push_back("comm/" + c->name() + "/" + what);
   if (ps.world_rank == 0) metrics.emplace(cfg.io.out_dir, resume ? start : -1, comm_columns);
-  log::info("trident: ", model.num_params(), " parameters on this rank, layout tp=",
-            ps.shape.tp, " pp=", ps.shape.pp, " dp=", ps.shape.dp, ", ",
-            microbatches_per_rank(cfg), " microbatches of ", cfg.parallel.micro_batch_size,
-            " per step, ", G * T, " tokens per step");
+  tr.report_startup();
 
   // ---- the step loop ----------------------------------------------------------------------
   const std::int64_t local = tr.local_batch(G), first = tr.local_first(G);
@@ -157,9 +167,19 @@ void run_training(Trainer& tr) {
   };
   auto save = [&](std::int64_t step) {
     io::CheckpointState st{step, step * G, std::uint64_t(cfg.train.seed), to_toml(cfg)};
-    const std::string path =
-        io::write_checkpoint(ck_dir, MPI_COMM_WORLD, cfg.model, model.specs(), st,
-                             model.params(), opt.exp_avg(), opt.exp_avg_sq(), role);
+    // The file is layout-independent: ZeRO-1 shards are gathered into full local moments.
+    FloatBuffer m_full, v_full;
+    const float *m = opt.exp_avg(), *v = opt.exp_avg_sq();
+    if (sync.zero()) {
+      m_full = FloatBuffer(model.num_params());
+      v_full = FloatBuffer(model.num_params());
+      sync.gather_full(opt.exp_avg(), m_full.data());
+      sync.gather_full(opt.exp_avg_sq(), v_full.data());
+      m = m_full.data();
+      v = v_full.data();
+    }
+    const std::string path = io::write_checkpoint(ck_dir, MPI_COMM_WORLD, cfg.model,
+                                                  model.specs(), st, model.params(), m, v, role);
     if (ps.world_rank == 0) {
       io::prune_checkpoints(ck_dir, int(cfg.io.keep_checkpoints));
       log::info("checkpoint ", path);
