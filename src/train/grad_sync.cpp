@@ -92,8 +92,13 @@ void GradSync::ready(std::int64_t offset, std::int64_t count) {
 }
 
 void GradSync::finish() {
-  for (std::size_t i = 0; i < buckets_.size(); ++i)
-    if (!buckets_[i].started) start(int(i));
+  last_early_ = 0;
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i].started)
+      ++last_early_;
+    else
+      start(int(i));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -88,6 +88,7 @@ class GradSync {
   // yardstick; collective over DP; call it outside the step loop: it allocates and its
   // traffic is counted like any other).
   double last_wait_s() const { return last_wait_s_; }
+  int last_early() const { return last_early_; }  // buckets the last step started in backward
   double time_alone();
 
  private:
@@ -111,6 +112,7 @@ class GradSync {
   FloatBuffer shard_grads_;           // ZeRO-1 only
   std::vector<MPI_Request> requests_;  // one per bucket, MPI_REQUEST_NULL when idle/done
   double last_wait_s_ = 0;
+  int last_early_ = 0;
 };
 
 }  // namespace trident::train
