@@ -303,6 +303,7 @@ void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
   const std::int64_t NC = boundary_numel();
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
+  if (grad_ready_ && stage_.has_head) report_grads_ready(-2);  // ln_f: done in forward
   const int L = stage_.last_layer - stage_.first_layer;
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
@@ -357,8 +358,13 @@ void GptChunk::reduce_sequence_parallel_grads() {
 
 void GptChunk::report_grads_ready(int layer) {
   for (const auto& s : specs_) {
-    if (s.layer != layer) continue;
-    if (layer < 0 && s.name != "wpe" && !(s.name == "wte" && stage_.has_head)) continue;
+    if (layer == -2) {  // the head: ln_f (wte goes with the embedding)
+      if (s.name.rfind("ln_f.", 0) != 0) continue;
+    } else if (s.layer != layer) {
+      continue;
+    } else if (layer == -1 && s.name != "wpe" && !(s.name == "wte" && stage_.has_head)) {
+      continue;
+    }
     if (tpm_.sequence_parallel() && s.name.find("ln_") != std::string::npos) continue;
     grad_ready_(s.offset, s.local_numel());
   }

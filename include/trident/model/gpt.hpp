@@ -111,10 +111,11 @@ class GptChunk {
 
   // ---- grad-ready hook (data-parallel overlap, train/grad_sync.hpp) ----
   // When set, backward() calls hook(offset, count) for each tensor (flat range) whose
-  // gradient this microbatch has just finished: a block's tensors after the block's
-  // backward, wpe (and wte when this chunk also holds the head) after the embedding's.
-  // Not reported, because a later reduction still changes them: ln_f (the head's), wte
-  // when tied across stages, the LayerNorms under sequence parallelism. Empty: off.
+  // gradient this microbatch has just finished: ln_f first (the head's backward ran in
+  // forward), a block's tensors after the block's backward, wpe (and wte when this chunk
+  // also holds the head) after the embedding's. Not reported, because a later reduction
+  // still changes them: wte when tied across stages, the LayerNorms under sequence
+  // parallelism. Once per microbatch: the m-th report of a tensor means it is final.
   using GradReadyHook = std::function<void(std::int64_t offset, std::int64_t count)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
@@ -135,7 +136,7 @@ class GptChunk {
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
   void block_backward(int l, const float* x, float* dres, LayerActivations& la);
-  void report_grads_ready(int layer);  // layer: global block index, -1: the embedding
+  void report_grads_ready(int layer);  // global block index; -1: embedding, -2: head
   double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                float loss_scale, bool with_backward);
   // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).

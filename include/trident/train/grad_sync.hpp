@@ -9,7 +9,7 @@
 // MPI_Ireduce_scatter under ZeRO-1) as soon as every tensor in it has been reported final
 // `microbatches` times by the model's grad-ready hook (once per microbatch backward, so the
 // last microbatch's report releases it); finish() starts whatever is left (tensors the
-// hook does not report: ln_f, the tied wte across stages, LayerNorms under sequence
+// hook does not report: the tied wte across stages, LayerNorms under sequence
 // parallelism) and waits for all of them just before the optimizer. Every rank of a DP
 // group holds the same specs and runs the same schedule, so all start the same buckets in
 // the same order, as MPI requires of collectives.
