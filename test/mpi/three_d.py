@@ -19,6 +19,7 @@ SKIPPED). Each layout, with parallel.zero_stage 0 and 1 and small DP buckets
     (from the start-up report): 2(p-1)/p * (4*N0 + 8) — every gradient allreduced, plus the
     loss (float64) — and with ZeRO-1 2(p-1)/p * (4*N0 + 16): reduce-scatter plus
     all-gather of the same N0 floats, the loss and the sharded grad norm;
+  - the DP buckets start during the backward (the `dp sync:` line: all of them at 1x1x8);
   - the start-up report's optimizer-state bytes on rank 0 are 8*N0 without ZeRO and
     shrink by dp with it (between 8*N0/dp and 8*N0/dp + 8 per bucket).
 Resume under ZeRO-1: the 1x2x4 run's step-5 checkpoint resumed in the same layout gives
@@ -50,6 +51,12 @@ LAYOUTS = [  # name, tp, pp, dp, extra --set
 SKIPPED = [("2x4x1_interleaved_vpp2", "TODO: parallel.vpp > 1 (interleaved-1f1b) arrives with "
             "the pipeline-vpp branch (virtual pipeline chunks in GptChunk and the executor); "
             "enable this layout once it is merged")]
+
+
+def overlap(stdout):
+    """(buckets started during the backward, buckets) from the `dp sync:` line, or None."""
+    m = re.search(r"dp sync: (\d+) of (\d+) buckets started during the backward", stdout)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def startup(stdout):
@@ -92,7 +99,7 @@ def resume_checks(t, ref_curve, sets):
 def bad_input(t):
     cases = [  # what, np, sets, key the message must name
         ("global batch over mbs*dp", 2, ["parallel.micro_batch_size=8"], "train.global_batch_size"),
-        ("world no layout fits", 8, ["parallel.tp=3"], "parallel.tp"),
+        ("world no layout fits", 6, ["parallel.tp=4"], "parallel.tp * parallel.pp"),
         ("dp fixed against the world", 8, ["parallel.dp=3"], "parallel.dp"),
     ]
     for what, np_, sets, key in cases:
@@ -131,6 +138,15 @@ def main():
             t.check_grad(tag, t.grad(8, f"g_{tag}.h5", sets), ref, 1e-6)
             got, dp_b = t.train(8, f"train_{tag}", sets, ("loss", "comm/dp/bytes"))
             n0, state, buckets = startup(t.last_stdout)
+            if dp > 1:
+                # Every bucket starts inside the backward, except (rank 0 is the first stage)
+                # the one holding wte when it is tied across stages, and under sequence
+                # parallelism those holding LayerNorms (both wait for a later reduction).
+                early, total = overlap(t.last_stdout) or (0, 0)
+                want_all = pp == 1 and "parallel.sequence_parallel=true" not in extra
+                t.check(total == buckets and total > 1 and
+                        (early == total if want_all else 1 <= early < total),
+                        f"train {tag}: {early} of {total} DP buckets started during the backward")
             t.check_curve(tag, got, ref_curve)
             ck = t.path(f"train_{tag}", "checkpoints", f"step-{STEPS:08d}.h5")
             w = rel_l2(ck, ref_ck, "model")
