@@ -75,8 +75,8 @@ void GradSync::start(int i) {
 
 void GradSync::ready(std::int64_t offset, std::int64_t count) {
   const auto& specs = chunk_.specs();
-  auto it = std::lower_bound(specs.begin(), specs.end(), offset,
-                             [](const model::ShardSpec& s, std::int64_t o) { return s.offset < o; });
+  auto before = [](const model::ShardSpec& s, std::int64_t o) { return s.offset < o; };
+  auto it = std::lower_bound(specs.begin(), specs.end(), offset, before);
   TRIDENT_CHECK(it != specs.end() && it->offset == offset,
                 "grad sync: reported range does not start at a tensor");
   for (; it != specs.end() && it->offset < offset + count; ++it) {

@@ -29,8 +29,9 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
                                      cfg.parallel.zero_stage == 1);
   if (sync_->active())
-    model_->set_grad_ready_hook(
-        [this](std::int64_t offset, std::int64_t count) { sync_->ready(offset, count); });
+    model_->set_grad_ready_hook([sync = sync_.get()](std::int64_t offset, std::int64_t count) {
+      sync->ready(offset, count);
+    });
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
 }
 
@@ -116,8 +117,9 @@ void Trainer::report_startup() {
                 static_cast<long long>(mine[1]), static_cast<long long>(most[1]),
                 cfg_.parallel.zero_stage, sync_->num_buckets(),
                 sync_->num_buckets() == 1 ? "" : "s", cfg_.parallel.grad_bucket_mb,
-                cfg_.parallel.zero_stage == 1 && ps_.shape.dp == 1 ? " (ZeRO-1 is a no-op at dp = 1)"
-                                                                   : "");
+                cfg_.parallel.zero_stage == 1 && ps_.shape.dp == 1
+                    ? " (ZeRO-1 is a no-op at dp = 1)"
+                    : "");
   log::info(line);
 }
 

@@ -150,13 +150,16 @@ def main():
             t.check_curve(tag, got, ref_curve)
             ck = t.path(f"train_{tag}", "checkpoints", f"step-{STEPS:08d}.h5")
             w = rel_l2(ck, ref_ck, "model")
-            t.check(w[0] <= 1e-5, f"train {tag}: final weights |d|/|w| = {w[0]:.2e} (most in {w[1]})")
+            t.check(w[0] <= 1e-5,
+                    f"train {tag}: final weights |d|/|w| = {w[0]:.2e} (most in {w[1]})")
             m = rel_l2(ck, ref_ck, "optimizer/exp_avg")
-            t.check(m[0] <= 1e-4, f"train {tag}: final exp_avg |d|/|m| = {m[0]:.2e} (most in {m[1]})")
+            t.check(m[0] <= 1e-4,
+                    f"train {tag}: final exp_avg |d|/|m| = {m[0]:.2e} (most in {m[1]})")
             r = 2 * (dp - 1) / dp
             want = r * (4 * n0 + (16 if zero and dp > 1 else 8))
             t.check(np.allclose(dp_b, want, rtol=1e-12, atol=0),
-                    f"train {tag}: comm/dp/bytes {dp_b[0]:.0f} = 2(p-1)/p*(4*{n0}+...) = {want:.0f}")
+                    f"train {tag}: comm/dp/bytes {dp_b[0]:.0f} = 2(p-1)/p*(4*{n0}+...) "
+                    f"= {want:.0f}")
             if zero and dp > 1:
                 t.check(8 * n0 / dp <= state <= 8 * n0 / dp + 8 * buckets,
                         f"train {tag}: optimizer state {state} bytes on rank 0 = 8*{n0}/{dp} "
