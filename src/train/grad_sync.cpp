@@ -9,6 +9,12 @@
 
 namespace trident::train {
 
+std::vector<int> split_counts(std::int64_t n, int p) {
+  std::vector<int> counts;
+  for (int k = 0; k < p; ++k) counts.push_back(int(n / p + (k < n % p ? 1 : 0)));
+  return counts;
+}
+
 GradSync::GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb, bool zero)
     : chunk_(chunk), dp_(dp), zero_(zero && dp.size() > 1) {
   const auto& specs = chunk.specs();
@@ -35,13 +41,9 @@ GradSync::GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb,
   const int p = dp.size(), r = std::max(0, dp.rank());
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
     Bucket& b = *it;
-    const int parts = zero_ ? p : 1;
-    for (int k = 0, at = 0; k < parts; ++k) {
-      const int c = int(b.n / parts + (k < b.n % parts ? 1 : 0));
-      b.counts.push_back(c);
+    b.counts = split_counts(b.n, zero_ ? p : 1);
+    for (int k = 0, at = 0; k < int(b.counts.size()); at += b.counts[std::size_t(k++)])
       b.displs.push_back(at);
-      at += c;
-    }
     const int mine = zero_ ? r : 0;
     b.shard = zero_ ? shard_numel_ : b.offset;
     const std::int64_t lo = b.offset + b.displs[mine], hi = lo + b.counts[mine];

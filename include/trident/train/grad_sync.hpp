@@ -1,7 +1,7 @@
 // trident/train/grad_sync.hpp — data-parallel gradient averaging in buckets of the flat
 // gradient buffer, overlapped with the backward, and the ZeRO-1 partition of the optimizer
 // state (DESIGN.md: "Grad sync").
-// defines: trident::train::GradSync, Segment
+// defines: trident::train::GradSync, Segment, split_counts
 //
 // Buckets: whole tensors, walked from the end of the flat buffer (the order the backward
 // finishes them: ln_f, the last block, ..., the first block, wpe, wte), closed once they
@@ -38,6 +38,10 @@
 #include "trident/parallel/comm.hpp"
 
 namespace trident::train {
+
+// ZeRO-1's split of a bucket of n elements over p ranks: contiguous parts, the first n % p
+// of them one element longer. Returns the p counts.
+std::vector<int> split_counts(std::int64_t n, int p);
 
 // A run of owned elements inside one tensor: flat [offset, offset + count) of the chunk's
 // buffers is element `shard` of the shard layout (moments, shard_grads()).
