@@ -226,6 +226,15 @@ LAYOUTS = [("tp1", (1, 1, 1), {}), ("tp2", (2, 1, 1), {}),
            ("tp2-sp", (2, 1, 1), {"sequence_parallel": True})]
 LAYOUT_STEPS = int(os.environ.get("BENCH_LAYOUT_STEPS", "12"))
 
+# 3D composition on 4 ranks (one thread each): tp x pp x dp, micro-batches of 2 sequences
+# (1x1x4 runs one microbatch per rank, 2x2x1 four per pipeline).
+LAYOUTS_4 = [("1x1x4", (1, 1, 4)), ("2x1x2", (2, 1, 2)), ("1x2x2", (1, 2, 2)),
+             ("2x2x1", (2, 2, 1))]
+MICRO_4 = 2
+# The model's 17 MB of gradients would fit one default (25 MiB) bucket, which can only start
+# once the backward is over: 2 MiB buckets let the backward hide them.
+BUCKET_MB_4 = 2.0
+
 
 def run_layouts(build, work, env):
     sys.path.insert(0, os.path.join(SRC, "tools"))
@@ -239,6 +248,24 @@ def run_layouts(build, work, env):
         log(f"layout {name} ...")
         rows.append(pb.run_layout(trident, tt.write_deck, work, env, MODEL, data, name, shape,
                                   BATCH, BATCH, LAYOUT_STEPS, extra))
+    return rows
+
+
+def run_layouts_4(build, work, env):
+    sys.path.insert(0, os.path.join(SRC, "tools"))
+    import parallel_bench as pb
+    import trident_torch as tt
+
+    trident = os.path.join(build, "trident")
+    data, _ = token_dataset(build, work, trident, env)
+    rows = []
+    for name, shape in LAYOUTS_4:
+        log(f"4-rank layout {name} ...")
+        r = pb.run_layout(trident, tt.write_deck, work, env, MODEL, data, name, shape,
+                          BATCH, MICRO_4, LAYOUT_STEPS, {"grad_bucket_mb": BUCKET_MB_4})
+        if shape[1] > 1:
+            r.pop("tp_bytes_formula", None)  # its closed form assumes every layer on rank 0
+        rows.append(r)
     return rows
 
 
@@ -272,6 +299,7 @@ def main():
     trident_r = {"error": "not measured (the trident build failed)"} if a.skip_trident else run_trident(build, work, env)
 
     layouts = [] if a.skip_trident else run_layouts(build, work, env)
+    layouts4 = [] if a.skip_trident else run_layouts_4(build, work, env)
 
     flops = flops_per_step(**MODEL, batch=BATCH)
     t_tr, t_pt = trident_r.get("median_step_s"), torch_r.get("median_step_s")
@@ -289,6 +317,7 @@ def main():
         "sgemm_gflops": head,
         "ratio_trident_over_sgemm": flops / t_tr * 1e-9 / head if t_tr and head else None,
         "layouts": layouts,
+        "layouts_4": layouts4,
         "goals": {"ratio_trident_over_torch": "<= 0.8", "ratio_trident_over_sgemm": ">= 0.7"},
     }
     path = os.path.join(out, "results.json")
@@ -331,6 +360,23 @@ def main():
             print(f"  {r['name']:<8} {r['ranks']:>5}  {r['median_step_s'] * 1e3:9.1f}  "
                   f"{r['tokens_per_s']:8.0f}  {b.get('tp', 0):13.0f}  {r['tp_bytes_formula']:11.0f}"
                   f"  {b.get('dp', 0):13.0f}{speedup}")
+    if layouts4:
+        print(f"\n  4 ranks x 1 thread, tp x pp x dp, micro-batch {MICRO_4}, batch {BATCH}, "
+              f"{BUCKET_MB_4:g} MiB DP buckets: bytes per step on rank 0; "
+              "DP hidden = 1 - (final wait) / (same buckets alone)")
+        print("  layout  step (ms)  tokens/s  TP bytes   PP bytes   DP bytes   emb bytes  "
+              "DP hidden (wait/alone ms)")
+        for r in layouts4:
+            if "error" in r:
+                print(f"  {r['name']:<7} {r['error']}")
+                continue
+            b = r["bytes_per_step"]
+            hid = (f"{r['dp_hidden'] * 100:5.0f}%  ({r['dp_wait_ms']:.2f}/{r['dp_alone_ms']:.2f}, "
+                   f"{r['dp_buckets_early']}/{r['dp_buckets']} buckets early)"
+                   if r.get("dp_hidden") is not None else "    -")
+            print(f"  {r['name']:<7} {r['median_step_s'] * 1e3:9.1f}  {r['tokens_per_s']:8.0f}  "
+                  f"{b.get('tp', 0):9.0f}  {b.get('pp', 0):9.0f}  {b.get('dp', 0):9.0f}  "
+                  f"{b.get('embedding', 0):9.0f}  {hid}")
     for what, r in (("trident", trident_r), ("torch", torch_r), ("sgemm", sgemm)):
         if "error" in r:
             print(f"  {what}: {r['error']}")

@@ -2,9 +2,12 @@
 several TP x PP x DP shapes of the bench model, one thread per rank, each rank's step
 time (median after warm-up, metrics.h5), tokens/s and the bytes every group moved per
 step (rank 0's counters), with TP bytes checked against the closed form of
-test/mpi/tensor_parallel.py."""
+test/mpi/tensor_parallel.py, and where dp > 1 the share of the DP gradient reduction hidden
+behind the backward (from the run's `dp sync:` line: the median final wait for the
+buckets against the same buckets reduced alone, blocking)."""
 
 import os
+import re
 import statistics
 import subprocess
 
@@ -61,6 +64,13 @@ def run_layout(trident, write_deck, work, env, model, data, name, shape, batch, 
     res = {"name": name, "shape": shape, "ranks": ranks, "median_step_s": step_s,
            "tokens_per_s": batch * model["seq_len"] / step_s, "bytes_per_step": groups}
     microbatches = batch // (micro_batch * dp)
+    m = re.search(r"dp sync: (\d+) of (\d+) buckets started during the backward; final wait "
+                  r"([\d.]+) ms \(median step\), the same buckets alone ([\d.]+) ms", p.stdout)
+    if m:
+        wait, alone = float(m.group(3)), float(m.group(4))
+        res.update({"dp_buckets": int(m.group(2)), "dp_buckets_early": int(m.group(1)),
+                    "dp_wait_ms": wait, "dp_alone_ms": alone,
+                    "dp_hidden": max(0.0, 1.0 - wait / alone) if alone > 0 else None})
     res["tp_bytes_formula"] = tp_bytes_per_step(model, micro_batch, microbatches, tp,
                                                 bool(parallel.get("sequence_parallel")))
     return res

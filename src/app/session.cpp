@@ -42,8 +42,6 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     // Dimensions whose machinery is still to come fail clearly rather than silently.
     TRIDENT_CHECK(c.parallel.vpp == 1, c.source, ": parallel.vpp = ", c.parallel.vpp,
                   " (interleaved chunks) is not available yet in this build");
-    TRIDENT_CHECK(c.parallel.zero_stage == 0, c.source,
-                  ": parallel.zero_stage = 1 is not available yet in this build");
     const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
     s.ops = ops::make_ops(c.runtime.device, threads);
   });

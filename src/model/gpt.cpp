@@ -303,6 +303,7 @@ void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
   const std::int64_t NC = boundary_numel();
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
+  if (grad_ready_ && stage_.has_head) report_grads_ready(-2);  // ln_f: done in forward
   const int L = stage_.last_layer - stage_.first_layer;
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
@@ -315,6 +316,7 @@ void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
       la = &a.layers[l];
     }
     block_backward(l, x, dres, *la);
+    if (grad_ready_) report_grads_ready(stage_.first_layer + l);
   }
   if (stage_.has_embedding) {
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
@@ -322,6 +324,7 @@ void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
     ops_.embedding_backward(tensor(grads_.data(), "wte"), demb, inputs, B_ * T_, C_,
                             vocab_start_, Vl_);
     ops_.position_backward(tensor(grads_.data(), "wpe"), demb, B_, T_, C_);
+    if (grad_ready_) report_grads_ready(-1);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
   }
@@ -348,6 +351,22 @@ void GptChunk::reduce_sequence_parallel_grads() {
   for (const ShardSpec* s : norms) {
     ops_.copy(grads_.data() + s->offset, pack, s->local_numel());
     pack += s->local_numel();
+  }
+}
+
+// ---- grad-ready hook (see set_grad_ready_hook) -------------------------------------------
+
+void GptChunk::report_grads_ready(int layer) {
+  for (const auto& s : specs_) {
+    if (layer == -2) {  // the head: ln_f (wte goes with the embedding)
+      if (s.name.rfind("ln_f.", 0) != 0) continue;
+    } else if (s.layer != layer) {
+      continue;
+    } else if (layer == -1 && s.name != "wpe" && !(s.name == "wte" && stage_.has_head)) {
+      continue;
+    }
+    if (tpm_.sequence_parallel() && s.name.find("ln_") != std::string::npos) continue;
+    grad_ready_(s.offset, s.local_numel());
   }
 }
 

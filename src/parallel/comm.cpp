@@ -91,6 +91,36 @@ void Comm::all_gather_inplace(float* full, std::int64_t shard_n) {
   MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, as_count(shard_n), MPI_FLOAT, comm_);
 }
 
+MPI_Request Comm::iallreduce_sum(float* data, std::int64_t n) {
+  if (size_ <= 1) return MPI_REQUEST_NULL;
+  count(2.0 * double(size_ - 1) / double(size_) * double(n) * 4.0);
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, data, as_count(n), MPI_FLOAT, MPI_SUM, comm_, &r);
+  return r;
+}
+
+MPI_Request Comm::ireduce_scatter_sum(const float* bucket, float* part, const int* counts,
+                                      std::int64_t n) {
+  if (size_ <= 1) {
+    std::copy(bucket, bucket + counts[0], part);
+    return MPI_REQUEST_NULL;
+  }
+  count(double(size_ - 1) / double(size_) * double(n) * 4.0);
+  MPI_Request r;
+  MPI_Ireduce_scatter(bucket, part, counts, MPI_FLOAT, MPI_SUM, comm_, &r);
+  return r;
+}
+
+MPI_Request Comm::iall_gather_inplace(float* bucket, const int* counts, const int* displs,
+                                      std::int64_t n) {
+  if (size_ <= 1) return MPI_REQUEST_NULL;
+  count(double(size_ - 1) / double(size_) * double(n) * 4.0);
+  MPI_Request r;
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, bucket, counts, displs, MPI_FLOAT, comm_,
+                  &r);
+  return r;
+}
+
 MPI_Request Comm::isend(const float* data, std::int64_t n, int peer, int tag) {
   MPI_Request r;
   count(double(n) * 4.0);

@@ -33,7 +33,8 @@ namespace trident::train {
 bool Config::Parallel::operator==(const Parallel& o) const {
   return tp == o.tp && pp == o.pp && dp == o.dp && vpp == o.vpp && schedule == o.schedule &&
          micro_batch_size == o.micro_batch_size && sequence_parallel == o.sequence_parallel &&
-         zero_stage == o.zero_stage && recompute == o.recompute;
+         zero_stage == o.zero_stage && grad_bucket_mb == o.grad_bucket_mb &&
+         recompute == o.recompute;
 }
 bool Config::Train::operator==(const Train& o) const {
   return steps == o.steps && global_batch_size == o.global_batch_size && lr == o.lr &&
@@ -91,6 +92,8 @@ const std::vector<KeyDef>& key_table() {
       {"parallel", "sequence_parallel",
        [](Config& c) -> Field { return &c.parallel.sequence_parallel; }},
       {"parallel", "zero_stage", [](Config& c) -> Field { return &c.parallel.zero_stage; }},
+      {"parallel", "grad_bucket_mb",
+       [](Config& c) -> Field { return &c.parallel.grad_bucket_mb; }},
       {"parallel", "recompute", [](Config& c) -> Field { return &c.parallel.recompute; }},
 
       {"train", "steps", [](Config& c) -> Field { return &c.train.steps; }},
@@ -474,6 +477,8 @@ class Loader {
     need_one_of(p.schedule, "parallel.schedule", kSchedules);
     need(p.micro_batch_size >= 1, "parallel.micro_batch_size", ">= 1", p.micro_batch_size);
     need(p.zero_stage == 0 || p.zero_stage == 1, "parallel.zero_stage", "0 or 1", p.zero_stage);
+    need_finite(p.grad_bucket_mb, "parallel.grad_bucket_mb");
+    need(p.grad_bucket_mb > 0, "parallel.grad_bucket_mb", "> 0", toml_float(p.grad_bucket_mb));
     need_one_of(p.recompute, "parallel.recompute", {"none", "full"});
     if (p.vpp > 1 && p.schedule != "interleaved-1f1b" && p.schedule != "looped-bfs")
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,

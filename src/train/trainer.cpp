@@ -1,11 +1,16 @@
 // One optimizer step of one rank (see trident/train/trainer.hpp).
 #include "trident/train/trainer.hpp"
 
+#include <mpi.h>
+
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "trident/core/error.hpp"
 #include "trident/core/fault.hpp"
+#include "trident/core/log.hpp"
+#include "trident/pipeline/simulator.hpp"
 #include "trident/train/lr_schedule.hpp"
 
 namespace trident::train {
@@ -24,7 +29,13 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
                                              cfg.parallel.micro_batch_size, recompute,
                                              cfg.parallel.sequence_parallel);
-  optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train);
+  sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
+                                     cfg.parallel.zero_stage == 1);
+  if (sync_->active())
+    model_->set_grad_ready_hook([sync = sync_.get()](std::int64_t offset, std::int64_t count) {
+      sync->ready(offset, count);
+    });
+  optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
 }
 
 std::int64_t Trainer::local_batch(std::int64_t global_batch) const {
@@ -68,17 +79,55 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
   const std::int64_t mb_tokens = std::int64_t(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len;
   const float loss_scale = float(1.0 / double(global_batch * cfg_.model.seq_len));
   model_->zero_grads();
+  // Tests (TRIDENT_FAULT nan): this rank's gradients start as NaN, so the sums of the
+  // backward, the DP reduction and the norm carry it to every rank alike.
+  if (fault::armed(fault::Kind::nan))
+    ops_.fill(model_->grads(), std::numeric_limits<float>::quiet_NaN(), model_->num_params());
+  if (sync_->active()) sync_->begin(m);  // buckets start as the last backward finishes them
   const double local = executor_for(m).run(
       [&](int mb) {
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
       },
       loss_scale);
   model_->reduce_sequence_parallel_grads();
-  if (fault::armed(fault::Kind::nan))  // tests: a rank whose gradients blow up
-    ops_.fill(model_->grads(), std::numeric_limits<float>::quiet_NaN(), model_->num_params());
   // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
-  ps_.dp.allreduce_sum(model_->grads(), model_->num_params());
+  if (sync_->active()) sync_->finish();
   return reduce_loss(local, global_batch);
+}
+
+void Trainer::gather_gradients() {
+  if (sync_->zero()) sync_->gather_full(sync_->grad_base(), model_->grads());
+}
+
+void Trainer::report_startup() {
+  // Rank 0 reports the maximum over ranks (stages and TP ranks differ).
+  std::int64_t mine[2] = {model_->num_params(), optimizer_->state_bytes()}, most[2];
+  MPI_Allreduce(mine, most, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  const int m = microbatches_per_rank(cfg_);
+  const auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
+                                             cfg_.parallel.vpp, m);
+  const double bubble = pipeline::simulate(sched).bubble_fraction;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "trident: layout tp=%d x pp=%d x dp=%d, vpp=%d, schedule %s, %d microbatches "
+                "of %d per step, %lld tokens per step, expected bubble %.3f",
+                ps_.shape.tp, ps_.shape.pp, ps_.shape.dp, cfg_.parallel.vpp,
+                cfg_.parallel.schedule.c_str(), m, cfg_.parallel.micro_batch_size,
+                static_cast<long long>(cfg_.train.global_batch_size) * cfg_.model.seq_len,
+                bubble);
+  log::info(line);
+  std::snprintf(line, sizeof line,
+                "trident: %lld parameters on rank 0 (at most %lld on a rank), optimizer state "
+                "%lld bytes on rank 0 (at most %lld on a rank), zero_stage=%d, %d DP bucket%s "
+                "of <= %g MiB%s",
+                static_cast<long long>(mine[0]), static_cast<long long>(most[0]),
+                static_cast<long long>(mine[1]), static_cast<long long>(most[1]),
+                cfg_.parallel.zero_stage, sync_->num_buckets(),
+                sync_->num_buckets() == 1 ? "" : "s", cfg_.parallel.grad_bucket_mb,
+                cfg_.parallel.zero_stage == 1 && ps_.shape.dp == 1
+                    ? " (ZeRO-1 is a no-op at dp = 1)"
+                    : "");
+  log::info(line);
 }
 
 StepStats Trainer::optimizer_step(std::int64_t step, double loss) {

@@ -75,6 +75,7 @@ class LayoutTest:
         if p.returncode != 0:
             print(p.stdout[-2000:], p.stderr[-2000:])
             sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}")
+        self.last_stdout = p.stdout
 
     def check(self, cond, what):
         print(("ok   " if cond else "FAIL ") + what)

@@ -111,7 +111,7 @@ def round_cpu(cluster):
     print(f"cpu.sbatch: job {jobid} in {time.time() - t0:.1f} s")
     check(rc == 0, f"cpu.sbatch: sbatch --wait exits 0 (got {rc}{': ' + err.strip() if rc else ''})")
     check(cluster.job(jobid).get("JobState") == "COMPLETED", "cpu.sbatch: job COMPLETED")
-    check("layout tp=1 pp=1 dp=2" in out, "cpu.sbatch: two ranks through srun --mpi=pmix")
+    check("layout tp=1 x pp=1 x dp=2" in out, "cpu.sbatch: two ranks through srun --mpi=pmix")
     check("jobscript: trident exited 0" in out, "cpu.sbatch: trident exited 0")
     if rc != 0 or "trident exited 0" not in out:
         show_output(out)

@@ -15,10 +15,12 @@
 // open or whose attributes are wrong (a truncated copy, a damaged disk). Each tensor
 // carries a checksum (see tensor_io.hpp), verified when it is read.
 //
-// ZeRO-1 (TODO): the moments are given as full local shards, indexed by the same specs as
-// the parameters. A ZeRO-1 rank that holds only a range of its moments must gather them
-// over its DP group first (or this API grows a per-rank flat range: the hyperslabs of a
-// range are a few row pieces per block, and ShardRole would name the range's owner).
+// ZeRO-1: the moments are given as full local shards, indexed by the same specs as the
+// parameters. A ZeRO-1 rank, which holds only a range of its moments, gathers them over its
+// DP group first and keeps its range of what it reads (train/run.cpp, through
+// GradSync::gather_full / scatter_full). (A per-rank flat range in this API would save the
+// gather: the hyperslabs of a range are a few row pieces per block, and ShardRole would
+// name the range's owner.)
 #pragma once
 
 #include <mpi.h>

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -108,6 +109,16 @@ class GptChunk {
 
   float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output
 
+  // ---- grad-ready hook (data-parallel overlap, train/grad_sync.hpp) ----
+  // When set, backward() calls hook(offset, count) for each tensor (flat range) whose
+  // gradient this microbatch has just finished: ln_f first (the head's backward ran in
+  // forward), a block's tensors after the block's backward, wpe (and wte when this chunk
+  // also holds the head) after the embedding's. Not reported, because a later reduction
+  // still changes them: wte when tied across stages, the LayerNorms under sequence
+  // parallelism. Once per microbatch: the m-th report of a tensor means it is final.
+  using GradReadyHook = std::function<void(std::int64_t offset, std::int64_t count)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+
   // Inference (single stage and TP group of 1): logits [V] of the last position of
   // tokens[0..t), 1 <= t <= seq_len.
   void logits_last(const std::int32_t* tokens, int t, float* logits);
@@ -125,6 +136,7 @@ class GptChunk {
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
   void block_backward(int l, const float* x, float* dres, LayerActivations& la);
+  void report_grads_ready(int layer);  // global block index; -1: embedding, -2: head
   double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                float loss_scale, bool with_backward);
   // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
@@ -152,6 +164,7 @@ class GptChunk {
   FloatBuffer recompute_store_;
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
+  GradReadyHook grad_ready_;
 };
 
 }  // namespace trident::model

@@ -57,6 +57,18 @@ class Comm {
   // each rank's own (its rows of `full` already hold it).
   void reduce_scatter_sum(const float* full, float* shard, std::int64_t shard_n);
   void all_gather_inplace(float* full, std::int64_t shard_n);
+  // Non-blocking collectives over one bucket of a flat buffer (DP gradient sync, ZeRO-1);
+  // the caller waits (MPI_Wait*). On a size-1 communicator they return MPI_REQUEST_NULL
+  // at once (ireduce_scatter_sum copies this rank's part). Counted when started, with the
+  // bus bytes of a bucket of n floats: allreduce 2(p-1)/p * 4n, reduce-scatter and
+  // all-gather (p-1)/p * 4n each, whatever the split. Rank r's part of the bucket is
+  // [displs[r], displs[r] + counts[r]) (counts/displs: size() entries, kept alive by the
+  // caller until the wait).
+  MPI_Request iallreduce_sum(float* data, std::int64_t n);
+  MPI_Request ireduce_scatter_sum(const float* bucket, float* part, const int* counts,
+                                  std::int64_t n);
+  MPI_Request iall_gather_inplace(float* bucket, const int* counts, const int* displs,
+                                  std::int64_t n);
   void broadcast(void* data, std::int64_t bytes, int root);
   // Non-blocking point-to-point (pipeline stages); the caller waits. Sends are counted.
   MPI_Request isend(const float* data, std::int64_t n, int peer, int tag);

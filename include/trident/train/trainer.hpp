@@ -13,6 +13,7 @@
 #include "trident/parallel/comm.hpp"
 #include "trident/pipeline/executor.hpp"
 #include "trident/train/config.hpp"
+#include "trident/train/grad_sync.hpp"
 #include "trident/train/optimizer.hpp"
 
 namespace trident::train {
@@ -34,6 +35,7 @@ class Trainer {
 
   model::GptChunk& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
+  GradSync& grad_sync() { return *sync_; }
   const Config& config() const { return cfg_; }
   parallel::ParallelState& state() { return ps_; }
 
@@ -44,7 +46,9 @@ class Trainer {
 
   // Zeroes the gradients, then runs the forwards and backwards of this rank's slice
   // inputs/targets [local_batch, T] in microbatches of parallel.micro_batch_size, and
-  // averages the gradients over DP. Returns the mean loss of the global batch (all ranks).
+  // averages the gradients over DP (in buckets during the backward, GradSync; under
+  // ZeRO-1 each DP rank is left with its shard only). Returns the mean loss of the global
+  // batch (all ranks).
   double forward_backward(const std::int32_t* inputs, const std::int32_t* targets,
                           std::int64_t global_batch);
 
@@ -52,6 +56,15 @@ class Trainer {
   // When the loss or the norm is not finite nothing is changed (StepStats::applied false):
   // every rank sees the same loss and norm, so every rank decides alike.
   StepStats optimizer_step(std::int64_t step, double loss);
+
+  // After forward_backward: the DP-averaged gradients of every element in
+  // model().grads() (under ZeRO-1 the shards are all-gathered over DP first).
+  void gather_gradients();
+
+  // The rank-0 start-up report: layout, schedule, parameters and optimizer-state bytes
+  // per rank, the simulator's bubble fraction. Collective over the world (every rank
+  // calls it); rank 0 prints.
+  void report_startup();
 
   // Mean loss of a global batch, forwards only.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
@@ -66,6 +79,7 @@ class Trainer {
   parallel::ParallelState& ps_;
   ops::Ops& ops_;
   std::unique_ptr<model::GptChunk> model_;
+  std::unique_ptr<GradSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
   std::map<int, std::unique_ptr<pipeline::Executor>> executors_;  // by microbatch count
 };

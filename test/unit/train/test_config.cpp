@@ -31,7 +31,8 @@ vpp = 1                 # model chunks per pipeline rank (interleaved schedules)
 schedule = "1f1b"       # naive | gpipe | 1f1b | interleaved-1f1b | looped-bfs | zb-h1
 micro_batch_size = 4
 sequence_parallel = false
-zero_stage = 0          # 0 | 1
+zero_stage = 0          # 0 | 1 (1: Adam moments sharded over dp, Megatron's distributed optimizer)
+grad_bucket_mb = 25.0   # MiB per DP gradient bucket, reduced during the last backward
 recompute = "none"      # none | full
 
 [train]
@@ -146,7 +147,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
       "[model]", "vocab_size = 0", "seq_len = 128", "n_layer = 4", "n_head = 4",
       "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "vpp = 1",
       "schedule = \"1f1b\"", "micro_batch_size = 4", "sequence_parallel = false",
-      "zero_stage = 0", "recompute = \"none\"", "[train]", "steps = 200",
+      "zero_stage = 0", "grad_bucket_mb = 25.0", "recompute = \"none\"", "[train]", "steps = 200",
       "global_batch_size = 32", "lr = 0.0003", "min_lr = 3e-05", "warmup_steps = 20",
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
       "seed = 1234", "eval_every = 0", "eval_batches = 4", "on_nonfinite = \"abort\"", "[data]", "train = \"\"",
@@ -161,7 +162,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 37u);
+  EXPECT_EQ(assignments, 38u);
 }
 
 TEST(Config, RoundTripThroughToToml) {
@@ -175,6 +176,7 @@ TEST(Config, RoundTripThroughToToml) {
   c.parallel.micro_batch_size = 3;
   c.parallel.sequence_parallel = true;
   c.parallel.zero_stage = 1;
+  c.parallel.grad_bucket_mb = 0.1 + 0.2;
   c.parallel.recompute = "full";
   c.train.steps = 1000;
   c.train.global_batch_size = 90;
@@ -414,6 +416,8 @@ TEST(ConfigErrors, Enums) {
   for (const std::string& s : kSchedules)
     EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.schedule=" + s})) << s;
   expect_error("", {"parallel.zero_stage=2"}, {"parallel.zero_stage", "0 or 1"});
+  expect_error("", {"parallel.grad_bucket_mb=0"}, {"parallel.grad_bucket_mb", "> 0"});
+  expect_error("", {"parallel.grad_bucket_mb=-1.5"}, {"parallel.grad_bucket_mb", "> 0"});
   expect_error("", {"parallel.recompute=partial"}, {"parallel.recompute", "none or full"});
   expect_error("", {"runtime.device=tpu"}, {"runtime.device", "cpu or cuda"});
   expect_error("", {"runtime.precision=fp16"}, {"runtime.precision", "fp32, tf32 or bf16"});
