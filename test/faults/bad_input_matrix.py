@@ -344,6 +344,8 @@ for _key, _value, _rule in [
     ("parallel.vpp", 0, ">= 1"),
     ("parallel.micro_batch_size", 0, ">= 1"),
     ("parallel.zero_stage", 2, "0 or 1"),
+    ("parallel.grad_bucket_mb", 0, "> 0"),
+    ("train.on_nonfinite", "ignore", "abort or skip"),
     ("parallel.recompute", "some", "none or full"),
     ("train.steps", 0, ">= 1"),
     ("train.global_batch_size", 0, ">= 1"),
@@ -415,8 +417,6 @@ deck_case("world_vs_pp_dp", {"parallel.pp": 2, "parallel.dp": 2},
 deck_case("refused_vpp", {"model.n_layer": 4, "parallel.pp": 2, "parallel.vpp": 2,
                           "parallel.schedule": "interleaved-1f1b"},
           ["deck.toml", "parallel.vpp = 2", "not available"], np=2)
-deck_case("refused_zero_stage_1", {"parallel.zero_stage": 1},
-          ["deck.toml", "parallel.zero_stage = 1", "not available"], np=2)
 deck_case("vocab_smaller_than_dataset", {"model.vocab_size": 8},
           ["tokens.h5", "vocab_size = 16", "model.vocab_size = 8", "data.train"], np=2)
 deck_case("vocab_from_empty_data_train", {"model.vocab_size": 0, "data.train": ""},
