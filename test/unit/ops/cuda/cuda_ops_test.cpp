@@ -111,7 +111,10 @@ class DevVec {
 // tol: what this check allows under the precision being run (see tolerance()).
 struct CudaCase {
   std::string name;
-  bool products;  // runs matrix products: also checked under tf32 and bf16
+  // runs matrix products large enough for the bound in the file comment (k >= 32): also
+  // checked under tf32 and bf16. (In a tiny product one entry may nearly cancel, and its
+  // rounding error is then large next to ||C||_inf; those shapes run under fp32 only.)
+  bool products;
   bool attention;
   std::function<void(Ops& g, double tol)> check;
 };
@@ -245,8 +248,9 @@ void check_sum_squares(Ops& g, double, std::int64_t n) {
   const double want = cpu().sum_squares(x.data(), n);
   DevVec<float> gx(g, x);
   const double got = g.sum_squares(gx.get(), n);
-  // products of floats are exact in double; only the order of ~n additions differs
-  EXPECT_NEAR(got, want, 1e-12 * want) << "sum of squares";
+  // products of floats are exact in double; only the order of the additions differs (both
+  // sum short runs and then partials: ~1e-14 apart; 1e-10 still catches a lost element)
+  EXPECT_NEAR(got, want, 1e-10 * want) << "sum of squares";
   EXPECT_EQ(g.sum_squares(gx.get(), n), got) << "not deterministic";
 }
 
@@ -368,21 +372,20 @@ void check_adamw(Ops& g, double tol, std::int64_t n) {
 }
 
 std::vector<CudaCase> cases() {
-  using namespace std::placeholders;
   std::vector<CudaCase> cs;
   const int gemm_shapes[][3] = {{5, 7, 11}, {1, 1, 1}, {129, 70, 300}, {64, 33, 257}};
   for (auto& s : gemm_shapes)
     for (int t = 0; t < 4; t++) {
       const bool ta = t & 1, tb = t & 2;
       cs.push_back({name_of("gemm_%s%s_m%d_n%d_k%d", ta ? "T" : "N", tb ? "T" : "N", s[0], s[1], s[2]),
-                    true, false, [=](Ops& g, double tol) { check_gemm(g, tol, ta, tb, s[0], s[1], s[2]); }});
+                    s[2] >= 32, false, [=](Ops& g, double tol) { check_gemm(g, tol, ta, tb, s[0], s[1], s[2]); }});
     }
   const int linear_shapes[][3] = {{5, 7, 11}, {1, 3, 1}, {129, 70, 300}, {100, 256, 48}};
   for (auto& s : linear_shapes) {
     for (bool bias : {true, false})
       cs.push_back({name_of("linear_forward_n%d_in%d_out%d_%s", s[0], s[1], s[2], bias ? "bias" : "nobias"),
-                    true, false, [=](Ops& g, double tol) { check_linear_forward(g, tol, s[0], s[1], s[2], bias); }});
-    cs.push_back({name_of("linear_backward_n%d_in%d_out%d", s[0], s[1], s[2]), true, false,
+                    s[1] >= 32, false, [=](Ops& g, double tol) { check_linear_forward(g, tol, s[0], s[1], s[2], bias); }});
+    cs.push_back({name_of("linear_backward_n%d_in%d_out%d", s[0], s[1], s[2]), s[1] >= 32, false,
                   [=](Ops& g, double tol) { check_linear_backward(g, tol, s[0], s[1], s[2]); }});
   }
   const int att_shapes[][4] = {{2, 7, 12, 3}, {1, 1, 4, 1}, {1, 40, 16, 2}, {3, 33, 8, 1}, {2, 67, 16, 4}, {1, 97, 24, 3}};
