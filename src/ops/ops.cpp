@@ -37,7 +37,11 @@ std::unique_ptr<Ops> make_ops(const std::string& device, int threads, Precision 
 #ifdef TRIDENT_HAVE_CUDA
     int n = cuda_device_count();
     TRIDENT_CHECK(n > 0, "runtime.device = \"cuda\" but no CUDA GPU is visible to this rank");
-    return make_cuda_ops(precision);
+    // The backend works on device memory (make_cuda_ops, trident/ops/cuda.hpp), but the model,
+    // pipeline and I/O still hand the ops host buffers: refuse clearly until they keep their
+    // buffers on the device; then this line becomes `return make_cuda_ops(precision);`.
+    fail("runtime.device = \"cuda\" (", precision_name(precision), "): the CUDA kernels are "
+         "built, but the model does not keep its buffers on the GPU yet; use \"cpu\"");
 #else
     fail("runtime.device = \"cuda\" but this trident was built without CUDA "
          "(reconfigure with -DTRIDENT_CUDA=ON where nvcc is installed)");

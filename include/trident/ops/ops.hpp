@@ -132,8 +132,9 @@ Precision parse_precision(const std::string& name);
 std::unique_ptr<Ops> make_cpu_ops(int threads);
 // make_ops("cpu" | "cuda", threads): a clear Error when the backend is not available.
 std::unique_ptr<Ops> make_ops(const std::string& device, int threads);
-// The same with a precision for the matrix products; "cpu" accepts fp32 only. "cuda" runs
-// on the calling thread's current device (see cuda_select_device in trident/ops/cuda.hpp).
+// The same with a precision for the matrix products; "cpu" accepts fp32 only. "cuda" is
+// refused with a clear Error until the model keeps its buffers on the device (the backend
+// itself: make_cuda_ops in trident/ops/cuda.hpp).
 std::unique_ptr<Ops> make_ops(const std::string& device, int threads, Precision precision);
 
 }  // namespace trident::ops

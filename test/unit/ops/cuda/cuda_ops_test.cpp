@@ -458,8 +458,9 @@ TEST(CudaOps, NameAndDevice) {
   Ops& g = gpu(Precision::bf16);
   EXPECT_EQ(g.device(), Device::cuda);
   EXPECT_NE(g.name().find("bf16"), std::string::npos) << g.name();
-  auto o = ops::make_ops("cuda", 1, Precision::tf32);
+  auto o = ops::make_cuda_ops(Precision::tf32);
   EXPECT_NE(o->name().find("tf32"), std::string::npos) << o->name();
+  EXPECT_THROW(ops::make_ops("cpu", 1, Precision::bf16), Error) << "the CPU has fp32 only";
 }
 
 TEST(CudaOps, SelectDevice) {
