@@ -4,14 +4,17 @@
 #   1. configure and build for sm_90 into build-gpu/ (only the targets below);
 #   2. the CUDA op tests (test/unit/ops/cuda: every op against the CPU backend, fp32/tf32/bf16);
 #   3. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
-#   4. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp).
+#   4. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
+#   5. compute-sanitizer memcheck and racecheck over trident's own kernels (time-bounded).
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
 # script ends with a table of the steps and exits 1 if any failed.
 # Where trident's host dependencies (MPI, HDF5, OpenBLAS, GoogleTest...) are missing, the
-# configure step fails and only the GEMM benchmark runs, built with a bare nvcc.
-# usage: bench/gpu_check.sh        knobs: JOBS (nproc), BUILD (build-gpu), GEMM_REPS (20),
-#                                         STEP_REPS (5)
+# configure step fails and only the GEMM benchmark runs, built with a bare nvcc; to run
+# everything there, build a bundle where the dependencies are (bench/gpu_bundle.sh), carry
+# build-gpu/bundle, and set PREBUILT=build-gpu/bundle (no build step then).
+# usage: bench/gpu_check.sh   knobs: PREBUILT, JOBS (nproc), BUILD (build-gpu), GEMM_REPS (20),
+#        STEP_REPS (5), SANITIZE (1), MEMCHECK_TIMEOUT (150 s), RACECHECK_TIMEOUT (60 s)
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -63,7 +66,7 @@ skip() {
 # ---- the machine ---------------------------------------------------------------------------
 step gpu_info nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 
-# ---- build ---------------------------------------------------------------------------------
+# ---- build (or a bundle built elsewhere: bench/gpu_bundle.sh) ---------------------------------
 configure() {
   cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DTRIDENT_CUDA=ON
@@ -79,35 +82,67 @@ build_gemm_bench_bare() {
        -o "$build/bench/trident_bench_cublas"
 }
 
-step configure configure
-if [ "${status[configure]}" = ok ]; then
-  step build build_targets
+if [ -n "${PREBUILT:-}" ]; then
+  prebuilt=$(cd "$PREBUILT" && pwd)
+  skip configure "PREBUILT=$prebuilt (commit $(cat "$prebuilt/COMMIT" 2>/dev/null || echo unknown))"
+  skip build "PREBUILT"
+  export LD_LIBRARY_PATH="$prebuilt/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  tests=$prebuilt/trident_unit_ops_cuda
+  gemm=$prebuilt/trident_bench_cublas
+  step_bench=$prebuilt/trident_bench_cuda_step
+  built=yes
 else
-  skip build "configure failed"
-  step build_gemm_bench_bare build_gemm_bench_bare
+  tests=$build/test/trident_unit_ops_cuda
+  gemm=$build/bench/trident_bench_cublas
+  step_bench=$build/bench/trident_bench_cuda_step
+  built=no
+  step configure configure
+  if [ "${status[configure]}" = ok ]; then
+    step build build_targets
+    [ "${status[build]}" = ok ] && built=yes
+  else
+    skip build "configure failed"
+    step build_gemm_bench_bare build_gemm_bench_bare
+  fi
 fi
 
 # ---- run -----------------------------------------------------------------------------------
-tests=$build/test/trident_unit_ops_cuda
-if [ -x "$tests" ] && [ "${status[build]:-}" = ok ]; then
+if [ "$built" = yes ] && [ -x "$tests" ]; then
   # exit 77 = no GPU visible: a failure here (the point of this script is the GPU)
   step op_tests "$tests" --gtest_output="json:$out/op_tests.json"
 else
   skip op_tests "not built"
 fi
 
-gemm=$build/bench/trident_bench_cublas
 if [ -x "$gemm" ]; then
   step gemm_bench to_file "$out/gemm.jsonl" "$gemm" "${GEMM_REPS:-20}"
 else
   skip gemm_bench "not built"
 fi
 
-step_bench=$build/bench/trident_bench_cuda_step
-if [ -x "$step_bench" ] && [ "${status[build]:-}" = ok ]; then
+if [ "$built" = yes ] && [ -x "$step_bench" ]; then
   step step_estimate to_file "$out/step_estimate.jsonl" "$step_bench" "${STEP_REPS:-5}"
 else
   skip step_estimate "not built"
+fi
+
+# Out-of-bounds accesses and shared-memory races in trident's own kernels (the fp32 cases of
+# everything but the pure cuBLAS products), each bounded in time. SANITIZE=0 leaves them out.
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ "${SANITIZE:-1}" = 0 ]; then
+  skip memcheck "SANITIZE=0"
+  skip racecheck "SANITIZE=0"
+elif [ "$built" != yes ] || [ ! -x "$tests" ]; then
+  skip memcheck "not built"
+  skip racecheck "not built"
+elif [ ! -x "$sanitizer" ]; then
+  skip memcheck "no compute-sanitizer"
+  skip racecheck "no compute-sanitizer"
+else
+  step memcheck timeout "${MEMCHECK_TIMEOUT:-150}" "$sanitizer" --tool memcheck --error-exitcode 99 \
+       "$tests" --gtest_filter='Fp32/*-*gemm_*:*linear_*'
+  step racecheck timeout "${RACECHECK_TIMEOUT:-60}" "$sanitizer" --tool racecheck --error-exitcode 99 \
+       "$tests" --gtest_filter='Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*'
 fi
 
 # ---- summary -------------------------------------------------------------------------------
