@@ -4,15 +4,14 @@
 // defines: CudaOps::gemm_rm, gemm_batched_rm, gemm, linear_forward, linear_backward,
 //          attention_forward, attention_backward
 //
-// Row-major to cuBLAS: trident stores C[m,n] row-major with row stride ldc, which cuBLAS
-// (column-major) reads as C^T[n,m] with leading dimension ldc; likewise A and B. So
-// C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: cuBLAS is called with the operands
-// swapped (B first), m and n swapped, and each operand's own transpose flag.
+// Row-major to cuBLAS: see col_major in plans.hpp (C^T = op(B)^T op(A)^T), which also holds
+// the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
 #include <cmath>
 
 #include "check.hpp"
 #include "cuda_ops.hpp"
 #include "kernels.hpp"
+#include "plans.hpp"
 #include "trident/core/error.hpp"
 
 namespace trident::ops::cuda {
@@ -58,27 +57,32 @@ void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const 
     void* b16 = s.alloc(bbytes);
     launch_to_bf16(stream_, a16, a, ra, ca, lda);
     launch_to_bf16(stream_, b16, b, rb, cb, ldb);
-    TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(tb), op_of(ta), n, m, k, &alpha, b16,
-                                      CUDA_R_16BF, static_cast<int>(cb), a16, CUDA_R_16BF,
-                                      static_cast<int>(ca), &beta, c, CUDA_R_32F, ldc,
-                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // the mapping with the packed leading dimensions (the pointers are the bf16 copies)
+    const ColMajor g = col_major(ta, tb, m, n, k, nullptr, static_cast<int>(ca), 0, nullptr,
+                                 static_cast<int>(cb), 0);
+    TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
+                                      &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
+                                      &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
     return;
   }
   const cublasComputeType_t compute =
       precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(tb), op_of(ta), n, m, k, &alpha, b, CUDA_R_32F,
-                                    ldb, a, CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, compute,
-                                    CUBLAS_GEMM_DEFAULT));
+  const ColMajor g = col_major(ta, tb, m, n, k, a, lda, 0, b, ldb, 0);
+  TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
+                                    &alpha, g.p1, CUDA_R_32F, g.ld1, g.p2, CUDA_R_32F, g.ld2,
+                                    &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaOps::gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
                               int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb,
                               float beta, float* c, int ldc, std::int64_t sc, int batch) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return;
+  const ColMajor g = col_major(ta, tb, m, n, k, a, lda, sa, b, ldb, sb);
   TRIDENT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_, op_of(tb), op_of(ta), n, m, k, &alpha, b, CUDA_R_32F, ldb, sb, a, CUDA_R_32F, lda,
-      sa, &beta, c, CUDA_R_32F, ldc, sc, batch, fp32_input_compute(precision_),
-      CUBLAS_GEMM_DEFAULT));
+      cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k, &alpha, g.p1, CUDA_R_32F, g.ld1,
+      g.stride1, g.p2, CUDA_R_32F, g.ld2, g.stride2, &beta, c, CUDA_R_32F, ldc, sc, batch,
+      fp32_input_compute(precision_), CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
@@ -111,64 +115,26 @@ void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, 
   }
 }
 
-// Per batch row bb, one strided-batched product over the NH heads: head h of q, k, v is the
-// [T,hs] block at column h*hs of qkv[bb] (row stride 3C), so consecutive heads are hs floats
-// apart; head h of out[bb] likewise at column h*hs (row stride C); att[bb,h] is [T,T].
-// The full T x T scores are computed and the softmax writes the masked half's zeros.
 void CudaOps::attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                                 int nh) {
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_forward: C = ", c,
                 " is not a multiple of NH = ", nh);
-  const int hs = c / nh, c3 = 3 * c;
-  const std::int64_t tt = std::int64_t(t) * t;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int bb = 0; bb < b; bb++) {
-    const float* q = qkv + std::int64_t(bb) * t * c3;  // [T,hs] per head, row stride 3C
-    const float* k = q + c;
-    float* a = att + std::int64_t(bb) * nh * tt;        // [NH,T,T]
-    // scores[h] = scale * q[h] @ k[h]^T
-    gemm_batched_rm(false, true, t, t, hs, scale, q, c3, hs, k, c3, hs, 0.0f, a, t, tt, nh);
-  }
-  launch_causal_softmax(stream_, att, std::int64_t(b) * nh * t, t);
-  for (int bb = 0; bb < b; bb++) {
-    const float* v = qkv + std::int64_t(bb) * t * c3 + 2 * c;
-    const float* a = att + std::int64_t(bb) * nh * tt;
-    float* o = out + std::int64_t(bb) * t * c;  // [T,hs] per head, row stride C
-    // out[h] = att[h] @ v[h]
-    gemm_batched_rm(false, false, t, hs, t, 1.0f, a, t, tt, v, c3, hs, 0.0f, o, c, hs, nh);
-  }
+  attention_forward_steps(
+      [this](auto... args) { gemm_batched_rm(args...); },
+      [this](float* a, std::int64_t rows, int tq) { launch_causal_softmax(stream_, a, rows, tq); },
+      out, att, qkv, b, t, c, nh);
 }
 
 void CudaOps::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                  const float* att, int b, int t, int c, int nh) {
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_backward: C = ", c,
                 " is not a multiple of NH = ", nh);
-  const int hs = c / nh, c3 = 3 * c;
-  const std::int64_t tt = std::int64_t(t) * t;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int bb = 0; bb < b; bb++) {
-    const float* v = qkv + std::int64_t(bb) * t * c3 + 2 * c;
-    float* dv = dqkv + std::int64_t(bb) * t * c3 + 2 * c;
-    const float* a = att + std::int64_t(bb) * nh * tt;
-    float* da = datt + std::int64_t(bb) * nh * tt;
-    const float* dob = dout + std::int64_t(bb) * t * c;
-    // datt[h] = dout[h] @ v[h]^T
-    gemm_batched_rm(false, true, t, t, hs, 1.0f, dob, c, hs, v, c3, hs, 0.0f, da, t, tt, nh);
-    // dv[h] = att[h]^T @ dout[h]
-    gemm_batched_rm(true, false, t, hs, t, 1.0f, a, t, tt, dob, c, hs, 0.0f, dv, c3, hs, nh);
-  }
-  // datt becomes ds = d scores (the 1/sqrt(hs) of the forward folded in)
-  launch_causal_softmax_backward(stream_, datt, att, std::int64_t(b) * nh * t, t, scale);
-  for (int bb = 0; bb < b; bb++) {
-    const float* q = qkv + std::int64_t(bb) * t * c3;
-    const float* k = q + c;
-    float* dq = dqkv + std::int64_t(bb) * t * c3;
-    float* dk = dq + c;
-    const float* ds = datt + std::int64_t(bb) * nh * tt;
-    // dq[h] = ds[h] @ k[h];  dk[h] = ds[h]^T @ q[h]
-    gemm_batched_rm(false, false, t, hs, t, 1.0f, ds, t, tt, k, c3, hs, 0.0f, dq, c3, hs, nh);
-    gemm_batched_rm(true, false, t, hs, t, 1.0f, ds, t, tt, q, c3, hs, 0.0f, dk, c3, hs, nh);
-  }
+  attention_backward_steps(
+      [this](auto... args) { gemm_batched_rm(args...); },
+      [this](float* d, const float* a, std::int64_t rows, int tq, float scale) {
+        launch_causal_softmax_backward(stream_, d, a, rows, tq, scale);
+      },
+      dqkv, datt, dout, qkv, att, b, t, c, nh);
 }
 
 }  // namespace trident::ops::cuda

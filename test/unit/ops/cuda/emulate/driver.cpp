@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 #include "kernels.hpp"
+#include "plans.hpp"
 #include "trident/ops/adamw.hpp"
 #include "trident/ops/ops.hpp"
 using namespace trident;
@@ -24,15 +25,34 @@ void cmp(const char* what, const V& got, const V& want, double tol) {
   if (!ok) bad++;
   printf("%-44s %s  err %.2e  ref %.2e\n", what, ok ? "ok  " : "BAD ", e, r);
 }
-static void cublas_gemm(bool t1, bool t2, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasColMajor, t1 ? CblasTrans : CblasNoTrans, t2 ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+// cuBLAS stand-in: cublasGemmStridedBatchedEx's column-major semantics through OpenBLAS.
+static void cublas_batched(const ColMajor& g, float alpha, float beta, float* c, int ldc,
+                           std::int64_t sc, int batch) {
+  for (int i = 0; i < batch; i++)
+    cblas_sgemm(CblasColMajor, g.trans1 ? CblasTrans : CblasNoTrans, g.trans2 ? CblasTrans : CblasNoTrans,
+                g.m, g.n, g.k, alpha, g.p1 + i * g.stride1, g.ld1, g.p2 + i * g.stride2, g.ld2, beta,
+                c + i * sc, ldc);
 }
-static void gb(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb, float beta, float* c, int ldc, std::int64_t sc, int batch) {
-  for (int i = 0; i < batch; i++) cublas_gemm(tb, ta, n, m, k, alpha, b + i * sb, ldb, a + i * sa, lda, beta, c + i * sc, ldc);
+// CudaOps::gemm_batched_rm with the stand-in: the production mapping (col_major).
+static void gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                            std::int64_t sa, const float* b, int ldb, std::int64_t sb, float beta, float* c,
+                            int ldc, std::int64_t sc, int batch) {
+  cublas_batched(col_major(ta, tb, m, n, k, a, lda, sa, b, ldb, sb), alpha, beta, c, ldc, sc, batch);
 }
 int main() {
   auto cpu = ops::make_cpu_ops(1);
   char name[128];
+  // every transpose pair, leading dimensions wider than the matrices, alpha and beta
+  for (int tcase = 0; tcase < 4; tcase++) {
+    const bool ta = tcase & 1, tb = tcase & 2;
+    const int m = 37, n = 29, k = 41, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+    V a = rnd(size_t(ta ? k : m) * lda), bm = rnd(size_t(tb ? n : k) * ldb), c0 = rnd(size_t(m) * ldc);
+    V c1 = c0, c2 = c0;
+    cpu->gemm(ta, tb, m, n, k, 0.7f, a.data(), lda, bm.data(), ldb, 0.3f, c1.data(), ldc);
+    gemm_batched_rm(ta, tb, m, n, k, 0.7f, a.data(), lda, 0, bm.data(), ldb, 0, 0.3f, c2.data(), ldc, 0, 1);
+    snprintf(name, sizeof name, "gemm ta%d tb%d (col_major mapping)", int(ta), int(tb));
+    cmp(name, c2, c1, 1e-5);
+  }
   const int ln[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {70, 768}};
   for (auto& s : ln) {
     int n = s[0], c = s[1];
@@ -49,25 +69,22 @@ int main() {
   }
   const int att[][4] = {{2, 7, 12, 3}, {1, 1, 4, 1}, {3, 33, 8, 1}, {2, 67, 16, 4}};
   for (auto& s : att) {
-    int b = s[0], t = s[1], c = s[2], nh = s[3], hs = c / nh, c3 = 3 * c; std::int64_t tt = std::int64_t(t) * t;
-    float scale = 1.0f / std::sqrt(float(hs));
-    V qkv = rnd(size_t(b) * t * c3), dout = rnd(size_t(b) * t * c);
+    int b = s[0], t = s[1], c = s[2], nh = s[3];
+    std::int64_t tt = std::int64_t(t) * t;
+    V qkv = rnd(size_t(b) * t * 3 * c), dout = rnd(size_t(b) * t * c);
     V o1(dout.size()), a1(size_t(b) * nh * tt), dq1(qkv.size()), da1(a1.size());
     cpu->attention_forward(o1.data(), a1.data(), qkv.data(), b, t, c, nh);
     cpu->attention_backward(dq1.data(), da1.data(), dout.data(), qkv.data(), a1.data(), b, t, c, nh);
     V o2(o1.size(), 777), a2(a1.size(), 777), dq2(qkv.size(), 777), da2(a1.size(), 777);
-    for (int bb = 0; bb < b; bb++) gb(false, true, t, t, hs, scale, qkv.data() + bb * t * c3, c3, hs, qkv.data() + bb * t * c3 + c, c3, hs, 0, a2.data() + bb * nh * tt, t, tt, nh);
-    launch_causal_softmax(nullptr, a2.data(), std::int64_t(b) * nh * t, t);
-    for (int bb = 0; bb < b; bb++) gb(false, false, t, hs, t, 1, a2.data() + bb * nh * tt, t, tt, qkv.data() + bb * t * c3 + 2 * c, c3, hs, 0, o2.data() + bb * t * c, c, hs, nh);
-    for (int bb = 0; bb < b; bb++) {
-      gb(false, true, t, t, hs, 1, dout.data() + bb * t * c, c, hs, qkv.data() + bb * t * c3 + 2 * c, c3, hs, 0, da2.data() + bb * nh * tt, t, tt, nh);
-      gb(true, false, t, hs, t, 1, a2.data() + bb * nh * tt, t, tt, dout.data() + bb * t * c, c, hs, 0, dq2.data() + bb * t * c3 + 2 * c, c3, hs, nh);
-    }
-    launch_causal_softmax_backward(nullptr, da2.data(), a2.data(), std::int64_t(b) * nh * t, t, scale);
-    for (int bb = 0; bb < b; bb++) {
-      gb(false, false, t, hs, t, 1, da2.data() + bb * nh * tt, t, tt, qkv.data() + bb * t * c3 + c, c3, hs, 0, dq2.data() + bb * t * c3, c3, hs, nh);
-      gb(true, false, t, hs, t, 1, da2.data() + bb * nh * tt, t, tt, qkv.data() + bb * t * c3, c3, hs, 0, dq2.data() + bb * t * c3 + c, c3, hs, nh);
-    }
+    // the production plans (plans.hpp) with the emulated softmax kernels
+    attention_forward_steps(gemm_batched_rm,
+                            [](float* a, std::int64_t rows, int tq) { launch_causal_softmax(nullptr, a, rows, tq); },
+                            o2.data(), a2.data(), qkv.data(), b, t, c, nh);
+    attention_backward_steps(gemm_batched_rm,
+                             [](float* d, const float* a, std::int64_t rows, int tq, float sc) {
+                               launch_causal_softmax_backward(nullptr, d, a, rows, tq, sc);
+                             },
+                             dq2.data(), da2.data(), dout.data(), qkv.data(), a2.data(), b, t, c, nh);
     snprintf(name, sizeof name, "attention b%d t%d c%d nh%d out", b, t, c, nh); cmp(name, o2, o1, 1e-5);
     cmp("  att", a2, a1, 1e-5); cmp("  dqkv", dq2, dq1, 1e-5);
   }

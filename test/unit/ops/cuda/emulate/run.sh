@@ -17,7 +17,8 @@ blas_lib=$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")
 
 rm -rf "$work"
 mkdir -p "$work"
-cp "$here"/shim/check.hpp "$src"/src/ops/cuda/common.cuh "$src"/src/ops/cuda/kernels.hpp "$work/"
+cp "$here"/shim/check.hpp "$src"/src/ops/cuda/common.cuh "$src"/src/ops/cuda/kernels.hpp \
+   "$src"/src/ops/cuda/plans.hpp "$work/"
 objs=()
 for cu in "$src"/src/ops/cuda/*.cu; do
   name=$(basename "$cu" .cu)
