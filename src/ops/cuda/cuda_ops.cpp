@@ -21,6 +21,15 @@ constexpr std::size_t kMinScratch = std::size_t(1) << 20;
 }  // namespace
 
 CudaOps::CudaOps(Precision precision) : precision_(precision) {
+  try {
+    setup();
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void CudaOps::setup() {
   TRIDENT_CUDA_CHECK(cudaGetDevice(&device_));
   cudaDeviceProp prop{};
   TRIDENT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -44,12 +53,19 @@ CudaOps::CudaOps(Precision precision) : precision_(precision) {
   TRIDENT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_result_), sizeof(double)));
 }
 
-CudaOps::~CudaOps() {
+CudaOps::~CudaOps() { release(); }
+
+void CudaOps::release() noexcept {
   // No throwing here: a fault would have been reported by an earlier synchronizing call.
   if (stream_) cudaStreamSynchronize(stream_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
   if (host_result_) cudaFreeHost(host_result_);
+  cublas_ = nullptr;
+  stream_ = nullptr;
+  host_result_ = nullptr;
+  scratch_ = DeviceArena();
+  persistent_ = DeviceArena();
 }
 
 std::string CudaOps::name() const {

@@ -103,6 +103,8 @@ class CudaOps final : public Ops {
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
 
  private:
+  void setup();              // the constructor's work (stream, cuBLAS, arenas)
+  void release() noexcept;   // the destructor's, also after a failed setup()
   // The scratch arena, emptied, with at least `bytes` (sum of aligned_bytes of the blocks the
   // caller will take). Grows (after waiting for the stream) only when too small.
   DeviceArena& scratch(std::size_t bytes);
