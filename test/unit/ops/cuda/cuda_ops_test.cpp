@@ -96,8 +96,13 @@ class DevVec {
   for (std::size_t i = 0; i < got.size(); i++) {
     ref = std::max(ref, std::abs(double(want[i])));
     const double e = std::abs(double(got[i]) - double(want[i]));
-    if (std::isnan(e) && !std::isnan(double(want[i]))) nan = true;
-    if (e > err || (std::isnan(e) && !nan)) err = e, worst = i;
+    if (std::isnan(e)) {  // a NaN on either side fails; the first one is reported
+      if (!nan) worst = i;
+      nan = true;
+    } else if (!nan && e > err) {
+      err = e;
+      worst = i;
+    }
   }
   if (!nan && err <= tol * ref) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
