@@ -32,7 +32,7 @@ order=()
 failed=0
 
 # step NAME COMMAND...: runs COMMAND with its output in $out/NAME.log (and on the terminal's
-# tail on failure); records ok / FAILED (rc).
+# tail on failure); records ok / TIMED OUT (exit 124, from timeout) / FAILED (rc).
 step() {
   local name=$1
   shift
@@ -42,6 +42,10 @@ step() {
   "$@" >"$out/$name.log" 2>&1 || rc=$?
   if [ "$rc" -eq 0 ]; then
     status[$name]=ok
+  elif [ "$rc" -eq 124 ]; then
+    status[$name]="TIMED OUT (its limit; log: $out/$name.log)"
+    failed=1
+    echo "!! $name TIMED OUT; log: $out/$name.log" >&2
   else
     status[$name]="FAILED (exit $rc; log: $out/$name.log)"
     failed=1
