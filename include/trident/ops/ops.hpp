@@ -11,7 +11,7 @@
 // up; activation gradients are WRITTEN (=), except where a comment says "+=" (the
 // residual stream: layernorm_backward adds into dx).
 //
-// defines: trident::ops::Ops, make_cpu_ops, make_ops
+// defines: trident::ops::Ops, Precision, precision_name, parse_precision, make_cpu_ops, make_ops
 #pragma once
 
 #include <cstdint>
@@ -118,9 +118,23 @@ class Ops {
                      float bc2) = 0;
 };
 
+// Arithmetic of the matrix products (every other kernel is fp32 on every backend; inputs,
+// outputs and accumulation are fp32 in all three):
+//   fp32  plain fp32 products (the only one the CPU backend has);
+//   tf32  tensor-core products on inputs rounded to TF32 (10-bit mantissa);
+//   bf16  tensor-core products on inputs rounded to bfloat16 (7-bit mantissa).
+enum class Precision { fp32, tf32, bf16 };
+const char* precision_name(Precision precision);  // "fp32" | "tf32" | "bf16"
+// "fp32" | "tf32" | "bf16" -> Precision; an Error naming the word otherwise.
+Precision parse_precision(const std::string& name);
+
 // threads: OpenMP and BLAS threads this rank uses (>= 1).
 std::unique_ptr<Ops> make_cpu_ops(int threads);
 // make_ops("cpu" | "cuda", threads): a clear Error when the backend is not available.
 std::unique_ptr<Ops> make_ops(const std::string& device, int threads);
+// The same with a precision for the matrix products; "cpu" accepts fp32 only. "cuda" is
+// refused with a clear Error until the model keeps its buffers on the device (the backend
+// itself: make_cuda_ops in trident/ops/cuda.hpp).
+std::unique_ptr<Ops> make_ops(const std::string& device, int threads, Precision precision);
 
 }  // namespace trident::ops

@@ -1,0 +1,230 @@
+// ops/cuda/cuda_ops.cpp — builds the CUDA backend (stream, cuBLAS handle, arenas), its
+// copies, and every op that is not a matrix product (each one launcher of kernels.hpp).
+// defines: make_cuda_ops, cuda_upload, cuda_download, cuda_synchronize, CudaOps (all but the
+//          members in matmul.cpp)
+#include "cuda_ops.hpp"
+
+#include <algorithm>
+
+#include "check.hpp"
+#include "kernels.hpp"
+#include "trident/core/error.hpp"
+#include "trident/ops/adamw.hpp"
+
+namespace trident::ops {
+namespace cuda {
+
+namespace {
+// cuBLAS workspace: NVIDIA's recommendation for Hopper (32 MiB; 4 MiB would do before it).
+constexpr std::size_t kCublasWorkspace = std::size_t(32) << 20;
+constexpr std::size_t kMinScratch = std::size_t(1) << 20;
+}  // namespace
+
+CudaOps::CudaOps(Precision precision) : precision_(precision) {
+  try {
+    setup();
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void CudaOps::setup() {
+  TRIDENT_CUDA_CHECK(cudaGetDevice(&device_));
+  cudaDeviceProp prop{};
+  TRIDENT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = prop.name;
+  // A blocking stream (the default flags): it orders itself with the legacy default stream,
+  // so a plain cudaMemcpy elsewhere in the program cannot overtake the ops queued here.
+  TRIDENT_CUDA_CHECK(cudaStreamCreate(&stream_));
+  TRIDENT_CUBLAS_CHECK(cublasCreate(&cublas_));
+  TRIDENT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));  // before the workspace: it resets it
+
+  persistent_ = DeviceArena(aligned_bytes(kCublasWorkspace) +
+                            aligned_bytes(sizeof(double) * std::size_t(sum_squares_blocks())) +
+                            aligned_bytes(sizeof(double)));
+  cublas_workspace_ = persistent_.alloc(kCublasWorkspace);
+  sum_partial_ = persistent_.alloc_n<double>(std::size_t(sum_squares_blocks()));
+  sum_result_ = persistent_.alloc_n<double>(1);
+  TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
+  // Host-pointer scalars (alpha, beta); fp32 math unless a call names a faster compute type.
+  TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
+  TRIDENT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  TRIDENT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_result_), sizeof(double)));
+}
+
+CudaOps::~CudaOps() { release(); }
+
+void CudaOps::release() noexcept {
+  // No throwing here: a fault would have been reported by an earlier synchronizing call.
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+  if (host_result_) cudaFreeHost(host_result_);
+  cublas_ = nullptr;
+  stream_ = nullptr;
+  host_result_ = nullptr;
+  scratch_ = DeviceArena();
+  persistent_ = DeviceArena();
+}
+
+std::string CudaOps::name() const {
+  return str("cuda (cuBLAS + CUDA kernels, device ", device_, " ", device_name_, ", ",
+             precision_name(precision_), " matrix products)");
+}
+
+DeviceArena& CudaOps::scratch(std::size_t bytes) {
+  if (bytes > scratch_.capacity()) {
+    // Ops queued earlier may still read the old scratch: wait for them before freeing it.
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const std::size_t grown = std::max({bytes + bytes / 4, 2 * scratch_.capacity(), kMinScratch});
+    scratch_ = DeviceArena();  // free first: the old and new together may not fit
+    scratch_ = DeviceArena(aligned_bytes(grown));
+  }
+  scratch_.reset();
+  return scratch_;
+}
+
+void CudaOps::upload(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::download(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::synchronize() { TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+// ---- normalization and pointwise ----------------------------------------------------------
+
+void CudaOps::layernorm_forward(float* y, float* mean, float* rstd, const float* x,
+                                const float* w, const float* b, int n, int c) {
+  launch_layernorm_forward(stream_, y, mean, rstd, x, w, b, n, c);
+}
+
+void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* dy,
+                                 const float* x, const float* w, const float* mean,
+                                 const float* rstd, int n, int c) {
+  if (n <= 0 || c <= 0) return;
+  const std::size_t floats = std::size_t(layernorm_partial_floats(n, c));
+  float* partial = scratch(aligned_bytes(floats * sizeof(float))).alloc_n<float>(floats);
+  launch_layernorm_backward(stream_, dx, dw, db, dy, x, w, mean, rstd, n, c, partial);
+}
+
+void CudaOps::gelu_forward(float* y, const float* x, std::int64_t n) {
+  launch_gelu_forward(stream_, y, x, n);
+}
+
+void CudaOps::gelu_backward(float* dx, const float* x, const float* dy, std::int64_t n) {
+  launch_gelu_backward(stream_, dx, x, dy, n);
+}
+
+void CudaOps::add(float* y, const float* a, const float* b, std::int64_t n) {
+  launch_add(stream_, y, a, b, n);
+}
+
+void CudaOps::scale(float* x, float alpha, std::int64_t n) { launch_scale(stream_, x, alpha, n); }
+
+void CudaOps::fill(float* x, float value, std::int64_t n) { launch_fill(stream_, x, value, n); }
+
+void CudaOps::copy(float* dst, const float* src, std::int64_t n) {
+  if (n <= 0 || dst == src) return;
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::size_t(n) * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, stream_));
+}
+
+double CudaOps::sum_squares(const float* x, std::int64_t n) {
+  launch_sum_squares(stream_, sum_result_, sum_partial_, x, n);
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_result_, sum_result_, sizeof(double),
+                                     cudaMemcpyDeviceToHost, stream_));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *host_result_;
+}
+
+// ---- embeddings ---------------------------------------------------------------------------
+
+void CudaOps::embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n,
+                                int c, int vocab_start, int v) {
+  launch_embedding_forward(stream_, x, tokens, wte, n, c, vocab_start, v);
+}
+
+void CudaOps::embedding_backward(float* dwte, const float* dx, const std::int32_t* tokens, int n,
+                                 int c, int vocab_start, int v) {
+  launch_embedding_backward(stream_, dwte, dx, tokens, n, c, vocab_start, v);
+}
+
+void CudaOps::position_forward(float* x, const float* wpe, int b, int t, int c) {
+  launch_position_forward(stream_, x, wpe, b, t, c);
+}
+
+void CudaOps::position_backward(float* dwpe, const float* dx, int b, int t, int c) {
+  launch_position_backward(stream_, dwpe, dx, b, t, c);
+}
+
+// ---- softmax cross-entropy ----------------------------------------------------------------
+
+void CudaOps::xent_row_max(float* row_max, const float* logits, int n, int ld, int v_valid) {
+  launch_xent_row_max(stream_, row_max, logits, n, ld, v_valid);
+}
+
+void CudaOps::xent_sumexp(float* sumexp, float* target_logit, const float* logits,
+                          const float* row_max, const std::int32_t* targets, int n, int ld,
+                          int v_valid, int vocab_start) {
+  launch_xent_sumexp(stream_, sumexp, target_logit, logits, row_max, targets, n, ld, v_valid,
+                     vocab_start);
+}
+
+void CudaOps::xent_loss(float* loss, const float* row_max, const float* sumexp,
+                        const float* target_logit, int n) {
+  launch_xent_loss(stream_, loss, row_max, sumexp, target_logit, n);
+}
+
+void CudaOps::xent_backward(float* logits, const float* row_max, const float* sumexp,
+                            const std::int32_t* targets, int n, int ld, int v_valid,
+                            int vocab_start, float scale) {
+  launch_xent_backward(stream_, logits, row_max, sumexp, targets, n, ld, v_valid, vocab_start,
+                       scale);
+}
+
+// ---- optimizer ----------------------------------------------------------------------------
+
+void CudaOps::adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, float bc1,
+                    float bc2) {
+  const AdamWScalars s = adamw_scalars(lr, beta1, beta2, weight_decay, bc1, bc2);
+  launch_adamw(stream_, p, g, m, v, n, beta1, beta2, s.omb1, s.omb2, eps, s.decay, s.step,
+               s.bc2_sqrt);
+}
+
+}  // namespace cuda
+
+// ---- public entry points (trident/ops/cuda.hpp) --------------------------------------------
+
+std::unique_ptr<Ops> make_cuda_ops(Precision precision) {
+  TRIDENT_CHECK(cuda_device_count() > 0, "cuda: no CUDA GPU is visible to this process");
+  return std::make_unique<cuda::CudaOps>(precision);
+}
+
+namespace {
+cuda::CudaOps& as_cuda(Ops& ops, const char* what) {
+  auto* c = dynamic_cast<cuda::CudaOps*>(&ops);
+  TRIDENT_CHECK(c != nullptr, what, ": needs the CUDA backend, got ", ops.name());
+  return *c;
+}
+}  // namespace
+
+void cuda_upload(Ops& ops, void* device_dst, const void* host_src, std::size_t bytes) {
+  as_cuda(ops, "cuda_upload").upload(device_dst, host_src, bytes);
+}
+
+void cuda_download(Ops& ops, void* host_dst, const void* device_src, std::size_t bytes) {
+  as_cuda(ops, "cuda_download").download(host_dst, device_src, bytes);
+}
+
+void cuda_synchronize(Ops& ops) { as_cuda(ops, "cuda_synchronize").synchronize(); }
+
+}  // namespace trident::ops

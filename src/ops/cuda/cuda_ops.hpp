@@ -1,0 +1,137 @@
+// ops/cuda/cuda_ops.hpp — the CUDA backend of trident::ops::Ops (private to src/ops/cuda):
+// cuBLAS for every matrix product, the kernels of kernels.hpp for everything else, all queued
+// on one stream the object owns. The member functions are defined in cuda_ops.cpp (setup,
+// scratch, copies, the non-GEMM ops) and matmul.cpp (gemm, linear, attention).
+// defines: trident::ops::cuda::CudaOps
+//
+// Memory: no allocation inside an op call once every shape has been seen. Two arenas (one
+// cudaMalloc each): `persistent_` (cuBLAS workspace, sum_squares partials) made in the
+// constructor, and `scratch_`, which holds what one op needs for the length of that call
+// (bf16 copies of GEMM inputs, layernorm column partials, the ones vector of db). scratch()
+// grows it only when a call needs more than it has, which happens at the first call of the
+// largest shape, i.e. in the first training step.
+//
+// Precision (Ops::gemm, linear_*: the model's large products):
+//   fp32  cublasGemmEx, CUBLAS_COMPUTE_32F: plain fp32, matches the CPU to rounding.
+//   tf32  cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_TF32: fp32 in and out, tensor cores round the
+//         inputs to TF32 inside the GEMM; no extra memory or passes.
+//   bf16  inputs converted to packed bf16 in scratch (round to nearest even), then
+//         cublasGemmEx bf16 x bf16 -> fp32 with fp32 accumulation (CUBLAS_COMPUTE_32F), and
+//         fp32 outputs. Chosen over bf16 activations because the interface, the model, the
+//         optimizer state and every other kernel stay fp32 (no second copy of the weights, no
+//         loss scaling, nothing changes outside ops/cuda), at the cost of one conversion pass
+//         over both inputs per product (estimated, not measured: ~15% of a GPT-2-size GEMM; caching the
+//         bf16 weights between calls is the next step).
+// Attention's per-head products (strided-batched, read in place from qkv) have no packed
+// copy to convert, so under bf16 they use CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS rounds the
+// fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "trident/ops/cuda.hpp"
+#include "trident/ops/ops.hpp"
+
+namespace trident::ops::cuda {
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(Precision precision);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  Device device() const override { return Device::cuda; }
+  std::string name() const override;
+  Precision precision() const { return precision_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Host <-> device copies on this object's stream, complete on return.
+  void upload(void* device_dst, const void* host_src, std::size_t bytes);
+  void download(void* host_dst, const void* device_src, std::size_t bytes);
+  void synchronize();
+
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+            int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
+  void linear_forward(float* y, const float* x, const float* w, const float* b, int n, int in,
+                      int out) override;
+  void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                       const float* w, int n, int in, int out) override;
+
+  void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                         const float* b, int n, int c) override;
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                          const float* w, const float* mean, const float* rstd, int n,
+                          int c) override;
+
+  void gelu_forward(float* y, const float* x, std::int64_t n) override;
+  void gelu_backward(float* dx, const float* x, const float* dy, std::int64_t n) override;
+  void add(float* y, const float* a, const float* b, std::int64_t n) override;
+  void scale(float* x, float alpha, std::int64_t n) override;
+  double sum_squares(const float* x, std::int64_t n) override;
+  void fill(float* x, float value, std::int64_t n) override;
+  void copy(float* dst, const float* src, std::int64_t n) override;
+
+  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+                         int nh) override;
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, int b, int t, int c, int nh) override;
+
+  void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n, int c,
+                         int vocab_start, int v) override;
+  void embedding_backward(float* dwte, const float* dx, const std::int32_t* tokens, int n,
+                          int c, int vocab_start, int v) override;
+  void position_forward(float* x, const float* wpe, int b, int t, int c) override;
+  void position_backward(float* dwpe, const float* dx, int b, int t, int c) override;
+
+  void xent_row_max(float* row_max, const float* logits, int n, int ld, int v_valid) override;
+  void xent_sumexp(float* sumexp, float* target_logit, const float* logits,
+                   const float* row_max, const std::int32_t* targets, int n, int ld, int v_valid,
+                   int vocab_start) override;
+  void xent_loss(float* loss, const float* row_max, const float* sumexp,
+                 const float* target_logit, int n) override;
+  void xent_backward(float* logits, const float* row_max, const float* sumexp,
+                     const std::int32_t* targets, int n, int ld, int v_valid, int vocab_start,
+                     float scale) override;
+
+  void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float bc1, float bc2) override;
+
+ private:
+  void setup();              // the constructor's work (stream, cuBLAS, arenas)
+  void release() noexcept;   // the destructor's, also after a failed setup()
+  // The scratch arena, emptied, with at least `bytes` (sum of aligned_bytes of the blocks the
+  // caller will take). Grows (after waiting for the stream) only when too small.
+  DeviceArena& scratch(std::size_t bytes);
+  // Row-major C[m,n] = alpha op(A) op(B) + beta C in the object's precision.
+  void gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+               const float* b, int ldb, float beta, float* c, int ldc);
+  // `batch` row-major products, operand i at a + i*sa, b + i*sb, c + i*sc.
+  void gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                       int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb,
+                       float beta, float* c, int ldc, std::int64_t sc, int batch);
+
+  Precision precision_;
+  int device_ = 0;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceArena persistent_;
+  DeviceArena scratch_;
+  void* cublas_workspace_ = nullptr;  // in persistent_
+  double* sum_partial_ = nullptr;     // in persistent_: sum_squares_blocks() doubles
+  double* sum_result_ = nullptr;      // in persistent_
+  double* host_result_ = nullptr;     // pinned host memory, one double
+};
+
+// bytes rounded up to the arena's alignment (what one alloc of `bytes` takes from an arena).
+inline std::size_t aligned_bytes(std::size_t bytes) {
+  return (bytes + DeviceArena::kAlign - 1) / DeviceArena::kAlign * DeviceArena::kAlign;
+}
+
+}  // namespace trident::ops::cuda

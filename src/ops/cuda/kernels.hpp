@@ -1,0 +1,78 @@
+// ops/cuda/kernels.hpp — host-callable launchers of the backend's CUDA kernels (private to
+// src/ops/cuda; defined by topic in layernorm.cu, softmax.cu, crossentropy.cu, embedding.cu
+// and pointwise.cu). Each queues its kernel(s) on `stream`, checks the launch, and returns at
+// once; n <= 0 launches nothing. Pointers are device memory. Shapes as in ops.hpp.
+// defines: the launch_* functions below
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace trident::ops::cuda {
+
+// ---- layernorm.cu ----------------------------------------------------------------------
+// One warp per row; fp32 sums, two passes (mean, then the centred variance) as the CPU.
+void launch_layernorm_forward(cudaStream_t s, float* y, float* mean, float* rstd, const float* x,
+                              const float* w, const float* b, int n, int c);
+// dx += (one warp per row). dw, db += column sums, deterministic: per-chunk partials in
+// `partial` (layernorm_partial_floats(n, c) floats of scratch), then summed in chunk order.
+void launch_layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dy,
+                               const float* x, const float* w, const float* mean,
+                               const float* rstd, int n, int c, float* partial);
+std::int64_t layernorm_partial_floats(int n, int c);
+
+// ---- softmax.cu (attention) -------------------------------------------------------------
+// att[rows, T] (rows = B*NH*T, row r is query r % T): scaled scores in, causal softmax out
+// (0 above the diagonal).
+void launch_causal_softmax(cudaStream_t s, float* att, std::int64_t rows, int t);
+// In place on datt: ds = scale * att * (datt - sum_j att datt) for j <= i, else 0.
+void launch_causal_softmax_backward(cudaStream_t s, float* datt, const float* att,
+                                    std::int64_t rows, int t, float scale);
+
+// ---- crossentropy.cu --------------------------------------------------------------------
+void launch_xent_row_max(cudaStream_t s, float* row_max, const float* logits, int n, int ld,
+                         int v_valid);
+void launch_xent_sumexp(cudaStream_t s, float* sumexp, float* target_logit, const float* logits,
+                        const float* row_max, const std::int32_t* targets, int n, int ld,
+                        int v_valid, int vocab_start);
+void launch_xent_loss(cudaStream_t s, float* loss, const float* row_max, const float* sumexp,
+                      const float* target_logit, int n);
+void launch_xent_backward(cudaStream_t s, float* logits, const float* row_max,
+                          const float* sumexp, const std::int32_t* targets, int n, int ld,
+                          int v_valid, int vocab_start, float scale);
+
+// ---- embedding.cu -----------------------------------------------------------------------
+void launch_embedding_forward(cudaStream_t s, float* x, const std::int32_t* tokens,
+                              const float* wte, int n, int c, int vocab_start, int v);
+// atomicAdd scatter: the order of additions into a repeated token's row is not fixed.
+void launch_embedding_backward(cudaStream_t s, float* dwte, const float* dx,
+                               const std::int32_t* tokens, int n, int c, int vocab_start, int v);
+void launch_position_forward(cudaStream_t s, float* x, const float* wpe, int b, int t, int c);
+// One thread per (t, c), batch walked in order: the CPU's order of additions exactly.
+void launch_position_backward(cudaStream_t s, float* dwpe, const float* dx, int b, int t, int c);
+
+// ---- pointwise.cu -----------------------------------------------------------------------
+void launch_gelu_forward(cudaStream_t s, float* y, const float* x, std::int64_t n);
+void launch_gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dy,
+                          std::int64_t n);
+void launch_add(cudaStream_t s, float* y, const float* a, const float* b, std::int64_t n);
+void launch_scale(cudaStream_t s, float* x, float alpha, std::int64_t n);
+void launch_fill(cudaStream_t s, float* x, float value, std::int64_t n);
+// y[n, out] = each row a copy of bias[out]
+void launch_bias_rows(cudaStream_t s, float* y, const float* bias, int n, int out);
+// dst[rows, cols] (packed) = bf16(src[rows, cols] with row stride ld), round to nearest even
+void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t rows,
+                    std::int64_t cols, std::int64_t ld);
+// *result = sum x^2 in double, deterministic (fixed grid, fixed reduction order); `partial`
+// holds sum_squares_blocks() doubles of scratch.
+void launch_sum_squares(cudaStream_t s, double* result, double* partial, const float* x,
+                        std::int64_t n);
+int sum_squares_blocks();
+// AdamW with the scalars formed on the host (trident/ops/adamw.hpp), the CPU's float ops in
+// the CPU's order without FMA contraction.
+void launch_adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, std::int64_t n,
+                  float beta1, float beta2, float omb1, float omb2, float eps, float decay,
+                  float step, float bc2_sqrt);
+
+}  // namespace trident::ops::cuda

@@ -1,0 +1,152 @@
+// ops/cuda/layernorm.cu — LayerNorm over the last dimension (eps 1e-5), forward and backward.
+// One warp per row for everything per-row; the parameter gradients are column sums taken in a
+// fixed order (per-chunk partials, then the chunks in order), so they do not depend on timing.
+// defines: launch_layernorm_forward, launch_layernorm_backward, layernorm_partial_floats
+#include "check.hpp"
+#include "common.cuh"
+#include "kernels.hpp"
+
+namespace trident::ops::cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // warps per block, one row each
+constexpr float kEps = 1e-5f;
+
+// y[N,C] = (x - mean) * rstd * w + b; mean[N], rstd[N] (either may be null).
+__global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, const float* x,
+                                         const float* w, const float* b, int n, int c) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= n) return;  // the whole warp leaves together
+  const float* xr = x + row * c;
+  float s = 0.0f;
+  for (int j = lane; j < c; j += 32) s += xr[j];
+  const float m = warp_sum(s) / static_cast<float>(c);
+  float ss = 0.0f;
+  for (int j = lane; j < c; j += 32) {
+    const float d = xr[j] - m;
+    ss += d * d;
+  }
+  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + kEps);
+  float* yr = y + row * c;
+  for (int j = lane; j < c; j += 32) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = rs;
+  }
+}
+
+// dx[N,C] += rstd * (dn - mean(dn) - norm * mean(dn * norm)), dn = w * dy.
+__global__ void layernorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
+                                             const float* w, const float* mean,
+                                             const float* rstd, int n, int c) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= n) return;
+  const float* xr = x + row * c;
+  const float* dyr = dy + row * c;
+  const float m = mean[row], rs = rstd[row];
+  float dn_sum = 0.0f, dnn_sum = 0.0f;
+  for (int j = lane; j < c; j += 32) {
+    const float norm = (xr[j] - m) * rs;
+    const float dn = w[j] * dyr[j];
+    dn_sum += dn;
+    dnn_sum += dn * norm;
+  }
+  const float dn_mean = warp_sum(dn_sum) / static_cast<float>(c);
+  const float dnn_mean = warp_sum(dnn_sum) / static_cast<float>(c);
+  float* dxr = dx + row * c;
+  for (int j = lane; j < c; j += 32) {
+    const float norm = (xr[j] - m) * rs;
+    const float dn = w[j] * dyr[j];
+    dxr[j] += (dn - dn_mean - norm * dnn_mean) * rs;
+  }
+}
+
+// Column partials: block (32 columns x 8 row lanes), grid (column tiles, chunks). Chunk k
+// sums rows k*8 + ty, stepping by chunks*8; the 8 row lanes are then added in order.
+// partial[2][chunks][C]: dw terms (dy * norm), then db terms (dy).
+constexpr int kColTile = 32, kRowLanes = 8, kMaxChunks = 64;
+
+int chunks_for(int n) {
+  const int want = (n + 63) / 64;  // about 64 rows per chunk
+  return want < 1 ? 1 : (want < kMaxChunks ? want : kMaxChunks);
+}
+
+__global__ void layernorm_dwdb_partial_kernel(float* partial, const float* dy, const float* x,
+                                              const float* mean, const float* rstd, int n,
+                                              int c) {
+  __shared__ float sdw[kRowLanes][kColTile];
+  __shared__ float sdb[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int col = blockIdx.x * kColTile + tx;
+  const int chunks = gridDim.y;
+  float dw = 0.0f, db = 0.0f;
+  if (col < c) {
+    for (std::int64_t i = std::int64_t(blockIdx.y) * kRowLanes + ty; i < n;
+         i += std::int64_t(chunks) * kRowLanes) {
+      const float g = dy[i * c + col];
+      dw += g * ((x[i * c + col] - mean[i]) * rstd[i]);
+      db += g;
+    }
+  }
+  sdw[ty][tx] = dw;
+  sdb[ty][tx] = db;
+  __syncthreads();
+  if (ty == 0 && col < c) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int r = 0; r < kRowLanes; r++) {
+      sw += sdw[r][tx];
+      sb += sdb[r][tx];
+    }
+    partial[std::int64_t(blockIdx.y) * c + col] = sw;
+    partial[(std::int64_t(chunks) + blockIdx.y) * c + col] = sb;
+  }
+}
+
+// dw[C] += sum over chunks of partial[0][k], db[C] += of partial[1][k], chunks in order.
+__global__ void layernorm_dwdb_finish_kernel(float* dw, float* db, const float* partial,
+                                             int chunks, int c) {
+  for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < c; col += gridDim.x * blockDim.x) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int k = 0; k < chunks; k++) {
+      sw += partial[std::int64_t(k) * c + col];
+      sb += partial[(std::int64_t(chunks) + k) * c + col];
+    }
+    dw[col] += sw;
+    db[col] += sb;
+  }
+}
+
+}  // namespace
+
+void launch_layernorm_forward(cudaStream_t s, float* y, float* mean, float* rstd, const float* x,
+                              const float* w, const float* b, int n, int c) {
+  if (n <= 0 || c <= 0) return;
+  const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  layernorm_forward_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(y, mean, rstd, x, w, b, n, c);
+  check_launch("layernorm_forward");
+}
+
+std::int64_t layernorm_partial_floats(int n, int c) {
+  return 2 * std::int64_t(chunks_for(n)) * c;
+}
+
+void launch_layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, const float* dy,
+                               const float* x, const float* w, const float* mean,
+                               const float* rstd, int n, int c, float* partial) {
+  if (n <= 0 || c <= 0) return;
+  const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  layernorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, mean, rstd, n, c);
+  check_launch("layernorm_backward_dx");
+  const int chunks = chunks_for(n);
+  const dim3 pgrid(static_cast<unsigned>((c + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
+  layernorm_dwdb_partial_kernel<<<pgrid, dim3(kColTile, kRowLanes), 0, s>>>(partial, dy, x, mean,
+                                                                            rstd, n, c);
+  check_launch("layernorm_dwdb_partial");
+  layernorm_dwdb_finish_kernel<<<grid_for(c), kBlock, 0, s>>>(dw, db, partial, chunks, c);
+  check_launch("layernorm_dwdb_finish");
+}
+
+}  // namespace trident::ops::cuda

@@ -1,0 +1,140 @@
+// ops/cuda/matmul.cpp — every matrix product of the CUDA backend through cuBLAS: gemm,
+// linear forward/backward, and causal attention (strided-batched per-head products read in
+// place from qkv, around the softmax kernels of softmax.cu).
+// defines: CudaOps::gemm_rm, gemm_batched_rm, gemm, linear_forward, linear_backward,
+//          attention_forward, attention_backward
+//
+// Row-major to cuBLAS: see col_major in plans.hpp (C^T = op(B)^T op(A)^T), which also holds
+// the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
+#include <cmath>
+
+#include "check.hpp"
+#include "cuda_ops.hpp"
+#include "kernels.hpp"
+#include "plans.hpp"
+#include "trident/core/error.hpp"
+
+namespace trident::ops::cuda {
+
+namespace {
+
+cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// Compute type of the fp32-input products (see cuda_ops.hpp, "Precision").
+cublasComputeType_t fp32_input_compute(Precision p) {
+  switch (p) {
+    case Precision::fp32: return CUBLAS_COMPUTE_32F;
+    case Precision::tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case Precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+  }
+  return CUBLAS_COMPUTE_32F;
+}
+
+}  // namespace
+
+void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                      int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // no product: C = beta C
+    if (beta == 0.0f) {
+      TRIDENT_CUDA_CHECK(cudaMemset2DAsync(c, std::size_t(ldc) * sizeof(float), 0,
+                                           std::size_t(n) * sizeof(float), std::size_t(m), stream_));
+    } else if (beta != 1.0f) {
+      const float zero = 0.0f;  // in place: C = beta C + 0 C
+      TRIDENT_CUBLAS_CHECK(cublasSgeam(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, n, m, &beta, c, ldc,
+                                       &zero, c, ldc, c, ldc));
+    }
+    return;
+  }
+  if (precision_ == Precision::bf16) {
+    // Packed bf16 copies of the stored operands: A is stored [m,k] (or [k,m] when
+    // transposed), B [k,n] (or [n,k]); the copies' leading dimension is their column count.
+    const std::int64_t ra = ta ? k : m, ca = ta ? m : k;
+    const std::int64_t rb = tb ? n : k, cb = tb ? k : n;
+    const std::size_t abytes = std::size_t(ra * ca) * 2, bbytes = std::size_t(rb * cb) * 2;
+    DeviceArena& s = scratch(aligned_bytes(abytes) + aligned_bytes(bbytes));
+    void* a16 = s.alloc(abytes);
+    void* b16 = s.alloc(bbytes);
+    launch_to_bf16(stream_, a16, a, ra, ca, lda);
+    launch_to_bf16(stream_, b16, b, rb, cb, ldb);
+    // the mapping with the packed leading dimensions (the pointers are the bf16 copies)
+    const ColMajor g = col_major(ta, tb, m, n, k, nullptr, static_cast<int>(ca), 0, nullptr,
+                                 static_cast<int>(cb), 0);
+    TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
+                                      &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
+                                      &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  const cublasComputeType_t compute =
+      precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const ColMajor g = col_major(ta, tb, m, n, k, a, lda, 0, b, ldb, 0);
+  TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
+                                    &alpha, g.p1, CUDA_R_32F, g.ld1, g.p2, CUDA_R_32F, g.ld2,
+                                    &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                              int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb,
+                              float beta, float* c, int ldc, std::int64_t sc, int batch) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return;
+  const ColMajor g = col_major(ta, tb, m, n, k, a, lda, sa, b, ldb, sb);
+  TRIDENT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k, &alpha, g.p1, CUDA_R_32F, g.ld1,
+      g.stride1, g.p2, CUDA_R_32F, g.ld2, g.stride2, &beta, c, CUDA_R_32F, ldc, sc, batch,
+      fp32_input_compute(precision_), CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  gemm_rm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void CudaOps::linear_forward(float* y, const float* x, const float* w, const float* b, int n,
+                             int in, int out) {
+  // y starts as the bias rows and the product is added (beta = 1), as the CPU backend.
+  // (A cuBLASLt bias epilogue would save the pass over y: a later optimization.)
+  if (b) launch_bias_rows(stream_, y, b, n, out);
+  gemm_rm(false, false, n, out, in, 1.0f, x, in, w, out, b ? 1.0f : 0.0f, y, out);
+}
+
+void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                              const float* w, int n, int in, int out) {
+  // dx[N,in] = dy[N,out] @ w[in,out]^T
+  if (dx) gemm_rm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+  // dw[in,out] += x[N,in]^T @ dy[N,out]
+  gemm_rm(true, false, in, out, n, 1.0f, x, in, dy, out, 1.0f, dw, out);
+  if (db && n > 0 && out > 0) {
+    // db[out] += dy^T @ ones[N]: a cuBLAS fp32 GEMV (deterministic, whatever the precision).
+    // dy row-major [N,out] is column-major [out,N] with leading dimension out.
+    float* ones = scratch(aligned_bytes(std::size_t(n) * sizeof(float))).alloc_n<float>(std::size_t(n));
+    launch_fill(stream_, ones, 1.0f, n);
+    const float one = 1.0f;
+    TRIDENT_CUBLAS_CHECK(cublasSgemv(cublas_, CUBLAS_OP_N, out, n, &one, dy, out, ones, 1, &one,
+                                     db, 1));
+  }
+}
+
+void CudaOps::attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+                                int nh) {
+  TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_forward: C = ", c,
+                " is not a multiple of NH = ", nh);
+  attention_forward_steps(
+      [this](auto... args) { gemm_batched_rm(args...); },
+      [this](float* a, std::int64_t rows, int tq) { launch_causal_softmax(stream_, a, rows, tq); },
+      out, att, qkv, b, t, c, nh);
+}
+
+void CudaOps::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                 const float* att, int b, int t, int c, int nh) {
+  TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_backward: C = ", c,
+                " is not a multiple of NH = ", nh);
+  attention_backward_steps(
+      [this](auto... args) { gemm_batched_rm(args...); },
+      [this](float* d, const float* a, std::int64_t rows, int tq, float scale) {
+        launch_causal_softmax_backward(stream_, d, a, rows, tq, scale);
+      },
+      dqkv, datt, dout, qkv, att, b, t, c, nh);
+}
+
+}  // namespace trident::ops::cuda

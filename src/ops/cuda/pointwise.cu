@@ -1,0 +1,178 @@
+// ops/cuda/pointwise.cu — elementwise kernels (GELU, add, scale, fill, bias rows, the bf16
+// conversion of GEMM inputs), the sum of squares for the gradient norm, and AdamW. Grid-stride
+// loops, one element per thread per step.
+// defines: launch_gelu_forward, launch_gelu_backward, launch_add, launch_scale, launch_fill,
+//          launch_bias_rows, launch_to_bf16, launch_sum_squares, sum_squares_blocks,
+//          launch_adamw
+#include <cuda_bf16.h>
+
+#include "check.hpp"
+#include "common.cuh"
+#include "kernels.hpp"
+
+namespace trident::ops::cuda {
+
+namespace {
+
+#define TRIDENT_GRID_STRIDE(i, n)                                                     \
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += std::int64_t(gridDim.x) * blockDim.x)
+
+constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluC = 0.044715f;
+
+// e^x with x clamped to [-80, 80], as the CPU backend's exp_approx: the GELU backward's
+// e * s stays finite (no inf * 0) for large |x|.
+__device__ __forceinline__ float exp_clamped(float x) { return expf(fminf(fmaxf(x, -80.0f), 80.0f)); }
+
+// GELU (tanh form) as y = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3), as the CPU.
+__global__ void gelu_forward_kernel(float* y, const float* x, std::int64_t n) {
+  TRIDENT_GRID_STRIDE(i, n) {
+    const float xi = x[i];
+    const float u = kGeluS * (xi + kGeluC * xi * xi * xi);
+    y[i] = xi / (1.0f + exp_clamped(-2.0f * u));
+  }
+}
+
+// d/dx x s(2u) = s + 2 x s (1 - s) u', 1 - s = e s, u' = sqrt(2/pi)(1 + 3 * 0.044715 x^2).
+__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dy, std::int64_t n) {
+  TRIDENT_GRID_STRIDE(i, n) {
+    const float xi = x[i];
+    const float u = kGeluS * (xi + kGeluC * xi * xi * xi);
+    const float du = kGeluS * (1.0f + 3.0f * kGeluC * xi * xi);
+    const float e = exp_clamped(-2.0f * u);
+    const float s = 1.0f / (1.0f + e);
+    dx[i] = dy[i] * s * (1.0f + 2.0f * xi * e * s * du);
+  }
+}
+
+__global__ void add_kernel(float* y, const float* a, const float* b, std::int64_t n) {
+  TRIDENT_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
+__global__ void scale_kernel(float* x, float alpha, std::int64_t n) {
+  TRIDENT_GRID_STRIDE(i, n) x[i] *= alpha;
+}
+
+__global__ void fill_kernel(float* x, float value, std::int64_t n) {
+  TRIDENT_GRID_STRIDE(i, n) x[i] = value;
+}
+
+__global__ void bias_rows_kernel(float* y, const float* bias, std::int64_t total, int out) {
+  TRIDENT_GRID_STRIDE(i, total) y[i] = bias[i % out];
+}
+
+__global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, std::int64_t rows,
+                               std::int64_t cols, std::int64_t ld) {
+  TRIDENT_GRID_STRIDE(i, rows * cols) dst[i] = __float2bfloat16_rn(src[(i / cols) * ld + i % cols]);
+}
+
+// Fixed grid and fixed reduction tree: the same sum on every call for a given n.
+constexpr int kSumBlocks = 1024;
+
+__global__ void sum_squares_partial_kernel(double* partial, const float* x, std::int64_t n) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  TRIDENT_GRID_STRIDE(i, n) {
+    const double v = x[i];
+    s += v * v;
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block of kSumBlocks threads: thread k takes partial k (k < blocks).
+__global__ void sum_squares_finish_kernel(double* result, const double* partial, int blocks) {
+  __shared__ double shared[32];
+  double s = threadIdx.x < blocks ? partial[threadIdx.x] : 0.0;
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *result = s;
+}
+
+// torch's AdamW step in float, operation by operation as the CPU backend, with explicit
+// round-to-nearest intrinsics so that nvcc does not fuse a multiply and an add. (GCC does
+// fuse some in the CPU build on FMA machines: the backends then agree to an ulp or two, as
+// test/unit/ops/cuda/emulate measured, not to the bit.)
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n,
+                             float beta1, float beta2, float omb1, float omb2, float eps,
+                             float decay, float step, float bc2_sqrt) {
+  TRIDENT_GRID_STRIDE(i, n) {
+    const float gi = g[i];
+    const float mi = __fadd_rn(__fmul_rn(m[i], beta1), __fmul_rn(omb1, gi));
+    const float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(omb2, gi), gi));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+    p[i] = __fsub_rn(__fmul_rn(p[i], decay), __fmul_rn(step, __fdiv_rn(mi, denom)));
+  }
+}
+
+}  // namespace
+
+void launch_gelu_forward(cudaStream_t s, float* y, const float* x, std::int64_t n) {
+  if (n <= 0) return;
+  gelu_forward_kernel<<<grid_for(n), kBlock, 0, s>>>(y, x, n);
+  check_launch("gelu_forward");
+}
+
+void launch_gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dy,
+                          std::int64_t n) {
+  if (n <= 0) return;
+  gelu_backward_kernel<<<grid_for(n), kBlock, 0, s>>>(dx, x, dy, n);
+  check_launch("gelu_backward");
+}
+
+void launch_add(cudaStream_t s, float* y, const float* a, const float* b, std::int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n), kBlock, 0, s>>>(y, a, b, n);
+  check_launch("add");
+}
+
+void launch_scale(cudaStream_t s, float* x, float alpha, std::int64_t n) {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n), kBlock, 0, s>>>(x, alpha, n);
+  check_launch("scale");
+}
+
+void launch_fill(cudaStream_t s, float* x, float value, std::int64_t n) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n), kBlock, 0, s>>>(x, value, n);
+  check_launch("fill");
+}
+
+void launch_bias_rows(cudaStream_t s, float* y, const float* bias, int n, int out) {
+  const std::int64_t total = std::int64_t(n) * out;
+  if (total <= 0) return;
+  bias_rows_kernel<<<grid_for(total), kBlock, 0, s>>>(y, bias, total, out);
+  check_launch("bias_rows");
+}
+
+void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t rows,
+                    std::int64_t cols, std::int64_t ld) {
+  if (rows <= 0 || cols <= 0) return;
+  to_bf16_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<__nv_bfloat16*>(dst), src,
+                                                          rows, cols, ld);
+  check_launch("to_bf16");
+}
+
+int sum_squares_blocks() { return kSumBlocks; }
+
+void launch_sum_squares(cudaStream_t s, double* result, double* partial, const float* x,
+                        std::int64_t n) {
+  const unsigned blocks = grid_for(n) < unsigned(kSumBlocks) ? grid_for(n) : unsigned(kSumBlocks);
+  sum_squares_partial_kernel<<<blocks, kBlock, 0, s>>>(partial, x, n);
+  check_launch("sum_squares_partial");
+  sum_squares_finish_kernel<<<1, kSumBlocks, 0, s>>>(result, partial, static_cast<int>(blocks));
+  check_launch("sum_squares_finish");
+}
+
+void launch_adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, std::int64_t n,
+                  float beta1, float beta2, float omb1, float omb2, float eps, float decay,
+                  float step, float bc2_sqrt) {
+  if (n <= 0) return;
+  adamw_kernel<<<grid_for(n), kBlock, 0, s>>>(p, g, m, v, n, beta1, beta2, omb1, omb2, eps, decay,
+                                              step, bc2_sqrt);
+  check_launch("adamw");
+}
+
+}  // namespace trident::ops::cuda

@@ -1,0 +1,515 @@
+// test/unit/ops/cuda/cuda_ops_test.cpp — every op of the CUDA backend against the CPU
+// backend (make_cpu_ops, itself checked against double references and finite differences by
+// forward_test/backward_test), in the spirit of ggml's test-backend-ops: one table of
+// op x shape, odd shapes (rows and channels not multiples of 32, T not a power of two,
+// vocabularies with padding columns and a nonzero shard start), run once per precision.
+//
+// Norm: for each output tensor, ||gpu - cpu||_inf <= tol * ||cpu||_inf (the largest error
+// relative to the largest reference entry; NaN fails), printed with the worst element.
+// tol = 0 means bitwise equal (pure data movement, and sums taken in the CPU's order).
+//
+// Tolerances (fp32: 1e-5 for everything that computes). The tf32 and bf16 ones apply to the
+// ops that run matrix products (gemm, linear, attention); every other kernel is fp32 in all
+// precisions and is checked once, under fp32. Bounds, for inputs rounded with unit roundoff u
+// (tf32: 2^-11 = 4.9e-4; bf16: 2^-8 = 3.9e-3) and fp32 accumulation: each entry of a product
+// errs by at most 2u * sum_p |a_p b_p|, and for the random normal inputs here sum_p |a_p b_p|
+// is at most about 3 ||C||_inf (k <= 300: 0.64 k against ~4 sqrt(k)). So a product is within
+// 6u ||C||_inf: 3e-3 (tf32), 2.3e-2 (bf16) -> tolerances 1e-2 and 3e-2. Attention chains two
+// products and a softmax forward (four products backward), and the softmax turns the scores'
+// absolute error into a relative error of the probabilities: twice the product tolerance
+// (2e-2 tf32, 6e-2 bf16). These are worst-case bounds; typical errors are ~10x smaller.
+// A wrong transpose, stride or mask errs by O(1) and fails at any of them.
+//
+// Without a GPU the binary exits with TRIDENT_SKIP_CODE, which CTest reports as skipped.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../reference.hpp"
+#include "trident/ops/cuda.hpp"
+#include "trident/ops/ops.hpp"
+
+#ifndef TRIDENT_SKIP_CODE
+#define TRIDENT_SKIP_CODE 77
+#endif
+
+namespace trident::test {
+namespace {
+
+using ops::Ops;
+using ops::Precision;
+using IVec = std::vector<std::int32_t>;
+
+// ---- the two backends and device copies ---------------------------------------------------
+
+Ops& cpu() {
+  static std::unique_ptr<Ops> ops = ops::make_cpu_ops(2);
+  return *ops;
+}
+
+// One CUDA backend per precision for the whole run (a cuBLAS handle is slow to create).
+Ops& gpu(Precision p) {
+  static std::array<std::unique_ptr<Ops>, 3> ops;
+  auto& o = ops[static_cast<std::size_t>(p)];
+  if (!o) o = ops::make_cuda_ops(p);
+  return *o;
+}
+
+// A device copy of a host vector (its own DeviceArena), read back with host().
+template <typename T>
+class DevVec {
+ public:
+  DevVec(Ops& ops, const std::vector<T>& h)
+      : ops_(&ops), n_(h.size()), arena_(std::max<std::size_t>(h.size() * sizeof(T), 1)) {
+    ptr_ = arena_.alloc_n<T>(n_);
+    ops::cuda_upload(ops, ptr_, h.data(), n_ * sizeof(T));
+  }
+  T* get() { return ptr_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    ops::cuda_download(*ops_, h.data(), ptr_, n_ * sizeof(T));
+    return h;
+  }
+
+ private:
+  Ops* ops_;
+  std::size_t n_;
+  ops::DeviceArena arena_;
+  T* ptr_ = nullptr;
+};
+
+// ||got - want||_inf <= tol ||want||_inf (see the file comment).
+::testing::AssertionResult near(const FVec& got, const FVec& want, double tol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  double ref = 0.0, err = 0.0;
+  std::size_t worst = 0;
+  bool nan = false;
+  for (std::size_t i = 0; i < got.size(); i++) {
+    ref = std::max(ref, std::abs(double(want[i])));
+    const double e = std::abs(double(got[i]) - double(want[i]));
+    if (std::isnan(e)) {  // a NaN on either side fails; the first one is reported
+      if (!nan) worst = i;
+      nan = true;
+    } else if (!nan && e > err) {
+      err = e;
+      worst = i;
+    }
+  }
+  if (!nan && err <= tol * ref) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << (nan ? "NaN; " : "") << "max |gpu - cpu| = " << err << " > " << tol
+         << " * max |cpu| = " << tol * ref << "; worst [" << worst << "]: gpu " << got[worst]
+         << ", cpu " << want[worst];
+}
+
+// ---- the table ----------------------------------------------------------------------------
+
+// tol: what this check allows under the precision being run (see tolerance()).
+struct CudaCase {
+  std::string name;
+  // runs matrix products large enough for the bound in the file comment (k >= 32): also
+  // checked under tf32 and bf16. (In a tiny product one entry may nearly cancel, and its
+  // rounding error is then large next to ||C||_inf; those shapes run under fp32 only.)
+  bool products;
+  bool attention;
+  std::function<void(Ops& g, double tol)> check;
+};
+void PrintTo(const CudaCase& c, std::ostream* os) { *os << c.name; }
+
+double tolerance(const CudaCase& c, Precision p) {
+  switch (p) {
+    case Precision::fp32: return 1e-5;
+    case Precision::tf32: return c.attention ? 2e-2 : 1e-2;
+    case Precision::bf16: return c.attention ? 6e-2 : 3e-2;
+  }
+  return 0.0;
+}
+
+void check_gemm(Ops& g, double tol, bool ta, bool tb, int m, int n, int k) {
+  Rng r(1001u + unsigned(m * 31 + n * 7 + k + (ta ? 3 : 0) + (tb ? 5 : 0)));
+  // leading dimensions wider than the matrices: strides must be honoured
+  const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+  const FVec a = r.normal(std::size_t(ta ? k : m) * lda);
+  const FVec b = r.normal(std::size_t(tb ? n : k) * ldb);
+  const FVec c0 = r.normal(std::size_t(m) * ldc);
+  FVec c = c0;
+  cpu().gemm(ta, tb, m, n, k, 0.7f, a.data(), lda, b.data(), ldb, 0.3f, c.data(), ldc);
+  DevVec<float> da(g, a), db(g, b), dc(g, c0);
+  g.gemm(ta, tb, m, n, k, 0.7f, da.get(), lda, db.get(), ldb, 0.3f, dc.get(), ldc);
+  const FVec got = dc.host();
+  EXPECT_TRUE(near(got, c, tol)) << "C";
+  // the padding columns of C are not touched
+  for (int i = 0; i < m; i++)
+    for (int j = n; j < ldc; j++)
+      ASSERT_EQ(got[std::size_t(i) * ldc + j], c0[std::size_t(i) * ldc + j]) << "wrote past n";
+}
+
+void check_linear_forward(Ops& g, double tol, int n, int in, int out, bool bias) {
+  Rng r(1101u + unsigned(n * 7 + in * 3 + out));
+  const FVec x = r.normal(std::size_t(n) * in), w = r.normal(std::size_t(in) * out, 0.3);
+  const FVec b = r.normal(out);
+  FVec y(std::size_t(n) * out, 777.0f);
+  cpu().linear_forward(y.data(), x.data(), w.data(), bias ? b.data() : nullptr, n, in, out);
+  DevVec<float> dx(g, x), dw(g, w), dbias(g, b), dy(g, FVec(y.size(), 777.0f));
+  g.linear_forward(dy.get(), dx.get(), dw.get(), bias ? dbias.get() : nullptr, n, in, out);
+  EXPECT_TRUE(near(dy.host(), y, tol)) << "y";
+}
+
+void check_linear_backward(Ops& g, double tol, int n, int in, int out) {
+  Rng r(1201u + unsigned(n * 7 + in * 3 + out));
+  const FVec x = r.normal(std::size_t(n) * in), w = r.normal(std::size_t(in) * out, 0.3);
+  const FVec dy = r.normal(std::size_t(n) * out);
+  const FVec dw0 = r.normal(w.size()), db0 = r.normal(out);
+  FVec dx(x.size(), 777.0f), dw = dw0, db = db0;
+  cpu().linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), n, in, out);
+  DevVec<float> gx(g, x), gw(g, w), gdy(g, dy), gdx(g, FVec(x.size(), 777.0f)), gdw(g, dw0),
+      gdb(g, db0);
+  g.linear_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), n, in, out);
+  EXPECT_TRUE(near(gdx.host(), dx, tol)) << "dx";
+  EXPECT_TRUE(near(gdw.host(), dw, tol)) << "dw (+=)";
+  EXPECT_TRUE(near(gdb.host(), db, 1e-5)) << "db (+=, an fp32 GEMV in every precision)";
+  // again without dx and db: dw accumulates a second time, db stays
+  cpu().linear_backward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(), n, in, out);
+  g.linear_backward(nullptr, gdw.get(), nullptr, gdy.get(), gx.get(), gw.get(), n, in, out);
+  EXPECT_TRUE(near(gdw.host(), dw, tol)) << "dw after two backwards";
+  EXPECT_TRUE(near(gdb.host(), db, 1e-5)) << "db untouched when null";
+}
+
+void check_layernorm(Ops& g, double tol, int n, int c) {
+  Rng r(1301u + unsigned(n * 5 + c));
+  const FVec x = r.normal(std::size_t(n) * c, 2.0, 0.5), w = r.normal(c, 0.2, 1.0);
+  const FVec b = r.normal(c, 0.5), dy = r.normal(x.size());
+  const FVec dx0 = r.normal(x.size()), dw0 = r.normal(c), db0 = r.normal(c);
+  FVec y(x.size()), mean(n), rstd(n), dx = dx0, dw = dw0, db = db0;
+  cpu().layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+  cpu().layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                           mean.data(), rstd.data(), n, c);
+  DevVec<float> gx(g, x), gw(g, w), gb(g, b), gdy(g, dy), gy(g, FVec(y.size(), 777.0f)),
+      gmean(g, FVec(n, 777.0f)), grstd(g, FVec(n, 777.0f)), gdx(g, dx0), gdw(g, dw0), gdb(g, db0);
+  g.layernorm_forward(gy.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), n, c);
+  g.layernorm_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), gmean.get(),
+                       grstd.get(), n, c);
+  EXPECT_TRUE(near(gy.host(), y, tol)) << "y";
+  EXPECT_TRUE(near(gmean.host(), mean, tol)) << "mean";
+  EXPECT_TRUE(near(grstd.host(), rstd, tol)) << "rstd";
+  // C = 1: the exact dx increment is 0 (dn - mean(dn) = 0), but a fused multiply-add on either
+  // side keeps the product's rounding error, times rstd = 1/sqrt(eps) = 316: ~1e-5 relative,
+  // measured on the CPU backend (test/unit/ops/cuda/emulate). Only the forward is compared.
+  if (c == 1) return;
+  EXPECT_TRUE(near(gdx.host(), dx, tol)) << "dx (+=)";
+  EXPECT_TRUE(near(gdw.host(), dw, tol)) << "dw (+=)";
+  EXPECT_TRUE(near(gdb.host(), db, tol)) << "db (+=)";
+  // deterministic: a second backward on the device gives what the first plus itself gives
+  g.layernorm_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), gmean.get(),
+                       grstd.get(), n, c);
+  cpu().layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                           mean.data(), rstd.data(), n, c);
+  EXPECT_TRUE(near(gdw.host(), dw, tol)) << "dw after two backwards";
+}
+
+void check_gelu(Ops& g, double tol, std::int64_t n) {
+  Rng r(1401u + unsigned(n));
+  FVec x = r.normal(std::size_t(n), 3.0);
+  const float special[] = {0.0f, 1e-4f, -1e-4f, 1.0f, -1.0f, 3.0f, -3.0f, 10.0f, -10.0f, 20.0f, -20.0f};
+  for (std::size_t i = 0; i < sizeof special / sizeof special[0] && i < x.size(); i++) x[i] = special[i];
+  const FVec dy = r.normal(x.size());
+  FVec y(x.size()), dx(x.size());
+  cpu().gelu_forward(y.data(), x.data(), n);
+  cpu().gelu_backward(dx.data(), x.data(), dy.data(), n);
+  DevVec<float> gx(g, x), gdy(g, dy), gy(g, FVec(x.size(), 777.0f)), gdx(g, FVec(x.size(), 777.0f));
+  g.gelu_forward(gy.get(), gx.get(), n);
+  g.gelu_backward(gdx.get(), gx.get(), gdy.get(), n);
+  EXPECT_TRUE(near(gy.host(), y, tol)) << "y";
+  EXPECT_TRUE(near(gdx.host(), dx, tol)) << "dx";
+}
+
+void check_elementwise(Ops& g, double, std::int64_t n) {
+  Rng r(1501u + unsigned(n));
+  const FVec a = r.normal(std::size_t(n)), b = r.normal(std::size_t(n));
+  FVec sum(a.size()), scaled = a;
+  cpu().add(sum.data(), a.data(), b.data(), n);
+  cpu().scale(scaled.data(), -0.37f, n);
+  DevVec<float> ga(g, a), gb(g, b), gy(g, FVec(a.size(), 777.0f)), gs(g, a), gf(g, a), gc(g, b);
+  g.add(gy.get(), ga.get(), gb.get(), n);
+  g.scale(gs.get(), -0.37f, n);
+  g.fill(gf.get(), 2.5f, n);
+  g.copy(gc.get(), ga.get(), n);
+  EXPECT_TRUE(near(gy.host(), sum, 0.0)) << "add";
+  EXPECT_TRUE(near(gs.host(), scaled, 0.0)) << "scale";
+  EXPECT_TRUE(near(gf.host(), FVec(a.size(), 2.5f), 0.0)) << "fill";
+  EXPECT_TRUE(near(gc.host(), a, 0.0)) << "copy";
+  g.add(ga.get(), ga.get(), gb.get(), n);  // y aliases a
+  EXPECT_TRUE(near(ga.host(), sum, 0.0)) << "add in place";
+}
+
+void check_sum_squares(Ops& g, double, std::int64_t n) {
+  Rng r(1601u + unsigned(n));
+  const FVec x = r.normal(std::size_t(n), 3.0);
+  const double want = cpu().sum_squares(x.data(), n);
+  DevVec<float> gx(g, x);
+  const double got = g.sum_squares(gx.get(), n);
+  // products of floats are exact in double; only the order of the additions differs (both
+  // sum short runs and then partials: ~1e-14 apart; 1e-10 still catches a lost element)
+  EXPECT_NEAR(got, want, 1e-10 * want) << "sum of squares";
+  EXPECT_EQ(g.sum_squares(gx.get(), n), got) << "not deterministic";
+}
+
+void check_attention(Ops& g, double tol, int b, int t, int c, int nh) {
+  Rng r(1701u + unsigned(b * 1000 + t * 10 + c + nh));
+  const FVec qkv = r.normal(std::size_t(b) * t * 3 * c), dout = r.normal(std::size_t(b) * t * c);
+  FVec out(dout.size()), att(std::size_t(b) * nh * t * t), dqkv(qkv.size()), datt(att.size());
+  cpu().attention_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  cpu().attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  DevVec<float> gqkv(g, qkv), gdout(g, dout), gout(g, FVec(out.size(), 777.0f)),
+      gatt(g, FVec(att.size(), 777.0f)), gdqkv(g, FVec(qkv.size(), 777.0f)),
+      gdatt(g, FVec(att.size(), 777.0f));
+  g.attention_forward(gout.get(), gatt.get(), gqkv.get(), b, t, c, nh);
+  g.attention_backward(gdqkv.get(), gdatt.get(), gdout.get(), gqkv.get(), gatt.get(), b, t, c, nh);
+  const FVec got_att = gatt.host();
+  EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
+  EXPECT_TRUE(near(got_att, att, tol)) << "att";
+  EXPECT_TRUE(near(gdqkv.host(), dqkv, tol)) << "dqkv";
+  std::size_t above = 0;
+  for (int bh = 0; bh < b * nh; bh++)
+    for (int i = 0; i < t; i++)
+      for (int j = i + 1; j < t; j++) above += got_att[(std::size_t(bh) * t + i) * t + j] != 0.0f;
+  EXPECT_EQ(above, 0u) << "att above the diagonal must be exactly 0";
+}
+
+void check_embedding(Ops& g, double tol, int n, int c, int vocab_start, int v) {
+  Rng r(1801u + unsigned(n + c));
+  const FVec wte = r.normal(std::size_t(v) * c), dx = r.normal(std::size_t(n) * c);
+  IVec tok(n);
+  for (int i = 0; i < n; i++) tok[i] = r.integer(vocab_start - 3, vocab_start + v + 2);
+  tok[0] = vocab_start - 1;
+  if (n > 3) tok[1] = tok[2] = vocab_start + 1;  // a repeated token: two atomic adds
+  if (n > 4) tok[3] = vocab_start + v, tok[4] = vocab_start + v - 1;
+  const FVec dwte0 = r.normal(wte.size());
+  FVec x(std::size_t(n) * c), dwte = dwte0;
+  cpu().embedding_forward(x.data(), tok.data(), wte.data(), n, c, vocab_start, v);
+  cpu().embedding_backward(dwte.data(), dx.data(), tok.data(), n, c, vocab_start, v);
+  FVec guarded0 = dwte0;
+  guarded0.resize(dwte0.size() + std::size_t(c), 5.0f);  // one row past the shard
+  DevVec<float> gwte(g, wte), gdx(g, dx), gx(g, FVec(x.size(), 777.0f)), gdwte(g, guarded0);
+  DevVec<std::int32_t> gtok(g, tok);
+  g.embedding_forward(gx.get(), gtok.get(), gwte.get(), n, c, vocab_start, v);
+  g.embedding_backward(gdwte.get(), gdx.get(), gtok.get(), n, c, vocab_start, v);
+  EXPECT_TRUE(near(gx.host(), x, 0.0)) << "x (a copy)";
+  FVec got = gdwte.host();
+  for (std::size_t j = dwte0.size(); j < got.size(); j++) ASSERT_EQ(got[j], 5.0f) << "wrote past row v";
+  got.resize(dwte0.size());
+  EXPECT_TRUE(near(got, dwte, tol)) << "dwte (+=, atomic: order of a repeated row's adds varies)";
+}
+
+void check_position(Ops& g, double, int b, int t, int c) {
+  Rng r(1901u + unsigned(b + t + c));
+  const FVec x0 = r.normal(std::size_t(b) * t * c), wpe = r.normal(std::size_t(t) * c);
+  const FVec dx = r.normal(x0.size()), dwpe0 = r.normal(wpe.size());
+  FVec x = x0, dwpe = dwpe0;
+  cpu().position_forward(x.data(), wpe.data(), b, t, c);
+  cpu().position_backward(dwpe.data(), dx.data(), b, t, c);
+  DevVec<float> gx(g, x0), gwpe(g, wpe), gdx(g, dx), gdwpe(g, dwpe0);
+  g.position_forward(gx.get(), gwpe.get(), b, t, c);
+  g.position_backward(gdwpe.get(), gdx.get(), b, t, c);
+  EXPECT_TRUE(near(gx.host(), x, 0.0)) << "x += wpe (one rounding)";
+  EXPECT_TRUE(near(gdwpe.host(), dwpe, 0.0)) << "dwpe (+=, the CPU's order of additions)";
+}
+
+void check_xent(Ops& g, double tol, int n, int ld, int v_valid, int vocab_start, double offset,
+                double sd) {
+  Rng r(2001u + unsigned(n + ld + v_valid));
+  FVec logits = r.normal(std::size_t(n) * ld, sd, offset);
+  for (int i = 0; i < n; i++)
+    for (int j = v_valid; j < ld; j++) logits[std::size_t(i) * ld + j] = 1e4f;  // padding
+  IVec tg(n);
+  for (int i = 0; i < n; i++) tg[i] = vocab_start + r.integer(0, v_valid - 1);
+  tg[0] = vocab_start - 1;  // targets in other shards
+  if (n > 1) tg[1] = vocab_start + v_valid;
+  const float scale = 1.0f / static_cast<float>(n);
+  FVec row_max(n), sumexp(n), tl(n), loss(n), grad = logits;
+  cpu().xent_row_max(row_max.data(), logits.data(), n, ld, v_valid);
+  cpu().xent_sumexp(sumexp.data(), tl.data(), logits.data(), row_max.data(), tg.data(), n, ld,
+                    v_valid, vocab_start);
+  cpu().xent_loss(loss.data(), row_max.data(), sumexp.data(), tl.data(), n);
+  cpu().xent_backward(grad.data(), row_max.data(), sumexp.data(), tg.data(), n, ld, v_valid,
+                      vocab_start, scale);
+  DevVec<float> gl(g, logits), gmax(g, FVec(n, 777.0f)), gsum(g, FVec(n, 777.0f)),
+      gtl(g, FVec(n, 777.0f)), gloss(g, FVec(n, 777.0f));
+  DevVec<std::int32_t> gtg(g, tg);
+  g.xent_row_max(gmax.get(), gl.get(), n, ld, v_valid);
+  g.xent_sumexp(gsum.get(), gtl.get(), gl.get(), gmax.get(), gtg.get(), n, ld, v_valid, vocab_start);
+  g.xent_loss(gloss.get(), gmax.get(), gsum.get(), gtl.get(), n);
+  g.xent_backward(gl.get(), gmax.get(), gsum.get(), gtg.get(), n, ld, v_valid, vocab_start, scale);
+  EXPECT_TRUE(near(gmax.host(), row_max, 0.0)) << "row_max";
+  EXPECT_TRUE(near(gtl.host(), tl, 0.0)) << "target_logit";
+  EXPECT_TRUE(near(gsum.host(), sumexp, tol)) << "sumexp";
+  // the loss is log(sumexp) + max - target: compare its error to the loss's own scale
+  EXPECT_TRUE(near(gloss.host(), loss, tol)) << "loss";
+  const FVec got = gl.host();
+  EXPECT_TRUE(near(got, grad, tol)) << "scale * (softmax - onehot)";
+  std::size_t pad = 0;
+  for (int i = 0; i < n; i++)
+    for (int j = v_valid; j < ld; j++) pad += got[std::size_t(i) * ld + j] != 0.0f;
+  EXPECT_EQ(pad, 0u) << "padding columns must get exactly 0";
+}
+
+void check_adamw(Ops& g, double tol, std::int64_t n) {
+  Rng r(2101u + unsigned(n));
+  const FVec p0 = r.normal(std::size_t(n)), m0 = r.normal(std::size_t(n), 0.1);
+  const FVec v0 = r.uniform(std::size_t(n), 0.0, 0.01);
+  FVec p = p0, m = m0, v = v0;
+  DevVec<float> gp(g, p0), gm(g, m0), gv(g, v0);
+  for (int step = 1; step <= 3; step++) {
+    const FVec grad = r.normal(std::size_t(n), 0.5);
+    const float bc1 = 1.0f - std::pow(0.9f, float(step)), bc2 = 1.0f - std::pow(0.95f, float(step));
+    cpu().adamw(p.data(), grad.data(), m.data(), v.data(), n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2);
+    DevVec<float> gg(g, grad);
+    g.adamw(gp.get(), gg.get(), gm.get(), gv.get(), n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2);
+  }
+  EXPECT_TRUE(near(gp.host(), p, tol)) << "p";
+  EXPECT_TRUE(near(gm.host(), m, tol)) << "m";
+  EXPECT_TRUE(near(gv.host(), v, tol)) << "v";
+}
+
+std::vector<CudaCase> cases() {
+  std::vector<CudaCase> cs;
+  const int gemm_shapes[][3] = {{5, 7, 11}, {1, 1, 1}, {129, 70, 300}, {64, 33, 257}};
+  for (auto& s : gemm_shapes)
+    for (int t = 0; t < 4; t++) {
+      const bool ta = t & 1, tb = t & 2;
+      cs.push_back({name_of("gemm_%s%s_m%d_n%d_k%d", ta ? "T" : "N", tb ? "T" : "N", s[0], s[1], s[2]),
+                    s[2] >= 32, false, [=](Ops& g, double tol) { check_gemm(g, tol, ta, tb, s[0], s[1], s[2]); }});
+    }
+  const int linear_shapes[][3] = {{5, 7, 11}, {1, 3, 1}, {129, 70, 300}, {100, 256, 48}};
+  for (auto& s : linear_shapes) {
+    for (bool bias : {true, false})
+      cs.push_back({name_of("linear_forward_n%d_in%d_out%d_%s", s[0], s[1], s[2], bias ? "bias" : "nobias"),
+                    s[1] >= 32, false, [=](Ops& g, double tol) { check_linear_forward(g, tol, s[0], s[1], s[2], bias); }});
+    cs.push_back({name_of("linear_backward_n%d_in%d_out%d", s[0], s[1], s[2]), s[1] >= 32, false,
+                  [=](Ops& g, double tol) { check_linear_backward(g, tol, s[0], s[1], s[2]); }});
+  }
+  const int att_shapes[][4] = {{2, 7, 12, 3}, {1, 1, 4, 1}, {1, 40, 16, 2}, {3, 33, 8, 1}, {2, 67, 16, 4}, {1, 97, 24, 3}};
+  for (auto& s : att_shapes)
+    cs.push_back({name_of("attention_b%d_t%d_c%d_nh%d", s[0], s[1], s[2], s[3]), true, true,
+                  [=](Ops& g, double tol) { check_attention(g, tol, s[0], s[1], s[2], s[3]); }});
+  const int ln_shapes[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {1000, 768}};
+  for (auto& s : ln_shapes)
+    cs.push_back({name_of("layernorm_n%d_c%d", s[0], s[1]), false, false,
+                  [=](Ops& g, double tol) { check_layernorm(g, tol, s[0], s[1]); }});
+  for (std::int64_t n : {11, 40001})
+    cs.push_back({name_of("gelu_n%lld", (long long)n), false, false,
+                  [=](Ops& g, double tol) { check_gelu(g, tol, n); }});
+  for (std::int64_t n : {7, 40001})
+    cs.push_back({name_of("add_scale_fill_copy_n%lld", (long long)n), false, false,
+                  [=](Ops& g, double tol) { check_elementwise(g, tol, n); }});
+  for (std::int64_t n : {1, 1000, 3000017})
+    cs.push_back({name_of("sum_squares_n%lld", (long long)n), false, false,
+                  [=](Ops& g, double tol) { check_sum_squares(g, tol, n); }});
+  const int emb_shapes[][4] = {{9, 5, 10, 6}, {7, 12, 0, 20}, {300, 130, 1000, 57}};
+  for (auto& s : emb_shapes)
+    cs.push_back({name_of("embedding_n%d_c%d_vs%d_v%d", s[0], s[1], s[2], s[3]), false, false,
+                  [=](Ops& g, double tol) { check_embedding(g, tol, s[0], s[1], s[2], s[3]); }});
+  const int pos_shapes[][3] = {{2, 7, 12}, {4, 65, 130}};
+  for (auto& s : pos_shapes)
+    cs.push_back({name_of("position_b%d_t%d_c%d", s[0], s[1], s[2]), false, false,
+                  [=](Ops& g, double tol) { check_position(g, tol, s[0], s[1], s[2]); }});
+  cs.push_back({"xent_n5_ld13_v11_vs20", false, false,
+                [](Ops& g, double tol) { check_xent(g, tol, 5, 13, 11, 20, 0.0, 1.0); }});
+  cs.push_back({"xent_n64_ld1008_v1000_offset80", false, false,
+                [](Ops& g, double tol) { check_xent(g, tol, 64, 1008, 1000, 0, 80.0, 5.0); }});
+  cs.push_back({"xent_n3_ld50304_v50257_vs50257", false, false,
+                [](Ops& g, double tol) { check_xent(g, tol, 3, 50304, 50257, 50257, -30.0, 3.0); }});
+  for (std::int64_t n : {5, 100003})
+    cs.push_back({name_of("adamw_n%lld", (long long)n), false, false,
+                  [=](Ops& g, double tol) { check_adamw(g, tol, n); }});
+  return cs;
+}
+
+std::vector<CudaCase> product_cases() {
+  std::vector<CudaCase> cs;
+  for (auto& c : cases())
+    if (c.products) cs.push_back(c);
+  return cs;
+}
+
+class CudaVsCpu : public ::testing::TestWithParam<std::tuple<CudaCase, Precision>> {};
+
+TEST_P(CudaVsCpu, Matches) {
+  const auto& [c, p] = GetParam();
+  c.check(gpu(p), tolerance(c, p));
+}
+
+std::string case_name(const ::testing::TestParamInfo<CudaVsCpu::ParamType>& info) {
+  return std::get<0>(info.param).name + "_" + ops::precision_name(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp32, CudaVsCpu,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(Precision::fp32)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Fast, CudaVsCpu,
+                         ::testing::Combine(::testing::ValuesIn(product_cases()),
+                                            ::testing::Values(Precision::tf32, Precision::bf16)),
+                         case_name);
+
+// ---- the backend's own contract ----------------------------------------------------------
+
+TEST(CudaOps, NameAndDevice) {
+  Ops& g = gpu(Precision::bf16);
+  EXPECT_EQ(g.device(), Device::cuda);
+  EXPECT_NE(g.name().find("bf16"), std::string::npos) << g.name();
+  auto o = ops::make_cuda_ops(Precision::tf32);
+  EXPECT_NE(o->name().find("tf32"), std::string::npos) << o->name();
+  EXPECT_THROW(ops::make_ops("cpu", 1, Precision::bf16), Error) << "the CPU has fp32 only";
+}
+
+TEST(CudaOps, SelectDevice) {
+  const int n = ops::cuda_device_count();
+  EXPECT_EQ(ops::cuda_select_device(0), 0);
+  EXPECT_EQ(ops::cuda_select_device(n), 0);  // wraps around
+  EXPECT_EQ(ops::cuda_select_device(2 * n + 1), 1 % n);
+  EXPECT_THROW(ops::cuda_select_device(-1), Error);
+  ops::cuda_select_device(0);
+}
+
+TEST(CudaOps, ArenaBumpsAlignsAndRefusesOverflow) {
+  ops::DeviceArena arena(4096);
+  char* a = static_cast<char*>(arena.alloc(10));
+  char* b = static_cast<char*>(arena.alloc(1));
+  EXPECT_EQ(b - a, std::ptrdiff_t(ops::DeviceArena::kAlign));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % ops::DeviceArena::kAlign, 0u);
+  EXPECT_THROW(arena.alloc(4096), Error);
+  arena.reset();
+  EXPECT_EQ(arena.alloc(4096), static_cast<void*>(a));
+}
+
+TEST(CudaOps, CopiesRefuseTheCpuBackend) {
+  float x = 0.0f;
+  EXPECT_THROW(ops::cuda_upload(cpu(), &x, &x, sizeof x), Error);
+}
+
+}  // namespace
+}  // namespace trident::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+#ifdef GTEST_FLAG_GET
+  const bool listing = GTEST_FLAG_GET(list_tests);
+#else
+  const bool listing = ::testing::GTEST_FLAG(list_tests);
+#endif
+  if (trident::ops::cuda_device_count() == 0 && !listing) {
+    std::printf("no CUDA device visible: the CUDA op tests are skipped\n");
+    return TRIDENT_SKIP_CODE;
+  }
+  return RUN_ALL_TESTS();
+}

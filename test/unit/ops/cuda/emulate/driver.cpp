@@ -1,0 +1,158 @@
+// test/unit/ops/cuda/emulate/driver.cpp — trident's CUDA kernels, run on the CPU through
+// shim/emu.hpp, against the CPU backend (make_cpu_ops). A check that needs no GPU: indexing,
+// masks, reductions and the cuBLAS argument mapping of attention (with column-major OpenBLAS
+// calls standing in for cuBLAS: exactly cublasGemmStridedBatchedEx's semantics), on odd
+// shapes. Norm as in cuda_ops_test.cpp: ||emulated - cpu||_inf <= tol ||cpu||_inf.
+// Not a CTest test (thousands of threads per launch: ~20 s); run.sh builds and runs it.
+#include <cblas.h>
+#include <cstdio>
+#include <random>
+#include <vector>
+#include "kernels.hpp"
+#include "plans.hpp"
+#include "trident/ops/adamw.hpp"
+#include "trident/ops/ops.hpp"
+using namespace trident;
+using namespace trident::ops::cuda;
+using V = std::vector<float>;
+std::mt19937 g(3);  // NOLINT: one generator for the whole run
+V rnd(size_t n, float sd = 1, float mean = 0) { std::normal_distribution<float> d(mean, sd); V v(n); for (auto& x : v) x = d(g); return v; }
+int bad = 0;
+void cmp(const char* what, const V& got, const V& want, double tol) {
+  double e = 0, r = 0; bool nan = false;
+  for (size_t i = 0; i < got.size(); i++) { double d = std::fabs(double(got[i]) - want[i]); if (std::isnan(d)) nan = true; e = std::fmax(e, d); r = std::fmax(r, std::fabs(want[i])); }
+  bool ok = !nan && e <= tol * r;
+  if (!ok) bad++;
+  printf("%-44s %s  err %.2e  ref %.2e\n", what, ok ? "ok  " : "BAD ", e, r);
+}
+// cuBLAS stand-in: cublasGemmStridedBatchedEx's column-major semantics through OpenBLAS.
+static void cublas_batched(const ColMajor& g, float alpha, float beta, float* c, int ldc,
+                           std::int64_t sc, int batch) {
+  for (int i = 0; i < batch; i++)
+    cblas_sgemm(CblasColMajor, g.trans1 ? CblasTrans : CblasNoTrans, g.trans2 ? CblasTrans : CblasNoTrans,
+                g.m, g.n, g.k, alpha, g.p1 + i * g.stride1, g.ld1, g.p2 + i * g.stride2, g.ld2, beta,
+                c + i * sc, ldc);
+}
+// CudaOps::gemm_batched_rm with the stand-in: the production mapping (col_major).
+static void gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                            std::int64_t sa, const float* b, int ldb, std::int64_t sb, float beta, float* c,
+                            int ldc, std::int64_t sc, int batch) {
+  cublas_batched(col_major(ta, tb, m, n, k, a, lda, sa, b, ldb, sb), alpha, beta, c, ldc, sc, batch);
+}
+int main() {
+  auto cpu = ops::make_cpu_ops(1);
+  char name[128];
+  // every transpose pair, leading dimensions wider than the matrices, alpha and beta
+  for (int tcase = 0; tcase < 4; tcase++) {
+    const bool ta = tcase & 1, tb = tcase & 2;
+    const int m = 37, n = 29, k = 41, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+    V a = rnd(size_t(ta ? k : m) * lda), bm = rnd(size_t(tb ? n : k) * ldb), c0 = rnd(size_t(m) * ldc);
+    V c1 = c0, c2 = c0;
+    cpu->gemm(ta, tb, m, n, k, 0.7f, a.data(), lda, bm.data(), ldb, 0.3f, c1.data(), ldc);
+    gemm_batched_rm(ta, tb, m, n, k, 0.7f, a.data(), lda, 0, bm.data(), ldb, 0, 0.3f, c2.data(), ldc, 0, 1);
+    snprintf(name, sizeof name, "gemm ta%d tb%d (col_major mapping)", int(ta), int(tb));
+    cmp(name, c2, c1, 1e-5);
+  }
+  const int ln[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {70, 768}};
+  for (auto& s : ln) {
+    int n = s[0], c = s[1];
+    V x = rnd(size_t(n) * c, 2, 0.5), w = rnd(c, 0.2, 1), b = rnd(c, 0.5), dy = rnd(x.size()), dx0 = rnd(x.size()), dw0 = rnd(c), db0 = rnd(c);
+    V y(x.size()), m(n), r(n), dx = dx0, dw = dw0, db = db0;
+    V y2(x.size(), 777), m2(n, 777), r2(n, 777), dx2 = dx0, dw2 = dw0, db2 = db0;
+    cpu->layernorm_forward(y.data(), m.data(), r.data(), x.data(), w.data(), b.data(), n, c);
+    cpu->layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), m.data(), r.data(), n, c);
+    launch_layernorm_forward(nullptr, y2.data(), m2.data(), r2.data(), x.data(), w.data(), b.data(), n, c);
+    V partial(layernorm_partial_floats(n, c));
+    launch_layernorm_backward(nullptr, dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), m2.data(), r2.data(), n, c, partial.data());
+    snprintf(name, sizeof name, "layernorm n%d c%d y", n, c); cmp(name, y2, y, 1e-5);
+    cmp("  mean", m2, m, 1e-5); cmp("  rstd", r2, r, 1e-5); cmp("  dx", dx2, dx, 1e-5); cmp("  dw", dw2, dw, 1e-5); cmp("  db", db2, db, 1e-5);
+  }
+  const int att[][4] = {{2, 7, 12, 3}, {1, 1, 4, 1}, {3, 33, 8, 1}, {2, 67, 16, 4}};
+  for (auto& s : att) {
+    int b = s[0], t = s[1], c = s[2], nh = s[3];
+    std::int64_t tt = std::int64_t(t) * t;
+    V qkv = rnd(size_t(b) * t * 3 * c), dout = rnd(size_t(b) * t * c);
+    V o1(dout.size()), a1(size_t(b) * nh * tt), dq1(qkv.size()), da1(a1.size());
+    cpu->attention_forward(o1.data(), a1.data(), qkv.data(), b, t, c, nh);
+    cpu->attention_backward(dq1.data(), da1.data(), dout.data(), qkv.data(), a1.data(), b, t, c, nh);
+    V o2(o1.size(), 777), a2(a1.size(), 777), dq2(qkv.size(), 777), da2(a1.size(), 777);
+    // the production plans (plans.hpp) with the emulated softmax kernels
+    attention_forward_steps(gemm_batched_rm,
+                            [](float* a, std::int64_t rows, int tq) { launch_causal_softmax(nullptr, a, rows, tq); },
+                            o2.data(), a2.data(), qkv.data(), b, t, c, nh);
+    attention_backward_steps(gemm_batched_rm,
+                             [](float* d, const float* a, std::int64_t rows, int tq, float sc) {
+                               launch_causal_softmax_backward(nullptr, d, a, rows, tq, sc);
+                             },
+                             dq2.data(), da2.data(), dout.data(), qkv.data(), a2.data(), b, t, c, nh);
+    snprintf(name, sizeof name, "attention b%d t%d c%d nh%d out", b, t, c, nh); cmp(name, o2, o1, 1e-5);
+    cmp("  att", a2, a1, 1e-5); cmp("  dqkv", dq2, dq1, 1e-5);
+  }
+  struct X { int n, ld, v, vs; float off, sd; } xs[] = {{5, 13, 11, 20, 0, 1}, {64, 1008, 1000, 0, 80, 5}, {3, 4109, 4096, 4096, -30, 3}};
+  for (auto& s : xs) {
+    V l = rnd(size_t(s.n) * s.ld, s.sd, s.off);
+    for (int i = 0; i < s.n; i++) for (int j = s.v; j < s.ld; j++) l[size_t(i) * s.ld + j] = 1e4f;
+    std::vector<std::int32_t> tg(s.n);
+    for (int i = 0; i < s.n; i++) tg[i] = s.vs + int(g() % s.v);
+    tg[0] = s.vs - 1; if (s.n > 1) tg[1] = s.vs + s.v;
+    float scale = 1.0f / s.n;
+    V mx(s.n), se(s.n), tl(s.n), loss(s.n), gr = l, mx2(s.n, 7), se2(s.n, 7), tl2(s.n, 7), loss2(s.n, 7), gr2 = l;
+    cpu->xent_row_max(mx.data(), l.data(), s.n, s.ld, s.v);
+    cpu->xent_sumexp(se.data(), tl.data(), l.data(), mx.data(), tg.data(), s.n, s.ld, s.v, s.vs);
+    cpu->xent_loss(loss.data(), mx.data(), se.data(), tl.data(), s.n);
+    cpu->xent_backward(gr.data(), mx.data(), se.data(), tg.data(), s.n, s.ld, s.v, s.vs, scale);
+    launch_xent_row_max(nullptr, mx2.data(), l.data(), s.n, s.ld, s.v);
+    launch_xent_sumexp(nullptr, se2.data(), tl2.data(), l.data(), mx2.data(), tg.data(), s.n, s.ld, s.v, s.vs);
+    launch_xent_loss(nullptr, loss2.data(), mx2.data(), se2.data(), tl2.data(), s.n);
+    launch_xent_backward(nullptr, gr2.data(), mx2.data(), se2.data(), tg.data(), s.n, s.ld, s.v, s.vs, scale);
+    snprintf(name, sizeof name, "xent n%d ld%d v%d row_max", s.n, s.ld, s.v); cmp(name, mx2, mx, 0);
+    cmp("  target_logit", tl2, tl, 0); cmp("  sumexp", se2, se, 1e-5); cmp("  loss", loss2, loss, 1e-5); cmp("  grad", gr2, gr, 1e-5);
+  }
+  { int n = 300, c = 130, vs = 1000, v = 57;
+    V wte = rnd(size_t(v) * c), dx = rnd(size_t(n) * c), dw0 = rnd(wte.size());
+    std::vector<std::int32_t> tok(n); for (auto& t : tok) t = vs - 3 + int(g() % (v + 6)); tok[1] = tok[2] = vs + 1;
+    V x(size_t(n) * c), x2(x.size(), 7), dw = dw0, dw2 = dw0;
+    cpu->embedding_forward(x.data(), tok.data(), wte.data(), n, c, vs, v); cpu->embedding_backward(dw.data(), dx.data(), tok.data(), n, c, vs, v);
+    launch_embedding_forward(nullptr, x2.data(), tok.data(), wte.data(), n, c, vs, v); launch_embedding_backward(nullptr, dw2.data(), dx.data(), tok.data(), n, c, vs, v);
+    cmp("embedding x", x2, x, 0); cmp("  dwte", dw2, dw, 1e-5);
+    int b = 4, t = 65; c = 130; V x0 = rnd(size_t(b) * t * c), wpe = rnd(size_t(t) * c), d = rnd(x0.size()), dp0 = rnd(wpe.size());
+    V xa = x0, xb = x0, dpa = dp0, dpb = dp0;
+    cpu->position_forward(xa.data(), wpe.data(), b, t, c); cpu->position_backward(dpa.data(), d.data(), b, t, c);
+    launch_position_forward(nullptr, xb.data(), wpe.data(), b, t, c); launch_position_backward(nullptr, dpb.data(), d.data(), b, t, c);
+    cmp("position x", xb, xa, 0); cmp("  dwpe", dpb, dpa, 0);
+  }
+  for (int n : {11, 4001}) {
+    V x = rnd(n, 3), dy = rnd(n); float sp[] = {0, 1e-4f, -1e-4f, 1, -1, 3, -3, 10, -10, 20, -20}; for (int i = 0; i < 11 && i < n; i++) x[i] = sp[i];
+    V y(n), y2(n, 7), dx(n), dx2(n, 7);
+    cpu->gelu_forward(y.data(), x.data(), n); cpu->gelu_backward(dx.data(), x.data(), dy.data(), n);
+    launch_gelu_forward(nullptr, y2.data(), x.data(), n); launch_gelu_backward(nullptr, dx2.data(), x.data(), dy.data(), n);
+    snprintf(name, sizeof name, "gelu n%d y", n); cmp(name, y2, y, 1e-5); cmp("  dx", dx2, dx, 1e-5);
+    V a = rnd(n), s1(n), s2(n, 7), sc1 = a, sc2 = a, f(n, 7);
+    cpu->add(s1.data(), a.data(), x.data(), n); launch_add(nullptr, s2.data(), a.data(), x.data(), n); cmp("  add", s2, s1, 0);
+    cpu->scale(sc1.data(), -0.37f, n); launch_scale(nullptr, sc2.data(), -0.37f, n); cmp("  scale", sc2, sc1, 0);
+    launch_fill(nullptr, f.data(), 2.5f, n); cmp("  fill", f, V(n, 2.5f), 0);
+  }
+  for (long n : {1L, 1000L, 30011L}) {
+    V x = rnd(n, 3); double want = cpu->sum_squares(x.data(), n);
+    std::vector<double> part(sum_squares_blocks()); double got = -1;
+    launch_sum_squares(nullptr, &got, part.data(), x.data(), n);
+    bool ok = std::fabs(got - want) <= 1e-10 * want; bad += !ok;
+    printf("sum_squares n%-7ld %s got %.17g want %.17g\n", n, ok ? "ok  " : "BAD ", got, want);
+  }
+  { int n = 1001; V p = rnd(n), m = rnd(n, 0.1f), v(n); for (auto& e : v) e = float(g() % 1000) * 1e-5f;
+    V p2 = p, m2 = m, v2 = v;
+    for (int step = 1; step <= 3; step++) {
+      V gr = rnd(n, 0.5); float bc1 = 1 - std::pow(0.9f, float(step)), bc2 = 1 - std::pow(0.95f, float(step));
+      cpu->adamw(p.data(), gr.data(), m.data(), v.data(), n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2);
+      auto s = ops::adamw_scalars(6e-4f, 0.9f, 0.95f, 0.1f, bc1, bc2);
+      launch_adamw(nullptr, p2.data(), gr.data(), m2.data(), v2.data(), n, 0.9f, 0.95f, s.omb1, s.omb2, 1e-8f, s.decay, s.step, s.bc2_sqrt);
+    }
+    // GCC may fuse a multiply and an add in the CPU's AdamW (FMA machines); the kernel never
+    // does: they agree to an ulp or two, not to the bit.
+    cmp("adamw p", p2, p, 1e-6); cmp("  m", m2, m, 1e-6); cmp("  v", v2, v, 1e-6);
+  }
+  { V b = rnd(7), y(5 * 7, 9), want(35); for (int i = 0; i < 35; i++) want[i] = b[i % 7];
+    launch_bias_rows(nullptr, y.data(), b.data(), 5, 7); cmp("bias_rows", y, want, 0); }
+  printf(bad ? "%d MISMATCHES\n" : "all kernels agree with the CPU backend\n", bad);
+  return bad != 0;
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# test/unit/ops/cuda/emulate/run.sh — runs trident's CUDA kernels (src/ops/cuda/*.cu) on the
+# CPU, one std::thread per CUDA thread (shim/emu.hpp), against the CPU backend: a check of
+# the kernels' logic on a machine without a GPU. Not a substitute for test/unit/ops/cuda on a
+# GPU (no memory model, no launch limits, no cuBLAS).
+# usage: test/unit/ops/cuda/emulate/run.sh [BUILD_DIR (build)] — needs libtrident_ops.a and
+# libtrident_core.a built there (make build), g++ with C++20 (<barrier>) and OpenBLAS.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../../../../.." && pwd)
+build=$(cd "${1:-$src/build}" && pwd)
+work=$build/cuda-emulate
+[ -f "$build/libtrident_ops.a" ] || { echo "emulate: no $build/libtrident_ops.a (make build first)" >&2; exit 2; }
+blas_inc=$(sed -n 's/^OPENBLAS_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")
+blas_lib=$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")
+
+rm -rf "$work"
+mkdir -p "$work"
+cp "$here"/shim/check.hpp "$src"/src/ops/cuda/common.cuh "$src"/src/ops/cuda/kernels.hpp \
+   "$src"/src/ops/cuda/plans.hpp "$work/"
+objs=()
+for cu in "$src"/src/ops/cuda/*.cu; do
+  name=$(basename "$cu" .cu)
+  # k<<<grid, block, 0, s>>>(args) -> emu_launch(k, grid, block, args)
+  sed -e 's/\b\([a-z_0-9]*_kernel\)<<<\(.*\), 0, s>>>(/emu_launch(\1, \2, /' "$cu" >"$work/$name.cpp"
+  if grep -q '<<<' "$work/$name.cpp"; then
+    echo "emulate: a launch in $cu is not of the form k<<<grid, block, 0, s>>>(...)" >&2
+    exit 2
+  fi
+  g++ -std=c++20 -O1 -I"$here/shim" -I"$work" -c "$work/$name.cpp" -o "$work/$name.o"
+  objs+=("$work/$name.o")
+done
+g++ -std=c++20 -O1 -I"$here/shim" -I"$work" -I"$src/include" -I"$blas_inc" "$here/driver.cpp" \
+    "${objs[@]}" "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp \
+    -pthread -o "$work/emulate"
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/emulate"
