@@ -9,16 +9,32 @@
 
 namespace trident::model {
 
+namespace {
+bool any_head(const std::vector<StageLayout>& chunks) {
+  return std::any_of(chunks.begin(), chunks.end(), [](const StageLayout& c) { return c.has_head; });
+}
+}  // namespace
+
 GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
-                   ops::Ops& ops, int micro_batch, Recompute recompute,
-                   bool sequence_parallel)
+                   ops::Ops& ops, int micro_batch, Recompute recompute, bool sequence_parallel)
+    : GptChunk(cfg, std::vector<StageLayout>{stage}, ps, ops, micro_batch, recompute,
+               sequence_parallel) {}
+
+GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
+                   parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
+                   Recompute recompute, bool sequence_parallel)
     : cfg_(cfg),
-      stage_(stage),
+      chunks_(chunks),
       ps_(ps),
       ops_(ops),
       tpm_(ps.tp, sequence_parallel),
       recompute_(recompute) {
   const int tp = ps.tp.size(), tp_rank = ps.tp.rank();
+  TRIDENT_CHECK(!chunks_.empty(), "a pipeline rank needs at least one model chunk");
+  L_ = chunks_[0].last_layer - chunks_[0].first_layer;
+  for (const StageLayout& c : chunks_)
+    TRIDENT_CHECK(c.last_layer - c.first_layer == L_, "model chunks of unequal size (",
+                  c.last_layer - c.first_layer, " and ", L_, " layers)");
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
   TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
@@ -36,16 +52,17 @@ GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::P
                 " tokens must be divisible by parallel.tp = ", tp);
   Nr_ = int(tpm_.local_rows(std::int64_t(B_) * T_));
 
-  specs_ = gpt_param_specs(cfg, stage, tp_rank, tp);
+  specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
   params_ = FloatBuffer(num_params_);
   grads_ = FloatBuffer(num_params_);
   params_.zero();
   grads_.zero();
-  for (int l = stage.first_layer; l < stage.last_layer; ++l) {
-    p_layers_.push_back(layer_params(params_.data(), l));
-    g_layers_.push_back(layer_params(grads_.data(), l));
-  }
+  for (const StageLayout& c : chunks_)
+    for (int l = c.first_layer; l < c.last_layer; ++l) {
+      p_layers_.push_back(layer_params(params_.data(), l));
+      g_layers_.push_back(layer_params(grads_.data(), l));
+    }
 
   const std::int64_t N = std::int64_t(B_) * T_;
   dres_ = FloatBuffer(N * C_);
@@ -58,7 +75,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::P
     full_scratch_ = FloatBuffer(N * C_);
     local_scratch_ = FloatBuffer(std::int64_t(Nr_) * C_);
   }
-  if (stage.has_head) {
+  if (any_head(chunks_)) {
     logits_ = FloatBuffer(N * Vl_);
     row_max_ = FloatBuffer(N);
     sumexp_ = FloatBuffer(2 * N);  // sumexp then target logit: one allreduce for both
@@ -142,9 +159,10 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
   }
 }
 
-std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
+std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk) const {
   const std::int64_t N = std::int64_t(B_) * T_, NrC = boundary_numel();
-  const int L = stage_.last_layer - stage_.first_layer;
+  const int L = L_;
+  const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
   auto a = std::make_unique<ChunkActivations>();
   a->input = FloatBuffer(NrC);
   a->outputs = FloatBuffer(std::max(1, L) * NrC);
@@ -153,7 +171,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
   a->input.zero();
   a->outputs.zero();
   if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
-  if (stage_.has_head) {
+  if (head) {
     a->lnf = FloatBuffer(N * C_);
     a->lnf_mean = FloatBuffer(Nr_);
     a->lnf_rstd = FloatBuffer(Nr_);
@@ -162,7 +180,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
 }
 
 float* GptChunk::output(ChunkActivations& a) const {
-  const int L = stage_.last_layer - stage_.first_layer;
+  const int L = L_;
   if (L == 0) return a.input.data();
   return a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
 }
@@ -212,18 +230,18 @@ void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations
   ops_.add(out, out, la.res2, local_n);
 }
 
-double GptChunk::forward(ChunkActivations& a, const std::int32_t* inputs,
+double GptChunk::forward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
                          const std::int32_t* targets, float loss_scale, bool with_backward) {
+  const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
-  if (stage_.has_embedding) embed_forward(a.input.data(), inputs, B_, T_);
-  const int L = stage_.last_layer - stage_.first_layer;
+  if (st.has_embedding) embed_forward(a.input.data(), inputs, B_, T_);
+  const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
-    block_forward(l, x, a.outputs.data() + l * NC, la, B_, T_);
+    block_forward(first + l, x, a.outputs.data() + l * NC, la, B_, T_);
   }
-  a.loss_sum = stage_.has_head ? head_forward_backward(a, targets, loss_scale, with_backward)
-                                 : 0.0;
+  a.loss_sum = st.has_head ? head_forward_backward(a, targets, loss_scale, with_backward) : 0.0;
   return a.loss_sum;
 }
 
@@ -299,24 +317,25 @@ void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivatio
                           Nr_, C_);
 }
 
-void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
+void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inputs) {
+  const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
-  const int L = stage_.last_layer - stage_.first_layer;
+  const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations* la = nullptr;
     if (recompute_ == Recompute::full) {
       la = &recompute_layer_[0];
       // Re-run the block forward; its output is not needed, so it lands in scratch.
-      block_forward(l, x, dbuf_.data(), *la, B_, T_);
+      block_forward(first + l, x, dbuf_.data(), *la, B_, T_);
     } else {
       la = &a.layers[l];
     }
-    block_backward(l, x, dres, *la);
+    block_backward(first + l, x, dres, *la);
   }
-  if (stage_.has_embedding) {
+  if (st.has_embedding) {
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
     const float* demb = tpm_.leave_backward(dres, full_scratch_.data(), NC);
     ops_.embedding_backward(tensor(grads_.data(), "wte"), demb, inputs, B_ * T_, C_,
@@ -354,7 +373,7 @@ void GptChunk::reduce_sequence_parallel_grads() {
 // ---- inference -------------------------------------------------------------------------
 
 void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
-  TRIDENT_CHECK(stage_.has_embedding && stage_.has_head && ps_.tp.size() == 1 &&
+  TRIDENT_CHECK(chunks_.front().has_embedding && chunks_.back().has_head && ps_.tp.size() == 1 &&
                     !tpm_.sequence_parallel(),
                 "sampling needs the whole model on one rank");
   TRIDENT_CHECK(t >= 1 && t <= T_, "context of ", t, " tokens outside [1, ", T_, "]");
@@ -362,13 +381,21 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   const std::int64_t tC = std::int64_t(t) * C_;
   ChunkActivations& a = *infer_acts_;
   embed_forward(a.input.data(), tokens, 1, t);
-  const int L = stage_.last_layer - stage_.first_layer;
-  for (int l = 0; l < L; ++l) {
-    const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * tC;
-    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
-    block_forward(l, x, a.outputs.data() + l * tC, la, 1, t);
+  // The chunks one after the other (all on this rank), each from the previous one's output.
+  const float* x = a.input.data();
+  for (int c = 0; c < num_chunks(); ++c) {
+    for (int l = 0; l < L_; ++l) {
+      LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
+      float* out = a.outputs.data() + l * tC;
+      if (x == out) {  // the next chunk starts from the last output: move it to the input
+        std::copy(x, x + tC, a.input.data());
+        x = a.input.data();
+      }
+      block_forward(c * L_ + l, x, out, la, 1, t);
+      x = out;
+    }
   }
-  const float* last = (L ? a.outputs.data() + (L - 1) * tC : a.input.data()) + (t - 1) * C_;
+  const float* last = x + (t - 1) * C_;
   ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
                          tensor(params_.data(), "ln_f.weight"), tensor(params_.data(), "ln_f.bias"),
                          1, C_);

@@ -172,9 +172,14 @@ void run_training(Trainer& tr) {
     const auto t0 = std::chrono::steady_clock::now();
     for (parallel::Comm* c : counted) c->reset_counters();
     train_data->fill(step, G, first, local, inputs.data(), targets.data());
+    tr.set_step(step);
     const double loss = tr.forward_backward(inputs.data(), targets.data(), G);
     const StepStats st = tr.optimizer_step(step, loss);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step == cfg.io.trace_step) {
+      const std::string trace = tr.write_trace();
+      if (ps.world_rank == 0) log::info("pipeline trace of step ", step, ": ", trace);
+    }
     elapsed += dt;
     ++timed;
     const double tok_s = double(G * T) / dt;

@@ -1,11 +1,15 @@
-// trident/model/gpt.hpp — a GPT-2 model chunk: the layers one pipeline stage owns, as
-// Megatron-style tensor-parallel layers over the `ops` kernels, with a hand-written
-// backward that mirrors the forward in reverse.
+// trident/model/gpt.hpp — a pipeline rank's share of a GPT-2 model: one or more model
+// chunks (virtual stages, parallel.vpp of them) as Megatron-style tensor-parallel layers
+// over the `ops` kernels, with a hand-written backward that mirrors the forward in reverse.
+// All of the rank's chunks share ONE flat parameter buffer and one flat gradient buffer,
+// described by one ShardSpec table (each logical tensor once: a rank holding both the
+// embedding and the head chunk keeps one wte), so the optimizer, checkpoints and gradient
+// dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
 // defines: trident::model::GptChunk, ChunkActivations, LayerActivations, Recompute
 //
 // Legend: B = micro-batch, T = seq_len, C = d_model, NH = heads on this rank,
 // C3 = 3*C/tp (this rank's q,k,v columns), F = 4*C/tp (this rank's MLP columns),
-// Vl = vocabulary rows on this rank (padded), L = layers in this chunk.
+// Vl = vocabulary rows on this rank (padded), L = layers in one chunk (the same for all).
 //
 // TP communication (all over ps.tp, through parallel::TpMappings; free when tp == 1):
 //   column-parallel c_attn, c_fc:  enter (identity fwd / allreduce bwd; SP: all-gather / reduce-scatter)
@@ -65,12 +69,19 @@ struct ChunkActivations {
 
 class GptChunk {
  public:
+  // chunks: this rank's chunks in chunk order (model::chunk_layouts), all with the same
+  // number of layers.
+  GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
+           parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
+           Recompute recompute = Recompute::none, bool sequence_parallel = false);
+  // One chunk (vpp = 1, or the whole model).
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
            ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,
            bool sequence_parallel = false);
 
   const ModelConfig& config() const { return cfg_; }
-  const StageLayout& stage() const { return stage_; }
+  int num_chunks() const { return int(chunks_.size()); }
+  const StageLayout& chunk(int c) const { return chunks_.at(std::size_t(c)); }
   const std::vector<ShardSpec>& specs() const { return specs_; }
   const ShardSpec& spec(const std::string& name) const;
   std::int64_t num_params() const { return num_params_; }
@@ -89,24 +100,27 @@ class GptChunk {
   void init_weights(std::uint64_t seed);
   void zero_grads();
 
-  std::unique_ptr<ChunkActivations> make_activations() const;
+  // Activations of one microbatch through chunk `chunk`; -1: sized to fit any chunk of this
+  // rank (the pipeline's stash slots are shared by the chunks).
+  std::unique_ptr<ChunkActivations> make_activations(int chunk = -1) const;
 
-  // One microbatch forward. First stage: embeds inputs[B,T]; others read a.input.
-  // Last stage: also computes the loss of targets[B,T] and the head's backward (the
-  // gradients of ln_f and the LM head accumulate here, so no logits stay alive), scaled
-  // by loss_scale = 1 / (target tokens in the global batch); returns the sum of losses.
+  // One microbatch forward through chunk `chunk`. The embedding chunk (virtual stage 0):
+  // embeds inputs[B,T]; others read a.input. The head chunk (the last virtual stage): also
+  // computes the loss of targets[B,T] and the head's backward (the gradients of ln_f and
+  // the LM head accumulate here, so no logits stay alive), scaled by loss_scale = 1 /
+  // (target tokens in the global batch); returns the sum of losses.
   // With with_backward = false (evaluation) the head computes the loss only.
-  double forward(ChunkActivations& a, const std::int32_t* inputs, const std::int32_t* targets,
-                 float loss_scale, bool with_backward = true);
-  // One microbatch backward from a.doutput (set by forward on the last stage, received
-  // otherwise). Parameter gradients accumulate (+=). First stage: into wte/wpe; others:
-  // writes a.dinput.
-  void backward(ChunkActivations& a, const std::int32_t* inputs);
+  double forward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+                 const std::int32_t* targets, float loss_scale, bool with_backward = true);
+  // One microbatch backward through chunk `chunk` from a.doutput (set by forward on the head
+  // chunk, received otherwise). Parameter gradients accumulate (+=). The embedding chunk:
+  // into wte/wpe; others: writes a.dinput.
+  void backward(int chunk, ChunkActivations& a, const std::int32_t* inputs);
   // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
   // only: sums them over TP. Once per step, after the last backward (no-op without SP).
   void reduce_sequence_parallel_grads();
 
-  float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output
+  float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output (any chunk)
 
   // Inference (single stage and TP group of 1): logits [V] of the last position of
   // tokens[0..t), 1 <= t <= seq_len.
@@ -117,7 +131,7 @@ class GptChunk {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
-  LayerParams layer_params(float* base, int l) const;
+  LayerParams layer_params(float* base, int l) const;  // l: global layer index
   float* tensor(float* base, const std::string& name) const;
   void bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views, int count) const;
   std::int64_t layer_store_size() const;
@@ -132,7 +146,8 @@ class GptChunk {
                             int in, int out);
 
   ModelConfig cfg_;
-  StageLayout stage_;
+  std::vector<StageLayout> chunks_;
+  int L_;  // layers per chunk
   parallel::ParallelState& ps_;
   ops::Ops& ops_;
   parallel::TpMappings tpm_;
@@ -142,7 +157,8 @@ class GptChunk {
   std::vector<ShardSpec> specs_;
   std::int64_t num_params_ = 0;
   FloatBuffer params_, grads_;
-  std::vector<LayerParams> p_layers_, g_layers_;  // views, by chunk-local layer index
+  // Views, by rank-local layer index: chunk c's layer i is c * L_ + i.
+  std::vector<LayerParams> p_layers_, g_layers_;
 
   // Backward scratch, shared by all microbatches (only one backward runs at a time).
   FloatBuffer dres_, dbuf_, dqkv_, datt_, dfch_, dgelu_;
