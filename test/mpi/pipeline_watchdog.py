@@ -22,7 +22,7 @@ LIMIT_S = 2.0
 BUDGET_S = 60  # start-up of 2 ranks on shared cores + the limit, with a wide margin
 
 
-def mpirun(t, fault, name):
+def mpirun(t, fault, name, extra=()):
     env = dict(os.environ)
     env.pop("TRIDENT_FAULT", None)
     if fault:
@@ -30,7 +30,7 @@ def mpirun(t, fault, name):
     cmd = ["mpirun", "-np", "2", "--oversubscribe", TRIDENT, "train", "deck.toml",
            "--set", "parallel.pp=2", "--set", "parallel.schedule=1f1b",
            "--set", f"runtime.watchdog_s={LIMIT_S}", "--set", f"io.out_dir=run_{name}",
-           "--set", "io.resume=none"]
+           "--set", "io.resume=none", *extra]
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=t.out, env=env, capture_output=True, text=True,
@@ -61,6 +61,17 @@ def main():
     rc, out, dt = mpirun(t, "stall:one:2", "bad")
     t.check(rc not in (None, 0) and "trident: error: TRIDENT_FAULT = 'stall:one:2'" in out,
             f"bad TRIDENT_FAULT: one error line (exit {rc})")
+
+    # Bad input that only the world size reveals: interleaved-1f1b with vpp = 2 needs the
+    # microbatches per rank divisible by pp; 8 / (2 * 1) = 4 are, 6 / 2 = 3 are not.
+    rc, out, dt = mpirun(t, "", "interleaved_m3", ("--set", "parallel.vpp=2", "--set",
+                                                   "parallel.schedule=interleaved-1f1b",
+                                                   "--set", "train.global_batch_size=6"))
+    errs = [l for l in out.splitlines() if l.startswith("trident: error:")]
+    t.check(rc not in (None, 0) and len(errs) == 1 and "parallel.pp" in errs[0] and
+            "interleaved-1f1b" in errs[0] and dt < BUDGET_S,
+            f"interleaved with 3 microbatches on pp 2: one error line, exit {rc}, {dt:.1f} s: "
+            f"{errs[:1]}")
     t.finish()
 
 
