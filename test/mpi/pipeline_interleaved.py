@@ -9,7 +9,8 @@ max|d| <= 1e-5 * max|g| (the tied wte summed once over the embedding group), and
 steps give the serial loss curve to 1e-5 relative. The pipeline bytes per step check the
 protocol: pipeline rank 0 sends, per microbatch, one activation per chunk (vpp) and one
 input gradient per chunk but the first (vpp - 1), each 4*mbs*T*C bytes, plus the two
-one-double allreduces over pp (the loss and the grad norm).
+one-double allreduces over pp (the loss and the grad norm). Evaluation at pp 2 x vpp 2 gives
+the serial eval loss.
 """
 import numpy as np
 
@@ -46,6 +47,15 @@ def main():
         want = m * (2 * VPP - 1) * 4 * MBS * T * C + 2 * (2 * (pp - 1) / pp * 8)
         t.check(np.allclose(pp_bytes, want),
                 f"train {name}: comm/pp/bytes {pp_bytes[0]:.0f} = {want:.0f}")
+    # Evaluation (forwards only, each microbatch through the chunks in order) at pp 2 x vpp 2.
+    ev = ["data.valid=tokens.h5", "train.eval_every=5", "train.eval_batches=2"]
+    (ref_eval,) = t.train(1, "serial_eval", ev, ("eval/loss",))
+    (got_eval,) = t.train(2, "eval_pp2_vpp2", ev + ["parallel.pp=2", "parallel.vpp=2",
+                                                     "parallel.schedule=interleaved-1f1b"],
+                          ("eval/loss",))
+    rel = float(np.max(np.abs(got_eval - ref_eval) / np.abs(ref_eval)))
+    t.check(len(got_eval) == len(ref_eval) == 1 and rel <= 1e-5,
+            f"eval pp2_vpp2: eval loss {got_eval} vs serial {ref_eval} ({rel:.2e})")
     t.finish()
 
 
