@@ -10,9 +10,10 @@ outside F/B/W actions; the bubble is their mean. The simulator's figures (`tride
 schedule`: unit costs F = 1, B = 2, or B = W = 1 where the schedule splits B) are the
 reference. Prints a table; returns rows for results.json.
 
-Reading the table: the simulator assumes B = 2F and no communication. This build's zb-h1
-runs the whole backward in B (W only frees the stash), so its measured bubble is 1f1b's,
-not the simulator's split-B figure.
+Reading the table: the simulator assumes uniform stages, B = 2F (zb-h1: B = W = F) and free
+communication. Here the last stage's F also runs the LM head's forward and backward
+(vocabulary 4096), so the stages are unequal and the lighter first stage waits; the cores
+are shared with other work, so the figures move from run to run.
 """
 import argparse
 import json

@@ -82,6 +82,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     token_loss_ = FloatBuffer(N);
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
+  ln_discard_ = FloatBuffer(2 * std::int64_t(C_));
 }
 
 const ShardSpec& GptChunk::spec(const std::string& name) const {
@@ -159,7 +160,8 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
   }
 }
 
-std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk) const {
+std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
+                                                             bool split_backward) const {
   const std::int64_t N = std::int64_t(B_) * T_, NrC = boundary_numel();
   const int L = L_;
   const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
@@ -171,6 +173,27 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk) const {
   a->input.zero();
   a->outputs.zero();
   if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
+  if (split_backward) {
+    const std::int64_t Nr = Nr_;
+    const std::int64_t per_layer = N * (2 * C_ + F_ + C3_) + 2 * Nr * C_;  // LayerGradStash
+    a->grad_store = FloatBuffer(std::max<std::int64_t>(1, per_layer * L));
+    a->grad_store.zero();
+    float* q = a->grad_store.data();
+    auto take = [&q](std::int64_t k) {
+      float* r = q;
+      q += k;
+      return r;
+    };
+    a->grad_stash.resize(std::size_t(L));
+    for (LayerGradStash& g : a->grad_stash) {
+      g.dmlp = take(N * C_);
+      g.dfch = take(N * F_);
+      g.dln2 = take(Nr * C_);
+      g.dattn = take(N * C_);
+      g.dqkv = take(N * C3_);
+      g.dln1 = take(Nr * C_);
+    }
+  }
   if (head) {
     a->lnf = FloatBuffer(N * C_);
     a->lnf_mean = FloatBuffer(Nr_);
@@ -288,7 +311,8 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
 
 // ---- backward --------------------------------------------------------------------------
 
-void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivations& la) {
+void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivations& la,
+                              LayerGradStash* stash) {
   const LayerParams& p = p_layers_[l];
   const LayerParams& g = g_layers_[l];
   const int n = B_ * T_, Ca = C_ / ps_.tp.size();
@@ -296,44 +320,88 @@ void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivatio
   float* dbuf = dbuf_.data();  // [N,C] partial input gradients of column-parallel layers
   float* dfull = full_scratch_.data();     // SP: the gathered [N,C] residual gradient
   float* dlocal = local_scratch_.data();   // SP: [Nr,C] reduce-scattered LayerNorm gradient
+  // Without a stash: ops' fused backward (input and parameter gradients). With one (the
+  // zero-bubble B): the input gradient only, and the output gradient kept for W.
+  auto linear = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
+                    const float* w, int in, int out, float* keep) {
+    if (!keep) return ops_.linear_backward(dx, dw, db, dy, in_x, w, n, in, out);
+    ops_.gemm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+    ops_.copy(keep, dy, std::int64_t(n) * out);
+  };
+  auto layernorm = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
+                       const float* w, const float* mean, const float* rstd, float* keep) {
+    if (keep) {
+      ops_.copy(keep, dy, local_n);
+      dw = ln_discard_.data();
+      db = ln_discard_.data() + C_;
+    }
+    ops_.layernorm_backward(dx, dw, db, dy, in_x, w, mean, rstd, Nr_, C_);
+  };
   // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))   (dres: [Nr,C])
   const float* dout = tpm_.leave_backward(dres, dfull, local_n);
-  ops_.linear_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, n,
-                       F_, C_);
+  linear(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, F_, C_,
+         stash ? stash->dmlp : nullptr);
   ops_.gelu_backward(dfch_.data(), la.fch, dgelu_.data(), std::int64_t(n) * F_);
-  ops_.linear_backward(dbuf, g.fc_w, g.fc_b, dfch_.data(), la.ln2, p.fc_w, n, C_, F_);
+  linear(dbuf, g.fc_w, g.fc_b, dfch_.data(), la.ln2, p.fc_w, C_, F_,
+         stash ? stash->dfch : nullptr);
   const float* dln2 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  ops_.layernorm_backward(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean,
-                          la.ln2_rstd, Nr_, C_);
+  layernorm(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean, la.ln2_rstd,
+            stash ? stash->dln2 : nullptr);
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x))))
   const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
   float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
-  ops_.linear_backward(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, n, Ca,
-                       C_);
+  linear(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, Ca, C_,
+         stash ? stash->dattn : nullptr);
   ops_.attention_backward(dqkv_.data(), datt_.data(), datty, la.qkv, la.att, B_, T_, Ca, NH_);
-  ops_.linear_backward(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, n, C_, C3_);
+  linear(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, C_, C3_,
+         stash ? stash->dqkv : nullptr);
   const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  ops_.layernorm_backward(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
-                          Nr_, C_);
+  layernorm(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
+            stash ? stash->dln1 : nullptr);
 }
 
-void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inputs) {
+// The parameter half of block_backward, from the output gradients it stashed.
+void GptChunk::block_backward_weights(int l, const float* x, LayerActivations& la,
+                                      const LayerGradStash& st) {
+  const LayerParams& p = p_layers_[l];
+  const LayerParams& g = g_layers_[l];
+  const int n = B_ * T_, Ca = C_ / ps_.tp.size();
+  float* discard = dbuf_.data();  // [Nr,C] the LayerNorms' input gradients, not needed here
+  ops_.linear_backward(nullptr, g.fcproj_w, g.fcproj_b, st.dmlp, la.fch_gelu, p.fcproj_w, n,
+                       F_, C_);
+  ops_.linear_backward(nullptr, g.fc_w, g.fc_b, st.dfch, la.ln2, p.fc_w, n, C_, F_);
+  ops_.layernorm_backward(discard, g.ln2_w, g.ln2_b, st.dln2, la.res2, p.ln2_w, la.ln2_mean,
+                          la.ln2_rstd, Nr_, C_);
+  ops_.linear_backward(nullptr, g.attproj_w, g.attproj_b, st.dattn, la.atty, p.attproj_w, n,
+                       Ca, C_);
+  ops_.linear_backward(nullptr, g.qkv_w, g.qkv_b, st.dqkv, la.ln1, p.qkv_w, n, C_, C3_);
+  ops_.layernorm_backward(discard, g.ln1_w, g.ln1_b, st.dln1, x, p.ln1_w, la.ln1_mean,
+                          la.ln1_rstd, Nr_, C_);
+}
+
+// Layer l's stashed activations, or with full recompute its forward run again into the
+// one-layer scratch (its output is not needed, so it lands in scratch too).
+LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, int l,
+                                              const float* x) {
+  if (recompute_ != Recompute::full) return a.layers[l];
+  LayerActivations& la = recompute_layer_[0];
+  block_forward(chunk * L_ + l, x, dbuf_.data(), la, B_, T_);
+  return la;
+}
+
+void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+                        bool weight_grads) {
   const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
+  TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) == L_,
+                "an input-gradient-only backward needs make_activations(chunk, true)");
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
   const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
-    LayerActivations* la = nullptr;
-    if (recompute_ == Recompute::full) {
-      la = &recompute_layer_[0];
-      // Re-run the block forward; its output is not needed, so it lands in scratch.
-      block_forward(first + l, x, dbuf_.data(), *la, B_, T_);
-    } else {
-      la = &a.layers[l];
-    }
-    block_backward(first + l, x, dres, *la);
+    LayerActivations& la = layer_activations(a, chunk, l, x);
+    block_backward(first + l, x, dres, la, weight_grads ? nullptr : &a.grad_stash[l]);
   }
   if (st.has_embedding) {
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
@@ -343,6 +411,18 @@ void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inpu
     ops_.position_backward(tensor(grads_.data(), "wpe"), demb, B_, T_, C_);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
+  }
+}
+
+void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
+  TRIDENT_CHECK(int(a.grad_stash.size()) == L_,
+                "backward_weights needs make_activations(chunk, true)");
+  const std::int64_t NC = boundary_numel();
+  const int L = L_, first = chunk * L_;
+  for (int l = L - 1; l >= 0; --l) {
+    const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
+    LayerActivations& la = layer_activations(a, chunk, l, x);
+    block_backward_weights(first + l, x, la, a.grad_stash[l]);
   }
 }
 

@@ -54,7 +54,8 @@ Executor::Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule
   TRIDENT_CHECK(schedule_.vpp == chunk_.num_chunks(), "schedule for vpp = ", schedule_.vpp,
                 " on a model with ", chunk_.num_chunks(), " chunks per pipeline rank");
   const int slots = std::max(1, peak_activations(schedule_.stages.at(stage_)));
-  for (int i = 0; i < slots; ++i) pool_.push_back(chunk_.make_activations());
+  const bool split = splits_weight_grad(schedule_);  // B: input gradients; W: the weights'
+  for (int i = 0; i < slots; ++i) pool_.push_back(chunk_.make_activations(-1, split));
   const char* env = std::getenv("TRIDENT_FAULT");
   fault_ = parse_fault(env ? env : "");
 }
@@ -203,7 +204,7 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         if (!last_vstage(a.chunk))
           receive(act.doutput.data(), (stage_ + 1) % pp_, tag(a.mb, v, 1), a, "gradient");
         const double t0 = tracing_ ? trace_now_us() : 0;
-        chunk_.backward(a.chunk, act, t.inputs);
+        chunk_.backward(a.chunk, act, t.inputs, !split);
         record(a, "B", a.str(), t0, -1, "");
         if (!first_vstage(a.chunk))
           send(act.dinput.data(), (stage_ - 1 + pp_) % pp_, tag(a.mb, v - 1, 1), a);
@@ -211,12 +212,11 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         break;
       }
       case ActionType::W: {
-        // This build's B computes the weight gradient too (the split into an input-gradient
-        // B and a W is data flow the schedule already honours); W frees the stash, as the
-        // schedule's memory count assumes.
+        // The weight gradients of the blocks, from what B stashed; then the slot is free.
         TRIDENT_CHECK(slot_of[key(a)] >= 0, "executor: stage ", stage_, " action ", a.str(),
                       " without its forward");
         const double t0 = tracing_ ? trace_now_us() : 0;
+        chunk_.backward_weights(a.chunk, *pool_[slot_of[key(a)]]);
         release(a);
         record(a, "W", a.str(), t0, -1, "");
         break;

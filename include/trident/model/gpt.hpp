@@ -54,6 +54,17 @@ struct LayerActivations {
   float* fch_gelu;  // [B,T,F]
 };
 
+// What the weight-gradient pass (GptChunk::backward_weights) of one transformer block needs
+// from its input-gradient pass: the gradients at the outputs of its linears and LayerNorms.
+struct LayerGradStash {
+  float* dmlp;   // [B,T,C]   at the MLP c_proj output (all rows)
+  float* dfch;   // [B,T,F]   at the c_fc output
+  float* dln2;   // [Nr,C]    at the ln_2 output (this rank's rows)
+  float* dattn;  // [B,T,C]   at the attention c_proj output (all rows)
+  float* dqkv;   // [B,T,C3]  at the c_attn output
+  float* dln1;   // [Nr,C]    at the ln_1 output
+};
+
 // Activations of one microbatch in flight through one chunk (the pipeline stashes several).
 struct ChunkActivations {
   FloatBuffer input;                     // [Nr,C] embedding output, or received from the previous stage
@@ -64,6 +75,8 @@ struct ChunkActivations {
   FloatBuffer lnf_mean, lnf_rstd;        // [Nr]
   FloatBuffer doutput;                   // [Nr,C] d loss / d chunk output
   FloatBuffer dinput;                    // [Nr,C] d loss / d chunk input (to send back)
+  FloatBuffer grad_store;                // split backward only: the layers' gradient stashes
+  std::vector<LayerGradStash> grad_stash;  // views into grad_store, one per layer
   double loss_sum = 0;                   // sum of token losses (last stage)
 };
 
@@ -101,8 +114,10 @@ class GptChunk {
   void zero_grads();
 
   // Activations of one microbatch through chunk `chunk`; -1: sized to fit any chunk of this
-  // rank (the pipeline's stash slots are shared by the chunks).
-  std::unique_ptr<ChunkActivations> make_activations(int chunk = -1) const;
+  // rank (the pipeline's stash slots are shared by the chunks). split_backward: also room
+  // for the gradients the weight pass needs (backward with weight_grads = false).
+  std::unique_ptr<ChunkActivations> make_activations(int chunk = -1,
+                                                     bool split_backward = false) const;
 
   // One microbatch forward through chunk `chunk`. The embedding chunk (virtual stage 0):
   // embeds inputs[B,T]; others read a.input. The head chunk (the last virtual stage): also
@@ -115,7 +130,14 @@ class GptChunk {
   // One microbatch backward through chunk `chunk` from a.doutput (set by forward on the head
   // chunk, received otherwise). Parameter gradients accumulate (+=). The embedding chunk:
   // into wte/wpe; others: writes a.dinput.
-  void backward(int chunk, ChunkActivations& a, const std::int32_t* inputs);
+  // weight_grads = false (zero-bubble schedules' B): the input gradients only; the blocks'
+  // weight and bias gradients wait in a.grad_stash (make_activations(.., true)) for
+  // backward_weights (their W). The embedding's wte/wpe gradients are still taken here.
+  void backward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+                bool weight_grads = true);
+  // The blocks' parameter gradients of a backward run with weight_grads = false (+=). With
+  // full recompute each block's forward runs again first.
+  void backward_weights(int chunk, ChunkActivations& a);
   // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
   // only: sums them over TP. Once per step, after the last backward (no-op without SP).
   void reduce_sequence_parallel_grads();
@@ -138,7 +160,13 @@ class GptChunk {
 
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
-  void block_backward(int l, const float* x, float* dres, LayerActivations& la);
+  // stash = nullptr: input and weight gradients; otherwise input gradients only, and the
+  // weight pass's inputs saved in *stash.
+  void block_backward(int l, const float* x, float* dres, LayerActivations& la,
+                      LayerGradStash* stash = nullptr);
+  void block_backward_weights(int l, const float* x, LayerActivations& la,
+                              const LayerGradStash& stash);
+  LayerActivations& layer_activations(ChunkActivations& a, int chunk, int l, const float* x);
   double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                float loss_scale, bool with_backward);
   // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
@@ -166,6 +194,7 @@ class GptChunk {
   FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
   FloatBuffer recompute_store_;
+  FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
 };
