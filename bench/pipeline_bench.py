@@ -13,7 +13,9 @@ reference. Prints a table; returns rows for results.json.
 Reading the table: the simulator assumes uniform stages, B = 2F (zb-h1: B = W = F) and free
 communication. Here the last stage's F also runs the LM head's forward and backward
 (vocabulary 4096), so the stages are unequal and the lighter first stage waits; the cores
-are shared with other work, so the figures move from run to run.
+are shared with other work, so the figures move from run to run (the table prints the load).
+BENCH_PIPELINE_WATCHDOG_S > 0 runs with the watchdog, whose waits sleep between polls instead
+of spinning (Open MPI's MPI_Wait spins, taking a core from the other rank when they share).
 """
 import argparse
 import json
@@ -30,6 +32,7 @@ MODEL = dict(vocab_size=4096, seq_len=128, n_layer=4, n_head=4, d_model=256)
 PP, M, MBS = 2, 8, 1
 STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "3"))
 SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+WATCHDOG_S = float(os.environ.get("BENCH_PIPELINE_WATCHDOG_S", "0"))
 
 
 def random_tokens(path, vocab):
@@ -74,6 +77,7 @@ resume = "none"
 trace_step = {STEPS}
 [runtime]
 threads = 1
+watchdog_s = {WATCHDOG_S}
 """)
     e = dict(env)
     e.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -108,13 +112,20 @@ def run_pipeline(build, work, env):
 def print_table(rows):
     print(f"\n  pipeline bubbles: pp={PP}, m={M}, 1 thread per rank, bench model "
           f"(L={MODEL['n_layer']}, d_model={MODEL['d_model']}, seq_len={MODEL['seq_len']})")
-    print("  schedule  step (ms)  measured idle s0 / s1   bubble  |  simulated idle s0 / s1   bubble")
+    try:
+        print(f"  (1-minute load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)")
+    except OSError:
+        pass
+    print("  schedule  step (ms)  busy s0 / s1 (ms)  measured idle s0 / s1   bubble  |"
+          "  simulated idle s0 / s1   bubble")
     for r in rows:
         if "error" in r:
             print(f"  {r['schedule']:<8}  {r['error']}")
             continue
         mi, si = r["measured_idle"], r["simulated_idle"]
-        print(f"  {r['schedule']:<8}  {r['step_span_ms']:9.1f}  {mi[0]:8.3f} / {mi[1]:.3f}"
+        bz = r["busy_ms"]
+        print(f"  {r['schedule']:<8}  {r['step_span_ms']:9.1f}  {bz[0]:7.1f} / {bz[1]:7.1f}"
+              f"  {mi[0]:8.3f} / {mi[1]:.3f}"
               f"       {r['measured_bubble']:.3f}  |  {si[0]:9.3f} / {si[1]:.3f}"
               f"        {r['simulated_bubble']:.3f}")
 
