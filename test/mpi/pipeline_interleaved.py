@@ -10,7 +10,7 @@ steps give the serial loss curve to 1e-5 relative. The pipeline bytes per step c
 protocol: pipeline rank 0 sends, per microbatch, one activation per chunk (vpp) and one
 input gradient per chunk but the first (vpp - 1), each 4*mbs*T*C bytes, plus the two
 one-double allreduces over pp (the loss and the grad norm). Evaluation at pp 2 x vpp 2 gives
-the serial eval loss.
+the serial eval loss, and a checkpoint it writes resumes serially on the serial curve.
 """
 import numpy as np
 
@@ -56,6 +56,18 @@ def main():
     rel = float(np.max(np.abs(got_eval - ref_eval) / np.abs(ref_eval)))
     t.check(len(got_eval) == len(ref_eval) == 1 and rel <= 1e-5,
             f"eval pp2_vpp2: eval loss {got_eval} vs serial {ref_eval} ({rel:.2e})")
+    # A checkpoint written at pp 2 x vpp 2 resumes serially on the same curve: train 5 steps
+    # with checkpoints at 3 and 5, drop the one at 5, resume at 3 on one rank.
+    import os
+    ck = ["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=interleaved-1f1b",
+          "io.checkpoint_every=3", "io.keep_checkpoints=2"]
+    t.train(2, "resume_vpp", ck)
+    os.remove(t.path("resume_vpp", "checkpoints", "step-00000005.h5"))
+    (resumed,) = t.train(1, "resume_vpp", ["io.resume=auto"])
+    rel = float(np.max(np.abs(resumed - ref_curve) / np.abs(ref_curve)))
+    t.check(len(resumed) == len(ref_curve) and rel <= 1e-5,
+            f"resume: a pp2 x vpp2 checkpoint of step 3 continues serially on the serial curve "
+            f"({rel:.2e})")
     t.finish()
 
 
