@@ -5,7 +5,9 @@ the same run its two yardsticks —
   2. trident: `trident train` for ~30 steps, the median of metrics.h5's step_time_s after the
      warm-up steps;
   3. OpenBLAS SGEMM GFLOP/s on the model's largest GEMMs (bench/sgemm_bench.cpp): the ceiling;
-  4. the model's FLOPs per step (flops_per_step below), hence trident's achieved GFLOP/s.
+  4. the model's FLOPs per step (flops_per_step below), hence trident's achieved GFLOP/s;
+  5. pipeline bubbles at pp = 2, m = 8 (bench/pipeline_bench.py): each stage's measured idle
+     fraction from the step's trace against the simulator's, for gpipe, 1f1b and zb-h1.
 Goals: trident step / torch step <= 0.8; trident GFLOP/s / SGEMM GFLOP/s >= 0.7.
 Prints a table and writes results.json ($OUT if set, else BUILD/bench-work/).
 
@@ -300,6 +302,12 @@ def main():
 
     layouts = [] if a.skip_trident else run_layouts(build, work, env)
     layouts4 = [] if a.skip_trident else run_layouts_4(build, work, env)
+    pipeline = []
+    if not a.skip_trident:
+        log("pipeline bubbles ...")
+        sys.path.insert(0, HERE)
+        import pipeline_bench
+        pipeline = pipeline_bench.run_pipeline(build, work, env)
 
     flops = flops_per_step(**MODEL, batch=BATCH)
     t_tr, t_pt = trident_r.get("median_step_s"), torch_r.get("median_step_s")
@@ -318,6 +326,7 @@ def main():
         "ratio_trident_over_sgemm": flops / t_tr * 1e-9 / head if t_tr and head else None,
         "layouts": layouts,
         "layouts_4": layouts4,
+        "pipeline": pipeline,
         "goals": {"ratio_trident_over_torch": "<= 0.8", "ratio_trident_over_sgemm": ">= 0.7"},
     }
     path = os.path.join(out, "results.json")
@@ -377,6 +386,8 @@ def main():
             print(f"  {r['name']:<7} {r['median_step_s'] * 1e3:9.1f}  {r['tokens_per_s']:8.0f}  "
                   f"{b.get('tp', 0):9.0f}  {b.get('pp', 0):9.0f}  {b.get('dp', 0):9.0f}  "
                   f"{b.get('embedding', 0):9.0f}  {hid}")
+    if pipeline:
+        pipeline_bench.print_table(pipeline)
     for what, r in (("trident", trident_r), ("torch", torch_r), ("sgemm", sgemm)):
         if "error" in r:
             print(f"  {what}: {r['error']}")

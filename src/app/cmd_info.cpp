@@ -44,7 +44,10 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
   for (std::size_t i = 0; i < sim.idle_fraction.size(); ++i)
     json << (i ? ", " : "") << sim.idle_fraction[i];
   json << "], \"splits_weight_grad\": " << (pipeline::splits_weight_grad(s) ? "true" : "false")
-       << "}";
+       << ", \"actions\": [";
+  for (std::size_t i = 0; i < s.stages.size(); ++i)
+    json << (i ? ", " : "") << "\"" << pipeline::format_actions(s.stages[i]) << "\"";
+  json << "]}";
   if (log::rank() == 0) std::fputs(pipeline::format_timeline(s, sim).c_str(), stdout);
   log::info(json.str());
   return 0;

@@ -60,6 +60,7 @@ int run_grad(const DeckArgs& args, const std::string& weights, const std::string
   FixedBatch fb = load_fixed(tr, weights, batch);
   const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
   tr.gather_gradients();
+  tr.write_trace();  // io.trace_step = 1: the pipeline trace of this one step
   io::write_grad_dump(out, MPI_COMM_WORLD, s.cfg.model, tr.model().specs(), tr.model().grads(),
                       loss, train::shard_role(s.ps));
   log::info("loss ", loss, " -> ", out);

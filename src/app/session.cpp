@@ -7,6 +7,7 @@
 #include "commands.hpp"
 #include "trident/io/dataset.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/wait.hpp"
 
 namespace trident::app {
 
@@ -39,12 +40,10 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
       c.model.vocab_size = io::read_token_dataset_header(data).vocab_size;
     }
     train::resolve_world(c, world);
-    // Dimensions whose machinery is still to come fail clearly rather than silently.
-    TRIDENT_CHECK(c.parallel.vpp == 1, c.source, ": parallel.vpp = ", c.parallel.vpp,
-                  " (interleaved chunks) is not available yet in this build");
     const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
     s.ops = ops::make_ops(c.runtime.device, threads);
   });
+  parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);
   s.ps = parallel::make_parallel_state(
       parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp});
   return s;

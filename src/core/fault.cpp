@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <sstream>
@@ -16,12 +17,6 @@ namespace trident::fault {
 
 namespace {
 
-struct Fault {
-  Kind kind;
-  int rank;
-  std::int64_t step;
-};
-
 std::int64_t g_step = 0;
 
 Kind parse_kind(const std::string& s, const std::string& whole) {
@@ -34,34 +29,42 @@ Kind parse_kind(const std::string& s, const std::string& whole) {
        "' (expected exit, abort, stall, nan or kill-in-checkpoint)");
 }
 
-std::vector<Fault> parse(const char* env) {
-  std::vector<Fault> out;
-  if (!env || !*env) return out;
-  const std::string whole(env);
-  std::stringstream items(whole);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    const auto a = item.find(':'), b = item.rfind(':');
-    TRIDENT_CHECK(a != std::string::npos && b != a, "TRIDENT_FAULT = '", whole,
-                  "': expected <kind>:<rank>:<step>[,...]");
-    Fault f{parse_kind(item.substr(0, a), whole), 0, 0};
-    try {
-      f.rank = std::stoi(item.substr(a + 1, b - a - 1));
-      f.step = std::stoll(item.substr(b + 1));
-    } catch (const std::exception&) {
-      fail("TRIDENT_FAULT = '", whole, "': rank and step must be integers");
-    }
-    out.push_back(f);
-  }
-  return out;
+bool is_count(const std::string& s, std::size_t max_digits) {
+  return !s.empty() && s.size() <= max_digits &&
+         s.find_first_not_of("0123456789") == std::string::npos;
 }
 
 const std::vector<Fault>& faults() {
-  static const std::vector<Fault> all = parse(std::getenv("TRIDENT_FAULT"));
+  static const std::vector<Fault> all = [] {
+    const char* env = std::getenv("TRIDENT_FAULT");
+    return parse(env ? env : "");
+  }();
   return all;
 }
 
 }  // namespace
+
+std::vector<Fault> parse(const std::string& whole) {
+  std::vector<Fault> out;
+  if (whole.empty()) return out;
+  std::stringstream items(whole);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    std::stringstream fields(item);
+    std::string kind, rank, step;
+    std::getline(fields, kind, ':');
+    std::getline(fields, rank, ':');
+    std::getline(fields, step);
+    TRIDENT_CHECK(std::count(item.begin(), item.end(), ':') == 2 && is_count(rank, 9) &&
+                      is_count(step, 18),
+                  "TRIDENT_FAULT = '", whole, "': expected <kind>:<rank>:<step>[,...] with ",
+                  "non-negative integers rank and step");
+    out.push_back(Fault{parse_kind(kind, whole), std::stoi(rank), std::stoll(step)});
+  }
+  TRIDENT_CHECK(!out.empty() && whole.back() != ',', "TRIDENT_FAULT = '", whole,
+                "': expected <kind>:<rank>:<step>[,...]");
+  return out;
+}
 
 void validate() { faults(); }
 

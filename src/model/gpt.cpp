@@ -9,16 +9,32 @@
 
 namespace trident::model {
 
+namespace {
+bool any_head(const std::vector<StageLayout>& chunks) {
+  return std::any_of(chunks.begin(), chunks.end(), [](const StageLayout& c) { return c.has_head; });
+}
+}  // namespace
+
 GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
-                   ops::Ops& ops, int micro_batch, Recompute recompute,
-                   bool sequence_parallel)
+                   ops::Ops& ops, int micro_batch, Recompute recompute, bool sequence_parallel)
+    : GptChunk(cfg, std::vector<StageLayout>{stage}, ps, ops, micro_batch, recompute,
+               sequence_parallel) {}
+
+GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
+                   parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
+                   Recompute recompute, bool sequence_parallel)
     : cfg_(cfg),
-      stage_(stage),
+      chunks_(chunks),
       ps_(ps),
       ops_(ops),
       tpm_(ps.tp, sequence_parallel),
       recompute_(recompute) {
   const int tp = ps.tp.size(), tp_rank = ps.tp.rank();
+  TRIDENT_CHECK(!chunks_.empty(), "a pipeline rank needs at least one model chunk");
+  L_ = chunks_[0].last_layer - chunks_[0].first_layer;
+  for (const StageLayout& c : chunks_)
+    TRIDENT_CHECK(c.last_layer - c.first_layer == L_, "model chunks of unequal size (",
+                  c.last_layer - c.first_layer, " and ", L_, " layers)");
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
   TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
@@ -36,16 +52,17 @@ GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::P
                 " tokens must be divisible by parallel.tp = ", tp);
   Nr_ = int(tpm_.local_rows(std::int64_t(B_) * T_));
 
-  specs_ = gpt_param_specs(cfg, stage, tp_rank, tp);
+  specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
   params_ = FloatBuffer(num_params_);
   grads_ = FloatBuffer(num_params_);
   params_.zero();
   grads_.zero();
-  for (int l = stage.first_layer; l < stage.last_layer; ++l) {
-    p_layers_.push_back(layer_params(params_.data(), l));
-    g_layers_.push_back(layer_params(grads_.data(), l));
-  }
+  for (const StageLayout& c : chunks_)
+    for (int l = c.first_layer; l < c.last_layer; ++l) {
+      p_layers_.push_back(layer_params(params_.data(), l));
+      g_layers_.push_back(layer_params(grads_.data(), l));
+    }
 
   const std::int64_t N = std::int64_t(B_) * T_;
   dres_ = FloatBuffer(N * C_);
@@ -58,13 +75,14 @@ GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::P
     full_scratch_ = FloatBuffer(N * C_);
     local_scratch_ = FloatBuffer(std::int64_t(Nr_) * C_);
   }
-  if (stage.has_head) {
+  if (any_head(chunks_)) {
     logits_ = FloatBuffer(N * Vl_);
     row_max_ = FloatBuffer(N);
     sumexp_ = FloatBuffer(2 * N);  // sumexp then target logit: one allreduce for both
     token_loss_ = FloatBuffer(N);
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
+  ln_discard_ = FloatBuffer(2 * std::int64_t(C_));
 }
 
 const ShardSpec& GptChunk::spec(const std::string& name) const {
@@ -142,9 +160,11 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
   }
 }
 
-std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
+std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
+                                                             bool split_backward) const {
   const std::int64_t N = std::int64_t(B_) * T_, NrC = boundary_numel();
-  const int L = stage_.last_layer - stage_.first_layer;
+  const int L = L_;
+  const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
   auto a = std::make_unique<ChunkActivations>();
   a->input = FloatBuffer(NrC);
   a->outputs = FloatBuffer(std::max(1, L) * NrC);
@@ -153,7 +173,28 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
   a->input.zero();
   a->outputs.zero();
   if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
-  if (stage_.has_head) {
+  if (split_backward) {
+    const std::int64_t Nr = Nr_;
+    const std::int64_t per_layer = N * (2 * C_ + F_ + C3_) + 2 * Nr * C_;  // LayerGradStash
+    a->grad_store = FloatBuffer(std::max<std::int64_t>(1, per_layer * L));
+    a->grad_store.zero();
+    float* q = a->grad_store.data();
+    auto take = [&q](std::int64_t k) {
+      float* r = q;
+      q += k;
+      return r;
+    };
+    a->grad_stash.resize(std::size_t(L));
+    for (LayerGradStash& g : a->grad_stash) {
+      g.dmlp = take(N * C_);
+      g.dfch = take(N * F_);
+      g.dln2 = take(Nr * C_);
+      g.dattn = take(N * C_);
+      g.dqkv = take(N * C3_);
+      g.dln1 = take(Nr * C_);
+    }
+  }
+  if (head) {
     a->lnf = FloatBuffer(N * C_);
     a->lnf_mean = FloatBuffer(Nr_);
     a->lnf_rstd = FloatBuffer(Nr_);
@@ -162,7 +203,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations() const {
 }
 
 float* GptChunk::output(ChunkActivations& a) const {
-  const int L = stage_.last_layer - stage_.first_layer;
+  const int L = L_;
   if (L == 0) return a.input.data();
   return a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
 }
@@ -212,18 +253,18 @@ void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations
   ops_.add(out, out, la.res2, local_n);
 }
 
-double GptChunk::forward(ChunkActivations& a, const std::int32_t* inputs,
+double GptChunk::forward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
                          const std::int32_t* targets, float loss_scale, bool with_backward) {
+  const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
-  if (stage_.has_embedding) embed_forward(a.input.data(), inputs, B_, T_);
-  const int L = stage_.last_layer - stage_.first_layer;
+  if (st.has_embedding) embed_forward(a.input.data(), inputs, B_, T_);
+  const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
-    block_forward(l, x, a.outputs.data() + l * NC, la, B_, T_);
+    block_forward(first + l, x, a.outputs.data() + l * NC, la, B_, T_);
   }
-  a.loss_sum = stage_.has_head ? head_forward_backward(a, targets, loss_scale, with_backward)
-                                 : 0.0;
+  a.loss_sum = st.has_head ? head_forward_backward(a, targets, loss_scale, with_backward) : 0.0;
   return a.loss_sum;
 }
 
@@ -270,7 +311,8 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
 
 // ---- backward --------------------------------------------------------------------------
 
-void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivations& la) {
+void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivations& la,
+                              LayerGradStash* stash) {
   const LayerParams& p = p_layers_[l];
   const LayerParams& g = g_layers_[l];
   const int n = B_ * T_, Ca = C_ / ps_.tp.size();
@@ -278,47 +320,93 @@ void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivatio
   float* dbuf = dbuf_.data();  // [N,C] partial input gradients of column-parallel layers
   float* dfull = full_scratch_.data();     // SP: the gathered [N,C] residual gradient
   float* dlocal = local_scratch_.data();   // SP: [Nr,C] reduce-scattered LayerNorm gradient
+  // Without a stash: ops' fused backward (input and parameter gradients). With one (the
+  // zero-bubble B): the input gradient only, and the output gradient kept for W.
+  auto linear = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
+                    const float* w, int in, int out, float* keep) {
+    if (!keep) return ops_.linear_backward(dx, dw, db, dy, in_x, w, n, in, out);
+    ops_.gemm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+    ops_.copy(keep, dy, std::int64_t(n) * out);
+  };
+  auto layernorm = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
+                       const float* w, const float* mean, const float* rstd, float* keep) {
+    if (keep) {
+      ops_.copy(keep, dy, local_n);
+      dw = ln_discard_.data();
+      db = ln_discard_.data() + C_;
+    }
+    ops_.layernorm_backward(dx, dw, db, dy, in_x, w, mean, rstd, Nr_, C_);
+  };
   // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))   (dres: [Nr,C])
   const float* dout = tpm_.leave_backward(dres, dfull, local_n);
-  ops_.linear_backward(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, n,
-                       F_, C_);
+  linear(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, F_, C_,
+         stash ? stash->dmlp : nullptr);
   ops_.gelu_backward(dfch_.data(), la.fch, dgelu_.data(), std::int64_t(n) * F_);
-  ops_.linear_backward(dbuf, g.fc_w, g.fc_b, dfch_.data(), la.ln2, p.fc_w, n, C_, F_);
+  linear(dbuf, g.fc_w, g.fc_b, dfch_.data(), la.ln2, p.fc_w, C_, F_,
+         stash ? stash->dfch : nullptr);
   const float* dln2 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  ops_.layernorm_backward(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean,
-                          la.ln2_rstd, Nr_, C_);
+  layernorm(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean, la.ln2_rstd,
+            stash ? stash->dln2 : nullptr);
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x))))
   const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
   float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
-  ops_.linear_backward(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, n, Ca,
-                       C_);
+  linear(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, Ca, C_,
+         stash ? stash->dattn : nullptr);
   ops_.attention_backward(dqkv_.data(), datt_.data(), datty, la.qkv, la.att, B_, T_, Ca, NH_);
-  ops_.linear_backward(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, n, C_, C3_);
+  linear(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, C_, C3_,
+         stash ? stash->dqkv : nullptr);
   const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  ops_.layernorm_backward(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
-                          Nr_, C_);
+  layernorm(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
+            stash ? stash->dln1 : nullptr);
 }
 
-void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
+// The parameter half of block_backward, from the output gradients it stashed.
+void GptChunk::block_backward_weights(int l, const float* x, LayerActivations& la,
+                                      const LayerGradStash& st) {
+  const LayerParams& p = p_layers_[l];
+  const LayerParams& g = g_layers_[l];
+  const int n = B_ * T_, Ca = C_ / ps_.tp.size();
+  float* discard = dbuf_.data();  // [Nr,C] the LayerNorms' input gradients, not needed here
+  ops_.linear_backward(nullptr, g.fcproj_w, g.fcproj_b, st.dmlp, la.fch_gelu, p.fcproj_w, n,
+                       F_, C_);
+  ops_.linear_backward(nullptr, g.fc_w, g.fc_b, st.dfch, la.ln2, p.fc_w, n, C_, F_);
+  ops_.layernorm_backward(discard, g.ln2_w, g.ln2_b, st.dln2, la.res2, p.ln2_w, la.ln2_mean,
+                          la.ln2_rstd, Nr_, C_);
+  ops_.linear_backward(nullptr, g.attproj_w, g.attproj_b, st.dattn, la.atty, p.attproj_w, n,
+                       Ca, C_);
+  ops_.linear_backward(nullptr, g.qkv_w, g.qkv_b, st.dqkv, la.ln1, p.qkv_w, n, C_, C3_);
+  ops_.layernorm_backward(discard, g.ln1_w, g.ln1_b, st.dln1, x, p.ln1_w, la.ln1_mean,
+                          la.ln1_rstd, Nr_, C_);
+}
+
+// Layer l's stashed activations, or with full recompute its forward run again into the
+// one-layer scratch (its output is not needed, so it lands in scratch too).
+LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, int l,
+                                              const float* x) {
+  if (recompute_ != Recompute::full) return a.layers[l];
+  LayerActivations& la = recompute_layer_[0];
+  block_forward(chunk * L_ + l, x, dbuf_.data(), la, B_, T_);
+  return la;
+}
+
+void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+                        bool weight_grads) {
+  const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
+  TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) == L_,
+                "an input-gradient-only backward needs make_activations(chunk, true)");
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
-  if (grad_ready_ && stage_.has_head) report_grads_ready(-2);  // ln_f: done in forward
-  const int L = stage_.last_layer - stage_.first_layer;
+  if (grad_ready_ && st.has_head) report_grads_ready(-2);  // ln_f: done in forward
+  const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
-    LayerActivations* la = nullptr;
-    if (recompute_ == Recompute::full) {
-      la = &recompute_layer_[0];
-      // Re-run the block forward; its output is not needed, so it lands in scratch.
-      block_forward(l, x, dbuf_.data(), *la, B_, T_);
-    } else {
-      la = &a.layers[l];
-    }
-    block_backward(l, x, dres, *la);
-    if (grad_ready_) report_grads_ready(stage_.first_layer + l);
+    LayerActivations& la = layer_activations(a, chunk, l, x);
+    block_backward(first + l, x, dres, la, weight_grads ? nullptr : &a.grad_stash[l]);
+    // An input-gradient-only backward (zb-h1's B) leaves the block's weights to its W.
+    if (grad_ready_ && weight_grads) report_grads_ready(st.first_layer + l);
   }
-  if (stage_.has_embedding) {
+  if (st.has_embedding) {
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
     const float* demb = tpm_.leave_backward(dres, full_scratch_.data(), NC);
     ops_.embedding_backward(tensor(grads_.data(), "wte"), demb, inputs, B_ * T_, C_,
@@ -327,6 +415,20 @@ void GptChunk::backward(ChunkActivations& a, const std::int32_t* inputs) {
     if (grad_ready_) report_grads_ready(-1);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
+  }
+}
+
+void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
+  const StageLayout& chunk_layout = this->chunk(chunk);
+  TRIDENT_CHECK(int(a.grad_stash.size()) == L_,
+                "backward_weights needs make_activations(chunk, true)");
+  const std::int64_t NC = boundary_numel();
+  const int L = L_, first = chunk * L_;
+  for (int l = L - 1; l >= 0; --l) {
+    const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
+    LayerActivations& la = layer_activations(a, chunk, l, x);
+    block_backward_weights(first + l, x, la, a.grad_stash[l]);
+    if (grad_ready_) report_grads_ready(chunk_layout.first_layer + l);
   }
 }
 
@@ -357,12 +459,13 @@ void GptChunk::reduce_sequence_parallel_grads() {
 // ---- grad-ready hook (see set_grad_ready_hook) -------------------------------------------
 
 void GptChunk::report_grads_ready(int layer) {
+  const bool holds_head = chunks_.back().has_head;  // wte is tied within this rank
   for (const auto& s : specs_) {
     if (layer == -2) {  // the head: ln_f (wte goes with the embedding)
       if (s.name.rfind("ln_f.", 0) != 0) continue;
     } else if (s.layer != layer) {
       continue;
-    } else if (layer == -1 && s.name != "wpe" && !(s.name == "wte" && stage_.has_head)) {
+    } else if (layer == -1 && s.name != "wpe" && !(s.name == "wte" && holds_head)) {
       continue;
     }
     if (tpm_.sequence_parallel() && s.name.find("ln_") != std::string::npos) continue;
@@ -373,7 +476,7 @@ void GptChunk::report_grads_ready(int layer) {
 // ---- inference -------------------------------------------------------------------------
 
 void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
-  TRIDENT_CHECK(stage_.has_embedding && stage_.has_head && ps_.tp.size() == 1 &&
+  TRIDENT_CHECK(chunks_.front().has_embedding && chunks_.back().has_head && ps_.tp.size() == 1 &&
                     !tpm_.sequence_parallel(),
                 "sampling needs the whole model on one rank");
   TRIDENT_CHECK(t >= 1 && t <= T_, "context of ", t, " tokens outside [1, ", T_, "]");
@@ -381,13 +484,21 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   const std::int64_t tC = std::int64_t(t) * C_;
   ChunkActivations& a = *infer_acts_;
   embed_forward(a.input.data(), tokens, 1, t);
-  const int L = stage_.last_layer - stage_.first_layer;
-  for (int l = 0; l < L; ++l) {
-    const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * tC;
-    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
-    block_forward(l, x, a.outputs.data() + l * tC, la, 1, t);
+  // The chunks one after the other (all on this rank), each from the previous one's output.
+  const float* x = a.input.data();
+  for (int c = 0; c < num_chunks(); ++c) {
+    for (int l = 0; l < L_; ++l) {
+      LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
+      float* out = a.outputs.data() + l * tC;
+      if (x == out) {  // the next chunk starts from the last output: move it to the input
+        std::copy(x, x + tC, a.input.data());
+        x = a.input.data();
+      }
+      block_forward(c * L_ + l, x, out, la, 1, t);
+      x = out;
+    }
   }
-  const float* last = (L ? a.outputs.data() + (L - 1) * tC : a.input.data()) + (t - 1) * C_;
+  const float* last = x + (t - 1) * C_;
   ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
                          tensor(params_.data(), "ln_f.weight"), tensor(params_.data(), "ln_f.bias"),
                          1, C_);

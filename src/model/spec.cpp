@@ -71,8 +71,29 @@ struct SpecBuilder {
 
 }  // namespace
 
+std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank) {
+  TRIDENT_CHECK(pp >= 1 && vpp >= 1 && pp_rank >= 0 && pp_rank < pp, "bad pipeline placement: ",
+                "rank ", pp_rank, " of pp = ", pp, ", vpp = ", vpp);
+  const int stages = pp * vpp;
+  TRIDENT_CHECK(cfg.n_layer % stages == 0, "model.n_layer = ", cfg.n_layer,
+                " is not divisible by parallel.pp * parallel.vpp = ", pp, " * ", vpp);
+  const int per = cfg.n_layer / stages;
+  std::vector<StageLayout> chunks;
+  for (int c = 0; c < vpp; ++c) {
+    const int v = c * pp + pp_rank;  // virtual stage
+    chunks.push_back(StageLayout{v * per, (v + 1) * per, v == 0, v == stages - 1});
+  }
+  return chunks;
+}
+
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout& stage,
                                        int tp_rank, int tp_size, std::int64_t offset0) {
+  return gpt_param_specs(cfg, std::vector<StageLayout>{stage}, tp_rank, tp_size, offset0);
+}
+
+std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
+                                       const std::vector<StageLayout>& chunks, int tp_rank,
+                                       int tp_size, std::int64_t offset0) {
   TRIDENT_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "bad TP rank ", tp_rank);
   TRIDENT_CHECK(cfg.n_head % tp_size == 0, "model.n_head = ", cfg.n_head,
                 " must be divisible by parallel.tp = ", tp_size);
@@ -81,13 +102,20 @@ std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout
   // GPT-2: residual projections scaled by 1/sqrt(2 * n_layer).
   const float std_proj = 0.02f / std::sqrt(2.0f * float(cfg.n_layer));
   SpecBuilder b{tp_rank, tp_size, offset0, {}};
+  bool has_embedding = false, has_head = false;
+  std::vector<int> layers;
+  for (const StageLayout& stage : chunks) {
+    has_embedding = has_embedding || stage.has_embedding;
+    has_head = has_head || stage.has_head;
+    for (int l = stage.first_layer; l < stage.last_layer; ++l) layers.push_back(l);
+  }
 
-  if (stage.has_embedding || stage.has_head) {
+  if (has_embedding || has_head) {
     auto& wte = b.add("wte", {V, C}, Init::normal, std0, -1);
     b.split_contiguous(wte, 0);
   }
-  if (stage.has_embedding) b.add("wpe", {T, C}, Init::normal, std0, -1);
-  for (int l = stage.first_layer; l < stage.last_layer; ++l) {
+  if (has_embedding) b.add("wpe", {T, C}, Init::normal, std0, -1);
+  for (int l : layers) {
     const std::string p = "h." + std::to_string(l) + ".";
     b.add(p + "ln_1.weight", {C}, Init::ones, 0, l);
     b.add(p + "ln_1.bias", {C}, Init::zeros, 0, l);
@@ -102,7 +130,7 @@ std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout
     b.split_contiguous(b.add(p + "mlp.c_proj.weight", {4 * C, C}, Init::normal, std_proj, l), 0);
     b.add(p + "mlp.c_proj.bias", {C}, Init::zeros, 0, l);
   }
-  if (stage.has_head) {
+  if (has_head) {
     b.add("ln_f.weight", {C}, Init::ones, 0, -1);
     b.add("ln_f.bias", {C}, Init::zeros, 0, -1);
   }

@@ -50,10 +50,11 @@ bool Config::Data::operator==(const Data& o) const {
 bool Config::IO::operator==(const IO& o) const {
   return out_dir == o.out_dir && checkpoint_every == o.checkpoint_every &&
          keep_checkpoints == o.keep_checkpoints && resume == o.resume &&
-         init_weights == o.init_weights;
+         init_weights == o.init_weights && trace_step == o.trace_step;
 }
 bool Config::Runtime::operator==(const Runtime& o) const {
-  return device == o.device && precision == o.precision && threads == o.threads;
+  return device == o.device && precision == o.precision && threads == o.threads &&
+         watchdog_s == o.watchdog_s;
 }
 bool Config::operator==(const Config& o) const {
   return model == o.model && parallel == o.parallel && train == o.train && data == o.data &&
@@ -120,10 +121,12 @@ const std::vector<KeyDef>& key_table() {
       {"io", "keep_checkpoints", [](Config& c) -> Field { return &c.io.keep_checkpoints; }},
       {"io", "resume", [](Config& c) -> Field { return &c.io.resume; }},
       {"io", "init_weights", [](Config& c) -> Field { return &c.io.init_weights; }},
+      {"io", "trace_step", [](Config& c) -> Field { return &c.io.trace_step; }},
 
       {"runtime", "device", [](Config& c) -> Field { return &c.runtime.device; }},
       {"runtime", "precision", [](Config& c) -> Field { return &c.runtime.precision; }},
       {"runtime", "threads", [](Config& c) -> Field { return &c.runtime.threads; }},
+      {"runtime", "watchdog_s", [](Config& c) -> Field { return &c.runtime.watchdog_s; }},
   };
   return keys;
 }
@@ -484,6 +487,11 @@ class Loader {
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,
            " needs parallel.schedule = \"interleaved-1f1b\" or \"looped-bfs\", got ",
            toml_string(p.schedule));
+    // Chunks of one rank pass activations to each other through the pipeline's ring.
+    if (p.vpp > 1 && p.pp < 2)
+      fail(where("parallel.vpp", "parallel.pp"), ": parallel.vpp = ", p.vpp,
+           " needs parallel.pp >= 2 (virtual stages interleave over pipeline ranks), got ",
+           p.pp);
     if (c.model.n_head % p.tp != 0)
       fail(where("model.n_head", "parallel.tp"), ": model.n_head = ", c.model.n_head,
            " is not divisible by parallel.tp = ", p.tp);
@@ -537,6 +545,10 @@ class Loader {
          c.io.checkpoint_every);
     need(c.io.keep_checkpoints >= 0, "io.keep_checkpoints", ">= 0", c.io.keep_checkpoints);
     need(!c.io.resume.empty(), "io.resume", "\"auto\", \"none\" or a checkpoint path", "\"\"");
+    need(c.io.trace_step >= 0, "io.trace_step", ">= 0 (0: no trace)", c.io.trace_step);
+    if (c.io.trace_step > t.steps)
+      fail(where("io.trace_step", "train.steps"), ": io.trace_step = ", c.io.trace_step,
+           " must be <= train.steps = ", t.steps);
 
     // [runtime]
     need_one_of(c.runtime.device, "runtime.device", {"cpu", "cuda"});
@@ -547,6 +559,9 @@ class Loader {
            toml_string(c.runtime.device));
     need(c.runtime.threads >= 0, "runtime.threads", ">= 0 (0: cores / ranks on this node)",
          c.runtime.threads);
+    need_finite(c.runtime.watchdog_s, "runtime.watchdog_s");
+    need(c.runtime.watchdog_s >= 0, "runtime.watchdog_s", ">= 0 (0: off)",
+         toml_float(c.runtime.watchdog_s));
   }
 
   std::string source_;
@@ -611,6 +626,12 @@ void resolve_world(Config& cfg, int world_size) {
     fail(src, ": train.global_batch_size = ", cfg.train.global_batch_size,
          " is not divisible by parallel.micro_batch_size * parallel.dp = ", p.micro_batch_size,
          " * ", p.dp, " = ", per_step);
+  // Megatron's interleaved schedule takes the microbatches in groups of pp per chunk.
+  const std::int64_t m = cfg.train.global_batch_size / per_step;
+  if (p.schedule == "interleaved-1f1b" && p.vpp > 1 && m % p.pp != 0)
+    fail(src, ": parallel.schedule = \"interleaved-1f1b\" with parallel.vpp = ", p.vpp,
+         " needs the microbatches per rank (train.global_batch_size / (parallel.micro_batch_size"
+         " * parallel.dp) = ", m, ") divisible by parallel.pp = ", p.pp);
 }
 
 int microbatches_per_rank(const Config& cfg) {

@@ -228,6 +228,7 @@ void run_training(Trainer& tr) {
     fault::at_step_start();  // tests only (TRIDENT_FAULT): exit, abort or stall here
     for (parallel::Comm* c : counted) c->reset_counters();
     train_data->fill(step, G, first, local, inputs.data(), targets.data());
+    tr.set_step(step);
     const double loss = tr.forward_backward(inputs.data(), targets.data(), G);
     const StepStats st = tr.optimizer_step(step, loss);
     if (!st.applied) {  // every rank has the same loss and norm: the same verdict everywhere
@@ -247,6 +248,10 @@ void run_training(Trainer& tr) {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     dp_waits.push_back(sync.last_wait_s());
+    if (step == cfg.io.trace_step) {
+      const std::string trace = tr.write_trace();
+      if (ps.world_rank == 0) log::info("pipeline trace of step ", step, ": ", trace);
+    }
     elapsed += dt;
     ++timed;
     const double tok_s = double(G * T) / dt;

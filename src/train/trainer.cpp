@@ -11,14 +11,14 @@
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/pipeline/simulator.hpp"
+#include "trident/io/trace.hpp"
 #include "trident/train/lr_schedule.hpp"
 
 namespace trident::train {
 
-model::StageLayout stage_layout(const Config& cfg, const parallel::ParallelState& ps) {
-  const int per_stage = cfg.model.n_layer / ps.shape.pp;
-  const int first = per_stage * ps.coord.pp;
-  return model::StageLayout{first, first + per_stage, ps.first_stage(), ps.last_stage()};
+std::vector<model::StageLayout> stage_layout(const Config& cfg,
+                                             const parallel::ParallelState& ps) {
+  return model::chunk_layouts(cfg.model, ps.shape.pp, cfg.parallel.vpp, ps.coord.pp);
 }
 
 Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
@@ -63,7 +63,35 @@ pipeline::Executor& Trainer::executor_for(int microbatches) {
              .emplace(microbatches, std::make_unique<pipeline::Executor>(*model_, ps_, std::move(sched)))
              .first;
   }
+  it->second->set_step(step_);
+  it->second->set_tracing(cfg_.io.trace_step > 0 && cfg_.io.trace_step == step_);
+  last_executor_ = it->second.get();
   return *it->second;
+}
+
+std::string Trainer::write_trace() const {
+  const pipeline::Executor* ex = last_executor_;
+  if (!ex || cfg_.io.trace_step <= 0 || cfg_.io.trace_step != step_) return "";
+  const pipeline::Schedule& s = ex->schedule();
+  const std::string path =
+      cfg_.io.out_dir + "/trace/rank-" + std::to_string(ps_.world_rank) + ".json";
+  io::write_chrome_trace(
+      path, ex->trace(), ps_.world_rank,
+      str("rank ", ps_.world_rank, " (tp ", ps_.coord.tp, ", dp ", ps_.coord.dp, ", pp ",
+          ps_.coord.pp, ")"),
+      {{"rank", std::to_string(ps_.world_rank)},
+       {"pp_rank", std::to_string(ps_.coord.pp)},
+       {"tp_rank", std::to_string(ps_.coord.tp)},
+       {"dp_rank", std::to_string(ps_.coord.dp)},
+       {"step", std::to_string(step_)},
+       {"schedule", "\"" + s.name + "\""},
+       {"pp", std::to_string(s.pp)},
+       {"vpp", std::to_string(s.vpp)},
+       {"microbatches", std::to_string(s.microbatches)},
+       {"executed", "\"" + pipeline::format_actions(ex->executed()) + "\""},
+       {"peak_live", std::to_string(ex->peak_live())},
+       {"activation_slots", std::to_string(ex->activation_slots())}});
+  return path;
 }
 
 double Trainer::reduce_loss(double local_sum, std::int64_t global_batch) {

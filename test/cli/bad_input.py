@@ -170,6 +170,33 @@ def c_batch_divisibility(d):
                                       "global_batch_size = 10\n")]
 
 
+def c_vpp_needs_schedule(d):
+    return ["train", write_deck(os.path.join(d, "deck.toml"), model={"n_layer": 4},
+                                extra='[parallel]\nmicro_batch_size = 1\npp = 2\nvpp = 2\n'
+                                      'schedule = "1f1b"\n')]
+
+
+def c_vpp_layers(d):
+    return ["train", write_deck(os.path.join(d, "deck.toml"), model={"n_layer": 2},
+                                extra='[parallel]\nmicro_batch_size = 1\npp = 2\nvpp = 2\n'
+                                      'schedule = "interleaved-1f1b"\n')]
+
+
+def c_vpp_needs_pp(d):
+    return ["train", write_deck(os.path.join(d, "deck.toml"), model={"n_layer": 2},
+                                extra='[parallel]\nmicro_batch_size = 1\nvpp = 2\n'
+                                      'schedule = "looped-bfs"\n')]
+
+
+def c_watchdog_negative(d):
+    return ["train", write_deck(os.path.join(d, "deck.toml"), extra="[runtime]\nwatchdog_s = -1\n")]
+
+
+def c_trace_step_past_end(d):
+    return ["train", write_deck(os.path.join(d, "deck.toml"), extra="[io]\nout_dir = \"run\"\n"
+                                "resume = \"none\"\ntrace_step = 5\n")]
+
+
 def c_unknown_subcommand(d):
     return ["frobnicate", write_deck(os.path.join(d, "deck.toml"))]
 
@@ -228,6 +255,13 @@ CASES = [
     ("bf16_on_cpu", c_bf16_on_cpu, ["deck.toml", "runtime.precision"]),
     ("global_batch_not_divisible", c_batch_divisibility,
      ["deck.toml", "train.global_batch_size", "parallel.micro_batch_size"]),
+    ("vpp_needs_interleaving_schedule", c_vpp_needs_schedule,
+     ["deck.toml", "parallel.vpp", "parallel.schedule"]),
+    ("n_layer_not_divisible_by_pp_vpp", c_vpp_layers,
+     ["deck.toml", "model.n_layer", "parallel.pp * parallel.vpp"]),
+    ("vpp_needs_pp", c_vpp_needs_pp, ["deck.toml", "parallel.vpp", "parallel.pp"]),
+    ("watchdog_negative", c_watchdog_negative, ["deck.toml", "runtime.watchdog_s"]),
+    ("trace_step_past_the_end", c_trace_step_past_end, ["deck.toml", "io.trace_step", "train.steps"]),
     ("unknown_subcommand", c_unknown_subcommand, ["frobnicate"]),
     ("data_train_missing", c_data_missing, ["missing_tokens.h5"]),
     ("data_train_not_hdf5", c_data_not_hdf5, ["plain_text.h5"]),

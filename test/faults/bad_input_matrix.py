@@ -412,11 +412,11 @@ deck_case("world_not_divisible_by_pp", {"parallel.pp": 2},
           ["deck.toml", "parallel.tp * parallel.pp = 1 * 2", "world size 3"], np=3)
 deck_case("world_vs_pp_dp", {"parallel.pp": 2, "parallel.dp": 2},
           ["deck.toml", "1 * 2 * 2 = 4 ranks", "world has 2"], np=2)
-# Dimensions still to come are refused cleanly, after the rules above (when one lands, its
-# case here goes: its bad-input rules are the div_ cases).
-deck_case("refused_vpp", {"model.n_layer": 4, "parallel.pp": 2, "parallel.vpp": 2,
-                          "parallel.schedule": "interleaved-1f1b"},
-          ["deck.toml", "parallel.vpp = 2", "not available"], np=2)
+# Virtual stages: interleaving needs the microbatches per rank divisible by pp.
+deck_case("div_microbatches_by_pp_interleaved",
+          {"model.n_layer": 4, "parallel.pp": 2, "parallel.vpp": 2,
+           "parallel.schedule": "interleaved-1f1b", "train.global_batch_size": 6,
+           "parallel.micro_batch_size": 2}, ["deck.toml", "parallel.pp"], np=2)
 deck_case("vocab_smaller_than_dataset", {"model.vocab_size": 8},
           ["tokens.h5", "vocab_size = 16", "model.vocab_size = 8", "data.train"], np=2)
 deck_case("vocab_from_empty_data_train", {"model.vocab_size": 0, "data.train": ""},

@@ -2,7 +2,9 @@
 """Pipeline parallelism through the MPI executor against the serial run.
 
 For pp in {2, 4} with gpipe and 1f1b (4 microbatches), recompute off and on, naive,
-zb-h1 and looped-bfs (vpp 1), and at tp=2 x pp=2: `trident grad` gives the serial loss to
+zb-h1 and looped-bfs (vpp 1), and at tp=2 x pp=2 (1f1b, and zb-h1 with sequence parallelism;
+zb-h1 splits the backward: B the input gradients, W the weight gradients later, also under
+full recompute): `trident grad` gives the serial loss to
 1e-6 relative and the serial gradients to max|d| <= 1e-5 * max|g| (the tied wte summed
 over the embedding group), and 5 training steps give the serial loss curve to 1e-5
 relative, with the pipeline bytes per step equal to the formula: stage 0 (rank 0) sends
@@ -27,16 +29,21 @@ def main():
                 cases.append((f"pp{pp}_{sched}_{rc}", pp, 1, sched, rc))
         for sched in ("naive", "zb-h1", "looped-bfs"):
             cases.append((f"pp{pp}_{sched}_none", pp, 1, sched, "none"))
+    cases.append(("pp2_zb-h1_full", 2, 1, "zb-h1", "full"))
     cases.append(("tp2pp2_1f1b", 2, 2, "1f1b", "none"))
+    cases.append(("tp2pp2_zb-h1_sp", 2, 2, "zb-h1", "none"))
     for name, pp, tp, sched, rc in cases:
         sets = [f"parallel.pp={pp}", f"parallel.tp={tp}", f"parallel.schedule={sched}",
                 f"parallel.recompute={rc}"]
+        if name.endswith("_sp"):
+            sets.append("parallel.sequence_parallel=true")
         t.check_grad(name, t.grad(pp * tp, f"g_{name}.h5", sets), ref, 1e-6)
         if rc == "full" and sched == "gpipe":
             continue  # the same recompute path as 1f1b's; keeps the test short
         got, pp_bytes = t.train(pp * tp, f"train_{name}", sets, ("loss", "comm/pp/bytes"))
         t.check_curve(name, got, ref_curve)
-        want = GBS // MBS * 4 * MBS * T * C + 2 * (2 * (pp - 1) / pp * 8)
+        rows = MBS * T // (tp if name.endswith("_sp") else 1)  # SP sends 1/tp of the rows
+        want = GBS // MBS * 4 * rows * C + 2 * (2 * (pp - 1) / pp * 8)
         t.check(np.allclose(pp_bytes, want), f"train {name}: comm/pp/bytes {pp_bytes[0]:.0f} = {want:.0f}")
     t.finish()
 

@@ -12,15 +12,28 @@
 //                 the rank sends itself SIGKILL in the middle of writing the checkpoint of
 //                 the step (after the .tmp file holds the model, before the moments)
 //
-// defines: trident::fault::Kind, validate, armed, at_step_start, at_checkpoint_write,
+// defines: trident::fault::Kind, Fault, parse, validate, armed, at_step_start, at_checkpoint_write,
 //          set_step, current_step
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace trident::fault {
 
 enum class Kind { exit, abort, stall, nan, kill_in_checkpoint };
+
+struct Fault {
+  Kind kind;
+  int rank;           // world rank
+  std::int64_t step;  // optimizer step
+};
+
+// The faults a TRIDENT_FAULT value names (empty: none). A trident::Error quoting the value
+// when it is malformed: every item must be <kind>:<rank>:<step>, rank and step non-negative
+// decimal integers.
+std::vector<Fault> parse(const std::string& text);
 
 // Parses TRIDENT_FAULT (at start-up, so that a malformed one is an agreed error): a
 // trident::Error naming the variable when it is malformed.

@@ -1,11 +1,15 @@
-// trident/model/gpt.hpp — a GPT-2 model chunk: the layers one pipeline stage owns, as
-// Megatron-style tensor-parallel layers over the `ops` kernels, with a hand-written
-// backward that mirrors the forward in reverse.
+// trident/model/gpt.hpp — a pipeline rank's share of a GPT-2 model: one or more model
+// chunks (virtual stages, parallel.vpp of them) as Megatron-style tensor-parallel layers
+// over the `ops` kernels, with a hand-written backward that mirrors the forward in reverse.
+// All of the rank's chunks share ONE flat parameter buffer and one flat gradient buffer,
+// described by one ShardSpec table (each logical tensor once: a rank holding both the
+// embedding and the head chunk keeps one wte), so the optimizer, checkpoints and gradient
+// dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
 // defines: trident::model::GptChunk, ChunkActivations, LayerActivations, Recompute
 //
 // Legend: B = micro-batch, T = seq_len, C = d_model, NH = heads on this rank,
 // C3 = 3*C/tp (this rank's q,k,v columns), F = 4*C/tp (this rank's MLP columns),
-// Vl = vocabulary rows on this rank (padded), L = layers in this chunk.
+// Vl = vocabulary rows on this rank (padded), L = layers in one chunk (the same for all).
 //
 // TP communication (all over ps.tp, through parallel::TpMappings; free when tp == 1):
 //   column-parallel c_attn, c_fc:  enter (identity fwd / allreduce bwd; SP: all-gather / reduce-scatter)
@@ -51,6 +55,17 @@ struct LayerActivations {
   float* fch_gelu;  // [B,T,F]
 };
 
+// What the weight-gradient pass (GptChunk::backward_weights) of one transformer block needs
+// from its input-gradient pass: the gradients at the outputs of its linears and LayerNorms.
+struct LayerGradStash {
+  float* dmlp;   // [B,T,C]   at the MLP c_proj output (all rows)
+  float* dfch;   // [B,T,F]   at the c_fc output
+  float* dln2;   // [Nr,C]    at the ln_2 output (this rank's rows)
+  float* dattn;  // [B,T,C]   at the attention c_proj output (all rows)
+  float* dqkv;   // [B,T,C3]  at the c_attn output
+  float* dln1;   // [Nr,C]    at the ln_1 output
+};
+
 // Activations of one microbatch in flight through one chunk (the pipeline stashes several).
 struct ChunkActivations {
   FloatBuffer input;                     // [Nr,C] embedding output, or received from the previous stage
@@ -61,17 +76,26 @@ struct ChunkActivations {
   FloatBuffer lnf_mean, lnf_rstd;        // [Nr]
   FloatBuffer doutput;                   // [Nr,C] d loss / d chunk output
   FloatBuffer dinput;                    // [Nr,C] d loss / d chunk input (to send back)
+  FloatBuffer grad_store;                // split backward only: the layers' gradient stashes
+  std::vector<LayerGradStash> grad_stash;  // views into grad_store, one per layer
   double loss_sum = 0;                   // sum of token losses (last stage)
 };
 
 class GptChunk {
  public:
+  // chunks: this rank's chunks in chunk order (model::chunk_layouts), all with the same
+  // number of layers.
+  GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
+           parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
+           Recompute recompute = Recompute::none, bool sequence_parallel = false);
+  // One chunk (vpp = 1, or the whole model).
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
            ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,
            bool sequence_parallel = false);
 
   const ModelConfig& config() const { return cfg_; }
-  const StageLayout& stage() const { return stage_; }
+  int num_chunks() const { return int(chunks_.size()); }
+  const StageLayout& chunk(int c) const { return chunks_.at(std::size_t(c)); }
   const std::vector<ShardSpec>& specs() const { return specs_; }
   const ShardSpec& spec(const std::string& name) const;
   std::int64_t num_params() const { return num_params_; }
@@ -90,24 +114,36 @@ class GptChunk {
   void init_weights(std::uint64_t seed);
   void zero_grads();
 
-  std::unique_ptr<ChunkActivations> make_activations() const;
+  // Activations of one microbatch through chunk `chunk`; -1: sized to fit any chunk of this
+  // rank (the pipeline's stash slots are shared by the chunks). split_backward: also room
+  // for the gradients the weight pass needs (backward with weight_grads = false).
+  std::unique_ptr<ChunkActivations> make_activations(int chunk = -1,
+                                                     bool split_backward = false) const;
 
-  // One microbatch forward. First stage: embeds inputs[B,T]; others read a.input.
-  // Last stage: also computes the loss of targets[B,T] and the head's backward (the
-  // gradients of ln_f and the LM head accumulate here, so no logits stay alive), scaled
-  // by loss_scale = 1 / (target tokens in the global batch); returns the sum of losses.
+  // One microbatch forward through chunk `chunk`. The embedding chunk (virtual stage 0):
+  // embeds inputs[B,T]; others read a.input. The head chunk (the last virtual stage): also
+  // computes the loss of targets[B,T] and the head's backward (the gradients of ln_f and
+  // the LM head accumulate here, so no logits stay alive), scaled by loss_scale = 1 /
+  // (target tokens in the global batch); returns the sum of losses.
   // With with_backward = false (evaluation) the head computes the loss only.
-  double forward(ChunkActivations& a, const std::int32_t* inputs, const std::int32_t* targets,
-                 float loss_scale, bool with_backward = true);
-  // One microbatch backward from a.doutput (set by forward on the last stage, received
-  // otherwise). Parameter gradients accumulate (+=). First stage: into wte/wpe; others:
-  // writes a.dinput.
-  void backward(ChunkActivations& a, const std::int32_t* inputs);
+  double forward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+                 const std::int32_t* targets, float loss_scale, bool with_backward = true);
+  // One microbatch backward through chunk `chunk` from a.doutput (set by forward on the head
+  // chunk, received otherwise). Parameter gradients accumulate (+=). The embedding chunk:
+  // into wte/wpe; others: writes a.dinput.
+  // weight_grads = false (zero-bubble schedules' B): the input gradients only; the blocks'
+  // weight and bias gradients wait in a.grad_stash (make_activations(.., true)) for
+  // backward_weights (their W). The embedding's wte/wpe gradients are still taken here.
+  void backward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+                bool weight_grads = true);
+  // The blocks' parameter gradients of a backward run with weight_grads = false (+=). With
+  // full recompute each block's forward runs again first.
+  void backward_weights(int chunk, ChunkActivations& a);
   // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
   // only: sums them over TP. Once per step, after the last backward (no-op without SP).
   void reduce_sequence_parallel_grads();
 
-  float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output
+  float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output (any chunk)
 
   // ---- grad-ready hook (data-parallel overlap, train/grad_sync.hpp) ----
   // When set, backward() calls hook(offset, count) for each tensor (flat range) whose
@@ -128,7 +164,7 @@ class GptChunk {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
-  LayerParams layer_params(float* base, int l) const;
+  LayerParams layer_params(float* base, int l) const;  // l: global layer index
   float* tensor(float* base, const std::string& name) const;
   void bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views, int count) const;
   std::int64_t layer_store_size() const;
@@ -137,6 +173,13 @@ class GptChunk {
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
   void block_backward(int l, const float* x, float* dres, LayerActivations& la);
   void report_grads_ready(int layer);  // global block index; -1: embedding, -2: head
+  // stash = nullptr: input and weight gradients; otherwise input gradients only, and the
+  // weight pass's inputs saved in *stash.
+  void block_backward(int l, const float* x, float* dres, LayerActivations& la,
+                      LayerGradStash* stash = nullptr);
+  void block_backward_weights(int l, const float* x, LayerActivations& la,
+                              const LayerGradStash& stash);
+  LayerActivations& layer_activations(ChunkActivations& a, int chunk, int l, const float* x);
   double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                float loss_scale, bool with_backward);
   // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
@@ -144,7 +187,8 @@ class GptChunk {
                             int in, int out);
 
   ModelConfig cfg_;
-  StageLayout stage_;
+  std::vector<StageLayout> chunks_;
+  int L_;  // layers per chunk
   parallel::ParallelState& ps_;
   ops::Ops& ops_;
   parallel::TpMappings tpm_;
@@ -154,7 +198,8 @@ class GptChunk {
   std::vector<ShardSpec> specs_;
   std::int64_t num_params_ = 0;
   FloatBuffer params_, grads_;
-  std::vector<LayerParams> p_layers_, g_layers_;  // views, by chunk-local layer index
+  // Views, by rank-local layer index: chunk c's layer i is c * L_ + i.
+  std::vector<LayerParams> p_layers_, g_layers_;
 
   // Backward scratch, shared by all microbatches (only one backward runs at a time).
   FloatBuffer dres_, dbuf_, dqkv_, datt_, dfch_, dgelu_;
@@ -162,6 +207,7 @@ class GptChunk {
   FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
   FloatBuffer recompute_store_;
+  FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
   GradReadyHook grad_ready_;

@@ -3,7 +3,7 @@
 // flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
 // ranges and the grad-norm "count each parameter once" rule all read it.
 // defines: trident::model::ModelConfig, Split, Init, ShardBlock, ShardSpec, StageLayout,
-//          gpt_param_specs, for_each_local_element
+//          chunk_layouts, gpt_param_specs, for_each_local_element
 #pragma once
 
 #include <cstdint>
@@ -64,13 +64,21 @@ struct ShardSpec {
   bool tp_replicated() const { return split == Split::none; }
 };
 
-// Which part of the model a pipeline chunk owns.
+// Which part of the model a pipeline chunk (one virtual stage) owns.
 struct StageLayout {
   int first_layer = 0;      // [first_layer, last_layer)
   int last_layer = 0;
-  bool has_embedding = true;  // wte, wpe (first stage)
-  bool has_head = true;       // ln_f and the tied LM head (last stage)
+  bool has_embedding = true;  // wte, wpe (virtual stage 0)
+  bool has_head = true;       // ln_f and the tied LM head (the last virtual stage)
 };
+
+// The chunks of pipeline rank `pp_rank` with vpp chunks per rank, in chunk order. The model
+// is cut into pp * vpp virtual stages of n_layer / (pp * vpp) layers; virtual stage v sits
+// on rank v % pp as its chunk v / pp (Megatron's round-robin placement), so chunk c of rank
+// r is virtual stage c * pp + r. Example, n_layer 8, pp 2, vpp 2: rank 0 holds layers 0-1
+// (chunk 0, with the embedding) and 4-5 (chunk 1); rank 1 holds 2-3 and 6-7 (with the head).
+// n_layer must be divisible by pp * vpp (the deck checks it).
+std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank);
 
 // Vocabulary rows each TP rank holds: the vocabulary padded up to a multiple of tp_size.
 int vocab_per_rank(int vocab_size, int tp_size);
@@ -78,6 +86,12 @@ int vocab_per_rank(int vocab_size, int tp_size);
 // The ShardSpecs of a chunk, with offsets packed in order from `offset0`.
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout& stage,
                                        int tp_rank, int tp_size, std::int64_t offset0 = 0);
+// The ShardSpecs of all of a rank's chunks as one table over one flat buffer: wte (once,
+// when any chunk has the embedding or the head), wpe, every chunk's layers in chunk order
+// (ascending global layer index), then ln_f. Each logical tensor appears at most once.
+std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
+                                       const std::vector<StageLayout>& chunks, int tp_rank,
+                                       int tp_size, std::int64_t offset0 = 0);
 
 // Calls fn(local_index, global_index) for every element of the shard that exists in the
 // logical tensor (padding rows are skipped); indices are row-major flat indices into the

@@ -1,17 +1,22 @@
 // trident/pipeline/executor.hpp — runs one rank's Actions of a Schedule on its model
-// chunk. It only dispatches and checks invariants; schedules decide the order.
-// Stages exchange activations and their gradients with non-blocking point-to-point MPI
-// over the pp communicator (host buffers: the CPU backend's).
+// chunks. It only dispatches and checks invariants; schedules decide the order.
+// Virtual stages exchange activations and their gradients with non-blocking point-to-point
+// MPI over the pp communicator (host buffers: the CPU backend's). With vpp chunks per rank,
+// chunk c of pp rank r is virtual stage v = c * pp + r; its forward input comes from v - 1
+// on pp rank (r - 1) mod pp and its output goes to v + 1 on (r + 1) mod pp (from the last
+// rank back to the first between chunks); gradients go the other way.
 // defines: trident::pipeline::MicrobatchTokens, Executor
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <mpi.h>
 
+#include "trident/core/trace.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/pipeline/schedule.hpp"
@@ -23,10 +28,20 @@ struct MicrobatchTokens {
   const std::int32_t* targets;  // [B,T]
 };
 
+
 class Executor {
  public:
-  // Activation slots: as many as the schedule ever holds at once on this stage.
+  // Activation slots: as many as the schedule ever holds at once on this stage (shared by
+  // the chunks: each slot fits any of them).
   Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule schedule);
+
+  // The optimizer step the next run() belongs to (tracing); 1 by default.
+  void set_step(std::int64_t step) { step_ = step; }
+  // Record a trace of the next run() calls (trace()); off by default.
+  void set_tracing(bool on) { tracing_ = on; }
+  // The events of the last traced run(): one per action (its compute) and one per MPI wait,
+  // in the order they happened; none overlap.
+  const std::vector<TraceEvent>& trace() const { return trace_; }
 
   // One optimizer step's forwards and backwards; returns the sum of token losses on the
   // last stage (0 elsewhere). Gradients accumulate into the chunk.
@@ -37,21 +52,49 @@ class Executor {
 
   const Schedule& schedule() const { return schedule_; }
   int activation_slots() const { return int(pool_.size()); }
-  // Most microbatches whose activations the last run() held at once (counted at run time).
+  // Most (microbatch, chunk) activations the last run() held at once (counted at run time,
+  // to hold against the simulator's peak_activations).
   int peak_live() const { return peak_live_; }
+  // Actions the last run() executed, in order (to hold against the schedule).
+  const std::vector<Action>& executed() const { return executed_; }
 
  private:
-  void receive(float* data, int from_stage, int tag);
-  void forward_one(int slot, const MicrobatchTokens& t, int mb, float loss_scale,
+  struct Pending {  // a send in flight
+    MPI_Request request;
+    Action action;
+    int peer;
+    int buffer;  // index into send_buffers_
+  };
+  int vstage(int chunk) const { return chunk * pp_ + stage_; }
+  bool first_vstage(int chunk) const { return vstage(chunk) == 0; }
+  bool last_vstage(int chunk) const { return vstage(chunk) == pp_ * schedule_.vpp - 1; }
+  int tag(int mb, int receiver_vstage, int dir) const;
+  void receive(float* data, int from, int tag, const Action& a, const char* what);
+  void send(const float* data, int to, int tag, const Action& a);
+  void reap_sends();
+  void wait_sends();
+  void forward_one(int slot, const MicrobatchTokens& t, const Action& a, float loss_scale,
                    bool with_backward, double& loss);
+  void record(const Action& a, const char* cat, std::string name, double t0, int peer,
+              const char* what);
 
   model::GptChunk& chunk_;
   parallel::ParallelState& ps_;
   Schedule schedule_;
-  int stage_;
+  int stage_, pp_;
   int peak_live_ = 0;
+  std::int64_t step_ = 1;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
+  std::vector<Action> executed_;
   std::vector<std::unique_ptr<model::ChunkActivations>> pool_;
-  std::vector<std::vector<MPI_Request>> pending_;  // per slot: sends still reading it
+  // Sends copy their message into a buffer of their own, so that an activation slot is free
+  // again as soon as its action is done: waiting for a send to complete before reusing its
+  // slot would make a rank wait on its peer's progress, a dependency the schedules (and
+  // the simulator, which treats sends as buffered) do not have, and can deadlock.
+  std::vector<FloatBuffer> send_buffers_;
+  std::vector<int> free_send_buffers_;
+  std::vector<Pending> sends_;
 };
 
 }  // namespace trident::pipeline

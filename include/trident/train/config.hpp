@@ -73,6 +73,7 @@ struct Config {
     std::int64_t keep_checkpoints = 2;
     std::string resume = "auto";  // "auto" | "none" | path to a checkpoint
     std::string init_weights;     // weights file to start from ("" = fresh init)
+    std::int64_t trace_step = 0;  // write <out_dir>/trace/rank-<r>.json of this step; 0: off
     bool operator==(const IO& o) const;
   } io;
 
@@ -80,6 +81,7 @@ struct Config {
     std::string device = "cpu";      // cpu | cuda
     std::string precision = "fp32";  // fp32 | tf32 | bf16 (the last two need cuda)
     int threads = 0;                 // 0: cores / ranks on this node
+    double watchdog_s = 0;           // a pipeline wait longer than this aborts the job; 0: off
     bool operator==(const Runtime& o) const;
   } runtime;
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "trident/model/gpt.hpp"
 #include "trident/ops/ops.hpp"
@@ -25,8 +27,10 @@ struct StepStats {
   bool applied = true;   // false: the loss or the norm was not finite, weights untouched
 };
 
-// The model's placement for this rank: its pipeline stage's layers, TP shards.
-model::StageLayout stage_layout(const Config& cfg, const parallel::ParallelState& ps);
+// The model's placement for this rank: its chunks (parallel.vpp virtual stages, each a run
+// of layers; model::chunk_layouts), in chunk order.
+std::vector<model::StageLayout> stage_layout(const Config& cfg,
+                                             const parallel::ParallelState& ps);
 
 class Trainer {
  public:
@@ -65,6 +69,12 @@ class Trainer {
   // per rank, the simulator's bubble fraction. Collective over the world (every rank
   // calls it); rank 0 prints.
   void report_startup();
+  // The optimizer step the next forward_backward belongs to (the executor's fault
+  // injection and io.trace_step); 1 until set.
+  void set_step(std::int64_t step) { step_ = step; }
+  // When the last forward_backward was step io.trace_step: writes its pipeline trace to
+  // <out_dir>/trace/rank-<world rank>.json and returns the path; otherwise "".
+  std::string write_trace() const;
 
   // Mean loss of a global batch, forwards only.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
@@ -82,6 +92,8 @@ class Trainer {
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
   std::map<int, std::unique_ptr<pipeline::Executor>> executors_;  // by microbatch count
+  std::int64_t step_ = 1;
+  const pipeline::Executor* last_executor_ = nullptr;
 };
 
 }  // namespace trident::train

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 
+#include "trident/core/error.hpp"
 #include "trident/model/spec.hpp"
 
 using namespace trident::model;
@@ -42,5 +44,67 @@ TEST(Spec, TensorShardsTileEveryLogicalTensorExactlyOnce) {
       EXPECT_EQ(std::int64_t(std::set<std::int64_t>(seen.begin(), seen.end()).size()), s0.numel())
           << s0.name;
     }
+  }
+}
+
+TEST(Spec, ChunkLayoutsPlaceVirtualStagesRoundRobin) {
+  ModelConfig cfg{50, 16, 8, 2, 8};
+  // pp 2, vpp 2: virtual stages of 2 layers; v on rank v % 2 as chunk v / 2.
+  auto r0 = chunk_layouts(cfg, 2, 2, 0), r1 = chunk_layouts(cfg, 2, 2, 1);
+  ASSERT_EQ(r0.size(), 2u);
+  EXPECT_EQ(r0[0].first_layer, 0);
+  EXPECT_EQ(r0[0].last_layer, 2);
+  EXPECT_EQ(r0[1].first_layer, 4);
+  EXPECT_EQ(r0[1].last_layer, 6);
+  EXPECT_EQ(r1[0].first_layer, 2);
+  EXPECT_EQ(r1[1].first_layer, 6);
+  EXPECT_TRUE(r0[0].has_embedding);
+  EXPECT_FALSE(r0[1].has_embedding || r0[0].has_head || r0[1].has_head);
+  EXPECT_TRUE(r1[1].has_head);
+  EXPECT_FALSE(r1[0].has_head || r1[0].has_embedding || r1[1].has_embedding);
+  // vpp 1 is the plain pipeline split.
+  auto one = chunk_layouts(cfg, 4, 1, 3);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].first_layer, 6);
+  EXPECT_TRUE(one[0].has_head);
+  EXPECT_THROW(chunk_layouts(cfg, 3, 1, 0), trident::Error);  // 8 layers over 3 stages
+  EXPECT_THROW(chunk_layouts(cfg, 2, 3, 0), trident::Error);  // over 6 virtual stages
+}
+
+TEST(Spec, OneTableOverARanksChunksNamesEachTensorOnce) {
+  ModelConfig cfg{50, 16, 8, 2, 8};
+  // Every rank of pp 2 x vpp 2: the layers of its two chunks, in ascending order, packed;
+  // over the ranks every layer exactly once; wte on both ends of the pipeline.
+  std::multiset<std::string> all;
+  for (int r = 0; r < 2; ++r) {
+    auto specs = gpt_param_specs(cfg, chunk_layouts(cfg, 2, 2, r), 0, 1);
+    std::int64_t off = 0;
+    int last_layer = -1;
+    std::set<std::string> names;
+    for (const auto& s : specs) {
+      EXPECT_EQ(s.offset, off) << s.name;
+      off += s.local_numel();
+      EXPECT_TRUE(names.insert(s.name).second) << s.name << " twice on rank " << r;
+      if (s.layer >= 0) {
+        EXPECT_GE(s.layer, last_layer) << s.name;
+        last_layer = s.layer;
+      }
+      all.insert(s.name);
+    }
+    EXPECT_EQ(specs.front().name, "wte");
+  }
+  EXPECT_EQ(all.count("wte"), 2u);
+  EXPECT_EQ(all.count("wpe"), 1u);
+  EXPECT_EQ(all.count("ln_f.weight"), 1u);
+  for (int l = 0; l < 8; ++l) EXPECT_EQ(all.count("h." + std::to_string(l) + ".ln_1.weight"), 1u);
+  // A rank with the embedding chunk and the head chunk keeps one wte (a serial model cut
+  // into chunks has the serial table's tensors).
+  auto both = gpt_param_specs(cfg, {StageLayout{0, 4, true, false}, StageLayout{4, 8, false, true}},
+                              0, 1);
+  auto serial = gpt_param_specs(cfg, StageLayout{0, 8, true, true}, 0, 1);
+  ASSERT_EQ(both.size(), serial.size());
+  for (std::size_t i = 0; i < both.size(); ++i) {
+    EXPECT_EQ(both[i].name, serial[i].name);
+    EXPECT_EQ(both[i].offset, serial[i].offset);
   }
 }

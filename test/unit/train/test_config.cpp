@@ -62,11 +62,13 @@ checkpoint_every = 0    # steps; 0: only at the end
 keep_checkpoints = 2
 resume = "auto"         # auto | none | path to a checkpoint
 init_weights = ""       # weights file to start from
+trace_step = 0          # write the pipeline trace of this optimizer step; 0: off
 
 [runtime]
 device = "cpu"          # cpu | cuda
 precision = "fp32"      # fp32 | tf32 | bf16 (cuda)
 threads = 0             # 0: cores / ranks on this node
+watchdog_s = 0.0        # abort when a pipeline wait exceeds this; 0: off
 )";
 
 // The message of the Error that parsing `text` with `overrides` throws ("" if none).
@@ -152,8 +154,9 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
       "seed = 1234", "eval_every = 0", "eval_batches = 4", "on_nonfinite = \"abort\"", "[data]", "train = \"\"",
       "valid = \"\"", "[io]", "out_dir = \"output/run\"", "checkpoint_every = 0",
-      "keep_checkpoints = 2", "resume = \"auto\"", "init_weights = \"\"", "[runtime]",
-      "device = \"cpu\"", "precision = \"fp32\"", "threads = 0"};
+      "keep_checkpoints = 2", "resume = \"auto\"", "init_weights = \"\"", "trace_step = 0",
+      "[runtime]", "device = \"cpu\"", "precision = \"fp32\"", "threads = 0",
+      "watchdog_s = 0.0"};
   std::size_t pos = 0;
   for (const std::string& l : lines) {
     const std::size_t at = text.find("\n" + l + "\n", pos);
@@ -395,6 +398,10 @@ TEST(ConfigErrors, Ranges) {
       {"io.keep_checkpoints=-1", "io.keep_checkpoints"},
       {"io.resume=\"\"", "io.resume"},
       {"runtime.threads=-2", "runtime.threads"},
+      {"io.trace_step=-1", "io.trace_step"},
+      {"io.trace_step=201", "io.trace_step"},  // above steps = 200
+      {"runtime.watchdog_s=-1", "runtime.watchdog_s"},
+      {"runtime.watchdog_s=inf", "runtime.watchdog_s"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.set);
@@ -405,7 +412,8 @@ TEST(ConfigErrors, Ranges) {
                                {"train.min_lr=3e-4", "train.warmup_steps=200", "train.beta1=0",
                                 "train.grad_clip=0", "train.weight_decay=0", "train.seed=0",
                                 "io.keep_checkpoints=0", "model.vocab_size=0",
-                                "parallel.dp=0", "runtime.threads=0"}));
+                                "parallel.dp=0", "runtime.threads=0", "io.trace_step=200",
+                                "runtime.watchdog_s=0.5"}));
   // The same rule from the file points at the key's line.
   expect_error("[train]\nsteps = 10\n\nlr = -1.0\n", {"deck.toml:4:1: train.lr: must be > 0"});
 }
@@ -444,7 +452,11 @@ TEST(ConfigErrors, Divisibility) {
   expect_error("", {"parallel.vpp=2"}, {"parallel.vpp = 2", "parallel.schedule", "\"1f1b\""});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.vpp=2", "parallel.pp=2",
                                               "parallel.schedule=interleaved-1f1b"}));
-  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.vpp=4", "parallel.schedule=looped-bfs"}));
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.vpp=2", "parallel.pp=2",
+                                              "parallel.schedule=looped-bfs"}));
+  // Chunks of one rank interleave over the pipeline ranks: vpp > 1 needs pp >= 2.
+  expect_error("", {"parallel.vpp=4", "parallel.schedule=looped-bfs"},
+               {"parallel.vpp = 4", "parallel.pp >= 2"});
   expect_error("[train]\nglobal_batch_size = 10\n",
                {"deck.toml:2:1: train.global_batch_size = 10",
                 "parallel.micro_batch_size = 4"});
@@ -512,6 +524,24 @@ TEST(ResolveWorld, FillsDpAndChecksTheLayout) {
   EXPECT_NE(msg.find("parallel.micro_batch_size * parallel.dp = 4 * 3 = 12"),
             std::string::npos)
       << msg;
+
+  // Interleaved 1F1B with vpp > 1 takes microbatches in groups of pp: 3 microbatches
+  // (24 / (4 * 2)) on pp = 2 do not group; 4 do (looped-bfs takes any count).
+  const std::vector<std::string> interleaved = {"parallel.pp=2", "parallel.vpp=2",
+                                                "parallel.schedule=interleaved-1f1b",
+                                                "train.global_batch_size=24"};
+  msg = error_of_world(parse_config("", "deck.toml", interleaved), 4);
+  EXPECT_NE(msg.find("deck.toml: parallel.schedule = \"interleaved-1f1b\" with parallel.vpp = 2"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("= 3) divisible by parallel.pp = 2"), std::string::npos) << msg;
+  EXPECT_EQ(error_of_world(parse_config("", "deck.toml", interleaved), 2), "");  // 6 microbatches
+  EXPECT_EQ(error_of_world(parse_config("", "deck.toml",
+                                        {"parallel.pp=2", "parallel.vpp=2",
+                                         "parallel.schedule=looped-bfs",
+                                         "train.global_batch_size=24"}),
+                           4),
+            "");
 
   EXPECT_THROW(microbatches_per_rank(parse_config("", "deck.toml")), Error);  // dp unresolved
 }
