@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "commands.hpp"
 #include "trident/io/dataset.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/wait.hpp"
+#include "trident/pipeline/executor.hpp"
 
 namespace trident::app {
 
@@ -43,6 +45,9 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     // Dimensions whose machinery is still to come fail clearly rather than silently.
     TRIDENT_CHECK(c.parallel.zero_stage == 0, c.source,
                   ": parallel.zero_stage = 1 is not available yet in this build");
+    // A malformed test fault (TRIDENT_FAULT, see pipeline/executor.hpp) fails here, agreed.
+    const char* fault = std::getenv("TRIDENT_FAULT");
+    pipeline::parse_fault(fault ? fault : "");
     const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
     s.ops = ops::make_ops(c.runtime.device, threads);
   });
