@@ -402,6 +402,8 @@ void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inpu
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = layer_activations(a, chunk, l, x);
     block_backward(first + l, x, dres, la, weight_grads ? nullptr : &a.grad_stash[l]);
+    // With weight_grads, block first + l's parameter gradients of this microbatch are
+    // complete here; without, only after backward_weights.
   }
   if (st.has_embedding) {
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
@@ -423,6 +425,7 @@ void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = layer_activations(a, chunk, l, x);
     block_backward_weights(first + l, x, la, a.grad_stash[l]);
+    // Block first + l's parameter gradients of this microbatch are complete here.
   }
 }
 
