@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "commands.hpp"
+#include "trident/core/fault.hpp"
 #include "trident/io/dataset.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/wait.hpp"
@@ -40,6 +42,8 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
       c.model.vocab_size = io::read_token_dataset_header(data).vocab_size;
     }
     train::resolve_world(c, world);
+    // A malformed test fault (TRIDENT_FAULT, core/fault.hpp) fails here, agreed.
+    fault::validate();
     const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
     s.ops = ops::make_ops(c.runtime.device, threads);
   });

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "trident/core/error.hpp"
+#include "trident/parallel/wait.hpp"
 
 namespace trident::parallel {
 
@@ -66,7 +67,19 @@ void Comm::allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Da
                      MPI_Op op) {
   if (size_ <= 1) return;
   count(2.0 * double(size_ - 1) / double(size_) * double(n * elem_bytes));
-  MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), type, op, comm_);
+  if (watchdog_seconds() <= 0) {
+    MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), type, op, comm_);
+    return;
+  }
+  // Under the watchdog (runtime.watchdog_s) a rank whose peer stopped names this wait.
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, data, as_count(n), type, op, comm_, &r);
+  wait(r, [&] {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    return str("rank ", world_rank, " (", name_, " rank ", rank_, ") waits in an allreduce of ",
+               n, " elements on communicator ", name_);
+  });
 }
 
 void Comm::allreduce_sum(float* d, std::int64_t n) { allreduce(d, n, 4, MPI_FLOAT, MPI_SUM); }

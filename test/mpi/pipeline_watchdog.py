@@ -6,7 +6,9 @@ TRIDENT_FAULT=stall:1:2 pipeline rank 1 sleeps before its first action of step 2
 runs F0 F1 and then waits in B0 for the gradient from pp rank 1. The job must end non-zero
 well within the time limit (the watchdog's 2 s plus start-up, far below the stall's hour),
 with one line on stderr naming rank 0, the action B0, the peer (pp rank 1) and the
-communicator (pp). Without the fault the same deck trains to the end under the watchdog.
+communicator (pp). At dp = 2 the same stall leaves rank 0 in the gradients' allreduce, and
+the line names that allreduce and the dp communicator. Without the fault the same deck
+trains to the end under the watchdog.
 TRIDENT_FAULT=exit:1:2 (rank 1 vanishes) also ends the job without a hang, and a
 malformed TRIDENT_FAULT is one `trident: error:` line.
 """
@@ -55,12 +57,25 @@ def main():
     t.check(any(l.startswith(want) for l in lines), f"stall: stderr names the action: '{want}'")
     t.check(len(lines) == 1, f"stall: one watchdog line ({len(lines)})")
 
+    # A stall seen from a collective: at dp = 2 (pp = 1) rank 0 finishes its backward and
+    # waits in the gradients' allreduce over dp.
+    rc, out, dt = mpirun(t, "stall:1:2", "stall_dp", ("--set", "parallel.pp=1",
+                                                      "--set", "parallel.dp=2"))
+    lines = [l for l in out.splitlines() if "watchdog" in l]
+    print("\n".join(lines) or out[-2000:])
+    want = "trident: error: watchdog: rank 0 (dp rank 0) waits in an allreduce of "
+    t.check(rc not in (None, 0) and dt < BUDGET_S and len(lines) == 1 and
+            lines[0].startswith(want) and "on communicator dp for more than" in lines[0],
+            f"stall at dp 2: the job ends in {dt:.1f} s (exit {rc}), naming the dp allreduce")
+
     rc, out, dt = mpirun(t, "exit:1:2", "exit")
     t.check(rc not in (None, 0) and dt < BUDGET_S, f"exit: the job ends non-zero in {dt:.1f} s (exit {rc})")
 
     rc, out, dt = mpirun(t, "stall:one:2", "bad")
-    t.check(rc not in (None, 0) and "trident: error: TRIDENT_FAULT = 'stall:one:2'" in out,
-            f"bad TRIDENT_FAULT: one error line (exit {rc})")
+    errs = [l for l in out.splitlines() if l.startswith("trident: error:")]
+    t.check(rc not in (None, 0) and len(errs) == 1 and
+            errs[0].startswith("trident: error: TRIDENT_FAULT = 'stall:one:2'"),
+            f"bad TRIDENT_FAULT: one error line (exit {rc}): {errs}")
 
     # Bad input that only the world size reveals: interleaved-1f1b with vpp = 2 needs the
     # microbatches per rank divisible by pp; 8 / (2 * 1) = 4 are, 6 / 2 = 3 are not.

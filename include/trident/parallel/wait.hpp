@@ -3,7 +3,8 @@
 // than the limit it prints one line to stderr,
 //   trident: error: watchdog: <description> for more than <limit> s; aborting the job
 // and calls MPI_Abort: a pipeline that stops moving ends the job with a diagnosis instead
-// of hanging until the batch system kills it. The description is the caller's (this
+// of hanging until the batch system kills it. Comm's allreduces wait here too (as
+// MPI_Iallreduce) when the limit is set. The description is the caller's (this
 // module knows nothing of what is being sent); it is built only when the limit is hit.
 // defines: trident::parallel::set_watchdog_seconds, watchdog_seconds, wait, wait_all
 #pragma once
