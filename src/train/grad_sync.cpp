@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "trident/core/error.hpp"
+#include "trident/core/log.hpp"
+#include "trident/parallel/wait.hpp"
 
 namespace trident::train {
 
@@ -102,8 +104,17 @@ void GradSync::finish() {
       start(int(i));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  wait_buckets("the DP gradient reduction (bucketed allreduce)");
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Under runtime.watchdog_s a DP peer that never arrives ends the job with a diagnosis.
+void GradSync::wait_buckets(const char* what) {
+  for (MPI_Request& r : requests_)
+    parallel::wait(r, [&] {
+      return str("rank ", log::rank(), " (dp rank ", dp_.rank(), ") waits in ", what,
+                 " on communicator ", dp_.name());
+    });
 }
 
 float* GradSync::grad_base() { return zero_ ? shard_grads_.data() : chunk_.grads(); }
@@ -115,7 +126,7 @@ void GradSync::gather_params() {
     requests_[i] = dp_.iall_gather_inplace(chunk_.params() + b.offset, b.counts.data(),
                                            b.displs.data(), b.n);
   }
-  MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  wait_buckets("the ZeRO-1 parameter all-gather (bucketed)");
 }
 
 void GradSync::gather_full(const float* shard, float* full) {
@@ -129,7 +140,7 @@ void GradSync::gather_full(const float* shard, float* full) {
     std::copy(shard + b.shard, shard + b.shard + b.counts[r], full + b.offset + b.displs[r]);
     requests_[i] = dp_.iall_gather_inplace(full + b.offset, b.counts.data(), b.displs.data(), b.n);
   }
-  MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  wait_buckets("the ZeRO-1 moment all-gather of a checkpoint");
 }
 
 void GradSync::scatter_full(const float* full, float* shard) const {

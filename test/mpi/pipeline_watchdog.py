@@ -58,12 +58,12 @@ def main():
     t.check(len(lines) == 1, f"stall: one watchdog line ({len(lines)})")
 
     # A stall seen from a collective: at dp = 2 (pp = 1) rank 0 finishes its backward and
-    # waits in the gradients' allreduce over dp.
+    # waits for the gradients' bucketed allreduce over dp (train/grad_sync).
     rc, out, dt = mpirun(t, "stall:1:2", "stall_dp", ("--set", "parallel.pp=1",
                                                       "--set", "parallel.dp=2"))
     lines = [l for l in out.splitlines() if "watchdog" in l]
     print("\n".join(lines) or out[-2000:])
-    want = "trident: error: watchdog: rank 0 (dp rank 0) waits in an allreduce of "
+    want = "trident: error: watchdog: rank 0 (dp rank 0) waits in the DP gradient reduction "
     t.check(rc not in (None, 0) and dt < BUDGET_S and len(lines) == 1 and
             lines[0].startswith(want) and "on communicator dp for more than" in lines[0],
             f"stall at dp 2: the job ends in {dt:.1f} s (exit {rc}), naming the dp allreduce")

@@ -96,6 +96,8 @@ class GradSync {
   double time_alone();
 
  private:
+  void wait_buckets(const char* what);  // every request, under the watchdog
+
   struct Bucket {
     std::int64_t offset = 0, n = 0;       // flat range
     int first_spec = 0, last_spec = 0;    // spec indices [first, last)
