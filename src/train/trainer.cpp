@@ -10,6 +10,7 @@
 #include "trident/core/error.hpp"
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
+#include "trident/parallel/cuda_aware.hpp"
 #include "trident/pipeline/simulator.hpp"
 #include "trident/io/trace.hpp"
 #include "trident/train/lr_schedule.hpp"
@@ -156,6 +157,10 @@ void Trainer::report_startup() {
                     ? " (ZeRO-1 is a no-op at dp = 1)"
                     : "");
   log::info(line);
+  log::info("trident: kernels on ", ops_.name(), ", MPI ",
+            parallel::mpi_cuda_aware() ? "CUDA-aware (device buffers are sent as they are)"
+                                       : "not CUDA-aware (device buffers would be staged through "
+                                         "host memory)");
 }
 
 StepStats Trainer::optimizer_step(std::int64_t step, double loss) {

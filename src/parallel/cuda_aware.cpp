@@ -1,0 +1,21 @@
+// Whether the MPI library is CUDA-aware (see trident/parallel/cuda_aware.hpp).
+#include "trident/parallel/cuda_aware.hpp"
+
+#include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+namespace trident::parallel {
+
+bool mpi_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  // Built with CUDA support; the running library (and its transports) may still say no.
+  static const bool aware = MPIX_Query_cuda_support() == 1;
+  return aware;
+#else
+  return false;
+#endif
+}
+
+}  // namespace trident::parallel
