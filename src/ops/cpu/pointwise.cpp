@@ -3,9 +3,10 @@
 // defines: CpuOps::gelu_forward, gelu_backward, add, scale, sum_squares, fill, copy, adamw
 #include "cpu_ops.hpp"
 
+#include "trident/ops/adamw.hpp"
+
 #include <omp.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -15,19 +16,6 @@ namespace trident::ops::cpu {
 namespace {
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluC = 0.044715f;
-
-// The decimal a float was most likely written as: the shortest digits that read back as
-// the same float (0.999f -> 0.999), as a double. AdamW's hyperparameters reach us as
-// floats, but torch forms 1 - beta2 in double: 1 - double(0.999f) is 1.3e-5 away from
-// 1 - 0.999, which would put exp_avg_sq 1.3e-5 (relative) off torch's.
-double decimal_of(float x) {
-  char buf[32];
-  const auto w = std::to_chars(buf, buf + sizeof buf, x);
-  double d = x;
-  if (w.ec == std::errc()) std::from_chars(buf, w.ptr, d);
-  return d;
-}
-
 
 // GELU (tanh form) written as y = x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3):
 // 0.5 (1 + tanh u) = 1 / (1 + e^{-2u}). Same function, but 1 + tanh u never cancels for
@@ -140,14 +128,12 @@ void adamw_slab(float* p, const float* g, float* m, float* v, float beta1, float
 void CpuOps::adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
                    float beta1, float beta2, float eps, float weight_decay, float bc1,
                    float bc2) {
-  const double lr_d = decimal_of(lr);
-  const float decay = static_cast<float>(1.0 - lr_d * decimal_of(weight_decay));
-  const float omb1 = static_cast<float>(1.0 - decimal_of(beta1));
-  const float omb2 = static_cast<float>(1.0 - decimal_of(beta2));
-  const float step = static_cast<float>(lr_d / double(bc1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(double(bc2)));
+  // torch forms 1 - beta2 in double from the decimal: 1 - double(0.999f) is 1.3e-5 away
+  // from 1 - 0.999, which would put exp_avg_sq 1.3e-5 (relative) off torch's.
+  const AdamWScalars s = adamw_scalars(lr, beta1, beta2, weight_decay, bc1, bc2);
   parallel_slabs(team(n), n, 16, [&](std::int64_t lo, std::int64_t hi) {
-    adamw_slab(p, g, m, v, beta1, beta2, omb1, omb2, eps, decay, step, bc2_sqrt, lo, hi);
+    adamw_slab(p, g, m, v, beta1, beta2, s.omb1, s.omb2, eps, s.decay, s.step, s.bc2_sqrt, lo,
+               hi);
   });
 }
 
