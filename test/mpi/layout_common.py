@@ -34,6 +34,7 @@ out_dir = "run"
 resume = "none"
 [runtime]
 threads = 1
+watchdog_s = 120   # a hang fails the test naming the rank, the action and the peer
 """
 
 
