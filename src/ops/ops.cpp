@@ -23,31 +23,34 @@ Precision parse_precision(const std::string& name) {
   fail("precision \"", name, "\": expected \"fp32\", \"tf32\" or \"bf16\"");
 }
 
-std::unique_ptr<Ops> make_ops(const std::string& device, int threads) {
-  return make_ops(device, threads, Precision::fp32);
+std::unique_ptr<Ops> make_ops(const std::string& device, int threads, Precision precision) {
+  BackendOptions options;
+  options.device = device;
+  options.threads = threads;
+  options.precision = precision;
+  return make_ops(options);
 }
 
-std::unique_ptr<Ops> make_ops(const std::string& device, int threads, Precision precision) {
-  if (device == "cpu") {
-    TRIDENT_CHECK(precision == Precision::fp32, "runtime.device = \"cpu\" computes in fp32 only, "
-                  "not ", precision_name(precision), " (tf32 and bf16 are for \"cuda\")");
-    return make_cpu_ops(threads);
+std::unique_ptr<Ops> make_ops(const BackendOptions& o) {
+  if (o.device == "cpu" || o.device == "cpu-guarded") {
+    TRIDENT_CHECK(o.precision == Precision::fp32, "runtime.device = \"", o.device,
+                  "\" computes in fp32 only, not ", precision_name(o.precision),
+                  " (tf32 and bf16 are for \"cuda\")");
+    if (o.device == "cpu") return make_cpu_ops(o.threads);
+    return make_guarded_ops(o.threads, o.arena_bytes ? o.arena_bytes : std::size_t(2) << 30);
   }
-  if (device == "cuda") {
+  if (o.device == "cuda") {
 #ifdef TRIDENT_HAVE_CUDA
-    int n = cuda_device_count();
-    TRIDENT_CHECK(n > 0, "runtime.device = \"cuda\" but no CUDA GPU is visible to this rank");
-    // The backend works on device memory (make_cuda_ops, trident/ops/cuda.hpp), but the model,
-    // pipeline and I/O still hand the ops host buffers: refuse clearly until they keep their
-    // buffers on the device; then this line becomes `return make_cuda_ops(precision);`.
-    fail("runtime.device = \"cuda\" (", precision_name(precision), "): the CUDA kernels are "
-         "built, but the model does not keep its buffers on the GPU yet; use \"cpu\"");
+    TRIDENT_CHECK(cuda_device_count() > 0,
+                  "runtime.device = \"cuda\" but no CUDA GPU is visible to this rank");
+    cuda_select_device(o.local_rank, o.local_size);
+    return make_cuda_ops(o.precision, o.arena_bytes, o.local_size);
 #else
     fail("runtime.device = \"cuda\" but this trident was built without CUDA "
          "(reconfigure with -DTRIDENT_CUDA=ON where nvcc is installed)");
 #endif
   }
-  fail("runtime.device = \"", device, "\": expected \"cpu\" or \"cuda\"");
+  fail("runtime.device = \"", o.device, "\": expected \"cpu\", \"cuda\" or \"cpu-guarded\"");
 }
 
 }  // namespace trident::ops

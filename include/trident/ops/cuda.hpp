@@ -29,9 +29,12 @@ int cuda_device_count();
 int cuda_select_device(int local_rank, int local_size = 0);
 
 // The CUDA backend on the calling thread's current device. Every pointer it is given must be
-// device memory of that device (cudaMalloc / DeviceArena), including the token and target
-// arrays. An Error when no device is visible.
-std::unique_ptr<Ops> make_cuda_ops(Precision precision = Precision::fp32);
+// device memory of that device (its memory(), a DeviceArena), including the token and target
+// arrays. memory() is one arena of arena_bytes (0: 90% of the device's free memory divided by
+// ranks_per_device, the ranks of this node sharing the GPU). An Error when no device is
+// visible.
+std::unique_ptr<Ops> make_cuda_ops(Precision precision = Precision::fp32,
+                                   std::size_t arena_bytes = 0, int ranks_per_device = 1);
 
 // DeviceArena: one cudaMalloc of `bytes` on the current device, handed out by bump
 // allocation (each block aligned to 256 bytes); reset() takes everything back at once. Never

@@ -1,7 +1,8 @@
 // trident/ops/ops.hpp — the kernels one training step needs, behind one backend-neutral
 // interface. Model code calls these and nothing else; only ops/cpu (OpenBLAS + OpenMP) and
-// ops/cuda (cuBLAS + CUDA kernels) implement them. Pointers are memory of the backend's
-// device. Everything is row-major fp32.
+// ops/cuda (cuBLAS + CUDA kernels) implement them (and "cpu-guarded", the CPU kernels on
+// guarded memory, for tests). Pointers are memory of the backend's device: memory() is where
+// it comes from (null for the CPU backend: host memory). Everything is row-major fp32.
 //
 // Dimension legend: B = micro-batch, T = sequence length, C = channels (of this rank's
 // shard where TP splits them), NH = heads (on this rank), hs = C / NH, V = vocabulary
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "trident/core/buffer.hpp"
+#include "trident/core/device_memory.hpp"
 
 namespace trident::ops {
 
@@ -27,6 +29,10 @@ class Ops {
   virtual ~Ops() = default;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
+  // The device memory every pointer given to an op must point into; nullptr when the backend
+  // works on host memory (the CPU). Buffers made with it (FloatBuffer(n, ops.memory())) are
+  // the backend's memory either way.
+  virtual DeviceMemory* memory() { return nullptr; }
 
   // ---- matrix products ------------------------------------------------------------
   // C[m,n] = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; row-major, leading dims
@@ -130,11 +136,26 @@ Precision parse_precision(const std::string& name);
 
 // threads: OpenMP and BLAS threads this rank uses (>= 1).
 std::unique_ptr<Ops> make_cpu_ops(int threads);
-// make_ops("cpu" | "cuda", threads): a clear Error when the backend is not available.
-std::unique_ptr<Ops> make_ops(const std::string& device, int threads);
-// The same with a precision for the matrix products; "cpu" accepts fp32 only. "cuda" is
-// refused with a clear Error until the model keeps its buffers on the device (the backend
-// itself: make_cuda_ops in trident/ops/cuda.hpp).
-std::unique_ptr<Ops> make_ops(const std::string& device, int threads, Precision precision);
+// The CPU kernels on `arena_bytes` of guarded device memory (ops/cpu/guarded_ops.cpp): a test
+// backend that fails at every missing host <-> device copy.
+std::unique_ptr<Ops> make_guarded_ops(int threads, std::size_t arena_bytes);
+
+// What a rank asks of its backend at start-up.
+struct BackendOptions {
+  std::string device = "cpu";  // "cpu" | "cuda" | "cpu-guarded"
+  int threads = 1;             // OpenMP/BLAS threads (cpu, cpu-guarded)
+  Precision precision = Precision::fp32;
+  int local_rank = 0;  // rank within the node: cuda uses GPU local_rank % (GPUs on the node)
+  int local_size = 1;  // ranks on the node (ranks sharing a GPU split its memory)
+  // Device arena: 0 = cuda: 90% of the GPU's free memory / the ranks sharing it;
+  // cpu-guarded: 2 GiB of address space (reserved, committed only as used).
+  std::size_t arena_bytes = 0;
+};
+// The backend `options` names; a clear Error when it is not available (no GPU, built without
+// CUDA, a precision the backend lacks: "cpu" and "cpu-guarded" are fp32 only).
+std::unique_ptr<Ops> make_ops(const BackendOptions& options);
+// make_ops for device "cpu" | "cuda" | "cpu-guarded" with everything else default.
+std::unique_ptr<Ops> make_ops(const std::string& device, int threads,
+                              Precision precision = Precision::fp32);
 
 }  // namespace trident::ops

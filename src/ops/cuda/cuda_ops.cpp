@@ -204,7 +204,8 @@ void CudaOps::adamw(float* p, const float* g, float* m, float* v, std::int64_t n
 
 // ---- public entry points (trident/ops/cuda.hpp) --------------------------------------------
 
-std::unique_ptr<Ops> make_cuda_ops(Precision precision) {
+std::unique_ptr<Ops> make_cuda_ops(Precision precision, std::size_t /*arena_bytes*/,
+                                   int /*ranks_per_device*/) {
   TRIDENT_CHECK(cuda_device_count() > 0, "cuda: no CUDA GPU is visible to this process");
   return std::make_unique<cuda::CudaOps>(precision);
 }

@@ -1,0 +1,50 @@
+// trident/core/device_memory.hpp — memory of an accelerator, which host code may not read or
+// write directly, and the copies in and out of it. A backend with such memory (ops/cuda; the
+// test backend "cpu-guarded") hands out a DeviceMemory; the model's Buffers are carved from it
+// and every host <-> device crossing (initial weights, tokens, the loss, checkpoints, MPI
+// without CUDA support) goes through to_host / to_device. The CPU backend has none (nullptr):
+// its buffers are host memory and every copy helper below is a memcpy.
+// defines: trident::DeviceMemory, copy_to_host, copy_to_device, holds_device
+#pragma once
+
+#include <cstddef>
+
+namespace trident {
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // Where the memory is, for messages ("cuda:0 (NVIDIA H200)", "cpu-guarded").
+  virtual const char* where() const = 0;
+
+  // `bytes` of device memory from the arena made at start-up (never a new cudaMalloc): a
+  // distinct block aligned to 256 bytes, not initialized. An Error naming the sizes when the
+  // arena is full. release(nullptr) does nothing.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  // Whether p points into this device memory.
+  virtual bool holds(const void* p) const = 0;
+  virtual std::size_t capacity() const = 0;
+  virtual std::size_t used() const = 0;
+
+  // Copies between host and device memory, after all device work queued before them; they
+  // return when the copy is complete (the host side may be reused or read at once).
+  virtual void to_device(void* device_dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* device_src, std::size_t bytes) = 0;
+  // Waits for all queued device work: before MPI reads device memory directly.
+  virtual void synchronize() = 0;
+
+  // Host memory the device copies to and from fastest (pinned, page-locked on CUDA).
+  virtual void* allocate_host(std::size_t bytes) = 0;
+  virtual void release_host(void* p) noexcept = 0;
+};
+
+// True when `mem` is set and p is its memory.
+inline bool holds_device(const DeviceMemory* mem, const void* p) {
+  return mem != nullptr && p != nullptr && mem->holds(p);
+}
+// Copies that take any mix of host memory and mem's memory (mem may be null: all host).
+void copy_to_host(DeviceMemory* mem, void* host_dst, const void* src, std::size_t bytes);
+void copy_to_device(DeviceMemory* mem, void* dst, const void* host_src, std::size_t bytes);
+
+}  // namespace trident
