@@ -42,8 +42,11 @@ FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std:
                   cfg.parallel.micro_batch_size, " over dp = ", tr.state().shape.dp);
   });
   parallel::agree(MPI_COMM_WORLD, [&] {
-    io::read_weights(weights, MPI_COMM_WORLD, cfg.model, tr.model().specs(), tr.model().params(),
+    model::GptChunk& m = tr.model();
+    HostMirror params(m.memory(), m.params(), m.num_params(), false);
+    io::read_weights(weights, MPI_COMM_WORLD, cfg.model, m.specs(), params.data(),
                      train::shard_role(tr.state()));
+    params.commit();
   });
   const std::int64_t first = tr.local_first(fb.batch.batch) * cfg.model.seq_len;
   fb.inputs = fb.batch.inputs.data() + first;
@@ -61,8 +64,10 @@ int run_grad(const DeckArgs& args, const std::string& weights, const std::string
   const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
   tr.gather_gradients();
   tr.write_trace();  // io.trace_step = 1: the pipeline trace of this one step
-  io::write_grad_dump(out, MPI_COMM_WORLD, s.cfg.model, tr.model().specs(), tr.model().grads(),
-                      loss, train::shard_role(s.ps));
+  model::GptChunk& m = tr.model();
+  HostMirror grads(m.memory(), m.grads(), m.num_params(), true);
+  io::write_grad_dump(out, MPI_COMM_WORLD, s.cfg.model, m.specs(), grads.data(), loss,
+                      train::shard_role(s.ps));
   log::info("loss ", loss, " -> ", out);
   return 0;
 }
@@ -81,8 +86,10 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
     log::info("step ", k, " | loss ", st.loss, " | grad norm ", st.grad_norm, " | lr ", st.lr);
   }
   // Every rank holds the same losses, as the collective attribute write needs.
+  model::GptChunk& m = tr.model();
+  HostMirror params(m.memory(), m.params(), m.num_params(), true);
   io::write_tensor_file(out, MPI_COMM_WORLD, io::kWeightsFormat, "model", s.cfg.model,
-                        tr.model().specs(), tr.model().params(), train::shard_role(s.ps),
+                        m.specs(), params.data(), train::shard_role(s.ps),
                         [&](const io::h5::File& f) {
                           io::h5::write_attr_doubles(f, "losses", losses);
                           io::h5::write_attr_doubles(f, "grad_norms", norms);
@@ -93,8 +100,10 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
 int run_init(const DeckArgs& args, const std::string& out) {
   Session s = open_session(args, "");
   train::Trainer tr(s.cfg, s.ps, *s.ops);
-  tr.model().init_weights(std::uint64_t(s.cfg.train.seed));
-  io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, tr.model().specs(), tr.model().params(),
+  model::GptChunk& m = tr.model();
+  m.init_weights(std::uint64_t(s.cfg.train.seed));
+  HostMirror params(m.memory(), m.params(), m.num_params(), true);
+  io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, m.specs(), params.data(),
                     train::shard_role(s.ps));
   log::info("initialized weights (seed ", s.cfg.train.seed, ") -> ", out);
   return 0;

@@ -9,6 +9,7 @@
 #include "trident/core/fault.hpp"
 #include "trident/io/dataset.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/cuda_aware.hpp"
 #include "trident/parallel/wait.hpp"
 
 namespace trident::app {
@@ -25,11 +26,14 @@ int default_threads(int local_ranks) {
   return std::max(1, std::min(allowed, online / std::max(1, local_ranks)));
 }
 
+bool c_is_cuda(const train::Config& c) { return c.runtime.device == "cuda"; }
+
 }  // namespace
 
 Session open_session(const DeckArgs& args, const std::string& vocab_from) {
   Session s;
   const int local_ranks = parallel::node_local_size();
+  const int local_rank = parallel::node_local_rank();
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   parallel::agree(MPI_COMM_WORLD, [&] {
@@ -44,12 +48,21 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     train::resolve_world(c, world);
     // A malformed test fault (TRIDENT_FAULT, core/fault.hpp) fails here, agreed.
     fault::validate();
-    const int threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
-    s.ops = ops::make_ops(c.runtime.device, threads);
+    ops::BackendOptions backend;
+    backend.device = c.runtime.device;
+    backend.threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
+    backend.precision = ops::parse_precision(c.runtime.precision);
+    backend.local_rank = local_rank;
+    backend.local_size = local_ranks;
+    s.ops = ops::make_ops(backend);
   });
   parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);
   s.ps = parallel::make_parallel_state(
       parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp});
+  // Device buffers reach MPI directly when it is CUDA-aware ("cuda" only: the guarded test
+  // backend always stages), else through host memory.
+  s.ps.use_device_memory(s.ops->memory(),
+                         c_is_cuda(s.cfg) && parallel::mpi_cuda_aware());
   return s;
 }
 

@@ -1,7 +1,9 @@
 // Host/device copy helpers (see trident/core/device_memory.hpp).
 #include "trident/core/device_memory.hpp"
 
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace trident {
 
@@ -19,6 +21,23 @@ void copy_to_device(DeviceMemory* mem, void* dst, const void* host_src, std::siz
     mem->to_device(dst, host_src, bytes);
   else if (dst != host_src)
     std::memcpy(dst, host_src, bytes);
+}
+
+HostMirror::HostMirror(DeviceMemory* mem, float* data, std::int64_t n, bool fill)
+    : mem_(mem), device_(data), host_(data), bytes_(std::size_t(n) * sizeof(float)),
+      owned_(holds_device(mem, data)) {
+  if (!owned_) return;
+  host_ = static_cast<float*>(std::malloc(bytes_ ? bytes_ : 1));
+  if (!host_) throw std::bad_alloc();
+  if (fill) mem_->to_host(host_, device_, bytes_);
+}
+
+HostMirror::~HostMirror() {
+  if (owned_) std::free(host_);
+}
+
+void HostMirror::commit() {
+  if (owned_) mem_->to_device(device_, host_, bytes_);
 }
 
 }  // namespace trident

@@ -54,10 +54,8 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
 
   specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
-  params_ = FloatBuffer(num_params_);
-  grads_ = FloatBuffer(num_params_);
-  params_.zero();
-  grads_.zero();
+  params_ = buffer(num_params_);
+  grads_ = buffer(num_params_);
   for (const StageLayout& c : chunks_)
     for (int l = c.first_layer; l < c.last_layer; ++l) {
       p_layers_.push_back(layer_params(params_.data(), l));
@@ -65,24 +63,53 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     }
 
   const std::int64_t N = std::int64_t(B_) * T_;
-  dres_ = FloatBuffer(N * C_);
-  dbuf_ = FloatBuffer(N * C_);
-  dqkv_ = FloatBuffer(N * C3_);
-  datt_ = FloatBuffer(std::int64_t(B_) * NH_ * T_ * T_);
-  dfch_ = FloatBuffer(N * F_);
-  dgelu_ = FloatBuffer(N * F_);
+  dres_ = buffer(N * C_);
+  dbuf_ = buffer(N * C_);
+  dqkv_ = buffer(N * C3_);
+  datt_ = buffer(std::int64_t(B_) * NH_ * T_ * T_);
+  dfch_ = buffer(N * F_);
+  dgelu_ = buffer(N * F_);
   if (tpm_.sequence_parallel()) {
-    full_scratch_ = FloatBuffer(N * C_);
-    local_scratch_ = FloatBuffer(std::int64_t(Nr_) * C_);
+    full_scratch_ = buffer(N * C_);
+    local_scratch_ = buffer(std::int64_t(Nr_) * C_);
   }
   if (any_head(chunks_)) {
-    logits_ = FloatBuffer(N * Vl_);
-    row_max_ = FloatBuffer(N);
-    sumexp_ = FloatBuffer(2 * N);  // sumexp then target logit: one allreduce for both
-    token_loss_ = FloatBuffer(N);
+    logits_ = buffer(N * Vl_);
+    row_max_ = buffer(N);
+    sumexp_ = buffer(2 * N);  // sumexp then target logit: one allreduce for both
+    token_loss_ = buffer(N);
+    host_loss_.resize(std::size_t(N));
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
-  ln_discard_ = FloatBuffer(2 * std::int64_t(C_));
+  ln_discard_ = buffer(2 * std::int64_t(C_));
+}
+
+FloatBuffer GptChunk::buffer(std::int64_t n) const {
+  FloatBuffer b(std::size_t(n), ops_.memory());
+  zero(b);
+  return b;
+}
+
+void GptChunk::zero(FloatBuffer& b) const {
+  if (!b.empty()) ops_.fill(b.data(), 0.0f, std::int64_t(b.size()));
+}
+
+const std::int32_t* GptChunk::stage_tokens(IntBuffer& device, const std::int32_t* host) const {
+  if (!ops_.memory() || !host) return host;
+  const std::size_t n = std::size_t(B_) * std::size_t(T_);
+  if (device.size() < n) device = IntBuffer(n, ops_.memory());
+  copy_to_device(ops_.memory(), device.data(), host, n * sizeof(std::int32_t));
+  return device.data();
+}
+
+void GptChunk::read_params(float* host) const {
+  copy_to_host(ops_.memory(), host, params_.data(), std::size_t(num_params_) * sizeof(float));
+}
+void GptChunk::write_params(const float* host) {
+  copy_to_device(ops_.memory(), params_.data(), host, std::size_t(num_params_) * sizeof(float));
+}
+void GptChunk::read_grads(float* host) const {
+  copy_to_host(ops_.memory(), host, grads_.data(), std::size_t(num_params_) * sizeof(float));
 }
 
 const ShardSpec& GptChunk::spec(const std::string& name) const {
@@ -106,8 +133,9 @@ GptChunk::LayerParams GptChunk::layer_params(float* base, int l) const {
 }
 
 void GptChunk::init_weights(std::uint64_t seed) {
+  std::vector<float> host(std::size_t(num_params_), 0.0f);  // drawn here, then copied over
   for (const auto& s : specs_) {
-    float* p = params_.data() + s.offset;
+    float* p = host.data() + s.offset;
     std::fill(p, p + s.local_numel(), 0.0f);  // TP padding rows stay 0
     if (s.init == Init::zeros) continue;
     if (s.init == Init::ones) {
@@ -120,9 +148,10 @@ void GptChunk::init_weights(std::uint64_t seed) {
       p[local] = float(sd * rng::normal(seed, key, std::uint64_t(global)));
     });
   }
+  write_params(host.data());
 }
 
-void GptChunk::zero_grads() { grads_.zero(); }
+void GptChunk::zero_grads() { zero(grads_); }
 
 std::int64_t GptChunk::layer_store_size() const {
   const std::int64_t N = std::int64_t(B_) * T_;
@@ -135,8 +164,7 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
                            int count) const {
   const std::int64_t N = std::int64_t(B_) * T_, Nr = Nr_;
   const std::int64_t Ca = C_ / ps_.tp.size();
-  store = FloatBuffer(layer_store_size() * count);
-  store.zero();
+  store = buffer(layer_store_size() * count);
   views.resize(count);
   float* p = store.data();
   auto take = [&p](std::int64_t n) {
@@ -166,18 +194,15 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
   const int L = L_;
   const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
   auto a = std::make_unique<ChunkActivations>();
-  a->input = FloatBuffer(NrC);
-  a->outputs = FloatBuffer(std::max(1, L) * NrC);
-  a->doutput = FloatBuffer(NrC);
-  a->dinput = FloatBuffer(NrC);
-  a->input.zero();
-  a->outputs.zero();
+  a->input = buffer(NrC);
+  a->outputs = buffer(std::max(1, L) * NrC);
+  a->doutput = buffer(NrC);
+  a->dinput = buffer(NrC);
   if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
   if (split_backward) {
     const std::int64_t Nr = Nr_;
     const std::int64_t per_layer = N * (2 * C_ + F_ + C3_) + 2 * Nr * C_;  // LayerGradStash
-    a->grad_store = FloatBuffer(std::max<std::int64_t>(1, per_layer * L));
-    a->grad_store.zero();
+    a->grad_store = buffer(std::max<std::int64_t>(1, per_layer * L));
     float* q = a->grad_store.data();
     auto take = [&q](std::int64_t k) {
       float* r = q;
@@ -195,9 +220,9 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
     }
   }
   if (head) {
-    a->lnf = FloatBuffer(N * C_);
-    a->lnf_mean = FloatBuffer(Nr_);
-    a->lnf_rstd = FloatBuffer(Nr_);
+    a->lnf = buffer(N * C_);
+    a->lnf_mean = buffer(Nr_);
+    a->lnf_rstd = buffer(Nr_);
   }
   return a;
 }
@@ -257,7 +282,8 @@ double GptChunk::forward(int chunk, ChunkActivations& a, const std::int32_t* inp
                          const std::int32_t* targets, float loss_scale, bool with_backward) {
   const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
-  if (st.has_embedding) embed_forward(a.input.data(), inputs, B_, T_);
+  if (st.has_embedding) embed_forward(a.input.data(), stage_tokens(a.tokens, inputs), B_, T_);
+  if (st.has_head) targets = stage_tokens(a.targets, targets);
   const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
@@ -291,8 +317,9 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
                    vocab_start_);
   ps_.tp.allreduce_sum(sumexp_.data(), 2 * std::int64_t(N));
   ops_.xent_loss(token_loss_.data(), row_max_.data(), sumexp, target_logit, N);
+  copy_to_host(ops_.memory(), host_loss_.data(), token_loss_.data(), std::size_t(N) * sizeof(float));
   double loss_sum = 0;
-  for (int i = 0; i < N; ++i) loss_sum += token_loss_[i];
+  for (int i = 0; i < N; ++i) loss_sum += host_loss_[std::size_t(i)];
   if (!with_backward) return loss_sum;
 
   // The head's backward right away: dlogits in place, then d lnf and d wte.
@@ -302,7 +329,7 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf_partial, C_);
   const float* dlnf = tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
   ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, a.lnf.data(), C_, 1.0f, dwte, C_);
-  a.doutput.zero();
+  zero(a.doutput);
   ops_.layernorm_backward(a.doutput.data(), tensor(grads_.data(), "ln_f.weight"),
                           tensor(grads_.data(), "ln_f.bias"), dlnf, x, lnf_w,
                           a.lnf_mean.data(), a.lnf_rstd.data(), Nr_, C_);
@@ -409,6 +436,7 @@ void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inpu
   if (st.has_embedding) {
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
     const float* demb = tpm_.leave_backward(dres, full_scratch_.data(), NC);
+    if (ops_.memory()) inputs = a.tokens.data();  // uploaded by this microbatch's forward
     ops_.embedding_backward(tensor(grads_.data(), "wte"), demb, inputs, B_ * T_, C_,
                             vocab_start_, Vl_);
     ops_.position_backward(tensor(grads_.data(), "wpe"), demb, B_, T_, C_);
@@ -441,7 +469,7 @@ void GptChunk::reduce_sequence_parallel_grads() {
       norms.push_back(&s);
       total += s.local_numel();
     }
-  if (sp_grad_pack_.size() < std::size_t(total)) sp_grad_pack_ = FloatBuffer(total);
+  if (sp_grad_pack_.size() < std::size_t(total)) sp_grad_pack_ = buffer(total);
   // One allreduce for all of them: pack, reduce, unpack.
   float* pack = sp_grad_pack_.data();
   for (const ShardSpec* s : norms) {
@@ -483,7 +511,9 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   if (!infer_acts_) infer_acts_ = make_activations();
   const std::int64_t tC = std::int64_t(t) * C_;
   ChunkActivations& a = *infer_acts_;
-  embed_forward(a.input.data(), tokens, 1, t);
+  std::vector<std::int32_t> context(std::size_t(B_) * std::size_t(T_), 0);  // B*T for staging
+  std::copy(tokens, tokens + t, context.begin());
+  embed_forward(a.input.data(), stage_tokens(a.tokens, context.data()), 1, t);
   // The chunks one after the other (all on this rank), each from the previous one's output.
   const float* x = a.input.data();
   for (int c = 0; c < num_chunks(); ++c) {
@@ -491,7 +521,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
       LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
       float* out = a.outputs.data() + l * tC;
       if (x == out) {  // the next chunk starts from the last output: move it to the input
-        std::copy(x, x + tC, a.input.data());
+        ops_.copy(a.input.data(), x, tC);
         x = a.input.data();
       }
       block_forward(c * L_ + l, x, out, la, 1, t);
@@ -504,7 +534,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
                          1, C_);
   ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, tensor(params_.data(), "wte"), C_,
             0.0f, logits_.data(), Vl_);
-  std::copy(logits_.data(), logits_.data() + v_valid_, logits);
+  copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
 }
 
 }  // namespace trident::model

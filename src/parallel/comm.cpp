@@ -42,7 +42,8 @@ Comm::Comm(Comm&& o) noexcept
       owned_(std::exchange(o.owned_, false)),
       rank_(o.rank_),
       size_(o.size_),
-      counters_(o.counters_) {}
+      counters_(o.counters_),
+      staging_(std::move(o.staging_)) {}
 
 Comm& Comm::operator=(Comm&& o) noexcept {
   if (this != &o) {
@@ -53,6 +54,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
     std::swap(rank_, tmp.rank_);
     std::swap(size_, tmp.size_);
     std::swap(counters_, tmp.counters_);
+    std::swap(staging_, tmp.staging_);
   }
   return *this;
 }
@@ -60,26 +62,38 @@ Comm& Comm::operator=(Comm&& o) noexcept {
 Comm Comm::split(int color, int key, std::string name) const {
   MPI_Comm out;
   MPI_Comm_split(comm_, color, key, &out);
-  return Comm(out, std::move(name), true);
+  Comm c(out, std::move(name), true);
+  c.staging_ = staging_;
+  return c;
+}
+
+void Comm::direct_only(const void* p, const char* call) const {
+  if (!staging_) return;
+  TRIDENT_CHECK(!staging_->staged(p), "Comm::", call, " on ", name_,
+                ": device memory and an MPI that is not CUDA-aware; the caller stages it");
+  staging_->sync_for_mpi(p);
 }
 
 void Comm::allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
                      MPI_Op op) {
   if (size_ <= 1) return;
   count(2.0 * double(size_ - 1) / double(size_) * double(n * elem_bytes));
+  HostStage stage(staging_.get(), data, std::size_t(n * elem_bytes), true, true);
   if (watchdog_seconds() <= 0) {
-    MPI_Allreduce(MPI_IN_PLACE, data, as_count(n), type, op, comm_);
+    MPI_Allreduce(MPI_IN_PLACE, stage.ptr(), as_count(n), type, op, comm_);
+    stage.finish();
     return;
   }
   // Under the watchdog (runtime.watchdog_s) a rank whose peer stopped names this wait.
   MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, data, as_count(n), type, op, comm_, &r);
+  MPI_Iallreduce(MPI_IN_PLACE, stage.ptr(), as_count(n), type, op, comm_, &r);
   wait(r, [&] {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     return str("rank ", world_rank, " (", name_, " rank ", rank_, ") waits in an allreduce of ",
                n, " elements on communicator ", name_);
   });
+  stage.finish();
 }
 
 void Comm::allreduce_sum(float* d, std::int64_t n) { allreduce(d, n, 4, MPI_FLOAT, MPI_SUM); }
@@ -90,22 +104,45 @@ void Comm::allreduce_max(int* d, std::int64_t n) {
   allreduce(d, n, std::int64_t(sizeof(int)), MPI_INT, MPI_MAX);
 }
 void Comm::reduce_scatter_sum(const float* full, float* shard, std::int64_t shard_n) {
+  TRIDENT_CHECK(size_ > 1 || shard == full || !staging_ || !staging_->on_device(full),
+                "Comm::reduce_scatter_sum on one rank copies host memory only");
   if (size_ <= 1) {
     if (shard != full) std::copy(full, full + shard_n, shard);
     return;
   }
   count(double(size_ - 1) * double(shard_n) * 4.0);
-  MPI_Reduce_scatter_block(full, shard, as_count(shard_n), MPI_FLOAT, MPI_SUM, comm_);
+  const std::size_t shard_bytes = std::size_t(shard_n) * 4;
+  HostStage in(staging_.get(), const_cast<float*>(full), shard_bytes * std::size_t(size_), true,
+               false, 0);
+  HostStage out(staging_.get(), shard, shard_bytes, false, true, 1);
+  MPI_Reduce_scatter_block(in.ptr(), out.ptr(), as_count(shard_n), MPI_FLOAT, MPI_SUM, comm_);
+  out.finish();
 }
 
 void Comm::all_gather_inplace(float* full, std::int64_t shard_n) {
   if (size_ <= 1) return;
   count(double(size_ - 1) * double(shard_n) * 4.0);
-  MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, as_count(shard_n), MPI_FLOAT, comm_);
+  HostStage stage(staging_.get(), full, std::size_t(shard_n) * 4 * std::size_t(size_), true,
+                  true);
+  MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, stage.ptr(), as_count(shard_n), MPI_FLOAT,
+                comm_);
+  stage.finish();
+}
+
+void Comm::all_gather(const float* shard, float* full, std::int64_t shard_n) {
+  TRIDENT_CHECK(size_ > 1, "Comm::all_gather on one rank");
+  count(double(size_ - 1) * double(shard_n) * 4.0);
+  const std::size_t shard_bytes = std::size_t(shard_n) * 4;
+  HostStage in(staging_.get(), const_cast<float*>(shard), shard_bytes, true, false, 0);
+  HostStage out(staging_.get(), full, shard_bytes * std::size_t(size_), false, true, 1);
+  MPI_Allgather(in.ptr(), as_count(shard_n), MPI_FLOAT, out.ptr(), as_count(shard_n), MPI_FLOAT,
+                comm_);
+  out.finish();
 }
 
 MPI_Request Comm::iallreduce_sum(float* data, std::int64_t n) {
   if (size_ <= 1) return MPI_REQUEST_NULL;
+  direct_only(data, "iallreduce_sum");
   count(2.0 * double(size_ - 1) / double(size_) * double(n) * 4.0);
   MPI_Request r;
   MPI_Iallreduce(MPI_IN_PLACE, data, as_count(n), MPI_FLOAT, MPI_SUM, comm_, &r);
@@ -114,7 +151,11 @@ MPI_Request Comm::iallreduce_sum(float* data, std::int64_t n) {
 
 MPI_Request Comm::ireduce_scatter_sum(const float* bucket, float* part, const int* counts,
                                       std::int64_t n) {
+  direct_only(bucket, "ireduce_scatter_sum");
+  direct_only(part, "ireduce_scatter_sum");
   if (size_ <= 1) {
+    TRIDENT_CHECK(!staging_ || !staging_->on_device(part),
+                  "Comm::ireduce_scatter_sum on one rank copies host memory only");
     std::copy(bucket, bucket + counts[0], part);
     return MPI_REQUEST_NULL;
   }
@@ -127,6 +168,7 @@ MPI_Request Comm::ireduce_scatter_sum(const float* bucket, float* part, const in
 MPI_Request Comm::iall_gather_inplace(float* bucket, const int* counts, const int* displs,
                                       std::int64_t n) {
   if (size_ <= 1) return MPI_REQUEST_NULL;
+  direct_only(bucket, "iall_gather_inplace");
   count(double(size_ - 1) / double(size_) * double(n) * 4.0);
   MPI_Request r;
   MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, bucket, counts, displs, MPI_FLOAT, comm_,
@@ -135,6 +177,7 @@ MPI_Request Comm::iall_gather_inplace(float* bucket, const int* counts, const in
 }
 
 MPI_Request Comm::isend(const float* data, std::int64_t n, int peer, int tag) {
+  direct_only(data, "isend");
   MPI_Request r;
   count(double(n) * 4.0);
   MPI_Isend(data, as_count(n), MPI_FLOAT, peer, tag, comm_, &r);
@@ -142,6 +185,7 @@ MPI_Request Comm::isend(const float* data, std::int64_t n, int peer, int tag) {
 }
 
 MPI_Request Comm::irecv(float* data, std::int64_t n, int peer, int tag) {
+  direct_only(data, "irecv");
   MPI_Request r;
   counters_.calls += 1;
   MPI_Irecv(data, as_count(n), MPI_FLOAT, peer, tag, comm_, &r);
@@ -151,12 +195,19 @@ MPI_Request Comm::irecv(float* data, std::int64_t n, int peer, int tag) {
 void Comm::broadcast(void* data, std::int64_t bytes, int root) {
   if (size_ <= 1) return;
   count(rank_ == root ? double(bytes) : 0.0);
-  MPI_Bcast(data, as_count(bytes), MPI_BYTE, root, comm_);
+  HostStage stage(staging_.get(), data, std::size_t(bytes), rank_ == root, rank_ != root);
+  MPI_Bcast(stage.ptr(), as_count(bytes), MPI_BYTE, root, comm_);
+  stage.finish();
 }
 void Comm::barrier() {
   if (size_ <= 1) return;
   count(0);
   MPI_Barrier(comm_);
+}
+
+void ParallelState::use_device_memory(DeviceMemory* memory, bool mpi_takes_device) {
+  auto staging = memory ? std::make_shared<DeviceStaging>(memory, mpi_takes_device) : nullptr;
+  for (Comm* c : {&world, &tp, &dp, &pp, &embedding}) c->set_staging(staging);
 }
 
 ParallelState make_parallel_state(const GridShape& shape) {
@@ -178,13 +229,20 @@ ParallelState make_parallel_state(const GridShape& shape) {
   return ps;
 }
 
-int node_local_size() {
+namespace {
+// (rank, size) within this node's ranks.
+std::pair<int, int> node_local() {
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int n = 1;
+  int r = 0, n = 1;
+  MPI_Comm_rank(node, &r);
   MPI_Comm_size(node, &n);
   MPI_Comm_free(&node);
-  return n;
+  return {r, n};
 }
+}  // namespace
+
+int node_local_size() { return node_local().second; }
+int node_local_rank() { return node_local().first; }
 
 }  // namespace trident::parallel

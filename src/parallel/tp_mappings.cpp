@@ -46,8 +46,7 @@ void TpMappings::leave_forward(float* partial, float* local, std::int64_t local_
 const float* TpMappings::leave_backward(const float* dlocal, float* dfull,
                                         std::int64_t local_n) {
   if (!sp_) return dlocal;
-  std::copy(dlocal, dlocal + local_n, local_part(dfull, local_n));
-  tp_.all_gather_inplace(dfull, local_n);
+  tp_.all_gather(dlocal, dfull, local_n);  // not in place: dlocal may be device memory
   return dfull;
 }
 

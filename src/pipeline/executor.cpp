@@ -33,6 +33,13 @@ Executor::Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule
   const int slots = std::max(1, peak_activations(schedule_.stages.at(stage_)));
   const bool split = splits_weight_grad(schedule_);  // B: input gradients; W: the weights'
   for (int i = 0; i < slots; ++i) pool_.push_back(chunk_.make_activations(-1, split));
+  const parallel::DeviceStaging* staging = ps_.pp.staging();
+  if (staging && chunk_.memory()) {
+    if (staging->mpi_takes_device())
+      send_memory_ = chunk_.memory();
+    else
+      recv_stage_ = FloatBuffer(std::size_t(chunk_.boundary_numel()));
+  }
 }
 
 int Executor::tag(int mb, int receiver_vstage, int dir) const {
@@ -56,11 +63,15 @@ void Executor::record(const Action& a, const char* cat, std::string name, double
 
 void Executor::receive(float* data, int from, int tag, const Action& a, const char* what) {
   const double t0 = tracing_ ? trace_now_us() : 0;
-  MPI_Request r = ps_.pp.irecv(data, chunk_.boundary_numel(), from, tag);
+  const std::int64_t n = chunk_.boundary_numel();
+  float* landing = recv_stage_.empty() ? data : recv_stage_.data();
+  MPI_Request r = ps_.pp.irecv(landing, n, from, tag);
   parallel::wait(r, [&] {
     return str("rank ", ps_.world_rank, " (pp rank ", stage_, ") in ", a.str(), " waits for the ",
                what, " from pp rank ", from, " on communicator ", ps_.pp.name());
   });
+  if (landing != data)
+    copy_to_device(chunk_.memory(), data, landing, std::size_t(n) * sizeof(float));
   record(a, "wait", "wait " + a.str(), t0, from, what);
 }
 
@@ -81,13 +92,16 @@ void Executor::send(const float* data, int to, int tag, const Action& a) {
   reap_sends();
   const std::int64_t n = chunk_.boundary_numel();
   if (free_send_buffers_.empty()) {
-    send_buffers_.emplace_back(n);
+    send_buffers_.emplace_back(std::size_t(n), send_memory_);
     free_send_buffers_.push_back(int(send_buffers_.size()) - 1);
   }
   const int b = free_send_buffers_.back();
   free_send_buffers_.pop_back();
   float* buf = send_buffers_[std::size_t(b)].data();
-  std::copy(data, data + n, buf);
+  if (send_memory_)
+    chunk_.ops().copy(buf, data, n);  // device to device (isend waits for the copy)
+  else
+    copy_to_host(chunk_.memory(), buf, data, std::size_t(n) * sizeof(float));
   sends_.push_back({ps_.pp.isend(buf, n, to, tag), a, to, b});
 }
 
@@ -187,7 +201,7 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
   // with several chunks per rank).
   if (ps_.shape.pp > 1 && ps_.embedding.size() > 1) {
     const model::ShardSpec& wte = chunk_.spec("wte");
-    ps_.embedding.allreduce_sum(chunk_.grads() + wte.offset, wte.local_numel());
+    ps_.embedding.allreduce_sum(chunk_.grads() + wte.offset, wte.local_numel());  // staged
   }
   return loss;
 }

@@ -551,7 +551,7 @@ class Loader {
            " must be <= train.steps = ", t.steps);
 
     // [runtime]
-    need_one_of(c.runtime.device, "runtime.device", {"cpu", "cuda"});
+    need_one_of(c.runtime.device, "runtime.device", {"cpu", "cuda", "cpu-guarded"});
     need_one_of(c.runtime.precision, "runtime.precision", {"fp32", "tf32", "bf16"});
     if (c.runtime.precision != "fp32" && c.runtime.device != "cuda")
       fail(where("runtime.precision", "runtime.device"), ": runtime.precision = ",

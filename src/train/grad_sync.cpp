@@ -11,6 +11,20 @@
 
 namespace trident::train {
 
+namespace {
+// n floats between any two of host memory and `mem` (device to device only in place).
+void copy_floats(DeviceMemory* mem, float* dst, const float* src, std::int64_t n) {
+  const std::size_t bytes = std::size_t(n) * sizeof(float);
+  if (dst == src || n == 0) return;
+  TRIDENT_CHECK(!(holds_device(mem, dst) && holds_device(mem, src)),
+                "grad sync: a device-to-device copy outside the ops");
+  if (holds_device(mem, dst))
+    copy_to_device(mem, dst, src, bytes);
+  else
+    copy_to_host(mem, dst, src, bytes);
+}
+}  // namespace
+
 std::vector<int> split_counts(std::int64_t n, int p) {
   std::vector<int> counts;
   for (int k = 0; k < p; ++k) counts.push_back(int(n / p + (k < n % p ? 1 : 0)));
@@ -57,7 +71,15 @@ GradSync::GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb,
     shard_numel_ += b.counts[mine];
   }
   if (!zero_) shard_numel_ = chunk.num_params();
-  if (zero_) shard_grads_ = FloatBuffer(shard_numel_);
+  if (zero_) {
+    shard_grads_ = FloatBuffer(std::size_t(shard_numel_), chunk.memory());
+    chunk.ops().fill(shard_grads_.data(), 0.0f, shard_numel_);
+  }
+  const parallel::DeviceStaging* staging = dp.staging();
+  if (active() && chunk.memory() && staging && !staging->mpi_takes_device()) {
+    host_grads_ = FloatBuffer(std::size_t(chunk.num_params()));
+    if (zero_) host_shard_ = FloatBuffer(std::size_t(shard_numel_));
+  }
   requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
 }
 
@@ -72,8 +94,13 @@ void GradSync::start(int i) {
   Bucket& b = buckets_[i];
   b.started = true;
   float* g = chunk_.grads() + b.offset;
-  requests_[i] = zero_ ? dp_.ireduce_scatter_sum(g, shard_grads_.data() + b.shard,
-                                                 b.counts.data(), b.n)
+  float* shard = zero_ ? shard_grads_.data() + b.shard : nullptr;
+  if (host_grads()) {  // through host memory: the bucket's gradients come down first
+    copy_floats(chunk_.memory(), host_grads() + b.offset, g, b.n);
+    g = host_grads() + b.offset;
+    if (zero_) shard = host_shard() + b.shard;
+  }
+  requests_[i] = zero_ ? dp_.ireduce_scatter_sum(g, shard, b.counts.data(), b.n)
                        : dp_.iallreduce_sum(g, b.n);
 }
 
@@ -105,6 +132,12 @@ void GradSync::finish() {
   }
   const auto t0 = std::chrono::steady_clock::now();
   wait_buckets("the DP gradient reduction (bucketed allreduce)");
+  if (host_grads()) {  // the reduced gradients (or this rank's shard of them) go back up
+    if (zero_)
+      copy_floats(chunk_.memory(), shard_grads_.data(), host_shard(), shard_numel_);
+    else
+      copy_floats(chunk_.memory(), chunk_.grads(), host_grads(), chunk_.num_params());
+  }
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -121,43 +154,54 @@ float* GradSync::grad_base() { return zero_ ? shard_grads_.data() : chunk_.grads
 
 void GradSync::gather_params() {
   if (!zero_) return;
+  float* params = chunk_.params();
+  float* target = host_grads() ? host_grads() : params;  // through host memory, or in place
+  const int r = dp_.rank();
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
-    requests_[i] = dp_.iall_gather_inplace(chunk_.params() + b.offset, b.counts.data(),
-                                           b.displs.data(), b.n);
+    const std::int64_t mine = b.offset + b.displs[std::size_t(r)];
+    copy_floats(chunk_.memory(), target + mine, params + mine, b.counts[std::size_t(r)]);
+    requests_[i] = dp_.iall_gather_inplace(target + b.offset, b.counts.data(), b.displs.data(),
+                                           b.n);
   }
   wait_buckets("the ZeRO-1 parameter all-gather (bucketed)");
+  copy_floats(chunk_.memory(), params, target, chunk_.num_params());
 }
 
 void GradSync::gather_full(const float* shard, float* full) {
-  if (!zero_) {
-    if (shard != full) std::copy(shard, shard + chunk_.num_params(), full);
-    return;
+  DeviceMemory* mem = chunk_.memory();
+  if (!zero_) return copy_floats(mem, full, shard, chunk_.num_params());
+  // Gathered in host memory (a checkpoint's or a gradient dump's way, not the step's), then
+  // copied to `full` when that is device memory.
+  FloatBuffer scratch;
+  float* target = full;
+  if (holds_device(mem, full)) {
+    scratch = FloatBuffer(std::size_t(chunk_.num_params()));
+    target = scratch.data();
   }
-  const int r = dp_.rank();
+  const std::size_t r = std::size_t(dp_.rank());
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
-    std::copy(shard + b.shard, shard + b.shard + b.counts[r], full + b.offset + b.displs[r]);
-    requests_[i] = dp_.iall_gather_inplace(full + b.offset, b.counts.data(), b.displs.data(), b.n);
+    copy_floats(mem, target + b.offset + b.displs[r], shard + b.shard, b.counts[r]);
+    requests_[i] =
+        dp_.iall_gather_inplace(target + b.offset, b.counts.data(), b.displs.data(), b.n);
   }
   wait_buckets("the ZeRO-1 moment all-gather of a checkpoint");
+  copy_floats(mem, full, target, chunk_.num_params());
 }
 
 void GradSync::scatter_full(const float* full, float* shard) const {
-  if (!zero_) {
-    if (shard != full) std::copy(full, full + chunk_.num_params(), shard);
-    return;
-  }
-  const int r = dp_.rank();
+  DeviceMemory* mem = chunk_.memory();
+  if (!zero_) return copy_floats(mem, shard, full, chunk_.num_params());
+  const std::size_t r = std::size_t(dp_.rank());
   for (const Bucket& b : buckets_)
-    std::copy(full + b.offset + b.displs[r], full + b.offset + b.displs[r] + b.counts[r],
-              shard + b.shard);
+    copy_floats(mem, shard + b.shard, full + b.offset + b.displs[r], b.counts[r]);
 }
 
 double GradSync::time_alone() {
   if (!active()) return 0;
-  FloatBuffer scratch(chunk_.num_params()), part(zero_ ? shard_numel_ : 1);
-  std::copy(chunk_.grads(), chunk_.grads() + chunk_.num_params(), scratch.data());
+  FloatBuffer scratch(chunk_.num_params()), part(zero_ ? shard_numel_ : 1);  // host memory
+  chunk_.read_grads(scratch.data());
   MPI_Barrier(dp_.raw());
   const auto t0 = std::chrono::steady_clock::now();
   for (const Bucket& b : buckets_) {

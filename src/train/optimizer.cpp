@@ -7,10 +7,11 @@ namespace trident::train {
 
 AdamW::AdamW(model::GptChunk& chunk, ops::Ops& ops, const Config::Train& settings,
              GradSync& sync)
-    : chunk_(chunk), ops_(ops), settings_(settings), sync_(sync), m_(sync.shard_numel()),
-      v_(sync.shard_numel()) {
-  m_.zero();
-  v_.zero();
+    : chunk_(chunk), ops_(ops), settings_(settings), sync_(sync),
+      m_(std::size_t(sync.shard_numel()), ops.memory()),
+      v_(std::size_t(sync.shard_numel()), ops.memory()) {
+  ops_.fill(m_.data(), 0.0f, sync.shard_numel());
+  ops_.fill(v_.data(), 0.0f, sync.shard_numel());
 }
 
 double AdamW::grad_norm(parallel::ParallelState& ps) const {

@@ -122,20 +122,31 @@ void run_training(Trainer& tr) {
   parallel::agree(MPI_COMM_WORLD, [&] {
     const auto t0 = std::chrono::steady_clock::now();
     if (resume) {
-      // Checkpoints hold full local moments; a ZeRO-1 rank keeps its shard of them.
+      // Checkpoints hold full local moments; a ZeRO-1 rank keeps its shard of them. All
+      // three come through host memory (copies when the backend's memory is a GPU's).
+      const std::int64_t n = model.num_params();
+      HostMirror params(model.memory(), model.params(), n, false);
       FloatBuffer m_full, v_full;
-      float *m = opt.exp_avg(), *v = opt.exp_avg_sq();
+      std::optional<HostMirror> m_own, v_own;
+      float *m = nullptr, *v = nullptr;
       if (sync.zero()) {
-        m_full = FloatBuffer(model.num_params());
-        v_full = FloatBuffer(model.num_params());
+        m_full = FloatBuffer(std::size_t(n));
+        v_full = FloatBuffer(std::size_t(n));
         m = m_full.data();
         v = v_full.data();
+      } else {
+        m = m_own.emplace(model.memory(), opt.exp_avg(), n, false).data();
+        v = v_own.emplace(model.memory(), opt.exp_avg_sq(), n, false).data();
       }
       io::CheckpointState st = io::read_checkpoint(*resume, MPI_COMM_WORLD, cfg.model,
-                                                   model.specs(), model.params(), m, v, role);
+                                                   model.specs(), params.data(), m, v, role);
+      params.commit();
       if (sync.zero()) {
         sync.scatter_full(m, opt.exp_avg());
         sync.scatter_full(v, opt.exp_avg_sq());
+      } else {
+        m_own->commit();
+        v_own->commit();
       }
       TRIDENT_CHECK(st.seed == std::uint64_t(cfg.train.seed), *resume, ": written with seed ",
                     st.seed, ", the deck has train.seed = ", cfg.train.seed,
@@ -144,8 +155,10 @@ void run_training(Trainer& tr) {
       opt.set_steps_taken(st.optimizer_steps);
       read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else if (!cfg.io.init_weights.empty()) {
+      HostMirror params(model.memory(), model.params(), model.num_params(), false);
       io::read_weights(cfg.io.init_weights, MPI_COMM_WORLD, cfg.model, model.specs(),
-                       model.params(), role);
+                       params.data(), role);
+      params.commit();
     } else {
       model.init_weights(std::uint64_t(cfg.train.seed));
     }
@@ -199,19 +212,26 @@ void run_training(Trainer& tr) {
     io::CheckpointState st{step, step * G, std::uint64_t(cfg.train.seed), to_toml(cfg),
                            opt.steps_taken()};
     last_saved = step;
-    // The file is layout-independent: ZeRO-1 shards are gathered into full local moments.
+    // The file is layout-independent: ZeRO-1 shards are gathered into full local moments,
+    // in host memory like the parameters.
+    const std::int64_t n = model.num_params();
+    HostMirror params(model.memory(), model.params(), n, true);
     FloatBuffer m_full, v_full;
-    const float *m = opt.exp_avg(), *v = opt.exp_avg_sq();
+    std::optional<HostMirror> m_own, v_own;
+    const float *m = nullptr, *v = nullptr;
     if (sync.zero()) {
-      m_full = FloatBuffer(model.num_params());
-      v_full = FloatBuffer(model.num_params());
+      m_full = FloatBuffer(std::size_t(n));
+      v_full = FloatBuffer(std::size_t(n));
       sync.gather_full(opt.exp_avg(), m_full.data());
       sync.gather_full(opt.exp_avg_sq(), v_full.data());
       m = m_full.data();
       v = v_full.data();
+    } else {
+      m = m_own.emplace(model.memory(), opt.exp_avg(), n, true).data();
+      v = v_own.emplace(model.memory(), opt.exp_avg_sq(), n, true).data();
     }
     const std::string path = io::write_checkpoint(ck_dir, MPI_COMM_WORLD, cfg.model,
-                                                  model.specs(), st, model.params(), m, v, role);
+                                                  model.specs(), st, params.data(), m, v, role);
     if (ps.world_rank == 0) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       log::info("checkpoint ", path, " (", rate(path, dt), ")");

@@ -157,10 +157,25 @@ void Trainer::report_startup() {
                     ? " (ZeRO-1 is a no-op at dp = 1)"
                     : "");
   log::info(line);
-  log::info("trident: kernels on ", ops_.name(), ", MPI ",
-            parallel::mpi_cuda_aware() ? "CUDA-aware (device buffers are sent as they are)"
-                                       : "not CUDA-aware (device buffers would be staged through "
-                                         "host memory)");
+  const DeviceMemory* mem = ops_.memory();
+  const parallel::DeviceStaging* staging = ps_.world.staging();
+  if (!mem) {
+    log::info("trident: kernels on ", ops_.name(), " (host memory), MPI ",
+              parallel::mpi_cuda_aware_library() ? "CUDA-aware" : "not CUDA-aware");
+    return;
+  }
+  std::snprintf(line, sizeof line, "%.1f of %.1f MiB", double(mem->used()) / 1048576.0,
+                double(mem->capacity()) / 1048576.0);
+  log::info("trident: kernels on ", ops_.name(), ", device memory ", mem->where(), ": ", line,
+            " of its arena in use; MPI ",
+            staging && staging->mpi_takes_device()
+                ? "CUDA-aware: device buffers are passed to MPI as they are"
+                : (parallel::mpi_cuda_aware_library() ? "CUDA-aware but told not to "
+                                                        "(TRIDENT_MPI_CUDA_AWARE=0 or a test "
+                                                        "device): device buffers are staged "
+                                                        "through host memory"
+                                                      : "not CUDA-aware: device buffers are "
+                                                        "staged through host memory"));
 }
 
 StepStats Trainer::optimizer_step(std::int64_t step, double loss) {

@@ -4,10 +4,11 @@
 // and every host <-> device crossing (initial weights, tokens, the loss, checkpoints, MPI
 // without CUDA support) goes through to_host / to_device. The CPU backend has none (nullptr):
 // its buffers are host memory and every copy helper below is a memcpy.
-// defines: trident::DeviceMemory, copy_to_host, copy_to_device, holds_device
+// defines: trident::DeviceMemory, copy_to_host, copy_to_device, holds_device, HostMirror
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace trident {
 
@@ -46,5 +47,29 @@ inline bool holds_device(const DeviceMemory* mem, const void* p) {
 // Copies that take any mix of host memory and mem's memory (mem may be null: all host).
 void copy_to_host(DeviceMemory* mem, void* host_dst, const void* src, std::size_t bytes);
 void copy_to_device(DeviceMemory* mem, void* dst, const void* host_src, std::size_t bytes);
+
+}  // namespace trident
+
+namespace trident {
+
+// n floats of `data` (mem's device memory, or host memory) seen from the host: `data` itself
+// when that is host memory, else a host copy, read from the device when `fill`; commit()
+// writes the copy back (nothing to do for host memory). For checkpoints and dumps.
+class HostMirror {
+ public:
+  HostMirror(DeviceMemory* mem, float* data, std::int64_t n, bool fill);
+  ~HostMirror();
+  HostMirror(const HostMirror&) = delete;
+  HostMirror& operator=(const HostMirror&) = delete;
+  float* data() { return host_; }
+  void commit();
+
+ private:
+  DeviceMemory* mem_;
+  float* device_;
+  float* host_;
+  std::size_t bytes_;
+  bool owned_;
+};
 
 }  // namespace trident

@@ -76,6 +76,8 @@ struct ChunkActivations {
   FloatBuffer lnf_mean, lnf_rstd;        // [Nr]
   FloatBuffer doutput;                   // [Nr,C] d loss / d chunk output
   FloatBuffer dinput;                    // [Nr,C] d loss / d chunk input (to send back)
+  IntBuffer tokens, targets;             // [B,T] device copies of the microbatch's tokens
+                                         // (empty when the backend works on host memory)
   FloatBuffer grad_store;                // split backward only: the layers' gradient stashes
   std::vector<LayerGradStash> grad_stash;  // views into grad_store, one per layer
   double loss_sum = 0;                   // sum of token losses (last stage)
@@ -104,9 +106,17 @@ class GptChunk {
   // pipeline sends between stages.
   std::int64_t boundary_numel() const { return std::int64_t(Nr_) * C_; }
   bool sequence_parallel() const { return tpm_.sequence_parallel(); }
+  // The flat buffers, in the backend's memory (device memory on a GPU: copy through
+  // read_params / write_params, or copy_to_host with memory()).
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   const float* params() const { return params_.data(); }
+  DeviceMemory* memory() const { return ops_.memory(); }
+  ops::Ops& ops() const { return ops_; }
+  // Host copies of the flat buffers in and out (plain copies on the CPU backend).
+  void read_params(float* host) const;
+  void write_params(const float* host);
+  void read_grads(float* host) const;
 
   // GPT-2 initialization from the counter-based RNG: normal(0, 0.02), residual
   // projections 0.02/sqrt(2*n_layer), biases 0, LayerNorm weights 1. Keyed by global
@@ -155,8 +165,8 @@ class GptChunk {
   using GradReadyHook = std::function<void(std::int64_t offset, std::int64_t count)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
-  // Inference (single stage and TP group of 1): logits [V] of the last position of
-  // tokens[0..t), 1 <= t <= seq_len.
+  // Inference (single stage and TP group of 1): logits [V] (host memory) of the last position
+  // of tokens[0..t) (host memory), 1 <= t <= seq_len.
   void logits_last(const std::int32_t* tokens, int t, float* logits);
 
  private:
@@ -167,6 +177,10 @@ class GptChunk {
   LayerParams layer_params(float* base, int l) const;  // l: global layer index
   float* tensor(float* base, const std::string& name) const;
   void bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views, int count) const;
+  FloatBuffer buffer(std::int64_t n) const;        // n floats of the backend's memory, zeroed
+  void zero(FloatBuffer& b) const;
+  // The tokens a kernel may read: `host` itself on a host backend, else its copy in `device`.
+  const std::int32_t* stage_tokens(IntBuffer& device, const std::int32_t* host) const;
   std::int64_t layer_store_size() const;
 
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
@@ -206,6 +220,7 @@ class GptChunk {
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
   FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
+  std::vector<float> host_loss_;  // token_loss_ on the host, to sum
   FloatBuffer recompute_store_;
   FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute

@@ -7,9 +7,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "trident/parallel/grid.hpp"
+#include "trident/parallel/staging.hpp"
 
 namespace trident::parallel {
 
@@ -26,6 +28,10 @@ struct CommCounters {
 // A communicator with a name ("world", "tp", "pp", "dp", "embedding"). Owns the MPI
 // handle it created (not MPI_COMM_WORLD). Collectives on a size-1 communicator return at
 // once without calling MPI or counting. A rank outside the group holds size 0.
+// Device memory (set_staging): the blocking collectives take device buffers and pass them to
+// MPI directly or through host memory (parallel/staging.hpp); the non-blocking ones and the
+// point-to-point calls take device buffers only when MPI is CUDA-aware (their callers, the
+// DP buckets and the pipeline, stage for themselves), else an Error.
 class Comm {
  public:
   Comm() = default;
@@ -46,6 +52,8 @@ class Comm {
   const std::string& name() const { return name_; }
   const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
+  void set_staging(std::shared_ptr<DeviceStaging> staging) { staging_ = std::move(staging); }
+  DeviceStaging* staging() const { return staging_.get(); }
 
   void allreduce_sum(float* data, std::int64_t n);
   void allreduce_sum(double* data, std::int64_t n);
@@ -57,6 +65,8 @@ class Comm {
   // each rank's own (its rows of `full` already hold it).
   void reduce_scatter_sum(const float* full, float* shard, std::int64_t shard_n);
   void all_gather_inplace(float* full, std::int64_t shard_n);
+  // The same from a separate `shard` (not read from `full`).
+  void all_gather(const float* shard, float* full, std::int64_t shard_n);
   // Non-blocking collectives over one bucket of a flat buffer (DP gradient sync, ZeRO-1);
   // the caller waits (MPI_Wait*). On a size-1 communicator they return MPI_REQUEST_NULL
   // at once (ireduce_scatter_sum copies this rank's part). Counted when started, with the
@@ -78,6 +88,8 @@ class Comm {
  private:
   void allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
                  MPI_Op op);
+  // A non-blocking call's device buffer: synced for a CUDA-aware MPI, refused otherwise.
+  void direct_only(const void* p, const char* call) const;
   void count(double bytes) {
     counters_.calls += 1;
     counters_.bytes += bytes;
@@ -88,6 +100,7 @@ class Comm {
   int rank_ = 0;
   int size_ = 1;
   CommCounters counters_;
+  std::shared_ptr<DeviceStaging> staging_;
 };
 
 // The parallel state passed explicitly to every layer (no globals).
@@ -98,6 +111,9 @@ struct ParallelState {
   Comm world, tp, dp, pp, embedding;
 
   bool first_stage() const { return coord.pp == 0; }
+  // The backend's device memory (null: host) and whether MPI takes device pointers: every
+  // communicator above stages accordingly.
+  void use_device_memory(DeviceMemory* memory, bool mpi_takes_device);
   bool last_stage() const { return coord.pp == shape.pp - 1; }
 };
 
@@ -107,5 +123,7 @@ ParallelState make_parallel_state(const GridShape& shape);
 
 // Ranks of this job on this rank's node (MPI_COMM_TYPE_SHARED); collective on world.
 int node_local_size();
+// This rank's index among them (picks its GPU); collective on world.
+int node_local_rank();
 
 }  // namespace trident::parallel

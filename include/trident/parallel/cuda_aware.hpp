@@ -3,12 +3,15 @@
 // from <mpi-ext.h>; an MPI built without CUDA support, or one that has no such query, is
 // taken as not CUDA-aware. Asked once (the answer is cached). With device buffers
 // (runtime.device = "cuda") a CUDA-aware MPI is handed them as they are; any other MPI
-// gets host copies (ops/cuda's cuda_download/cuda_upload stage them).
-// defines: trident::parallel::mpi_cuda_aware
+// gets host copies (parallel/staging.hpp). TRIDENT_MPI_CUDA_AWARE=0 in the environment
+// answers false whatever the library says: host staging on a CUDA-aware MPI, to compare
+// the two paths or to work around a broken transport.
+// defines: trident::parallel::mpi_cuda_aware, mpi_cuda_aware_library
 #pragma once
 
 namespace trident::parallel {
 
-bool mpi_cuda_aware();
+bool mpi_cuda_aware();          // the library's answer, unless TRIDENT_MPI_CUDA_AWARE=0
+bool mpi_cuda_aware_library();  // the library's answer alone
 
 }  // namespace trident::parallel

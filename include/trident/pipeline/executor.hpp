@@ -92,8 +92,12 @@ class Executor {
   // again as soon as its action is done: waiting for a send to complete before reusing its
   // slot would make a rank wait on its peer's progress, a dependency the schedules (and
   // the simulator, which treats sends as buffered) do not have, and can deadlock.
+  // Device memory: the buffers are device memory when MPI is CUDA-aware, host memory (and
+  // the copy a download) when it is not; receives then land in recv_stage_ and are uploaded.
   std::vector<FloatBuffer> send_buffers_;
   std::vector<int> free_send_buffers_;
+  DeviceMemory* send_memory_ = nullptr;  // where send_buffers_ live (null: host)
+  FloatBuffer recv_stage_;
   std::vector<Pending> sends_;
 };
 

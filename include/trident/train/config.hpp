@@ -78,7 +78,7 @@ struct Config {
   } io;
 
   struct Runtime {
-    std::string device = "cpu";      // cpu | cuda
+    std::string device = "cpu";      // cpu | cuda | cpu-guarded (tests: see ops/cpu/guarded_ops.cpp)
     std::string precision = "fp32";  // fp32 | tf32 | bf16 (the last two need cuda)
     int threads = 0;                 // 0: cores / ranks on this node
     double watchdog_s = 0;           // a pipeline wait longer than this aborts the job; 0: off

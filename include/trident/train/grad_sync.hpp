@@ -83,7 +83,8 @@ class GradSync {
   // ZeRO-1: all-gathers the updated parameters (every bucket) over DP. No-op otherwise.
   void gather_params();
   // ZeRO-1 state in and out of the layout-independent form (checkpoints, grad dumps):
-  // full (the chunk's flat layout) from every rank's shard, and back.
+  // full (the chunk's flat layout) from every rank's shard, and back. shard is the backend's
+  // memory (device memory on a GPU); full may be host or device memory.
   void gather_full(const float* shard, float* full);
   void scatter_full(const float* full, float* shard) const;
 
@@ -107,6 +108,10 @@ class GradSync {
     bool started = false;
   };
   void start(int b);
+  // The host copies a bucket goes through when the gradients are device memory and MPI is
+  // not CUDA-aware (else null: MPI reads the buffers themselves).
+  float* host_grads() { return host_grads_.empty() ? nullptr : host_grads_.data(); }
+  float* host_shard() { return host_shard_.empty() ? nullptr : host_shard_.data(); }
 
   model::GptChunk& chunk_;
   parallel::Comm& dp_;
@@ -116,6 +121,7 @@ class GradSync {
   std::vector<Segment> segments_;
   std::int64_t shard_numel_ = 0;
   FloatBuffer shard_grads_;           // ZeRO-1 only
+  FloatBuffer host_grads_, host_shard_;  // host staging (device memory, MPI not CUDA-aware)
   std::vector<MPI_Request> requests_;  // one per bucket, MPI_REQUEST_NULL when idle/done
   double last_wait_s_ = 0;
   int last_early_ = 0;
