@@ -23,8 +23,8 @@ struct DeckArgs {
 // world), the process grid and the kernel backend.
 struct Session {
   train::Config cfg;
+  std::unique_ptr<ops::Ops> ops;  // before ps: its staging buffers are the backend's memory
   parallel::ParallelState ps;
-  std::unique_ptr<ops::Ops> ops;
 };
 
 // Loads and checks the deck on every rank (agreeing on failure), builds the grid and the

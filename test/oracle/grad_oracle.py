@@ -5,10 +5,14 @@ perturb every tensor a little so that no bias or LayerNorm is at its trivial val
 with trident_torch.save_weights), write a random batch (NumPy, fixed seed), run `trident grad`,
 and recompute loss and gradients with trident_torch in float64 from the same float32 weights.
 Pass: |loss - ref| <= 1e-5 |ref| and, per tensor, max|g - ref| <= 1e-4 max|ref|.
-Run one config with `grad_oracle.py NAME`.
+Run one config with `grad_oracle.py NAME`. TRIDENT_TEST_DEVICE (e.g. "cuda") runs trident on that
+device (fp32 products) against the same float64 reference; "cuda" without a visible GPU skips
+(exit 77).
 """
 
 import os
+import shutil
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -19,6 +23,7 @@ torch, np, h5py, tt = oc.setup(NAME)
 
 LOSS_TOL = 1e-5
 GRAD_TOL = 1e-4
+DEVICE = os.environ.get("TRIDENT_TEST_DEVICE", "cpu")
 
 # name: (model, batch, micro_batch_size); tiny so that each config runs in about a second.
 CONFIGS = {
@@ -53,7 +58,7 @@ def run_config(cname, model_keys, batch, mbs, fails, seed):
         "parallel": {"micro_batch_size": mbs},
         "train": {"global_batch_size": batch, "seed": 1000 + seed},
         "io": {"out_dir": os.path.join(work, "run")},
-        "runtime": {"threads": 1},
+        "runtime": {"threads": 1, "device": DEVICE},
     })
     init = os.path.join(work, "init.h5")
     oc.run_trident(NAME, ["init", deck, "--out", init], work)
@@ -103,7 +108,17 @@ def run_config(cname, model_keys, batch, mbs, fails, seed):
     print(f"  worst gradient max|d|/max|ref| = {worst:.2e} (tolerance {GRAD_TOL:g})")
 
 
+def gpu_visible():
+    if not shutil.which("nvidia-smi"):
+        return False
+    p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return p.returncode == 0 and "GPU" in p.stdout
+
+
 def main():
+    if DEVICE == "cuda" and not gpu_visible():
+        print(f"{NAME}: no GPU visible: skipped")
+        return 77
     names = sys.argv[1:] or list(CONFIGS)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:

@@ -1,0 +1,137 @@
+"""mpi.device_layouts — trident on device memory against trident on the CPU, layout by layout.
+
+TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
+  cpu-guarded  the CPU kernels on guarded memory that host code cannot touch
+               (ops/cpu/guarded_ops.cpp): every host <-> device crossing (tokens, loss,
+               checkpoints, MPI staging of TP/PP/DP traffic) is exercised, and a missing one
+               crashes. Same kernels, so every result must be bit-identical to "cpu".
+  cuda         the GPU (skipped, exit 77, when none is visible). Ranks share the GPU. fp32
+               products: gradients within 1e-4 of the CPU's (max|d|/max|g| per tensor), losses
+               within 1e-4 relative; bf16 (TRIDENT_TEST_PRECISION=bf16, or the bf16 case
+               below): 20 steps within 1% of the fp32 CPU loss curve.
+Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
+parallelism; pp 2 under 1f1b, zb-h1 and interleaved-1f1b (vpp 2); dp 2 with ZeRO-1;
+tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import layout_common as lc  # noqa: E402
+
+DEVICE = os.environ.get("TRIDENT_TEST_DEVICE", "cpu-guarded")
+PRECISION = os.environ.get("TRIDENT_TEST_PRECISION", "fp32")
+EXACT = DEVICE == "cpu-guarded"
+V, T, L, H, C = 64, 16, 4, 4, 32
+
+
+def gpu_visible():
+    if not shutil.which("nvidia-smi"):
+        return False
+    p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return p.returncode == 0 and "GPU" in p.stdout
+
+
+def device_sets(precision=PRECISION):
+    return [f'runtime.device="{DEVICE}"', f'runtime.precision="{precision}"']
+
+
+def weights_of(path):
+    with h5py.File(path, "r") as f:
+        return {k: f["model"][k][:] for k in f["model"]}
+
+
+def main():
+    if DEVICE == "cuda" and not gpu_visible():
+        print("mpi.device_layouts: no GPU visible: skipped")
+        return 77
+    name = "mpi.device_layouts" + ("" if EXACT else "." + DEVICE)
+    t = lc.LayoutTest(name, lc.deck_text(V, T, L, H, C, 2, 8, 6, 2), V, T, 8, 5)
+    # The shared deck, with evaluation on the training tokens and a checkpoint at step 3.
+    with open(t.path("deck.toml")) as f:
+        text = f.read()
+    text = text.replace('train = "tokens.h5"', 'train = "tokens.h5"\nvalid = "tokens.h5"')
+    text = text.replace("[train]", "[train]\neval_every = 3\neval_batches = 1", 1)
+    text = text.replace("[io]", "[io]\ncheckpoint_every = 3", 1)
+    with open(t.path("deck.toml"), "w") as f:
+        f.write(text)
+
+    def same(what, got, ref, tol):
+        if EXACT:
+            ok = all(np.array_equal(got[k], ref[k]) for k in ref) and got.keys() == ref.keys()
+            t.check(ok, f"{what}: bit-identical to cpu")
+        else:
+            worst = max((float(np.abs(got[k] - r).max() / max(np.abs(r).max(), 1e-30)), k)
+                        for k, r in ref.items())
+            t.check(worst[0] <= tol, f"{what}: worst max|d|/max|ref| = {worst[0]:.2e} ({worst[1]}) <= {tol:g}")
+
+    def curve(what, got, ref, tol):
+        rel = float(np.max(np.abs(got - ref) / np.abs(ref)))
+        if EXACT:
+            t.check(np.array_equal(got, ref), f"{what}: {len(ref)} losses bit-identical to cpu")
+        else:
+            t.check(rel <= tol, f"{what}: {len(ref)} losses within {tol:g} relative of cpu ({rel:.2e})")
+
+    # ---- training, with eval, checkpoints and a resume ----------------------------------
+    layouts = [
+        ("serial", 1, []),
+        ("tp2", 2, ["parallel.tp=2"]),
+        ("tp2-sp", 2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+        ("pp2-1f1b", 2, ["parallel.pp=2"]),
+        ("pp2-zb", 2, ["parallel.pp=2", 'parallel.schedule="zb-h1"']),
+        ("pp2-vpp2", 2, ["parallel.pp=2", "parallel.vpp=2", 'parallel.schedule="interleaved-1f1b"']),
+        ("dp2-zero", 2, ["parallel.dp=2", "parallel.zero_stage=1", "parallel.grad_bucket_mb=0.02"]),
+        ("tp2xpp2", 4, ["parallel.tp=2", "parallel.pp=2"]),
+    ]
+    # Each layout on the CPU and on the device (reductions are ordered by the layout, so the
+    # reference is the CPU in the same layout).
+    for lname, np_, sets in layouts:
+        ref_loss, = t.train(np_, f"cpu-{lname}", sets=sets)
+        got_loss, = t.train(np_, f"dev-{lname}", sets=[*sets, *device_sets()])
+        curve(f"train {lname}", got_loss, ref_loss, 1e-4)
+        same(f"weights after 6 steps {lname}",
+             weights_of(t.path(f"dev-{lname}", "checkpoints", "step-00000006.h5")),
+             weights_of(t.path(f"cpu-{lname}", "checkpoints", "step-00000006.h5")), 1e-3)
+        if lname in ("serial", "pp2-vpp2"):
+            evals = []
+            for side in ("cpu", "dev"):
+                with h5py.File(t.path(f"{side}-{lname}", "metrics.h5"), "r") as f:
+                    evals.append(f["eval/loss"][:])
+            curve(f"eval {lname}", evals[1], evals[0], 1e-4)
+    # A serial run's step-3 checkpoint resumed at dp 2 with ZeRO-1 (moments scattered to
+    # shards), on each side.
+    for side, extra in (("cpu", []), ("dev", device_sets())):
+        t.run(1, "train", "deck.toml", sets=[f'io.out_dir="{side}-resume"', "train.steps=3", *extra])
+        t.run(2, "train", "deck.toml", sets=[f'io.out_dir="{side}-resume"', 'io.resume="auto"',
+                                              "parallel.dp=2", "parallel.zero_stage=1", *extra])
+    same("serial run resumed at dp 2 with ZeRO-1",
+         weights_of(t.path("dev-resume", "checkpoints", "step-00000006.h5")),
+         weights_of(t.path("cpu-resume", "checkpoints", "step-00000006.h5")), 1e-3)
+
+    # ---- gradients: trident grad ----------------------------------------------------------
+    for gname, np_, sets in [("serial", 1, []),
+                             ("tp2xdp2-zero", 4, ["parallel.tp=2", "parallel.dp=2",
+                                                  "parallel.zero_stage=1"])]:
+        ref_grad = t.grad(np_, f"g-cpu-{gname}.h5", sets=sets)
+        loss, g = t.grad(np_, f"g-dev-{gname}.h5", sets=[*sets, *device_sets()])
+        curve(f"grad {gname} loss", np.array([loss]), np.array([ref_grad[0]]), 1e-5)
+        same(f"grad {gname}", g, ref_grad[1], 1e-4)
+
+    # ---- bf16 on a GPU: 20 steps within 1% of the fp32 CPU curve ---------------------------
+    if DEVICE == "cuda":
+        twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
+        cpu20, = t.train(1, "cpu-20", sets=twenty)
+        bf20, = t.train(1, "bf16-20", sets=[*twenty, *device_sets("bf16")])
+        rel = float(np.max(np.abs(bf20 - cpu20) / np.abs(cpu20)))
+        t.check(rel <= 0.01, f"bf16: 20 losses within 1% of the fp32 CPU curve ({rel:.2e})")
+    t.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
