@@ -365,7 +365,7 @@ for _key, _value, _rule in [
     ("io.checkpoint_every", -1, ">= 0"),
     ("io.keep_checkpoints", -1, ">= 0"),
     ("io.resume", "", "auto"),
-    ("runtime.device", "tpu", "cpu or cuda"),
+    ("runtime.device", "tpu", "cpu, cuda or cpu-guarded"),
     ("runtime.precision", "fp8", "fp32, tf32 or bf16"),
     ("runtime.threads", -2, ">= 0"),
 ]:

@@ -122,6 +122,17 @@ def main():
         curve(f"grad {gname} loss", np.array([loss]), np.array([ref_grad[0]]), 1e-5)
         same(f"grad {gname}", g, ref_grad[1], 1e-4)
 
+    # ---- no GPU: runtime.device = "cuda" is one clear error, on every rank's exit ----------
+    if DEVICE != "cuda" and not gpu_visible():
+        cmd = ["mpirun", "-np", "2", "--oversubscribe", lc.TRIDENT, "train", "deck.toml",
+               "--set", 'runtime.device="cuda"', "--set", "parallel.dp=2",
+               "--set", 'io.out_dir="no-gpu"']
+        p = subprocess.run(cmd, cwd=t.out, capture_output=True, text=True, timeout=120)
+        said = [ln for ln in (p.stdout + p.stderr).splitlines() if "runtime.device" in ln]
+        t.check(p.returncode != 0 and len(said) == 1 and
+                ("no CUDA GPU is visible" in said[0] or "built without CUDA" in said[0]),
+                f"runtime.device = \"cuda\" without a GPU: exit {p.returncode}, {said}")
+
     # ---- bf16 on a GPU: 20 steps within 1% of the fp32 CPU curve ---------------------------
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
