@@ -41,6 +41,7 @@ ompi_plugins=$(ompi_info --parsable --path pkglibdir 2>/dev/null | sed -n 's/^pa
 if [ -n "$ompi_plugins" ] && [ -d "$ompi_plugins" ]; then
   cp -rL "$ompi_plugins" "$bundle/openmpi/plugins"
   pmix_lib=$(ldd "$ompi_plugins"/mca_pmix_*.so 2>/dev/null | awk '$1 ~ /^libpmix\.so/ { print $3; exit }')
+  [ -z "$pmix_lib" ] || pmix_lib=$(readlink -f "$pmix_lib")
   if [ -n "$pmix_lib" ] && [ -d "$(dirname "$pmix_lib")/pmix" ]; then
     cp -rL "$(dirname "$pmix_lib")/pmix" "$bundle/openmpi/pmix-plugins"
   fi
