@@ -3,7 +3,13 @@
 // plus the square 8192^3 bf16 product as the chip's reference. Depends on cuBLAS and the CUDA
 // runtime only (no trident library), so bench/gpu_check.sh can also build it with a bare
 // `nvcc ... -lcublas` where trident's other dependencies are missing.
-// Usage: trident_bench_cublas [repetitions (20)] — prints one JSON object per line:
+// Usage: trident_bench_cublas [repetitions (20)] [--mode MODE[,MODE...]]
+//                             [--shape NAME=MxNxK[,ta][,tb]]...
+//   --mode   only these modes (default: all four, below)
+//   --shape  only these products instead of the built-in table (repeatable); ta / tb: op(A) =
+//            A^T (A stored [k,m]) / op(B) = B^T (B stored [n,k]), e.g. an LM head
+//            --shape lm_head=8192x50304x768,tb
+// Prints one JSON object per line: first {"device", "sm", "cc"}, then per product and mode
 //   {"gemm": NAME, "mode": MODE, "m": M, "n": N, "k": K, "median_ms": ..., "tflops": ...}
 // Row-major C[m,n] = op(A)[m,k] op(B)[k,n] as trident calls it (C^T = B^T A^T in cuBLAS);
 // FLOPs = 2 m n k; each repetition timed alone with CUDA events, the median reported.
@@ -42,13 +48,13 @@ namespace {
   } while (0)
 
 struct Shape {
-  const char* name;
+  std::string name;
   int m, n, k;
   bool ta, tb;
 };
 
 // GPT-2 small (C 768) and medium (C 1024), 8192 tokens, vocabulary padded to 50304.
-const Shape kShapes[] = {
+const std::vector<Shape> kShapes = {
     {"square_8192", 8192, 8192, 8192, false, false},
     {"small_qkv_fwd", 8192, 2304, 768, false, false},
     {"small_fc_fwd", 8192, 3072, 768, false, false},
@@ -97,14 +103,64 @@ std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
   return r;
 }
 
+[[noreturn]] void usage(const char* argv0, const std::string& why) {
+  std::fprintf(stderr,
+               "cublas bench: %s\nusage: %s [repetitions >= 1] [--mode fp32,tf32,bf16,"
+               "fp32in_fast16bf] [--shape NAME=MxNxK[,ta][,tb]]...\n",
+               why.c_str(), argv0);
+  std::exit(2);
+}
+
+// "NAME=MxNxK[,ta][,tb]" -> Shape
+Shape parse_shape(const char* argv0, const std::string& arg) {
+  const std::size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0) usage(argv0, "--shape " + arg + ": expected NAME=MxNxK");
+  Shape s{arg.substr(0, eq), 0, 0, 0, false, false};
+  std::string rest = arg.substr(eq + 1);
+  char tail[64] = "";
+  const int got = std::sscanf(rest.c_str(), "%dx%dx%d%63s", &s.m, &s.n, &s.k, tail);
+  if (got < 3 || s.m < 1 || s.n < 1 || s.k < 1)
+    usage(argv0, "--shape " + arg + ": expected positive MxNxK");
+  for (std::string t = tail; !t.empty();) {
+    if (t.rfind(",ta", 0) == 0) s.ta = true;
+    else if (t.rfind(",tb", 0) == 0) s.tb = true;
+    else usage(argv0, "--shape " + arg + ": after MxNxK only ,ta and ,tb");
+    t = t.substr(3);
+  }
+  return s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
-  if (reps < 1) {
-    std::fprintf(stderr, "usage: %s [repetitions >= 1]\n", argv[0]);
-    return 2;
+  int reps = 20;
+  std::vector<Shape> shapes;
+  std::vector<Mode> modes;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if ((a == "--shape" || a == "--mode") && i + 1 >= argc) usage(argv[0], a + " needs a value");
+    if (a == "--shape") {
+      shapes.push_back(parse_shape(argv[0], argv[++i]));
+    } else if (a == "--mode") {
+      std::string list = argv[++i];
+      for (std::size_t start = 0; start <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', start), list.size());
+        const std::string word = list.substr(start, comma - start);
+        bool found = false;
+        for (Mode m : {Mode::fp32, Mode::tf32, Mode::bf16, Mode::fp32in_fast16bf})
+          if (word == mode_name(m)) modes.push_back(m), found = true;
+        if (!found) usage(argv[0], "--mode: unknown mode \"" + word + "\"");
+        start = comma + 1;
+      }
+    } else if (i == 1 && !a.empty() && a[0] != '-') {
+      reps = std::atoi(a.c_str());
+      if (reps < 1) usage(argv[0], "repetitions must be >= 1");
+    } else {
+      usage(argv[0], "unknown argument \"" + a + "\"");
+    }
   }
+  if (shapes.empty()) shapes = kShapes;
+  if (modes.empty()) modes = {Mode::fp32, Mode::tf32, Mode::bf16, Mode::fp32in_fast16bf};
   int device = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   cudaDeviceProp prop{};
@@ -124,7 +180,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&t0));
   CHECK_CUDA(cudaEventCreate(&t1));
 
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : shapes) {
     const std::size_t na = std::size_t(s.m) * s.k, nb = std::size_t(s.k) * s.n,
                       nc = std::size_t(s.m) * s.n;
     std::vector<float> ha(na), hb(nb);
@@ -145,7 +201,7 @@ int main(int argc, char** argv) {
     const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n, ldc = s.n;
     const cublasOperation_t opa = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t opb = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    for (Mode mode : {Mode::fp32, Mode::tf32, Mode::bf16, Mode::fp32in_fast16bf}) {
+    for (Mode mode : modes) {
       const bool bf16_inputs = mode == Mode::bf16;
       const cudaDataType_t ab = bf16_inputs ? CUDA_R_16BF : CUDA_R_32F;
       const cublasComputeType_t compute =
@@ -174,7 +230,7 @@ int main(int argc, char** argv) {
       const double tflops = 2.0 * s.m * double(s.n) * s.k / (med * 1e-3) / 1e12;
       std::printf("{\"gemm\": \"%s\", \"mode\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
                   "\"trans_a\": %s, \"trans_b\": %s, \"median_ms\": %.4f, \"tflops\": %.1f}\n",
-                  s.name, mode_name(mode), s.m, s.n, s.k, s.ta ? "true" : "false",
+                  s.name.c_str(), mode_name(mode), s.m, s.n, s.k, s.ta ? "true" : "false",
                   s.tb ? "true" : "false", med, tflops);
       std::fflush(stdout);
     }

@@ -24,13 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
 
 namespace {
 
-using trident::ops::DeviceArena;
 using trident::ops::Ops;
 using trident::ops::Precision;
 
@@ -40,12 +40,13 @@ struct Model {
 };
 constexpr int kB = 8, kT = 1024, kV = 50257, kVp = 50304;  // 8192 tokens, padded vocabulary
 
-// Device buffers, each its own arena, freed together at the end of a model's run.
+// Device buffers, each a Buffer of the backend's one arena (ops.memory()), freed together at
+// the end of a model's run.
 class Pool {
  public:
   explicit Pool(Ops& ops) : ops_(ops) {}
   float* zeros(std::size_t n) {
-    float* p = raw<float>(n);
+    float* p = floats_.emplace_back(n, ops_.memory()).data();
     ops_.fill(p, 0.0f, static_cast<std::int64_t>(n));
     return p;
   }
@@ -57,29 +58,25 @@ class Pool {
       const float u = static_cast<float>(lcg_ >> 40) / float(1 << 24);  // [0, 1)
       x = (2.0f * u - 1.0f) * 1.7320508f * sd;
     }
-    float* p = raw<float>(n);
-    trident::ops::cuda_upload(ops_, p, h.data(), n * sizeof(float));
+    float* p = floats_.emplace_back(n, ops_.memory()).data();
+    ops_.memory()->to_device(p, h.data(), n * sizeof(float));
     return p;
   }
   std::int32_t* tokens(std::size_t n, int vocab) {
     std::vector<std::int32_t> h(n);
     std::uniform_int_distribution<int> d(0, vocab - 1);
     for (auto& t : h) t = d(gen_);
-    auto* p = raw<std::int32_t>(n);
-    trident::ops::cuda_upload(ops_, p, h.data(), n * sizeof(std::int32_t));
+    std::int32_t* p = ints_.emplace_back(n, ops_.memory()).data();
+    ops_.memory()->to_device(p, h.data(), n * sizeof(std::int32_t));
     return p;
   }
 
  private:
-  template <typename T>
-  T* raw(std::size_t n) {
-    arenas_.emplace_back(std::max<std::size_t>(n * sizeof(T), 1));
-    return arenas_.back().alloc_n<T>(n);
-  }
   Ops& ops_;
   std::mt19937 gen_{7};
   std::uint64_t lcg_ = 7;
-  std::vector<DeviceArena> arenas_;
+  std::vector<trident::FloatBuffer> floats_;
+  std::vector<trident::IntBuffer> ints_;
 };
 
 double median_ms(Ops& ops, int reps, const std::function<void()>& f) {

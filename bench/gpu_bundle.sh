@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # bench/gpu_bundle.sh — builds what bench/gpu_check.sh runs (sm_90) on a machine that has all
 # of trident's dependencies but no GPU, and gathers it with the host libraries a bare CUDA
-# machine lacks (OpenBLAS and its Fortran runtime, OpenMP, libstdc++) into build-gpu/bundle/
-# (about 45 MB). On the GPU machine, with that folder carried along:
-#   PREBUILT=build-gpu/bundle bench/gpu_check.sh
-# The CUDA libraries (cudart, cuBLAS) are not bundled: the GPU machine's CUDA 13 provides them.
+# machine lacks into build-gpu/bundle/, packed as build-gpu/bundle.tar.xz (~25 MB; the folder
+# is ~85 MB, over what a device run carries). On the GPU machine, with the archive carried:
+#   PREBUILT=build-gpu/bundle.tar.xz bench/gpu_check.sh
+# What is in it:
+#   * trident, trident_unit_ops_cuda, trident_bench_cublas, trident_bench_cuda_step;
+#   * lib/: every shared library they (and Open MPI's plugins) load, found with ldd, except
+#     glibc's own and CUDA's (cudart, cuBLAS: the GPU machine's CUDA 13 provides them):
+#     Open MPI, HDF5 (openmpi flavour), SentencePiece, toml++, OpenBLAS, libgomp, libstdc++...;
+#   * openmpi/plugins and openmpi/pmix-plugins: Open MPI's MCA components (dlopen'ed from the
+#     install prefix, which a bare machine lacks). gpu_check.sh points Open MPI at them
+#     (OMPI_MCA_mca_base_component_path, PMIX_MCA_mca_base_component_path) and sets
+#     OMPI_MCA_ess_singleton_isolated=1, so `trident train deck.toml` runs as one rank with no
+#     mpirun and no orted (checked here with strace: nothing is loaded from the system's Open
+#     MPI then, one process). Multi-rank runs need a real Open MPI (mpirun) on the GPU machine:
+#     not bundled.
 # usage: bench/gpu_bundle.sh        knobs: JOBS (nproc), BUILD (build-gpu)
 set -euo pipefail
 
@@ -13,26 +24,45 @@ build=${BUILD:-$src/build-gpu}
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
-targets=(trident_unit_ops_cuda trident_bench_cublas trident_bench_cuda_step)
+targets=(trident trident_unit_ops_cuda trident_bench_cublas trident_bench_cuda_step)
 
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DTRIDENT_CUDA=ON
 cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${targets[@]}"
 
 bundle=$build/bundle
-rm -rf "$bundle"
-mkdir -p "$bundle/lib"
-cp "$build/test/trident_unit_ops_cuda" "$build/bench/trident_bench_cublas" \
+rm -rf "$bundle" "$build/bundle.tar.xz"
+mkdir -p "$bundle/lib" "$bundle/openmpi"
+cp "$build/trident" "$build/test/trident_unit_ops_cuda" "$build/bench/trident_bench_cublas" \
    "$build/bench/trident_bench_cuda_step" "$bundle/"
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libgomp.so.1 libstdc++.so.6 \
-           libgcc_s.so.1; do
-  path=$(ldd "$bundle/trident_unit_ops_cuda" | awk -v l="$lib" '$1 == l { print $3 }')
-  if [ -n "$path" ]; then
-    cp -L "$path" "$bundle/lib/"
-  else
-    echo "gpu_bundle: $lib is not linked by the test binary; not bundled" >&2
+
+# Open MPI's plugins (and PMIx's), as installed here
+ompi_plugins=$(ompi_info --parsable --path pkglibdir 2>/dev/null | sed -n 's/^path:pkglibdir://p')
+if [ -n "$ompi_plugins" ] && [ -d "$ompi_plugins" ]; then
+  cp -rL "$ompi_plugins" "$bundle/openmpi/plugins"
+  pmix_lib=$(ldd "$ompi_plugins"/mca_pmix_*.so 2>/dev/null | awk '$1 ~ /^libpmix\.so/ { print $3; exit }')
+  [ -z "$pmix_lib" ] || pmix_lib=$(readlink -f "$pmix_lib")
+  if [ -n "$pmix_lib" ] && [ -d "$(dirname "$pmix_lib")/pmix" ]; then
+    cp -rL "$(dirname "$pmix_lib")/pmix" "$bundle/openmpi/pmix-plugins"
   fi
-done
+else
+  echo "gpu_bundle: no Open MPI plugin folder (ompi_info --path pkglibdir); trident will need the GPU machine's Open MPI" >&2
+fi
+
+# every library the binaries and plugins load, but glibc's and CUDA's
+shopt -s nullglob
+objects=("$bundle"/trident* "$bundle"/openmpi/plugins/*.so "$bundle"/openmpi/pmix-plugins/*.so)
+ldd "${objects[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+  while read -r name path; do
+    case $name in
+      libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | librt.so.* | libresolv.so.* | \
+      libutil.so.* | ld-linux*) continue ;;
+      libcuda.so.* | libcudart.so.* | libcublas*.so.* | libnvidia*) continue ;;
+    esac
+    [ -e "$bundle/lib/$name" ] || cp -L "$path" "$bundle/lib/$name"
+  done
 git -C "$src" rev-parse HEAD >"$bundle/COMMIT" 2>/dev/null || echo unknown >"$bundle/COMMIT"
-du -sh "$bundle"
-echo "bundle ready: carry ${bundle#"$src"/}; on the GPU machine: PREBUILT=${bundle#"$src"/} bench/gpu_check.sh"
+tar -C "$build" -cJf "$build/bundle.tar.xz" bundle
+du -sh "$bundle" "$build/bundle.tar.xz"
+echo "bundle ready: carry ${build#"$src"/}/bundle.tar.xz; on the GPU machine:"
+echo "  PREBUILT=${build#"$src"/}/bundle.tar.xz bench/gpu_check.sh"

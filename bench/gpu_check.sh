@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh — everything trident's CUDA backend needs checked on a real GPU, in one
-# run sized for one H200 (a few minutes; well under 8):
-#   1. configure and build for sm_90 into build-gpu/ (only the targets below);
-#   2. the CUDA op tests (test/unit/ops/cuda: every op against the CPU backend, fp32/tf32/bf16);
-#   3. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
-#   4. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
-#   5. compute-sanitizer memcheck and racecheck over trident's own kernels (time-bounded).
+# run sized for one H200 (a few minutes; under 8: the steps after the build share a time
+# budget, BUDGET_S, and each is bounded by what is left of it):
+#   1. configure and build for sm_90 into build-gpu/ (only the targets below, trident included);
+#   2. the CUDA op tests (test/unit/ops/cuda: every op against the CPU backend, fp32/tf32/bf16,
+#      and the device arena, CudaMemory);
+#   3. the other CTest tests labelled cuda (ctest -L cuda, e.g. test/mpi/device_layouts.py with
+#      TRIDENT_TEST_DEVICE=cuda); with PREBUILT, the bundle's trident runs
+#      test/mpi/device_layouts.py directly when it and mpirun are there;
+#   4. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
+#   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
+#   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
+#      (bench/gpu_train_bench.py; trident runs as a single rank without mpirun);
+#   7. compute-sanitizer memcheck and racecheck over trident's own kernels (time-bounded).
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
 # script ends with a table of the steps and exits 1 if any failed.
 # Where trident's host dependencies (MPI, HDF5, OpenBLAS, GoogleTest...) are missing, the
 # configure step fails and only the GEMM benchmark runs, built with a bare nvcc; to run
 # everything there, build a bundle where the dependencies are (bench/gpu_bundle.sh), carry
-# build-gpu/bundle, and set PREBUILT=build-gpu/bundle (no build step then).
+# build-gpu/bundle.tar.xz (or the folder build-gpu/bundle), and set
+# PREBUILT=build-gpu/bundle.tar.xz (no build step then; a .tar.xz is unpacked into $BUILD).
 # usage: bench/gpu_check.sh   knobs: PREBUILT, JOBS (nproc), BUILD (build-gpu), GEMM_REPS (20),
-#        STEP_REPS (5), SANITIZE (1), MEMCHECK_TIMEOUT (150 s), RACECHECK_TIMEOUT (60 s)
+#        STEP_REPS (5), SANITIZE (1), MEMCHECK_TIMEOUT (100 s), RACECHECK_TIMEOUT (45 s),
+#        CTEST_TIMEOUT (120 s), TRAIN_BENCH (1), TRAIN_BENCH_TIMEOUT (200 s), BUDGET_S (420 s:
+#        the steps after the build together), PYTHON (python3)
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -67,6 +77,16 @@ skip() {
   echo "== $1: skipped: $2"
 }
 
+# bounded SECONDS: SECONDS, or what is left of the time budget when less (0: none left). The
+# budget starts after the build (set_budget).
+deadline=0
+set_budget() { deadline=$((SECONDS + ${BUDGET_S:-420})); }
+bounded() {
+  local want=$1 left=$((deadline - SECONDS))
+  if [ "$left" -lt 20 ]; then echo 0; elif [ "$left" -lt "$want" ]; then echo "$left"; else echo "$want"; fi
+}
+python=${PYTHON:-python3}
+
 # ---- the machine ---------------------------------------------------------------------------
 step gpu_info nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 
@@ -76,7 +96,7 @@ configure() {
         -DTRIDENT_CUDA=ON
 }
 build_targets() {
-  cmake --build "$build" -j "$jobs" --target trident_unit_ops_cuda trident_bench_cublas \
+  cmake --build "$build" -j "$jobs" --target trident trident_unit_ops_cuda trident_bench_cublas \
         trident_bench_cuda_step
 }
 # Only the cuBLAS benchmark, without trident's CMake (its dependencies are absent).
@@ -87,18 +107,38 @@ build_gemm_bench_bare() {
 }
 
 if [ -n "${PREBUILT:-}" ]; then
-  prebuilt=$(cd "$PREBUILT" && pwd)
+  if [ -f "$PREBUILT" ]; then  # bundle.tar.xz (bench/gpu_bundle.sh): unpacked next to the build
+    mkdir -p "$build"
+    rm -rf "$build/bundle-unpacked"
+    mkdir -p "$build/bundle-unpacked"
+    tar -xJf "$PREBUILT" -C "$build/bundle-unpacked"
+    prebuilt=$build/bundle-unpacked/bundle
+  else
+    prebuilt=$(cd "$PREBUILT" && pwd)
+  fi
   skip configure "PREBUILT=$prebuilt (commit $(cat "$prebuilt/COMMIT" 2>/dev/null || echo unknown))"
   skip build "PREBUILT"
   export LD_LIBRARY_PATH="$prebuilt/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  # Open MPI's plugins from the bundle (a bare machine has none), and a singleton that starts
+  # no orted: `trident train deck` runs as one rank without mpirun.
+  if [ -d "$prebuilt/openmpi/plugins" ]; then
+    export OMPI_MCA_mca_base_component_path=$prebuilt/openmpi/plugins
+    export OMPI_MCA_mca_base_component_show_load_errors=0
+    export OMPI_MCA_ess_singleton_isolated=1
+  fi
+  if [ -d "$prebuilt/openmpi/pmix-plugins" ]; then
+    export PMIX_MCA_mca_base_component_path=$prebuilt/openmpi/pmix-plugins
+  fi
   tests=$prebuilt/trident_unit_ops_cuda
   gemm=$prebuilt/trident_bench_cublas
   step_bench=$prebuilt/trident_bench_cuda_step
+  trident=$prebuilt/trident
   built=yes
 else
   tests=$build/test/trident_unit_ops_cuda
   gemm=$build/bench/trident_bench_cublas
   step_bench=$build/bench/trident_bench_cuda_step
+  trident=$build/trident
   built=no
   step configure configure
   if [ "${status[configure]}" = ok ]; then
@@ -111,11 +151,44 @@ else
 fi
 
 # ---- run -----------------------------------------------------------------------------------
+set_budget
 if [ "$built" = yes ] && [ -x "$tests" ]; then
   # exit 77 = no GPU visible: a failure here (the point of this script is the GPU)
   step op_tests "$tests" --gtest_output="json:$out/op_tests.json"
 else
   skip op_tests "not built"
+fi
+
+# ctest -L cuda in the build tree, bounded by SECONDS (exit 124 when it runs out)
+run_ctest_cuda() {
+  (cd "$build" && timeout "$1" ctest -L cuda -E '^ops\.cuda$' --output-on-failure --timeout "$1")
+}
+# The other GPU tests CTest knows (label cuda; ops.cuda ran just above as op_tests).
+if [ "$built" = yes ] && [ -z "${PREBUILT:-}" ] && [ -x "$trident" ]; then
+  t=$(bounded "${CTEST_TIMEOUT:-120}")
+  if [ "$t" -eq 0 ]; then
+    skip ctest_cuda "time budget spent"
+  elif [ -z "$(cd "$build" && ctest -N -L cuda -E '^ops\.cuda$' | sed -n 's/^Total Tests: //p' | grep -v '^0$')" ]; then
+    skip ctest_cuda "no CTest test labelled cuda besides ops.cuda"
+  else
+    step ctest_cuda run_ctest_cuda "$t"
+  fi
+elif [ "$built" = yes ] && [ -x "$trident" ] && [ -f "$src/test/mpi/device_layouts.py" ]; then
+  # PREBUILT: no CTest tree; the layouts test by hand, as CTest would run it (it needs mpirun)
+  t=$(bounded "${CTEST_TIMEOUT:-120}")
+  if ! command -v mpirun >/dev/null 2>&1; then
+    skip device_layouts "no mpirun on this machine (the bundle runs trident as a single rank only)"
+  elif [ "$t" -eq 0 ]; then
+    skip device_layouts "time budget spent"
+  else
+    mkdir -p "$out/test-out"
+    step device_layouts timeout "$t" env TRIDENT="$trident" PYTHON="$python" \
+         TRIDENT_SOURCE_DIR="$src" TRIDENT_TEST_OUT="$out/test-out" TRIDENT_TEST_DEVICE=cuda \
+         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+         OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/mpi/device_layouts.py"
+  fi
+else
+  skip ctest_cuda "no trident binary or no CUDA CTest tests"
 fi
 
 if [ -x "$gemm" ]; then
@@ -128,6 +201,25 @@ if [ "$built" = yes ] && [ -x "$step_bench" ]; then
   step step_estimate to_file "$out/step_estimate.jsonl" "$step_bench" "${STEP_REPS:-5}"
 else
   skip step_estimate "not built"
+fi
+
+# trident train end to end on the GPU: tokens/s and MFU for GPT-2 small and medium.
+if [ "${TRAIN_BENCH:-1}" = 0 ]; then
+  skip train_bench "TRAIN_BENCH=0"
+elif [ ! -x "$trident" ]; then
+  skip train_bench "no trident binary"
+elif ! command -v "$python" >/dev/null 2>&1; then
+  skip train_bench "no $python"
+else
+  t=$(bounded "${TRAIN_BENCH_TIMEOUT:-200}")
+  if [ "$t" -eq 0 ]; then
+    skip train_bench "time budget spent"
+  else
+    # each model's run bounded too, so that one hang still leaves the other's numbers
+    step train_bench timeout "$t" "$python" "$src/bench/gpu_train_bench.py" --trident "$trident" \
+         --cublas "$gemm" --out "$out/train_bench" --steps "${TRAIN_STEPS:-16}" \
+         --timeout $(((t - 20) / 2))
+  fi
 fi
 
 # Out-of-bounds accesses and shared-memory races in trident's own kernels (the fp32 cases of
@@ -143,10 +235,20 @@ elif [ ! -x "$sanitizer" ]; then
   skip memcheck "no compute-sanitizer"
   skip racecheck "no compute-sanitizer"
 else
-  step memcheck timeout "${MEMCHECK_TIMEOUT:-150}" "$sanitizer" --tool memcheck --error-exitcode 99 \
-       "$tests" --gtest_filter='Fp32/*-*gemm_*:*linear_*'
-  step racecheck timeout "${RACECHECK_TIMEOUT:-60}" "$sanitizer" --tool racecheck --error-exitcode 99 \
-       "$tests" --gtest_filter='Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*'
+  t=$(bounded "${MEMCHECK_TIMEOUT:-100}")
+  if [ "$t" -eq 0 ]; then
+    skip memcheck "time budget spent"
+  else
+    step memcheck timeout "$t" "$sanitizer" --tool memcheck --error-exitcode 99 \
+         "$tests" --gtest_filter='Fp32/*-*gemm_*:*linear_*'
+  fi
+  t=$(bounded "${RACECHECK_TIMEOUT:-45}")
+  if [ "$t" -eq 0 ]; then
+    skip racecheck "time budget spent"
+  else
+    step racecheck timeout "$t" "$sanitizer" --tool racecheck --error-exitcode 99 \
+         "$tests" --gtest_filter='Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*'
+  fi
 fi
 
 # ---- summary -------------------------------------------------------------------------------
@@ -186,6 +288,10 @@ json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }
         "$out/step_estimate.jsonl" |
         awk '{printf "  %-12s %-5s %9s ms/step %9s tok/s %7s TFLOP/s\n", $1, $2, $3, $5, $7}'
   fi
+  if [ -s "$out/train_bench/gpu_train_bench.txt" ]; then
+    echo
+    cat "$out/train_bench/gpu_train_bench.txt"
+  fi
 } >"$out/summary.txt"
 
 {
@@ -203,6 +309,12 @@ json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }
   json_lines "$out/gemm.jsonl"
   printf ',\n  "step_estimate": '
   json_lines "$out/step_estimate.jsonl"
+  printf ',\n  "train_bench": '
+  if [ -s "$out/train_bench/gpu_train_bench.json" ]; then
+    sed -e '2,$s/^/  /' "$out/train_bench/gpu_train_bench.json"
+  else
+    printf 'null'
+  fi
   printf '\n}\n'
 } >"$out/summary.json"
 

@@ -1,6 +1,8 @@
 // Backend selection (see trident/ops/ops.hpp).
 #include "trident/ops/ops.hpp"
 
+#include <algorithm>
+
 #include "trident/core/error.hpp"
 #ifdef TRIDENT_HAVE_CUDA
 #include "trident/ops/cuda.hpp"
@@ -43,8 +45,11 @@ std::unique_ptr<Ops> make_ops(const BackendOptions& o) {
 #ifdef TRIDENT_HAVE_CUDA
     TRIDENT_CHECK(cuda_device_count() > 0,
                   "runtime.device = \"cuda\" but no CUDA GPU is visible to this rank");
-    cuda_select_device(o.local_rank, o.local_size);
-    return make_cuda_ops(o.precision, o.arena_bytes, o.local_size);
+    const int device = cuda_select_device(o.local_rank, o.local_size);
+    // The node's ranks r with r % GPUs == device share it (and split its free memory).
+    const int gpus = cuda_device_count(), local = std::max(1, o.local_size);
+    const int sharing = local / gpus + (device < local % gpus ? 1 : 0);
+    return make_cuda_ops(o.precision, o.arena_bytes, std::max(1, sharing));
 #else
     fail("runtime.device = \"cuda\" but this trident was built without CUDA "
          "(reconfigure with -DTRIDENT_CUDA=ON where nvcc is installed)");

@@ -1,14 +1,15 @@
 // trident/ops/cuda.hpp — host-callable entry points of the CUDA backend (ops/cuda): device
-// discovery and selection, the backend's factory, device memory (DeviceArena) and copies
-// between host and device ordered on a CUDA Ops object's stream. Only built when
-// TRIDENT_CUDA is on. No CUDA header is needed to include this one.
-// defines: trident::ops::cuda_device_count, cuda_select_device, make_cuda_ops, DeviceArena,
-//          cuda_upload, cuda_download, cuda_synchronize
+// discovery and selection, the backend's factory (whose memory() is the rank's one device
+// arena, a trident::DeviceMemory) and copies between host and device ordered on a CUDA Ops
+// object's stream. Only built when TRIDENT_CUDA is on. No CUDA header is needed to include
+// this one.
+// defines: trident::ops::cuda_device_count, cuda_select_device, make_cuda_ops,
+//          cuda_default_arena_bytes, cuda_upload, cuda_download, cuda_synchronize
 //
 // Streams: a CUDA Ops object owns one stream; every op it runs is queued there, in call
 // order, and returns before the GPU has finished (sum_squares, which returns a number, waits).
-// Host code reads results through cuda_download (or after cuda_synchronize). A fault inside a
-// kernel is reported by the next call that waits.
+// Host code reads results through ops.memory()->to_host or cuda_download (or after
+// cuda_synchronize). A fault inside a kernel is reported by the next call that waits.
 #pragma once
 
 #include <cstddef>
@@ -29,45 +30,24 @@ int cuda_device_count();
 int cuda_select_device(int local_rank, int local_size = 0);
 
 // The CUDA backend on the calling thread's current device. Every pointer it is given must be
-// device memory of that device (its memory(), a DeviceArena), including the token and target
-// arrays. memory() is one arena of arena_bytes (0: 90% of the device's free memory divided by
-// ranks_per_device, the ranks of this node sharing the GPU). An Error when no device is
-// visible.
+// device memory of that device, including the token and target arrays: in practice blocks of
+// its memory() (Buffer<T>(n, ops->memory())). memory() is ONE cudaMalloc made here, of
+// arena_bytes, or when 0 of cuda_default_arena_bytes(ranks_per_device); the backend takes its
+// own blocks from it too (cuBLAS workspace, and op scratch that grows in the first step to what
+// the largest op needs), so leave some room besides the model. No other device memory is
+// allocated afterwards; never managed memory. An Error naming the sizes when the arena cannot
+// be allocated or is full; an Error when no device is visible. The Ops object must outlive
+// every Buffer made from its memory() (destroying it frees the whole arena).
 std::unique_ptr<Ops> make_cuda_ops(Precision precision = Precision::fp32,
                                    std::size_t arena_bytes = 0, int ranks_per_device = 1);
 
-// DeviceArena: one cudaMalloc of `bytes` on the current device, handed out by bump
-// allocation (each block aligned to 256 bytes); reset() takes everything back at once. Never
-// managed memory. Move-only; frees its memory when destroyed.
-class DeviceArena {
- public:
-  DeviceArena() = default;
-  explicit DeviceArena(std::size_t bytes);
-  ~DeviceArena();
-  DeviceArena(DeviceArena&& o) noexcept;
-  DeviceArena& operator=(DeviceArena&& o) noexcept;
-  DeviceArena(const DeviceArena&) = delete;
-  DeviceArena& operator=(const DeviceArena&) = delete;
-
-  // `bytes` of device memory (a distinct, 256-byte aligned block; not initialized). An Error
-  // that says how much is left when the arena is full.
-  void* alloc(std::size_t bytes);
-  template <typename T>
-  T* alloc_n(std::size_t n) {
-    return static_cast<T*>(alloc(n * sizeof(T)));
-  }
-  void reset() { used_ = 0; }
-  std::size_t capacity() const { return capacity_; }
-  std::size_t used() const { return used_; }
-  void* base() const { return base_; }
-
-  static constexpr std::size_t kAlign = 256;
-
- private:
-  void* base_ = nullptr;
-  std::size_t capacity_ = 0;
-  std::size_t used_ = 0;
-};
+// The arena make_cuda_ops takes when asked for 0 bytes, on the current device as it is now:
+// 90% of cudaMemGetInfo's free memory divided by ranks_per_device (clamped to >= 1), which are
+// the ranks of this node sharing the GPU. Ranks that share a GPU and build their backends one
+// after another see less free memory the later they come; to give them equal shares, compute
+// this on every rank before any builds its backend, take the minimum over the ranks of the
+// node and pass it as arena_bytes.
+std::size_t cuda_default_arena_bytes(int ranks_per_device = 1);
 
 // Copies of `bytes` between host and device memory, queued on the stream of `ops` (which must
 // be a CUDA Ops) after everything queued before; both return when the copy is complete, so

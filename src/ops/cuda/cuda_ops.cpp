@@ -20,16 +20,17 @@ constexpr std::size_t kCublasWorkspace = std::size_t(32) << 20;
 constexpr std::size_t kMinScratch = std::size_t(1) << 20;
 }  // namespace
 
-CudaOps::CudaOps(Precision precision) : precision_(precision) {
+CudaOps::CudaOps(Precision precision, std::size_t arena_bytes, int ranks_per_device)
+    : precision_(precision) {
   try {
-    setup();
+    setup(arena_bytes, ranks_per_device);
   } catch (...) {
     release();  // the destructor does not run for a constructor that throws
     throw;
   }
 }
 
-void CudaOps::setup() {
+void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   TRIDENT_CUDA_CHECK(cudaGetDevice(&device_));
   cudaDeviceProp prop{};
   TRIDENT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -40,12 +41,12 @@ void CudaOps::setup() {
   TRIDENT_CUBLAS_CHECK(cublasCreate(&cublas_));
   TRIDENT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));  // before the workspace: it resets it
 
-  persistent_ = DeviceArena(aligned_bytes(kCublasWorkspace) +
-                            aligned_bytes(sizeof(double) * std::size_t(sum_squares_blocks())) +
-                            aligned_bytes(sizeof(double)));
-  cublas_workspace_ = persistent_.alloc(kCublasWorkspace);
-  sum_partial_ = persistent_.alloc_n<double>(std::size_t(sum_squares_blocks()));
-  sum_result_ = persistent_.alloc_n<double>(1);
+  // The one cudaMalloc: after the stream and cuBLAS exist, so that "free memory" counts them.
+  memory_ = std::make_unique<CudaMemory>(arena_bytes, ranks_per_device, stream_);
+  cublas_workspace_ = memory_->allocate(kCublasWorkspace);
+  sum_partial_ = static_cast<double*>(
+      memory_->allocate(sizeof(double) * std::size_t(sum_squares_blocks())));
+  sum_result_ = static_cast<double*>(memory_->allocate(sizeof(double)));
   TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
   // Host-pointer scalars (alpha, beta); fp32 math unless a call names a faster compute type.
   TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
@@ -57,15 +58,18 @@ CudaOps::~CudaOps() { release(); }
 
 void CudaOps::release() noexcept {
   // No throwing here: a fault would have been reported by an earlier synchronizing call.
+  // The arena goes last but one: cuBLAS may use its workspace until destroyed.
   if (stream_) cudaStreamSynchronize(stream_);
   if (cublas_) cublasDestroy(cublas_);
-  if (stream_) cudaStreamDestroy(stream_);
   if (host_result_) cudaFreeHost(host_result_);
   cublas_ = nullptr;
-  stream_ = nullptr;
   host_result_ = nullptr;
-  scratch_ = DeviceArena();
-  persistent_ = DeviceArena();
+  scratch_ = BumpBlock();
+  cublas_workspace_ = nullptr;
+  sum_partial_ = sum_result_ = nullptr;
+  memory_.reset();  // cudaFree of the whole arena (Buffers made from it must be gone by now)
+  if (stream_) cudaStreamDestroy(stream_);
+  stream_ = nullptr;
 }
 
 std::string CudaOps::name() const {
@@ -73,13 +77,29 @@ std::string CudaOps::name() const {
              precision_name(precision_), " matrix products)");
 }
 
-DeviceArena& CudaOps::scratch(std::size_t bytes) {
+BumpBlock& CudaOps::scratch(std::size_t bytes) {
   if (bytes > scratch_.capacity()) {
-    // Ops queued earlier may still read the old scratch: wait for them before freeing it.
+    // Ops queued earlier may still read the old scratch: wait for them before releasing it.
     TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    const std::size_t grown = std::max({bytes + bytes / 4, 2 * scratch_.capacity(), kMinScratch});
-    scratch_ = DeviceArena();  // free first: the old and new together may not fit
-    scratch_ = DeviceArena(aligned_bytes(grown));
+    const std::size_t grown =
+        aligned_bytes(std::max({bytes + bytes / 4, 2 * scratch_.capacity(), kMinScratch}));
+    memory_->release(scratch_.base());  // first: the old and new together may not fit
+    scratch_ = BumpBlock();
+    std::size_t size = grown;
+    void* p = nullptr;
+    try {
+      p = memory_->allocate(size);
+    } catch (const Error&) {
+      // No room for the headroom: exactly what this call needs, or an Error naming the sizes.
+      size = aligned_bytes(bytes);
+      try {
+        p = memory_->allocate(size);
+      } catch (const Error& e) {
+        fail("cuda: the scratch of one op needs ", bytes, " bytes: ", e.what(),
+             " (runtime's device arena must hold it besides the model's buffers)");
+      }
+    }
+    scratch_ = BumpBlock(p, size);
   }
   scratch_.reset();
   return scratch_;
@@ -204,10 +224,15 @@ void CudaOps::adamw(float* p, const float* g, float* m, float* v, std::int64_t n
 
 // ---- public entry points (trident/ops/cuda.hpp) --------------------------------------------
 
-std::unique_ptr<Ops> make_cuda_ops(Precision precision, std::size_t /*arena_bytes*/,
-                                   int /*ranks_per_device*/) {
+std::unique_ptr<Ops> make_cuda_ops(Precision precision, std::size_t arena_bytes,
+                                   int ranks_per_device) {
   TRIDENT_CHECK(cuda_device_count() > 0, "cuda: no CUDA GPU is visible to this process");
-  return std::make_unique<cuda::CudaOps>(precision);
+  return std::make_unique<cuda::CudaOps>(precision, arena_bytes, ranks_per_device);
+}
+
+std::size_t cuda_default_arena_bytes(int ranks_per_device) {
+  TRIDENT_CHECK(cuda_device_count() > 0, "cuda: no CUDA GPU is visible to this process");
+  return cuda::default_arena_bytes(ranks_per_device);
 }
 
 namespace {

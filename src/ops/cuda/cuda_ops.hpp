@@ -4,12 +4,14 @@
 // scratch, copies, the non-GEMM ops) and matmul.cpp (gemm, linear, attention).
 // defines: trident::ops::cuda::CudaOps
 //
-// Memory: no allocation inside an op call once every shape has been seen. Two arenas (one
-// cudaMalloc each): `persistent_` (cuBLAS workspace, sum_squares partials) made in the
-// constructor, and `scratch_`, which holds what one op needs for the length of that call
+// Memory: one cudaMalloc per object, made in the constructor: the arena of `memory_`
+// (CudaMemory, memory.hpp), which memory() hands to the model and from which the backend takes
+// its own blocks too: the cuBLAS workspace and the sum_squares partials (for the object's
+// life), and `scratch_`, a block that holds what one op needs for the length of that call
 // (bf16 copies of GEMM inputs, layernorm column partials, the ones vector of db). scratch()
-// grows it only when a call needs more than it has, which happens at the first call of the
-// largest shape, i.e. in the first training step.
+// grows it (release + allocate in the arena, no cudaMalloc) only when a call needs more than
+// it has, which happens at the first call of the largest shape, i.e. in the first training
+// step; so the arena must leave room for the largest op's scratch besides the model.
 //
 // Precision (Ops::gemm, linear_*: the model's large products):
 //   fp32  cublasGemmEx, CUBLAS_COMPUTE_32F: plain fp32, matches the CPU to rounding.
@@ -32,8 +34,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "memory.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
 
@@ -41,7 +45,9 @@ namespace trident::ops::cuda {
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(Precision precision);
+  // arena_bytes: the size of memory()'s one cudaMalloc (0: 90% of the device's free memory
+  // divided by ranks_per_device).
+  CudaOps(Precision precision, std::size_t arena_bytes, int ranks_per_device);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -50,6 +56,10 @@ class CudaOps final : public Ops {
   std::string name() const override;
   Precision precision() const { return precision_; }
   cudaStream_t stream() const { return stream_; }
+  DeviceMemory* memory() override { return memory_.get(); }
+  CudaMemory& cuda_memory() { return *memory_; }
+  // The scratch block's size now (grown by the largest op seen so far).
+  std::size_t scratch_capacity() const { return scratch_.capacity(); }
 
   // Host <-> device copies on this object's stream, complete on return.
   void upload(void* device_dst, const void* host_src, std::size_t bytes);
@@ -103,11 +113,11 @@ class CudaOps final : public Ops {
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
 
  private:
-  void setup();              // the constructor's work (stream, cuBLAS, arenas)
+  void setup(std::size_t arena_bytes, int ranks_per_device);  // the constructor's work
   void release() noexcept;   // the destructor's, also after a failed setup()
-  // The scratch arena, emptied, with at least `bytes` (sum of aligned_bytes of the blocks the
+  // The scratch block, emptied, with at least `bytes` (sum of aligned_bytes of the blocks the
   // caller will take). Grows (after waiting for the stream) only when too small.
-  DeviceArena& scratch(std::size_t bytes);
+  BumpBlock& scratch(std::size_t bytes);
   // Row-major C[m,n] = alpha op(A) op(B) + beta C in the object's precision.
   void gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                const float* b, int ldb, float beta, float* c, int ldc);
@@ -121,17 +131,12 @@ class CudaOps final : public Ops {
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  DeviceArena persistent_;
-  DeviceArena scratch_;
-  void* cublas_workspace_ = nullptr;  // in persistent_
-  double* sum_partial_ = nullptr;     // in persistent_: sum_squares_blocks() doubles
-  double* sum_result_ = nullptr;      // in persistent_
-  double* host_result_ = nullptr;     // pinned host memory, one double
+  std::unique_ptr<CudaMemory> memory_;  // the one arena
+  BumpBlock scratch_;                   // a block of the arena
+  void* cublas_workspace_ = nullptr;    // in the arena
+  double* sum_partial_ = nullptr;       // in the arena: sum_squares_blocks() doubles
+  double* sum_result_ = nullptr;        // in the arena
+  double* host_result_ = nullptr;       // pinned host memory, one double
 };
-
-// bytes rounded up to the arena's alignment (what one alloc of `bytes` takes from an arena).
-inline std::size_t aligned_bytes(std::size_t bytes) {
-  return (bytes + DeviceArena::kAlign - 1) / DeviceArena::kAlign * DeviceArena::kAlign;
-}
 
 }  // namespace trident::ops::cuda

@@ -52,7 +52,7 @@ void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const 
     const std::int64_t ra = ta ? k : m, ca = ta ? m : k;
     const std::int64_t rb = tb ? n : k, cb = tb ? k : n;
     const std::size_t abytes = std::size_t(ra * ca) * 2, bbytes = std::size_t(rb * cb) * 2;
-    DeviceArena& s = scratch(aligned_bytes(abytes) + aligned_bytes(bbytes));
+    BumpBlock& s = scratch(aligned_bytes(abytes) + aligned_bytes(bbytes));
     void* a16 = s.alloc(abytes);
     void* b16 = s.alloc(bbytes);
     launch_to_bf16(stream_, a16, a, ra, ca, lda);

@@ -34,6 +34,9 @@
 #include <vector>
 
 #include "../reference.hpp"
+#include "trident/core/arena.hpp"
+#include "trident/core/buffer.hpp"
+#include "trident/core/device_memory.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
 
@@ -55,35 +58,34 @@ Ops& cpu() {
   return *ops;
 }
 
-// One CUDA backend per precision for the whole run (a cuBLAS handle is slow to create).
+constexpr std::size_t kMiB = std::size_t(1) << 20;
+
+// One CUDA backend per precision for the whole run (a cuBLAS handle is slow to create), each
+// with an arena of its own that the tables' shapes fit in (the default, 90% of the free
+// memory, would leave nothing for the second one).
 Ops& gpu(Precision p) {
   static std::array<std::unique_ptr<Ops>, 3> ops;
   auto& o = ops[static_cast<std::size_t>(p)];
-  if (!o) o = ops::make_cuda_ops(p);
+  if (!o) o = ops::make_cuda_ops(p, 512 * kMiB);
   return *o;
 }
 
-// A device copy of a host vector (its own DeviceArena), read back with host().
+// A device copy of a host vector: a Buffer of the backend's memory(), read back with host().
 template <typename T>
 class DevVec {
  public:
-  DevVec(Ops& ops, const std::vector<T>& h)
-      : ops_(&ops), n_(h.size()), arena_(std::max<std::size_t>(h.size() * sizeof(T), 1)) {
-    ptr_ = arena_.alloc_n<T>(n_);
-    ops::cuda_upload(ops, ptr_, h.data(), n_ * sizeof(T));
+  DevVec(Ops& ops, const std::vector<T>& h) : buf_(h.size(), ops.memory()) {
+    buf_.memory()->to_device(buf_.data(), h.data(), h.size() * sizeof(T));
   }
-  T* get() { return ptr_; }
+  T* get() { return buf_.data(); }
   std::vector<T> host() const {
-    std::vector<T> h(n_);
-    ops::cuda_download(*ops_, h.data(), ptr_, n_ * sizeof(T));
+    std::vector<T> h(buf_.size());
+    buf_.memory()->to_host(h.data(), buf_.data(), h.size() * sizeof(T));
     return h;
   }
 
  private:
-  Ops* ops_;
-  std::size_t n_;
-  ops::DeviceArena arena_;
-  T* ptr_ = nullptr;
+  Buffer<T> buf_;
 };
 
 // ||got - want||_inf <= tol ||want||_inf (see the file comment).
@@ -467,7 +469,7 @@ TEST(CudaOps, NameAndDevice) {
   Ops& g = gpu(Precision::bf16);
   EXPECT_EQ(g.device(), Device::cuda);
   EXPECT_NE(g.name().find("bf16"), std::string::npos) << g.name();
-  auto o = ops::make_cuda_ops(Precision::tf32);
+  auto o = ops::make_cuda_ops(Precision::tf32, 64 * kMiB);
   EXPECT_NE(o->name().find("tf32"), std::string::npos) << o->name();
   EXPECT_THROW(ops::make_ops("cpu", 1, Precision::bf16), Error) << "the CPU has fp32 only";
 }
@@ -481,15 +483,189 @@ TEST(CudaOps, SelectDevice) {
   ops::cuda_select_device(0);
 }
 
-TEST(CudaOps, ArenaBumpsAlignsAndRefusesOverflow) {
-  ops::DeviceArena arena(4096);
-  char* a = static_cast<char*>(arena.alloc(10));
-  char* b = static_cast<char*>(arena.alloc(1));
-  EXPECT_EQ(b - a, std::ptrdiff_t(ops::DeviceArena::kAlign));
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % ops::DeviceArena::kAlign, 0u);
-  EXPECT_THROW(arena.alloc(4096), Error);
-  arena.reset();
-  EXPECT_EQ(arena.alloc(4096), static_cast<void*>(a));
+// ---- CudaMemory: the one device arena behind memory() --------------------------------------
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(CudaMemory, AllocatesAlignedBlocksInsideTheArenaAndTakesThemBack) {
+  auto o = ops::make_cuda_ops(Precision::fp32, 64 * kMiB);
+  DeviceMemory* mem = o->memory();
+  ASSERT_NE(mem, nullptr);
+  EXPECT_TRUE(contains(mem->where(), "cuda:")) << mem->where();
+  EXPECT_EQ(mem->capacity(), 64 * kMiB);
+  const std::size_t base_use = mem->used();  // the backend's own: cuBLAS workspace, partials
+  EXPECT_GE(base_use, 32 * kMiB);
+  EXPECT_LT(base_use, 33 * kMiB);
+  char* a = static_cast<char*>(mem->allocate(10));
+  char* b = static_cast<char*>(mem->allocate(1));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % ArenaAllocator::kAlign, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % ArenaAllocator::kAlign, 0u);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(mem->used(), base_use + 2 * ArenaAllocator::kAlign);
+  EXPECT_TRUE(mem->holds(a));
+  EXPECT_TRUE(mem->holds(b + 255));
+  int on_stack = 0;
+  EXPECT_FALSE(mem->holds(&on_stack));
+  EXPECT_FALSE(mem->holds(nullptr));
+  std::vector<float> host(4);
+  EXPECT_FALSE(mem->holds(host.data()));
+  mem->release(a);
+  mem->release(b);
+  mem->release(nullptr);  // does nothing
+  EXPECT_EQ(mem->used(), base_use);
+  // The space is merged again: the whole rest of the arena is one block.
+  void* big = mem->allocate(mem->capacity() - base_use);
+  EXPECT_TRUE(mem->holds(big));
+  mem->release(big);
+}
+
+TEST(CudaMemory, RoundTripsThroughDeviceMemoryAndPinnedHost) {
+  Ops& g = gpu(Precision::fp32);
+  DeviceMemory* mem = g.memory();
+  const std::size_t n = 100003;
+  FloatBuffer dev(n, mem);
+  EXPECT_TRUE(mem->holds(dev.data()));
+  EXPECT_TRUE(dev.on_device());
+  std::vector<float> src(n), back(n, -1.0f);
+  for (std::size_t i = 0; i < n; i++) src[i] = float(i) * 0.5f - 7.0f;
+  mem->to_device(dev.data(), src.data(), n * sizeof(float));  // pageable host memory
+  mem->to_host(back.data(), dev.data(), n * sizeof(float));
+  EXPECT_EQ(back, src);
+  // pinned host memory, after a kernel queued on the stream (the copy waits for it)
+  auto* pinned = static_cast<float*>(mem->allocate_host(n * sizeof(float)));
+  ASSERT_NE(pinned, nullptr);
+  g.scale(dev.data(), 2.0f, std::int64_t(n));
+  mem->to_host(pinned, dev.data(), n * sizeof(float));
+  for (std::size_t i = 0; i < n; i++) ASSERT_EQ(pinned[i], 2.0f * src[i]) << i;
+  for (std::size_t i = 0; i < n; i++) pinned[i] = float(i);
+  mem->to_device(dev.data(), pinned, n * sizeof(float));
+  mem->synchronize();
+  EXPECT_EQ(g.sum_squares(dev.data(), 3), 0.0 + 1.0 + 4.0);
+  mem->release_host(pinned);
+  // the generic helpers (trident/core/device_memory.hpp) take the same route
+  std::fill(back.begin(), back.end(), 0.0f);
+  copy_to_device(mem, dev.data(), src.data(), n * sizeof(float));
+  copy_to_host(mem, back.data(), dev.data(), n * sizeof(float));
+  EXPECT_EQ(back, src);
+  // and so do the older entry points
+  std::fill(back.begin(), back.end(), 0.0f);
+  ops::cuda_upload(g, dev.data(), src.data(), n * sizeof(float));
+  ops::cuda_synchronize(g);
+  ops::cuda_download(g, back.data(), dev.data(), n * sizeof(float));
+  EXPECT_EQ(back, src);
+}
+
+TEST(CudaMemory, AFullArenaIsAnErrorNamingTheSizes) {
+  auto o = ops::make_cuda_ops(Precision::fp32, 40 * kMiB);
+  DeviceMemory* mem = o->memory();
+  try {
+    FloatBuffer too_big(std::size_t(16) << 20, mem);  // 64 MiB
+    FAIL() << "64 MiB from a 40 MiB arena";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(contains(what, "cuda:")) << what;
+    EXPECT_TRUE(contains(what, "67108864 bytes asked for")) << what;
+    EXPECT_TRUE(contains(what, "of 41943040")) << what;
+  }
+  // an arena too small for the backend's own workspace
+  try {
+    ops::make_cuda_ops(Precision::fp32, kMiB);
+    FAIL() << "a 1 MiB arena holds the 32 MiB cuBLAS workspace";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "bytes asked for")) << e.what();
+  }
+  // an arena larger than the device: the cudaMalloc fails, the message names the sizes
+  try {
+    ops::make_cuda_ops(Precision::fp32, std::size_t(1) << 50);
+    FAIL() << "a 1 PiB arena";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(contains(what, "cannot allocate the device arena of 1125899906842624 bytes"))
+        << what;
+    EXPECT_TRUE(contains(what, "free of")) << what;
+  }
+}
+
+TEST(CudaMemory, DefaultArenaIsNinetyPercentOfTheFreeMemoryOverTheRanks) {
+  std::size_t free = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+  const double want = 0.9 * double(free) / 4;
+  const std::size_t got = ops::cuda_default_arena_bytes(4);
+  EXPECT_NEAR(double(got), want, 64.0 * kMiB);
+  EXPECT_EQ(got % ArenaAllocator::kAlign, 0u);
+  // ranks_per_device < 1 counts as 1
+  EXPECT_NEAR(double(ops::cuda_default_arena_bytes(0)), 0.9 * double(free), 64.0 * kMiB);
+  // and make_cuda_ops(…, 0, 4) takes about that (cuBLAS's handle takes a little first)
+  auto o = ops::make_cuda_ops(Precision::fp32, 0, 4);
+  EXPECT_NEAR(double(o->memory()->capacity()), want, 512.0 * kMiB);
+}
+
+TEST(CudaMemory, BuffersOfOpsMemoryFeedTheKernels) {
+  Ops& g = gpu(Precision::bf16);
+  DeviceMemory* mem = g.memory();
+  const int n = 67, in = 96, out = 80;
+  Rng r(4242u);
+  const FVec x = r.normal(std::size_t(n) * in), w = r.normal(std::size_t(in) * out, 0.3),
+             b = r.normal(std::size_t(out));
+  FVec want(std::size_t(n) * out);
+  cpu().linear_forward(want.data(), x.data(), w.data(), b.data(), n, in, out);
+  FloatBuffer dx(x.size(), mem), dw(w.size(), mem), db(b.size(), mem), dy(want.size(), mem);
+  copy_to_device(mem, dx.data(), x.data(), x.size() * sizeof(float));
+  copy_to_device(mem, dw.data(), w.data(), w.size() * sizeof(float));
+  copy_to_device(mem, db.data(), b.data(), b.size() * sizeof(float));
+  const std::size_t before = mem->used();
+  g.linear_forward(dy.data(), dx.data(), dw.data(), db.data(), n, in, out);
+  FVec got(want.size());
+  mem->to_host(got.data(), dy.data(), got.size() * sizeof(float));
+  EXPECT_TRUE(near(got, want, 3e-2));
+  // bf16 products convert their inputs in scratch, which comes from the same arena
+  EXPECT_GE(mem->used(), before);
+  // the GELU of the result, in place, against the CPU
+  FVec gelu_want(want.size());
+  cpu().gelu_forward(gelu_want.data(), got.data(), std::int64_t(got.size()));
+  g.gelu_forward(dy.data(), dy.data(), std::int64_t(got.size()));
+  FVec gelu_got(want.size());
+  mem->to_host(gelu_got.data(), dy.data(), gelu_got.size() * sizeof(float));
+  EXPECT_TRUE(near(gelu_got, gelu_want, 1e-5));
+}
+
+TEST(CudaMemory, ScratchGrowsInsideTheArena) {
+  auto o = ops::make_cuda_ops(Precision::bf16, 128 * kMiB);
+  DeviceMemory* mem = o->memory();
+  const int m = 1024, n = 1024, k = 1024;  // 4 MiB of bf16 copies: beyond the first scratch
+  FloatBuffer a(std::size_t(m) * k, mem), b(std::size_t(k) * n, mem), c(std::size_t(m) * n, mem);
+  o->fill(a.data(), 1.0f, std::int64_t(a.size()));
+  o->fill(b.data(), 0.5f, std::int64_t(b.size()));
+  const std::size_t before = mem->used();
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  o->gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+  o->gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_GE(mem->used(), before + 4 * kMiB) << "the scratch is a block of the arena";
+  EXPECT_EQ(free_after, free_before) << "no cudaMalloc after start-up";
+  std::vector<float> h(4);
+  mem->to_host(h.data(), c.data(), sizeof(float) * h.size());
+  for (float v : h) EXPECT_EQ(v, 512.0f);
+  // an op whose scratch does not fit what is left is an Error naming the sizes: a product
+  // that needs 8 MiB of bf16 copies when about 6 MiB are free (the 5 MiB scratch + 1 MiB)
+  FloatBuffer a2(std::size_t(2048) * k, mem), b2(std::size_t(k) * 2048, mem),
+      c2(std::size_t(2048) * 2048, mem);
+  void* filler = mem->allocate(mem->capacity() - mem->used() - kMiB);
+  try {
+    o->gemm(false, false, 2048, 2048, k, 1.0f, a2.data(), k, b2.data(), 2048, 0.0f, c2.data(),
+            2048);
+    ADD_FAILURE() << "8 MiB of scratch from about 6 MiB free";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "scratch")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "bytes asked for")) << e.what();
+  }
+  mem->release(filler);
+  // and with the room back, the same product runs
+  o->gemm(false, false, 2048, 2048, k, 1.0f, a2.data(), k, b2.data(), 2048, 0.0f, c2.data(), 2048);
+  ops::cuda_synchronize(*o);
 }
 
 TEST(CudaOps, CopiesRefuseTheCpuBackend) {
