@@ -133,6 +133,20 @@ def main():
                 ("no CUDA GPU is visible" in said[0] or "built without CUDA" in said[0]),
                 f"runtime.device = \"cuda\" without a GPU: exit {p.returncode}, {said}")
 
+    # ---- a CUDA-aware MPI: device pointers to MPI against host staging -------------------
+    if DEVICE == "cuda":
+        for lname, np_, sets in [l for l in layouts if l[0] in ("dp2-zero", "tp2xpp2")]:
+            direct, = t.train(np_, f"dev-{lname}", sets=[*sets, *device_sets()])
+            said = "CUDA-aware: device buffers" in t.last_stdout
+            os.environ["TRIDENT_MPI_CUDA_AWARE"] = "0"
+            try:
+                staged, = t.train(np_, f"staged-{lname}", sets=[*sets, *device_sets()])
+            finally:
+                del os.environ["TRIDENT_MPI_CUDA_AWARE"]
+            rel = float(np.max(np.abs(staged - direct) / np.abs(direct)))
+            t.check(rel <= 1e-6, f"{lname}: host-staged MPI against the default "
+                    f"({'direct' if said else 'also staged: MPI is not CUDA-aware'}): {rel:.2e}")
+
     # ---- bf16 on a GPU: 20 steps within 1% of the fp32 CPU curve ---------------------------
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]

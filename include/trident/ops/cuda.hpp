@@ -42,11 +42,9 @@ std::unique_ptr<Ops> make_cuda_ops(Precision precision = Precision::fp32,
                                    std::size_t arena_bytes = 0, int ranks_per_device = 1);
 
 // The arena make_cuda_ops takes when asked for 0 bytes, on the current device as it is now:
-// 90% of cudaMemGetInfo's free memory divided by ranks_per_device (clamped to >= 1), which are
-// the ranks of this node sharing the GPU. Ranks that share a GPU and build their backends one
-// after another see less free memory the later they come; to give them equal shares, compute
-// this on every rank before any builds its backend, take the minimum over the ranks of the
-// node and pass it as arena_bytes.
+// 85% of the GPU's memory divided by ranks_per_device (clamped to >= 1: the ranks of this node
+// sharing the GPU), and at most 90% of what cudaMemGetInfo says is free now. Ranks sharing a
+// GPU build their arenas one after another; sizing from the total keeps their shares equal.
 std::size_t cuda_default_arena_bytes(int ranks_per_device = 1);
 
 // Copies of `bytes` between host and device memory, queued on the stream of `ops` (which must

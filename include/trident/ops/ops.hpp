@@ -147,7 +147,8 @@ struct BackendOptions {
   Precision precision = Precision::fp32;
   int local_rank = 0;  // rank within the node: cuda uses GPU local_rank % (GPUs on the node)
   int local_size = 1;  // ranks on the node (ranks sharing a GPU split its memory)
-  // Device arena: 0 = cuda: 90% of the GPU's free memory / the ranks sharing it;
+  // Device arena: 0 = cuda: 85% of the GPU's memory / the ranks sharing it (at most 90% of
+  // what is free);
   // cpu-guarded: 2 GiB of address space (reserved, committed only as used).
   std::size_t arena_bytes = 0;
 };

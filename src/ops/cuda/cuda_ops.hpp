@@ -45,8 +45,7 @@ namespace trident::ops::cuda {
 
 class CudaOps final : public Ops {
  public:
-  // arena_bytes: the size of memory()'s one cudaMalloc (0: 90% of the device's free memory
-  // divided by ranks_per_device).
+  // arena_bytes: the size of memory()'s one cudaMalloc (0: default_arena_bytes).
   CudaOps(Precision precision, std::size_t arena_bytes, int ranks_per_device);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;

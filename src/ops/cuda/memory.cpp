@@ -24,7 +24,12 @@ std::string sized(std::size_t bytes) {
 std::size_t default_arena_bytes(int ranks_per_device) {
   std::size_t free = 0, total = 0;
   TRIDENT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  const std::size_t share = std::size_t(double(free) * 0.9) / std::size_t(std::max(1, ranks_per_device));
+  // Ranks sharing a GPU make their arenas one after the other, each seeing what the earlier
+  // ones left: an equal share of the whole (85%: the CUDA contexts and cuBLAS take some)
+  // keeps them even, 90% of what is free keeps the last one possible.
+  const std::size_t ranks = std::size_t(std::max(1, ranks_per_device));
+  const std::size_t share =
+      std::min(std::size_t(double(total) * 0.85) / ranks, std::size_t(double(free) * 0.9));
   return share / ArenaAllocator::kAlign * ArenaAllocator::kAlign;
 }
 

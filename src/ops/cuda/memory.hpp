@@ -22,8 +22,8 @@ inline std::size_t aligned_bytes(std::size_t bytes) {
   return (bytes + a - 1) / a * a;
 }
 
-// The arena size make_cuda_ops takes when asked for 0 bytes, on the current device: 90% of
-// cudaMemGetInfo's free memory divided by ranks_per_device (clamped to >= 1).
+// The arena size make_cuda_ops takes when asked for 0 bytes, on the current device: 85% of
+// its memory / ranks_per_device (clamped to >= 1), at most 90% of what is free now.
 std::size_t default_arena_bytes(int ranks_per_device);
 
 class CudaMemory final : public DeviceMemory {

@@ -588,18 +588,23 @@ TEST(CudaMemory, AFullArenaIsAnErrorNamingTheSizes) {
   }
 }
 
-TEST(CudaMemory, DefaultArenaIsNinetyPercentOfTheFreeMemoryOverTheRanks) {
+TEST(CudaMemory, DefaultArenaIsAnEqualShareOfTheGpuCappedByWhatIsFree) {
   std::size_t free = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
-  const double want = 0.9 * double(free) / 4;
+  auto expect = [&](int ranks) {
+    return std::min(0.85 * double(total) / std::max(1, ranks), 0.9 * double(free));
+  };
   const std::size_t got = ops::cuda_default_arena_bytes(4);
-  EXPECT_NEAR(double(got), want, 64.0 * kMiB);
+  EXPECT_NEAR(double(got), expect(4), 64.0 * kMiB);
   EXPECT_EQ(got % ArenaAllocator::kAlign, 0u);
   // ranks_per_device < 1 counts as 1
-  EXPECT_NEAR(double(ops::cuda_default_arena_bytes(0)), 0.9 * double(free), 64.0 * kMiB);
+  EXPECT_NEAR(double(ops::cuda_default_arena_bytes(0)), expect(1), 64.0 * kMiB);
   // and make_cuda_ops(…, 0, 4) takes about that (cuBLAS's handle takes a little first)
   auto o = ops::make_cuda_ops(Precision::fp32, 0, 4);
-  EXPECT_NEAR(double(o->memory()->capacity()), want, 512.0 * kMiB);
+  EXPECT_NEAR(double(o->memory()->capacity()), expect(4), 512.0 * kMiB);
+  // A second rank on the same GPU gets the same share, not 90% of what the first left.
+  auto second = ops::make_cuda_ops(Precision::fp32, 0, 4);
+  EXPECT_EQ(second->memory()->capacity(), o->memory()->capacity());
 }
 
 TEST(CudaMemory, BuffersOfOpsMemoryFeedTheKernels) {
