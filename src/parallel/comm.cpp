@@ -81,19 +81,22 @@ void Comm::allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Da
   HostStage stage(staging_.get(), data, std::size_t(n * elem_bytes), true, true);
   if (watchdog_seconds() <= 0) {
     MPI_Allreduce(MPI_IN_PLACE, stage.ptr(), as_count(n), type, op, comm_);
-    stage.finish();
-    return;
+  } else {
+    MPI_Request r;
+    MPI_Iallreduce(MPI_IN_PLACE, stage.ptr(), as_count(n), type, op, comm_, &r);
+    watch(r, "an allreduce", n);
   }
-  // Under the watchdog (runtime.watchdog_s) a rank whose peer stopped names this wait.
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, stage.ptr(), as_count(n), type, op, comm_, &r);
+  stage.finish();
+}
+
+// Under the watchdog (runtime.watchdog_s) a rank whose peer stopped names this wait.
+void Comm::watch(MPI_Request& r, const char* what, std::int64_t n) const {
   wait(r, [&] {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    return str("rank ", world_rank, " (", name_, " rank ", rank_, ") waits in an allreduce of ",
-               n, " elements on communicator ", name_);
+    return str("rank ", world_rank, " (", name_, " rank ", rank_, ") waits in ", what, " of ", n,
+               " elements on communicator ", name_);
   });
-  stage.finish();
 }
 
 void Comm::allreduce_sum(float* d, std::int64_t n) { allreduce(d, n, 4, MPI_FLOAT, MPI_SUM); }
@@ -115,7 +118,14 @@ void Comm::reduce_scatter_sum(const float* full, float* shard, std::int64_t shar
   HostStage in(staging_.get(), const_cast<float*>(full), shard_bytes * std::size_t(size_), true,
                false, 0);
   HostStage out(staging_.get(), shard, shard_bytes, false, true, 1);
-  MPI_Reduce_scatter_block(in.ptr(), out.ptr(), as_count(shard_n), MPI_FLOAT, MPI_SUM, comm_);
+  if (watchdog_seconds() <= 0) {
+    MPI_Reduce_scatter_block(in.ptr(), out.ptr(), as_count(shard_n), MPI_FLOAT, MPI_SUM, comm_);
+  } else {
+    MPI_Request r;
+    MPI_Ireduce_scatter_block(in.ptr(), out.ptr(), as_count(shard_n), MPI_FLOAT, MPI_SUM, comm_,
+                              &r);
+    watch(r, "a reduce-scatter", shard_n * size_);
+  }
   out.finish();
 }
 
@@ -124,8 +134,15 @@ void Comm::all_gather_inplace(float* full, std::int64_t shard_n) {
   count(double(size_ - 1) * double(shard_n) * 4.0);
   HostStage stage(staging_.get(), full, std::size_t(shard_n) * 4 * std::size_t(size_), true,
                   true);
-  MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, stage.ptr(), as_count(shard_n), MPI_FLOAT,
-                comm_);
+  if (watchdog_seconds() <= 0) {
+    MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, stage.ptr(), as_count(shard_n), MPI_FLOAT,
+                  comm_);
+  } else {
+    MPI_Request r;
+    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, stage.ptr(), as_count(shard_n), MPI_FLOAT,
+                   comm_, &r);
+    watch(r, "an all-gather", shard_n * size_);
+  }
   stage.finish();
 }
 
@@ -135,8 +152,15 @@ void Comm::all_gather(const float* shard, float* full, std::int64_t shard_n) {
   const std::size_t shard_bytes = std::size_t(shard_n) * 4;
   HostStage in(staging_.get(), const_cast<float*>(shard), shard_bytes, true, false, 0);
   HostStage out(staging_.get(), full, shard_bytes * std::size_t(size_), false, true, 1);
-  MPI_Allgather(in.ptr(), as_count(shard_n), MPI_FLOAT, out.ptr(), as_count(shard_n), MPI_FLOAT,
-                comm_);
+  if (watchdog_seconds() <= 0) {
+    MPI_Allgather(in.ptr(), as_count(shard_n), MPI_FLOAT, out.ptr(), as_count(shard_n), MPI_FLOAT,
+                  comm_);
+  } else {
+    MPI_Request r;
+    MPI_Iallgather(in.ptr(), as_count(shard_n), MPI_FLOAT, out.ptr(), as_count(shard_n),
+                   MPI_FLOAT, comm_, &r);
+    watch(r, "an all-gather", shard_n * size_);
+  }
   out.finish();
 }
 
@@ -196,13 +220,23 @@ void Comm::broadcast(void* data, std::int64_t bytes, int root) {
   if (size_ <= 1) return;
   count(rank_ == root ? double(bytes) : 0.0);
   HostStage stage(staging_.get(), data, std::size_t(bytes), rank_ == root, rank_ != root);
-  MPI_Bcast(stage.ptr(), as_count(bytes), MPI_BYTE, root, comm_);
+  if (watchdog_seconds() <= 0) {
+    MPI_Bcast(stage.ptr(), as_count(bytes), MPI_BYTE, root, comm_);
+  } else {
+    MPI_Request r;
+    MPI_Ibcast(stage.ptr(), as_count(bytes), MPI_BYTE, root, comm_, &r);
+    watch(r, "a broadcast", bytes);
+  }
   stage.finish();
 }
+
 void Comm::barrier() {
   if (size_ <= 1) return;
   count(0);
-  MPI_Barrier(comm_);
+  if (watchdog_seconds() <= 0) return (void)MPI_Barrier(comm_);
+  MPI_Request r;
+  MPI_Ibarrier(comm_, &r);
+  watch(r, "a barrier", 0);
 }
 
 void ParallelState::use_device_memory(DeviceMemory* memory, bool mpi_takes_device) {

@@ -7,7 +7,8 @@ runs F0 F1 and then waits in B0 for the gradient from pp rank 1. The job must en
 well within the time limit (the watchdog's 2 s plus start-up, far below the stall's hour),
 with one line on stderr naming rank 0, the action B0, the peer (pp rank 1) and the
 communicator (pp). At dp = 2 the same stall leaves rank 0 in the gradients' allreduce, and
-the line names that allreduce and the dp communicator. Without the fault the same deck
+the line names that allreduce and the dp communicator; at tp = 2 with sequence parallelism,
+the tp collective (the embedding's reduce-scatter). Without the fault the same deck
 trains to the end under the watchdog.
 TRIDENT_FAULT=exit:1:2 (rank 1 vanishes) also ends the job without a hang, and a
 malformed TRIDENT_FAULT is one `trident: error:` line.
@@ -67,6 +68,19 @@ def main():
     t.check(rc not in (None, 0) and dt < BUDGET_S and len(lines) == 1 and
             lines[0].startswith(want) and "on communicator dp for more than" in lines[0],
             f"stall at dp 2: the job ends in {dt:.1f} s (exit {rc}), naming the dp allreduce")
+
+    # Inside a TP group under sequence parallelism: rank 0 waits in the embedding's
+    # reduce-scatter (a blocking collective, watched too).
+    rc, out, dt = mpirun(t, "stall:1:2", "stall_tp", ("--set", "parallel.pp=1",
+                                                      "--set", "parallel.tp=2",
+                                                      "--set", "parallel.sequence_parallel=true"))
+    lines = [l for l in out.splitlines() if "watchdog" in l]
+    print("\n".join(lines) or out[-2000:])
+    want = "trident: error: watchdog: rank 0 (tp rank 0) waits in "
+    t.check(rc not in (None, 0) and dt < BUDGET_S and len(lines) == 1 and
+            lines[0].startswith(want) and "on communicator tp for more than" in lines[0],
+            f"stall at tp 2 with SP: the job ends in {dt:.1f} s (exit {rc}), naming the tp "
+            f"collective: {lines[:1]}")
 
     rc, out, dt = mpirun(t, "exit:1:2", "exit")
     t.check(rc not in (None, 0) and dt < BUDGET_S, f"exit: the job ends non-zero in {dt:.1f} s (exit {rc})")

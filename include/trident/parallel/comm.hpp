@@ -88,6 +88,8 @@ class Comm {
  private:
   void allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
                  MPI_Op op);
+  // Waits for a blocking collective's request under runtime.watchdog_s (a hang names it).
+  void watch(MPI_Request& r, const char* what, std::int64_t n) const;
   // A non-blocking call's device buffer: synced for a CUDA-aware MPI, refused otherwise.
   void direct_only(const void* p, const char* call) const;
   void count(double bytes) {
