@@ -38,7 +38,7 @@ Executor::Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule
     if (staging->mpi_takes_device())
       send_memory_ = chunk_.memory();
     else
-      recv_stage_ = FloatBuffer(std::size_t(chunk_.boundary_numel()));
+      recv_stage_ = PinnedBuffer(chunk_.memory(), std::size_t(chunk_.boundary_numel()));
   }
 }
 

@@ -77,13 +77,16 @@ GradSync::GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb,
   }
   const parallel::DeviceStaging* staging = dp.staging();
   if (active() && chunk.memory() && staging && !staging->mpi_takes_device()) {
-    host_grads_ = FloatBuffer(std::size_t(chunk.num_params()));
-    if (zero_) host_shard_ = FloatBuffer(std::size_t(shard_numel_));
+    host_grads_ = PinnedBuffer(chunk.memory(), std::size_t(chunk.num_params()));
+    if (zero_) host_shard_ = PinnedBuffer(chunk.memory(), std::size_t(shard_numel_));
   }
   requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
+  landing_.reserve(buckets_.size());
 }
 
 void GradSync::begin(int microbatches) {
+  landing_.clear();
+  landed_ = 0;
   for (Bucket& b : buckets_) {
     b.started = false;
     b.pending = (b.last_spec - b.first_spec) * microbatches;
@@ -93,15 +96,35 @@ void GradSync::begin(int microbatches) {
 void GradSync::start(int i) {
   Bucket& b = buckets_[i];
   b.started = true;
-  float* g = chunk_.grads() + b.offset;
-  float* shard = zero_ ? shard_grads_.data() + b.shard : nullptr;
-  if (host_grads()) {  // through host memory: the bucket's gradients come down first
-    copy_floats(chunk_.memory(), host_grads() + b.offset, g, b.n);
-    g = host_grads() + b.offset;
-    if (zero_) shard = host_shard() + b.shard;
-  }
+  if (!host_grads()) return launch(i);
+  // Through host memory: the bucket comes down on the backend's staging stream while the
+  // backward goes on; its collective starts once it has landed.
+  b.ticket = chunk_.memory()->to_host_async(host_grads() + b.offset, chunk_.grads() + b.offset,
+                                            std::size_t(b.n) * sizeof(float));
+  landing_.push_back(i);
+  launch_landed(false);
+}
+
+void GradSync::launch(int i) {
+  const Bucket& b = buckets_[i];
+  float* g = (host_grads() ? host_grads() : chunk_.grads()) + b.offset;
+  float* shard = zero_ ? (host_grads() ? host_shard() : shard_grads_.data()) + b.shard : nullptr;
   requests_[i] = zero_ ? dp_.ireduce_scatter_sum(g, shard, b.counts.data(), b.n)
                        : dp_.iallreduce_sum(g, b.n);
+}
+
+// Every DP rank must start the collectives in the same order: buckets leave the landing
+// queue in the order they were started (copies land in that order too).
+void GradSync::launch_landed(bool wait) {
+  DeviceMemory* mem = chunk_.memory();
+  for (; landed_ < landing_.size(); ++landed_) {
+    const std::uint64_t ticket = buckets_[std::size_t(landing_[landed_])].ticket;
+    if (wait)
+      mem->wait_copy(ticket);
+    else if (!mem->copy_done(ticket))
+      return;
+    launch(landing_[landed_]);
+  }
 }
 
 void GradSync::ready(std::int64_t offset, std::int64_t count) {
@@ -118,6 +141,7 @@ void GradSync::ready(std::int64_t offset, std::int64_t count) {
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i)
     if (!buckets_[i].started && buckets_[i].pending == 0) start(int(i));
+  launch_landed(false);
   int flag = 0;
   MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
 }
@@ -131,6 +155,7 @@ void GradSync::finish() {
       start(int(i));
   }
   const auto t0 = std::chrono::steady_clock::now();
+  launch_landed(true);
   wait_buckets("the DP gradient reduction (bucketed allreduce)");
   if (host_grads()) {  // the reduced gradients (or this rank's shard of them) go back up
     if (zero_)

@@ -4,7 +4,8 @@
 // and every host <-> device crossing (initial weights, tokens, the loss, checkpoints, MPI
 // without CUDA support) goes through to_host / to_device. The CPU backend has none (nullptr):
 // its buffers are host memory and every copy helper below is a memcpy.
-// defines: trident::DeviceMemory, copy_to_host, copy_to_device, holds_device, HostMirror
+// defines: trident::DeviceMemory, copy_to_host, copy_to_device, holds_device, HostMirror,
+//          PinnedBuffer
 #pragma once
 
 #include <cstddef>
@@ -35,6 +36,18 @@ class DeviceMemory {
   // Waits for all queued device work: before MPI reads device memory directly.
   virtual void synchronize() = 0;
 
+  // A copy to host memory (pinned: allocate_host) on the backend's staging stream: it starts
+  // after the device work queued so far and holds up neither the host nor the compute
+  // stream. Returns a ticket at once; copy_done(ticket) says whether the copy has landed (the
+  // host side must not be read before), wait_copy(ticket) waits for it. Tickets complete in
+  // the order they were issued. Without a staging stream: a plain to_host, done on return.
+  virtual std::uint64_t to_host_async(void* host_dst, const void* device_src, std::size_t bytes) {
+    to_host(host_dst, device_src, bytes);
+    return 0;
+  }
+  virtual bool copy_done(std::uint64_t /*ticket*/) { return true; }
+  virtual void wait_copy(std::uint64_t /*ticket*/) {}
+
   // Host memory the device copies to and from fastest (pinned, page-locked on CUDA).
   virtual void* allocate_host(std::size_t bytes) = 0;
   virtual void release_host(void* p) noexcept = 0;
@@ -55,6 +68,27 @@ namespace trident {
 // n floats of `data` (mem's device memory, or host memory) seen from the host: `data` itself
 // when that is host memory, else a host copy, read from the device when `fill`; commit()
 // writes the copy back (nothing to do for host memory). For checkpoints and dumps.
+// n floats of host memory the device copies to and from fastest (mem's allocate_host), or of
+// plain host memory when mem is null. Move-only.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(DeviceMemory* mem, std::size_t n);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  float* data() { return data_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  DeviceMemory* mem_ = nullptr;
+  float* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
 class HostMirror {
  public:
   HostMirror(DeviceMemory* mem, float* data, std::int64_t n, bool fill);

@@ -97,7 +97,7 @@ class Executor {
   std::vector<FloatBuffer> send_buffers_;
   std::vector<int> free_send_buffers_;
   DeviceMemory* send_memory_ = nullptr;  // where send_buffers_ live (null: host)
-  FloatBuffer recv_stage_;
+  PinnedBuffer recv_stage_;
   std::vector<Pending> sends_;
 };
 

@@ -106,8 +106,13 @@ class GradSync {
     std::int64_t shard = 0;               // where this rank's part starts in the shard layout
     int pending = 0;                      // reports still missing
     bool started = false;
+    std::uint64_t ticket = 0;             // host staging: its copy to host_grads_
   };
-  void start(int b);
+  void start(int b);   // the bucket is final: its collective (or first its copy) starts
+  void launch(int b);  // its collective starts
+  // Host staging: starts the collectives of the buckets whose copies have landed, in start
+  // order (waiting for each when `wait`).
+  void launch_landed(bool wait);
   // The host copies a bucket goes through when the gradients are device memory and MPI is
   // not CUDA-aware (else null: MPI reads the buffers themselves).
   float* host_grads() { return host_grads_.empty() ? nullptr : host_grads_.data(); }
@@ -121,7 +126,9 @@ class GradSync {
   std::vector<Segment> segments_;
   std::int64_t shard_numel_ = 0;
   FloatBuffer shard_grads_;           // ZeRO-1 only
-  FloatBuffer host_grads_, host_shard_;  // host staging (device memory, MPI not CUDA-aware)
+  PinnedBuffer host_grads_, host_shard_;  // host staging (device memory, MPI not CUDA-aware)
+  std::vector<int> landing_;  // host staging: buckets in start order; [0, landed_) launched
+  std::size_t landed_ = 0;
   std::vector<MPI_Request> requests_;  // one per bucket, MPI_REQUEST_NULL when idle/done
   double last_wait_s_ = 0;
   int last_early_ = 0;

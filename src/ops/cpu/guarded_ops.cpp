@@ -12,8 +12,10 @@
 // defines: trident::ops::make_guarded_ops
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "cpu_ops.hpp"
 #include "trident/core/arena.hpp"
@@ -65,6 +67,14 @@ class GuardedMemory final : public DeviceMemory {
     std::memcpy(dst, src, bytes);
   }
   void synchronize() override {}
+  // The copy is made at once, but each ticket reads "not yet" on its first query, so that
+  // callers' waiting paths run too (a GPU's staging stream lands copies later).
+  std::uint64_t to_host_async(void* dst, const void* src, std::size_t bytes) override {
+    to_host(dst, src, bytes);
+    return ++tickets_;
+  }
+  bool copy_done(std::uint64_t ticket) override { return !asked_once_.insert(ticket).second; }
+  void wait_copy(std::uint64_t ticket) override { asked_once_.insert(ticket); }
   void* allocate_host(std::size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!p) throw std::bad_alloc();
@@ -99,6 +109,8 @@ class GuardedMemory final : public DeviceMemory {
   ArenaAllocator arena_;
   char* base_ = nullptr;
   int depth_ = 0;
+  std::uint64_t tickets_ = 0;
+  std::set<std::uint64_t> asked_once_;
 };
 
 class GuardedOps final : public Ops {

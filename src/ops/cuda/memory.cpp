@@ -52,7 +52,8 @@ CudaMemory::CudaMemory(std::size_t bytes, int ranks_per_device, cudaStream_t str
   if (status != cudaSuccess) {
     cudaGetLastError();  // an out-of-memory cudaMalloc is not sticky; clear it all the same
     fail(where_, ": cannot allocate the device arena of ", sized(want),
-         bytes ? " (runtime arena size asked for)" : " (90% of the free memory / ranks per device)",
+         bytes ? " (runtime arena size asked for)"
+               : " (the default: 85% of the GPU / ranks per device, at most 90% of free)",
          ": ", sized(free), " free of ", sized(total), ", ", rpd,
          " rank(s) per device; cudaMalloc: ", cudaGetErrorString(status));
   }
@@ -61,7 +62,51 @@ CudaMemory::CudaMemory(std::size_t bytes, int ranks_per_device, cudaStream_t str
 }
 
 CudaMemory::~CudaMemory() {
-  if (base_) cudaFree(base_);  // no throw from a destructor; a fault was reported earlier
+  // No throw from a destructor; a fault was reported earlier.
+  for (Copy& c : copies_) {
+    if (c.queued) cudaEventDestroy(c.queued);
+    if (c.landed) cudaEventDestroy(c.landed);
+  }
+  if (staging_) cudaStreamDestroy(staging_);
+  if (base_) cudaFree(base_);
+}
+
+// The staging stream and its events are made on first use (a run without host staging
+// never needs them). Copy `ticket` uses slot ticket % kCopySlots: issuing it first waits for
+// the copy that used the slot before (kCopySlots tickets earlier), so no event is re-recorded
+// while a caller may still ask about it.
+std::uint64_t CudaMemory::to_host_async(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (!staging_) {
+    TRIDENT_CUDA_CHECK(cudaStreamCreateWithFlags(&staging_, cudaStreamNonBlocking));
+    copies_.resize(kCopySlots);
+    for (Copy& c : copies_) {
+      TRIDENT_CUDA_CHECK(cudaEventCreateWithFlags(&c.queued, cudaEventDisableTiming));
+      TRIDENT_CUDA_CHECK(cudaEventCreateWithFlags(&c.landed, cudaEventDisableTiming));
+    }
+  }
+  const std::uint64_t ticket = ++tickets_;
+  Copy& c = copies_[ticket % kCopySlots];
+  if (ticket > kCopySlots) TRIDENT_CUDA_CHECK(cudaEventSynchronize(c.landed));
+  // After the kernels queued so far on the compute stream, on the staging stream.
+  TRIDENT_CUDA_CHECK(cudaEventRecord(c.queued, stream_));
+  TRIDENT_CUDA_CHECK(cudaStreamWaitEvent(staging_, c.queued, 0));
+  if (bytes > 0)
+    TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, staging_));
+  TRIDENT_CUDA_CHECK(cudaEventRecord(c.landed, staging_));
+  return ticket;
+}
+
+bool CudaMemory::copy_done(std::uint64_t ticket) {
+  if (ticket == 0 || ticket + kCopySlots <= tickets_) return true;  // its slot moved on
+  const cudaError_t status = cudaEventQuery(copies_[ticket % kCopySlots].landed);
+  if (status == cudaErrorNotReady) return false;
+  TRIDENT_CUDA_CHECK(status);
+  return true;
+}
+
+void CudaMemory::wait_copy(std::uint64_t ticket) {
+  if (ticket == 0 || ticket + kCopySlots <= tickets_) return;
+  TRIDENT_CUDA_CHECK(cudaEventSynchronize(copies_[ticket % kCopySlots].landed));
 }
 
 void* CudaMemory::allocate(std::size_t bytes) {

@@ -9,7 +9,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trident/core/arena.hpp"
 #include "trident/core/device_memory.hpp"
@@ -50,6 +52,11 @@ class CudaMemory final : public DeviceMemory {
   void to_device(void* device_dst, const void* host_src, std::size_t bytes) override;
   void to_host(void* host_dst, const void* device_src, std::size_t bytes) override;
   void synchronize() override;
+  // On a second stream (non-blocking), ordered after the compute stream's work by an event;
+  // copy_done / wait_copy ask the event recorded after the copy.
+  std::uint64_t to_host_async(void* host_dst, const void* device_src, std::size_t bytes) override;
+  bool copy_done(std::uint64_t ticket) override;
+  void wait_copy(std::uint64_t ticket) override;
   // Pinned (page-locked) host memory: cudaHostAlloc / cudaFreeHost.
   void* allocate_host(std::size_t bytes) override;
   void release_host(void* p) noexcept override;
@@ -58,6 +65,14 @@ class CudaMemory final : public DeviceMemory {
   ArenaAllocator arena_;
   char* base_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  // Staging copies: their stream and a ring of event pairs (made on first use).
+  static constexpr std::uint64_t kCopySlots = 256;
+  struct Copy {
+    cudaEvent_t queued = nullptr, landed = nullptr;
+  };
+  cudaStream_t staging_ = nullptr;
+  std::vector<Copy> copies_;
+  std::uint64_t tickets_ = 0;
   std::string where_;  // "cuda:0 (NVIDIA H200)"
   std::string what_;   // "device arena of cuda:0 (NVIDIA H200)", for ArenaAllocator's errors
 };
