@@ -15,7 +15,8 @@
 # a few minutes to run on 2 cores.
 # usage: test/unit/ops/cuda/emulate/train.sh [BUILD_DIR (build-cpu)] [--build-only]
 #   BUILD_DIR: a CPU build (cmake -DTRIDENT_CUDA=OFF, `trident` built). Output: build-emu/
-#   (TRIDENT_EMU_OUT overrides). Needs g++ (x86-64), mpirun, python3 with numpy, h5py, torch.
+#   (TRIDENT_EMU_OUT overrides). Needs g++ (x86-64), mpirun, and python3 (TRIDENT_PYTHON
+#   overrides) with numpy, h5py and torch.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -93,7 +94,7 @@ status=0
 for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py; do
   t0=$SECONDS
   rc=0
-  python3 "$src/$t" || rc=$?
+  "${TRIDENT_PYTHON:-python3}" "$src/$t" || rc=$?
   echo "emulate/train: $t exit $rc in $((SECONDS - t0)) s"
   [ "$rc" -eq 0 ] || status=1
 done
