@@ -25,8 +25,10 @@ build=$(cd "${1:-$src/build-cpu}" && pwd)
 only_build=${2:-}
 work=${TRIDENT_EMU_OUT:-$src/build-emu}
 link="$build/CMakeFiles/trident.dir/link.txt"
-[ -f "$link" ] && [ -f "$build/libtrident_ops.a" ] ||
-  { echo "emulate/train: no CPU build in $build (cmake -DTRIDENT_CUDA=OFF, then build)" >&2; exit 2; }
+if [ ! -f "$link" ] || [ ! -f "$build/libtrident_ops.a" ]; then
+  echo "emulate/train: no CPU build in $build (cmake -DTRIDENT_CUDA=OFF, then build)" >&2
+  exit 2
+fi
 grep -q '^TRIDENT_CUDA:BOOL=OFF' "$build/CMakeCache.txt" ||
   { echo "emulate/train: $build is not configured with -DTRIDENT_CUDA=OFF" >&2; exit 2; }
 
@@ -64,7 +66,9 @@ compile "$src/src/ops/ops.cpp" "$work/obj/ops.o" -DTRIDENT_HAVE_CUDA=1 "${warn[@
 for shim in emu runtime cublas; do
   compile "$here/shim/$shim.cpp" "$work/obj/shim-$shim.o"
 done
+compile "$here/shim/selftest.cpp" "$work/selftest.o"
 for j in "${jobs[@]}"; do wait "$j"; done
+g++ "$work/selftest.o" "$work"/obj/shim-*.o -o "$work/selftest"
 # The CPU build's link line of trident, with these objects ahead of its libraries.
 objs=("$work"/obj/*.o)
 read -r -a cmd <"$link"
@@ -85,6 +89,7 @@ echo "GPU 0: emulated GPU (trident CPU shim) (UUID: GPU-emulated)"
 EOF
 chmod +x "$work/bin/nvidia-smi"
 echo "emulate/train: built $work/trident in $((SECONDS - start)) s"
+"$work/selftest"
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"
