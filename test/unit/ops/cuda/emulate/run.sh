@@ -6,7 +6,8 @@
 # usage: test/unit/ops/cuda/emulate/run.sh [BUILD_DIR (build)] — needs libtrident_ops.a and
 # libtrident_core.a built there (make build), g++ (C++17, x86-64) and OpenBLAS.
 # The whole program on the emulated backend (runtime.device = "cuda" in real training, with
-# the host side of src/ops/cuda on a CPU shim of the CUDA runtime and cuBLAS): train.sh here.
+# the host side of src/ops/cuda on a CPU shim of the CUDA runtime and cuBLAS, checked by
+# test/mpi/device_layouts.py and test/oracle/grad_oracle.py): train.sh here (manual, ~2 min).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -7,12 +7,19 @@
 #   test/mpi/device_layouts.py  with TRIDENT_TEST_DEVICE=cuda (every layout against "cpu")
 #   test/oracle/grad_oracle.py  with TRIDENT_TEST_DEVICE=cuda (gradients against PyTorch)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
-# A check of the backend's host code, its use of cuBLAS and the runtime (argument checks,
-# every pointer handed to cuBLAS, a kernel or a copy must be device memory; fresh device
-# memory is NaN) and of the device-buffer plumbing of the model, pipeline and MPI staging, in
-# real training. Not a GPU: no asynchrony, no concurrency, cuBLAS's rounding is not the
-# hardware's (see shim/cublas_v2.h). A manual script (not CTest): about a minute to build and
-# a few minutes to run on 2 cores.
+# First shim/selftest.cpp checks the shim itself. A check of the backend's host code, its use
+# of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
+# copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
+# of the model, pipeline and MPI staging, in real training, with the real kernels.
+# Not a GPU, and not modelled: asynchrony (every call is complete on return, so a missing
+# synchronization cannot show), concurrency (one OS thread runs a launch: no data races),
+# cuBLAS's summation order and rounding (shim/cublas_v2.h), nvcc's FMA contraction (the
+# kernels are built with -ffp-contract=off), several GPUs, ranks sharing one GPU's memory
+# (each process has its own 4 GiB device), host code reading device memory directly (the
+# "cpu-guarded" device checks that), a CUDA-aware MPI (the local one decides; staging is what
+# a non-CUDA-aware one exercises). x86-64 only (the fibers' context switch).
+# A manual script, not a CTest test: on 2 cores about 15 s to build and 90 s to run
+# (device_layouts ~80 s, grad_oracle ~10 s), over the budget of the regular suite.
 # usage: test/unit/ops/cuda/emulate/train.sh [BUILD_DIR (build-cpu)] [--build-only]
 #   BUILD_DIR: a CPU build (cmake -DTRIDENT_CUDA=OFF, `trident` built). Output: build-emu/
 #   (TRIDENT_EMU_OUT overrides). Needs g++ (x86-64), mpirun, and python3 (TRIDENT_PYTHON

@@ -87,6 +87,8 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
 
 // nvcc's round-to-nearest intrinsics are there to stop contraction into FMAs; the shim's
 // callers are built with -ffp-contract=off (train.sh, run.sh), so plain operators are exact.
+// (nvcc contracts plain a * b + c in kernels by default: the emulation does not, so the
+// other kernels' last bits may differ from a GPU's.)
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
