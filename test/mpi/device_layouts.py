@@ -137,7 +137,7 @@ def main():
     if DEVICE == "cuda":
         for lname, np_, sets in [l for l in layouts if l[0] in ("dp2-zero", "tp2xpp2")]:
             direct, = t.train(np_, f"dev-{lname}", sets=[*sets, *device_sets()])
-            said = "CUDA-aware: device buffers" in t.last_stdout
+            said = "CUDA-aware: device buffers are passed to MPI" in t.last_stdout
             os.environ["TRIDENT_MPI_CUDA_AWARE"] = "0"
             try:
                 staged, = t.train(np_, f"staged-{lname}", sets=[*sets, *device_sets()])

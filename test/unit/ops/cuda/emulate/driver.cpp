@@ -3,7 +3,7 @@
 // masks, reductions and the cuBLAS argument mapping of attention (with column-major OpenBLAS
 // calls standing in for cuBLAS: exactly cublasGemmStridedBatchedEx's semantics), on odd
 // shapes. Norm as in cuda_ops_test.cpp: ||emulated - cpu||_inf <= tol ||cpu||_inf.
-// Not a CTest test (thousands of threads per launch: ~20 s); run.sh builds and runs it.
+// Not a CTest test; run.sh builds and runs it (about 10 s, most of it compiling).
 #include <cblas.h>
 #include <cstdio>
 #include <random>

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # test/unit/ops/cuda/emulate/run.sh — runs trident's CUDA kernels (src/ops/cuda/*.cu) on the
-# CPU, one std::thread per CUDA thread (shim/emu.hpp), against the CPU backend: a check of
-# the kernels' logic on a machine without a GPU. Not a substitute for test/unit/ops/cuda on a
-# GPU (no memory model, no launch limits, no cuBLAS).
+# CPU (shim/emu.hpp: the threads of a block as fibers on one OS thread), against the CPU
+# backend: a check of the kernels' logic on a machine without a GPU. Not a substitute for
+# test/unit/ops/cuda on a GPU (no memory model, no asynchrony, no real cuBLAS).
 # usage: test/unit/ops/cuda/emulate/run.sh [BUILD_DIR (build)] — needs libtrident_ops.a and
-# libtrident_core.a built there (make build), g++ with C++20 (<barrier>) and OpenBLAS.
+# libtrident_core.a built there (make build), g++ (C++17, x86-64) and OpenBLAS.
+# The whole program on the emulated backend (runtime.device = "cuda" in real training, with
+# the host side of src/ops/cuda on a CPU shim of the CUDA runtime and cuBLAS, checked by
+# test/mpi/device_layouts.py and test/oracle/grad_oracle.py): train.sh here (manual, ~2 min).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,16 +25,20 @@ cp "$here"/shim/check.hpp "$src"/src/ops/cuda/common.cuh "$src"/src/ops/cuda/ker
 objs=()
 for cu in "$src"/src/ops/cuda/*.cu; do
   name=$(basename "$cu" .cu)
-  # k<<<grid, block, 0, s>>>(args) -> emu_launch(k, grid, block, args)
-  sed -e 's/\b\([a-z_0-9]*_kernel\)<<<\(.*\), 0, s>>>(/emu_launch(\1, \2, /' "$cu" >"$work/$name.cpp"
+  # k<<<grid, block, 0, s>>>(args) -> emu_launch(k, "k", grid, block, args)
+  sed -e 's/\b\([a-z_0-9]*_kernel\)<<<\(.*\), 0, s>>>(/emu_launch(\1, "\1", \2, /' "$cu" >"$work/$name.cpp"
   if grep -q '<<<' "$work/$name.cpp"; then
     echo "emulate: a launch in $cu is not of the form k<<<grid, block, 0, s>>>(...)" >&2
     exit 2
   fi
-  g++ -std=c++20 -O1 -I"$here/shim" -I"$work" -c "$work/$name.cpp" -o "$work/$name.o"
+  g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -I"$work" -c "$work/$name.cpp" -o "$work/$name.o"
   objs+=("$work/$name.o")
 done
-g++ -std=c++20 -O1 -I"$here/shim" -I"$work" -I"$src/include" -I"$blas_inc" "$here/driver.cpp" \
+for shim in emu runtime cublas; do
+  g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -c "$here/shim/$shim.cpp" -o "$work/shim-$shim.o"
+  objs+=("$work/shim-$shim.o")
+done
+g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -I"$work" -I"$src/include" -I"$blas_inc" "$here/driver.cpp" \
     "${objs[@]}" "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp \
     -pthread -o "$work/emulate"
 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/emulate"

@@ -1,79 +1,111 @@
-// emulate/shim/emu.hpp — just enough of CUDA to run trident's kernels on the CPU: every CUDA
-// thread of a block is a std::thread, blocks run one after another; __syncthreads is a
-// block-wide barrier, __shfl_xor_sync an exchange through a slot array between two
-// warp-wide barriers, __shared__ arrays are function statics (one block at a time), atomicAdd
-// an atomic_ref. Checks indexing, masks and reductions; says nothing of speed, of the memory
-// model or of launch limits. Kernels are launched through emu_launch (run.sh rewrites
-// `k<<<grid, block, 0, s>>>(args)` into `emu_launch(k, grid, block, args)`).
+// emulate/shim/emu.hpp — just enough of CUDA's device side to run trident's kernels on the
+// CPU. One OS thread runs a launch: the blocks one after another, and the CUDA threads of a
+// block as fibers (own stacks, switched by a few instructions of x86-64 assembly in emu.cpp)
+// that run until they reach a __syncthreads or a warp shuffle and wait there until their
+// block (or warp) has all arrived. A kernel whose first thread reaches no such point runs its
+// other threads as plain calls, without fibers; should one of them then synchronize, the run
+// stops with an error instead of guessing. __shared__ arrays are function statics (one block
+// at a time), atomicAdd a plain add (one OS thread), __shfl_xor_sync an exchange through a
+// slot array between two warp barriers, full masks only. Threads leaving early drop out of
+// the barriers (as exited threads do on the GPU).
+// Checks indexing, masks, reductions, launch limits (block size, grid size: an invalid
+// configuration is reported through cudaGetLastError, as a real launch) and, built with
+// TRIDENT_EMU_DEVICE_POINTERS (train.sh), that every pointer argument of a kernel is null or
+// device memory of the runtime shim (cuda_runtime_api.h). Says nothing of speed, of the
+// memory model (threads never run concurrently, so data races cannot show) or of
+// asynchrony: a launch has finished when emu_launch returns.
+// Kernels are launched through emu_launch (run.sh and train.sh rewrite
+// `k<<<grid, block, 0, s>>>(args)` into `emu_launch(k, "k", grid, block, args)`).
 #pragma once
 
-#include <atomic>
-#include <barrier>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
-#include <vector>
+#include <type_traits>
+
+#include "cuda_runtime_api.h"
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
-inline thread_local dim3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
+// Plain globals: one OS thread runs every kernel, and the scheduler sets threadIdx before it
+// resumes a fiber.
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __shared__ static
-using cudaStream_t = void*;
 
-struct EmuBlock {
-  std::unique_ptr<std::barrier<>> block;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::uint64_t slots[1024];
-};
-inline EmuBlock* emu_block;
+namespace emu {
+// emu.cpp
+void sync_block();                              // __syncthreads
+void sync_warp();                               // one warp barrier (of the calling thread)
+std::uint64_t* shuffle_slots();                 // 1024 slots, one per thread of the block
+unsigned thread_rank();                         // linear index of the thread in its block
+unsigned block_threads();
+[[noreturn]] void die(const char* what, const char* detail);
+void run_grid(const char* kernel, dim3 grid, dim3 block, void (*body)(void*), void* ctx);
+// cuda_runtime shim (runtime.cpp): is [p, p + bytes) inside one cudaMalloc block?
+bool is_device(const void* p, std::size_t bytes);
+void launch_error(const char* kernel, const char* why);  // sets cudaGetLastError
 
-inline void __syncthreads() { emu_block->block->arrive_and_wait(); }
+// false (and the launch's error set) for a pointer that is neither null nor device memory:
+// the kernel is then not run (on a GPU it would fault).
+template <class T>
+bool check_arg(const char* kernel, const T& arg) {
+  if constexpr (std::is_pointer_v<T>) {
+    if (arg != nullptr && !is_device(arg, 1)) {
+      launch_error(kernel, "a pointer argument is not device memory (not from cudaMalloc)");
+      return false;
+    }
+  }
+  return true;
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::sync_block(); }
 
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int o) {
-  const int tid = int(threadIdx.x + threadIdx.y * blockDim.x), warp = tid / 32, lane = tid % 32;
-  std::memcpy(&emu_block->slots[tid], &v, sizeof v);
-  emu_block->warps[warp]->arrive_and_wait();
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) <= sizeof(std::uint64_t), "emu: shuffles of at most 8 bytes");
+  if (mask != 0xffffffffu) emu::die("__shfl_xor_sync", "only full masks are emulated");
+  const unsigned tid = emu::thread_rank();
+  const unsigned src = (tid & ~31u) | ((tid & 31u) ^ unsigned(lane_mask & 31));
+  if (src >= emu::block_threads()) emu::die("__shfl_xor_sync", "source lane outside the block");
+  std::uint64_t* slots = emu::shuffle_slots();
+  std::memcpy(&slots[tid], &v, sizeof v);
+  emu::sync_warp();
   T r;
-  std::memcpy(&r, &emu_block->slots[warp * 32 + (lane ^ o)], sizeof r);
-  emu_block->warps[warp]->arrive_and_wait();
+  std::memcpy(&r, &slots[src], sizeof r);
+  emu::sync_warp();  // nobody overwrites its slot before everyone has read
   return r;
 }
 
+// nvcc's round-to-nearest intrinsics are there to stop contraction into FMAs; the shim's
+// callers are built with -ffp-contract=off (train.sh, run.sh), so plain operators are exact.
+// (nvcc contracts plain a * b + c in kernels by default: the emulation does not, so the
+// other kernels' last bits may differ from a GPU's.)
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline float atomicAdd(float* p, float v) {  // one OS thread: no other thread can interleave
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
 
 template <class K, class... A>
-void emu_launch(K kernel, dim3 grid, dim3 block, A... args) {
-  gridDim = grid;
-  blockDim = block;
-  const int nt = int(block.x * block.y * block.z);
-  for (unsigned by = 0; by < grid.y; by++)
-    for (unsigned bx = 0; bx < grid.x; bx++) {
-      EmuBlock e;
-      e.block = std::make_unique<std::barrier<>>(nt);
-      for (int w = 0; w < (nt + 31) / 32; w++) e.warps.push_back(std::make_unique<std::barrier<>>(32));
-      emu_block = &e;
-      std::vector<std::thread> threads;
-      for (int t = 0; t < nt; t++)
-        threads.emplace_back([&, t] {
-          threadIdx = dim3(unsigned(t) % block.x, unsigned(t) / block.x);
-          blockIdx = dim3(bx, by);
-          kernel(args...);
-        });
-      for (auto& th : threads) th.join();
-    }
+void emu_launch(K kernel, const char* name, dim3 grid, dim3 block, A... args) {
+#ifdef TRIDENT_EMU_DEVICE_POINTERS
+  if (!(emu::check_arg(name, args) && ...)) return;
+#endif
+  auto body = [&] { kernel(args...); };
+  using Body = decltype(body);
+  emu::run_grid(name, grid, block, [](void* ctx) { (*static_cast<Body*>(ctx))(); }, &body);
 }

@@ -1,0 +1,262 @@
+// emulate/shim/cublas.cpp — the cuBLAS calls of cublas_v2.h on the CPU (see there for the
+// arithmetic and what is checked). Column-major throughout, as cuBLAS.
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_bf16.h"
+#include "emu.hpp"
+
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+};
+
+namespace {
+
+cublasStatus_t not_device(const char* call, const char* what) {
+  std::fprintf(stderr,
+               "cuda emulation: %s: %s is not (all) device memory: a GPU would fault here\n",
+               call, what);
+  return CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+std::size_t type_size(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
+
+// Bytes a column-major rows x cols matrix with leading dimension ld spans.
+std::size_t extent(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::size_t elem) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return std::size_t((cols - 1) * ld + rows) * elem;
+}
+
+// fp32 rounded to TF32 (10 explicit mantissa bits), round to nearest even; inf/NaN kept.
+float to_tf32(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return f;
+  u += 0xfffu + ((u >> 13) & 1u);
+  u &= 0xffffe000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float to_bf16(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
+
+// Element (r, c) of a column-major matrix of `type`, as the compute type sees it.
+float load(const void* p, cudaDataType type, std::int64_t r, std::int64_t c, std::int64_t ld,
+           cublasComputeType_t compute) {
+  const std::int64_t i = c * ld + r;
+  if (type == CUDA_R_16BF) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  const float f = static_cast<const float*>(p)[i];
+  if (compute == CUBLAS_COMPUTE_32F_FAST_TF32) return to_tf32(f);
+  if (compute == CUBLAS_COMPUTE_32F_FAST_16BF) return to_bf16(f);
+  return f;
+}
+
+// One product C = alpha op(A) op(B) + beta C (arguments already checked).
+void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
+              cudaDataType atype, int lda, const void* b, cudaDataType btype, int ldb,
+              float beta, float* c, int ldc, cublasComputeType_t compute) {
+  std::vector<double> arow(static_cast<std::size_t>(k));
+  for (int i = 0; i < m; i++) {
+    for (int l = 0; l < k; l++) arow[l] = ta ? load(a, atype, l, i, lda, compute) : load(a, atype, i, l, lda, compute);
+    for (int j = 0; j < n; j++) {
+      double acc = 0.0;
+      for (int l = 0; l < k; l++)
+        acc += arow[l] * double(tb ? load(b, btype, j, l, ldb, compute) : load(b, btype, l, j, ldb, compute));
+      float& out = c[std::int64_t(j) * ldc + i];
+      const float prod = alpha * float(acc);
+      out = beta == 0.0f ? prod : prod + beta * out;
+    }
+  }
+}
+
+// cuBLAS's checks of a GEMM's shape and types.
+cublasStatus_t check_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                          int n, int k, cudaDataType atype, int lda, cudaDataType btype, int ldb,
+                          cudaDataType ctype, int ldc, cublasComputeType_t compute) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
+    return CUBLAS_STATUS_INVALID_VALUE;  // OP_C is OP_T for reals; trident never asks for it
+  if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  const int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
+  if (lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (ctype != CUDA_R_32F || atype != btype) return CUBLAS_STATUS_NOT_SUPPORTED;
+  switch (compute) {
+    case CUBLAS_COMPUTE_32F:
+    case CUBLAS_COMPUTE_32F_PEDANTIC:
+      if (atype != CUDA_R_32F && atype != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+      break;
+    case CUBLAS_COMPUTE_32F_FAST_TF32:
+    case CUBLAS_COMPUTE_32F_FAST_16BF:
+      if (atype != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;  // fp32 in, fp32 out only
+      break;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+cublasStatus_t cublasCreate(cublasHandle_t* h) {
+  *h = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = s;
+  h->workspace = nullptr;  // as cuBLAS: a new stream resets the workspace to the default pool
+  h->workspace_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* w, std::size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes > 0 && !emu::is_device(w, bytes)) return not_device("cublasSetWorkspace", "workspace");
+  if (reinterpret_cast<std::uintptr_t>(w) % 256 != 0) return CUBLAS_STATUS_INVALID_VALUE;
+  h->workspace = w;
+  h->workspace_bytes = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t mode) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->pointer_mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasGetStatusName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char* cublasGetStatusString(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    default: return "cuBLAS error (emulated)";
+  }
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const void* alpha, const void* a, cudaDataType atype, int lda, long long stride_a,
+    const void* b, cudaDataType btype, int ldb, long long stride_b, const void* beta, void* c,
+    cudaDataType ctype, int ldc, long long stride_c, int batch, cublasComputeType_t compute,
+    cublasGemmAlgo_t) {
+  const cublasStatus_t s =
+      check_gemm(h, transa, transb, m, n, k, atype, lda, btype, ldb, ctype, ldc, compute);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const std::size_t ea = type_size(atype), eb = type_size(btype);
+  for (int i = 0; i < batch; i++) {
+    const char* ai = static_cast<const char*>(a) + std::int64_t(i) * stride_a * std::int64_t(ea);
+    const char* bi = static_cast<const char*>(b) + std::int64_t(i) * stride_b * std::int64_t(eb);
+    float* ci = static_cast<float*>(c) + std::int64_t(i) * stride_c;
+    const bool reads = k > 0 && al != 0.0f;  // cuBLAS reads no A, B then
+    if (reads && !emu::is_device(ai, extent(ta ? k : m, ta ? m : k, lda, ea))) return not_device("gemm", "A");
+    if (reads && !emu::is_device(bi, extent(tb ? n : k, tb ? k : n, ldb, eb))) return not_device("gemm", "B");
+    if (!emu::is_device(ci, extent(m, n, ldc, 4))) return not_device("gemm", "C");
+    gemm_one(ta, tb, m, n, reads ? k : 0, al, ai, atype, lda, bi, btype, ldb, be, ci, ldc, compute);
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb,
+                            int m, int n, int k, const void* alpha, const void* a,
+                            cudaDataType atype, int lda, const void* b, cudaDataType btype,
+                            int ldb, const void* beta, void* c, cudaDataType ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+  return cublasGemmStridedBatchedEx(h, transa, transb, m, n, k, alpha, a, atype, lda, 0, b, btype,
+                                    ldb, 0, beta, c, ctype, ldc, 0, 1, compute, algo);
+}
+
+cublasStatus_t cublasSgeam(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb,
+                           int m, int n, const float* alpha, const float* a, int lda,
+                           const float* beta, const float* b, int ldb, float* c, int ldc) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m < 0 || n < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
+  const int ar = ta ? n : m, br = tb ? n : m;
+  if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  // In place only as cuBLAS allows it: C = A with op N and ldc = lda (likewise B).
+  if ((c == a && (ta || lda != ldc)) || (c == b && (tb || ldb != ldc)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const float al = *alpha, be = *beta;
+  if (al != 0.0f && !emu::is_device(a, extent(ar, ta ? m : n, lda, 4))) return not_device("cublasSgeam", "A");
+  if (be != 0.0f && !emu::is_device(b, extent(br, tb ? m : n, ldb, 4))) return not_device("cublasSgeam", "B");
+  if (!emu::is_device(c, extent(m, n, ldc, 4))) return not_device("cublasSgeam", "C");
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      float r = 0.0f;  // alpha == 0 reads no A, beta == 0 no B
+      if (al != 0.0f) r = al * (ta ? a[std::int64_t(i) * lda + j] : a[std::int64_t(j) * lda + i]);
+      if (be != 0.0f) r += be * (tb ? b[std::int64_t(i) * ldb + j] : b[std::int64_t(j) * ldb + i]);
+      c[std::int64_t(j) * ldc + i] = r;
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemv(cublasHandle_t h, cublasOperation_t trans, int m, int n,
+                           const float* alpha, const float* a, int lda, const float* x, int incx,
+                           const float* beta, float* y, int incy) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m < 0 || n < 0 || lda < (m > 1 ? m : 1) || incx == 0 || incy == 0)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (incx < 0 || incy < 0) return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated
+  const bool t = trans == CUBLAS_OP_T;
+  const int xl = t ? m : n, yl = t ? n : m;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const float al = *alpha, be = *beta;
+  if (!emu::is_device(a, extent(m, n, lda, 4))) return not_device("cublasSgemv", "A");
+  if (!emu::is_device(x, extent(1, xl, incx, 4))) return not_device("cublasSgemv", "x");
+  if (!emu::is_device(y, extent(1, yl, incy, 4))) return not_device("cublasSgemv", "y");
+  for (int i = 0; i < yl; i++) {
+    double acc = 0.0;
+    for (int l = 0; l < xl; l++)
+      acc += double(t ? a[std::int64_t(i) * lda + l] : a[std::int64_t(l) * lda + i]) *
+             double(x[std::int64_t(l) * incx]);
+    float& out = y[std::int64_t(i) * incy];
+    const float prod = al * float(acc);
+    out = be == 0.0f ? prod : prod + be * out;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}

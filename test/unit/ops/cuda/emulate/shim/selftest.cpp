@@ -1,0 +1,154 @@
+// emulate/shim/selftest.cpp — the shim checked against itself before train.sh trusts it:
+// cuBLAS's column-major GEMM (every transpose pair, padded leading dimensions, strided
+// batches, bf16 inputs, the TF32/bf16 rounding of the fast compute types) against a plain
+// double loop, cuBLAS's argument checks, and that the checks of device pointers, poisoned
+// fresh memory and launch limits fire. Built with TRIDENT_EMU_DEVICE_POINTERS.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_bf16.h"
+#include "cuda_runtime.h"
+
+namespace {
+int bad = 0;
+void check(bool ok, const char* what) {
+  std::printf("%s  %s\n", ok ? "ok  " : "BAD ", what);
+  bad += !ok;
+}
+float* dev(std::size_t n) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, n * sizeof(float)) != cudaSuccess) std::abort();
+  return static_cast<float*>(p);
+}
+__global__ void add_one_kernel(float* x, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] += 1.0f;
+}
+__global__ void block_sum_kernel(float* out, const float* x) {
+  __shared__ float part[32];
+  float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0;
+    for (unsigned w = 0; w < blockDim.x / 32; w++) s += part[w];
+    out[blockIdx.x] = s;
+  }
+}
+}  // namespace
+
+int main() {
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const int m = 5, n = 4, k = 7, pad = 3, batch = 2;
+  for (int tc = 0; tc < 4; tc++) {
+    const bool ta = tc & 1, tb = tc & 2;
+    const int lda = (ta ? k : m) + pad, ldb = (tb ? n : k) + pad, ldc = m + pad;
+    const long long sa = lda * (ta ? m : k), sb = ldb * (tb ? k : n), sc = ldc * n;
+    std::vector<float> a(sa * batch), b(sb * batch), c(sc * batch);
+    for (std::size_t i = 0; i < a.size(); i++) a[i] = std::sin(float(i));
+    for (std::size_t i = 0; i < b.size(); i++) b[i] = std::cos(float(i));
+    for (std::size_t i = 0; i < c.size(); i++) c[i] = float(i % 5);
+    float *da = dev(a.size()), *db = dev(b.size()), *dc = dev(c.size());
+    cudaMemcpy(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dc, c.data(), c.size() * 4, cudaMemcpyHostToDevice);
+    const float alpha = 0.5f, beta = 2.0f;
+    const cublasStatus_t s = cublasGemmStridedBatchedEx(
+        h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, da,
+        CUDA_R_32F, lda, sa, db, CUDA_R_32F, ldb, sb, &beta, dc, CUDA_R_32F, ldc, sc, batch,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    std::vector<float> got(c.size());
+    cudaMemcpy(got.data(), dc, c.size() * 4, cudaMemcpyDeviceToHost);
+    double err = 0;
+    for (int q = 0; q < batch; q++)
+      for (int i = 0; i < ldc; i++)
+        for (int j = 0; j < n; j++) {
+          double want = c[q * sc + j * ldc + i];
+          if (i < m) {
+            double acc = 0;
+            for (int l = 0; l < k; l++)
+              acc += double(ta ? a[q * sa + i * lda + l] : a[q * sa + l * lda + i]) *
+                     double(tb ? b[q * sb + l * ldb + j] : b[q * sb + j * ldb + l]);
+            want = alpha * acc + beta * want;
+          }
+          err = std::fmax(err, std::fabs(got[q * sc + j * ldc + i] - want));
+        }
+    char what[96];
+    std::snprintf(what, sizeof what, "strided batched gemm ta%d tb%d: err %.1e", int(ta), int(tb), err);
+    check(s == CUBLAS_STATUS_SUCCESS && err < 1e-5, what);
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dc);
+  }
+  // bf16 inputs, TF32 and bf16 rounding of fp32 inputs: 1 x (1 + 2^-12) is 1 + 2^-12 in fp32.
+  float *x = dev(4), *y = dev(4), *z = dev(4);
+  const float one = 1.0f, zero = 0.0f, v = 1.0f + std::ldexp(1.0f, -12), w = 1.0f + std::ldexp(1.0f, -9);
+  cudaMemcpy(x, &one, 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(y, &v, 4, cudaMemcpyHostToDevice);
+  float r = 0;
+  auto gemm1 = [&](const void* p, const void* q, cudaDataType t, cublasComputeType_t ct) {
+    const cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, p, t, 1, q,
+                                          t, 1, &zero, z, CUDA_R_32F, 1, ct, CUBLAS_GEMM_DEFAULT);
+    cudaMemcpy(&r, z, 4, cudaMemcpyDeviceToHost);
+    return s;
+  };
+  check(gemm1(x, y, CUDA_R_32F, CUBLAS_COMPUTE_32F) == 0 && r == v, "32F keeps 1 + 2^-12");
+  check(gemm1(x, y, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) == 0 && r == 1.0f,
+        "FAST_TF32 rounds 1 + 2^-12 to 1");
+  cudaMemcpy(y, &w, 4, cudaMemcpyHostToDevice);
+  check(gemm1(x, y, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) == 0 && r == w, "FAST_TF32 keeps 1 + 2^-9");
+  check(gemm1(x, y, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF) == 0 && r == 1.0f,
+        "FAST_16BF rounds 1 + 2^-9 to 1");
+  const __nv_bfloat16 hb[2] = {__float2bfloat16_rn(3.0f), __float2bfloat16_rn(w)};
+  cudaMemcpy(x, hb, 4, cudaMemcpyHostToDevice);
+  check(gemm1(x, reinterpret_cast<char*>(x) + 2, CUDA_R_16BF, CUBLAS_COMPUTE_32F) == 0 && r == 3.0f,
+        "bf16 inputs: 3 x bf16(1 + 2^-9) = 3");
+  check(gemm1(x, x, CUDA_R_16BF, CUBLAS_COMPUTE_32F_FAST_TF32) == CUBLAS_STATUS_NOT_SUPPORTED,
+        "bf16 inputs with FAST_TF32: NOT_SUPPORTED");
+  check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 1, 1, &one, x, CUDA_R_32F, 1, y, CUDA_R_32F, 1,
+                     &zero, z, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+            CUBLAS_STATUS_INVALID_VALUE, "lda < m: INVALID_VALUE");
+  float host[4] = {};
+  check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, x, CUDA_R_32F, 1, y, CUDA_R_32F, 1,
+                     &zero, host, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+            CUBLAS_STATUS_EXECUTION_FAILED, "host C: EXECUTION_FAILED");
+  check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 4, &one, x, CUDA_R_32F, 1, y, CUDA_R_32F, 4,
+                     &zero, z, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+            CUBLAS_STATUS_SUCCESS, "4 floats of a 4-float block: in bounds");
+  check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 5, &one, x, CUDA_R_32F, 1, y, CUDA_R_32F, 5,
+                     &zero, z, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+            CUBLAS_STATUS_EXECUTION_FAILED, "5 floats of a 4-float block: EXECUTION_FAILED");
+  // the runtime
+  float* fresh = dev(3);
+  cudaMemcpy(host, fresh, 12, cudaMemcpyDeviceToHost);
+  check(std::isnan(host[0]) && std::isnan(host[2]), "fresh device memory reads as NaN");
+  check(cudaMemcpy(host, fresh, 12, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+        "H2D copy into host memory: invalid argument");
+  check(cudaMemcpy(fresh, host, 16, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+        "H2D copy past the end of a block: invalid argument");
+  cudaGetLastError();
+  // launches
+  std::vector<float> ones(256, 1.0f);
+  float *d = dev(256), *sums = dev(4);
+  cudaMemcpy(d, ones.data(), 1024, cudaMemcpyHostToDevice);
+  emu_launch(add_one_kernel, "add_one_kernel", dim3(3), dim3(100), d, 256);
+  emu_launch(block_sum_kernel, "block_sum_kernel", dim3(2), dim3(128), sums, d);
+  float hs[2];
+  cudaMemcpy(hs, sums, 8, cudaMemcpyDeviceToHost);
+  check(cudaGetLastError() == cudaSuccess && hs[0] == 256.0f && hs[1] == 256.0f,
+        "kernels: plain threads, then shuffles and __syncthreads (block sums 256)");
+  for (float& e : host) e = 0.0f;
+  emu_launch(add_one_kernel, "add_one_kernel", dim3(1), dim3(4), host, 4);
+  check(cudaGetLastError() == cudaErrorInvalidConfiguration && host[0] == 0.0f,
+        "a host pointer to a kernel: launch error, kernel not run");
+  emu_launch(add_one_kernel, "add_one_kernel", dim3(1), dim3(2048), d, 256);
+  check(cudaGetLastError() == cudaErrorInvalidConfiguration, "2048 threads a block: launch error");
+  cublasDestroy(h);
+  std::printf(bad ? "shim selftest: %d FAILED\n" : "shim selftest: all ok\n", bad);
+  return bad != 0;
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# test/unit/ops/cuda/emulate/train.sh — the whole trident program with runtime.device = "cuda"
+# on a machine without a GPU: src/ops/cuda (the kernels, rewritten as run.sh does, and the
+# host side: CudaOps, cuBLAS calls, CudaMemory, device selection) compiled against shim/ (a
+# CPU stand-in for the CUDA runtime and cuBLAS: cuda_runtime_api.h, cublas_v2.h say what it
+# models) and linked with the CPU build's libraries into build-emu/trident. Then
+#   test/mpi/device_layouts.py  with TRIDENT_TEST_DEVICE=cuda (every layout against "cpu")
+#   test/oracle/grad_oracle.py  with TRIDENT_TEST_DEVICE=cuda (gradients against PyTorch)
+# with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
+# First shim/selftest.cpp checks the shim itself. A check of the backend's host code, its use
+# of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
+# copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
+# of the model, pipeline and MPI staging, in real training, with the real kernels.
+# Not a GPU, and not modelled: asynchrony (every call is complete on return, so a missing
+# synchronization cannot show), concurrency (one OS thread runs a launch: no data races),
+# cuBLAS's summation order and rounding (shim/cublas_v2.h), nvcc's FMA contraction (the
+# kernels are built with -ffp-contract=off), several GPUs, ranks sharing one GPU's memory
+# (each process has its own 4 GiB device), host code reading device memory directly (the
+# "cpu-guarded" device checks that), a CUDA-aware MPI (the local one decides; staging is what
+# a non-CUDA-aware one exercises). x86-64 only (the fibers' context switch).
+# A manual script, not a CTest test: on 2 cores about 15 s to build and 90 s to run
+# (device_layouts ~80 s, grad_oracle ~10 s), over the budget of the regular suite.
+# usage: test/unit/ops/cuda/emulate/train.sh [BUILD_DIR (build-cpu)] [--build-only]
+#   BUILD_DIR: a CPU build (cmake -DTRIDENT_CUDA=OFF, `trident` built). Output: build-emu/
+#   (TRIDENT_EMU_OUT overrides). Needs g++ (x86-64), mpirun, and python3 (TRIDENT_PYTHON
+#   overrides) with numpy, h5py and torch.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../../../../.." && pwd)
+build=$(cd "${1:-$src/build-cpu}" && pwd)
+only_build=${2:-}
+work=${TRIDENT_EMU_OUT:-$src/build-emu}
+link="$build/CMakeFiles/trident.dir/link.txt"
+if [ ! -f "$link" ] || [ ! -f "$build/libtrident_ops.a" ]; then
+  echo "emulate/train: no CPU build in $build (cmake -DTRIDENT_CUDA=OFF, then build)" >&2
+  exit 2
+fi
+grep -q '^TRIDENT_CUDA:BOOL=OFF' "$build/CMakeCache.txt" ||
+  { echo "emulate/train: $build is not configured with -DTRIDENT_CUDA=OFF" >&2; exit 2; }
+
+start=$SECONDS
+rm -rf "$work"
+mkdir -p "$work/gen" "$work/obj" "$work/bin"
+# The kernels' private headers, with the real check.hpp (check.cpp is compiled below).
+cp "$src"/src/ops/cuda/{check.hpp,common.cuh,kernels.hpp,plans.hpp} "$work/gen/"
+flags=(-std=c++17 -O2 -g -fPIC -fno-math-errno -ffp-contract=off -DTRIDENT_EMU_DEVICE_POINTERS
+       -isystem "$here/shim" -I"$src/include")
+warn=(-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion)
+jobs=()
+compile() {  # compile SOURCE OBJECT [FLAGS...]: in the background, two at a time
+  local in=$1 out=$2
+  shift 2
+  if [ "${#jobs[@]}" -ge 2 ]; then wait "${jobs[0]}"; jobs=("${jobs[@]:1}"); fi
+  g++ "${flags[@]}" "$@" -c "$in" -o "$out" &
+  jobs+=("$!")
+}
+for cu in "$src"/src/ops/cuda/*.cu; do
+  name=$(basename "$cu" .cu)
+  # k<<<grid, block, 0, s>>>(args) -> emu_launch(k, "k", grid, block, args)
+  sed -e 's/\b\([a-z_0-9]*_kernel\)<<<\(.*\), 0, s>>>(/emu_launch(\1, "\1", \2, /' "$cu" >"$work/gen/$name.cpp"
+  if grep -q '<<<' "$work/gen/$name.cpp"; then
+    echo "emulate/train: a launch in $cu is not of the form k<<<grid, block, 0, s>>>(...)" >&2
+    exit 2
+  fi
+  compile "$work/gen/$name.cpp" "$work/obj/kernel-$name.o" -I"$work/gen"
+done
+for cpp in "$src"/src/ops/cuda/*.cpp; do
+  compile "$cpp" "$work/obj/host-$(basename "$cpp" .cpp).o" "${warn[@]}"
+done
+# Backend selection with CUDA on (the CPU build's libtrident_ops.a has it off).
+compile "$src/src/ops/ops.cpp" "$work/obj/ops.o" -DTRIDENT_HAVE_CUDA=1 "${warn[@]}"
+for shim in emu runtime cublas; do
+  compile "$here/shim/$shim.cpp" "$work/obj/shim-$shim.o"
+done
+compile "$here/shim/selftest.cpp" "$work/selftest.o"
+for j in "${jobs[@]}"; do wait "$j"; done
+g++ "$work/selftest.o" "$work"/obj/shim-*.o -o "$work/selftest"
+# The CPU build's link line of trident, with these objects ahead of its libraries.
+objs=("$work"/obj/*.o)
+read -r -a cmd <"$link"
+out=()
+for ((i = 0; i < ${#cmd[@]}; i++)); do
+  case ${cmd[i]} in
+    -o) out+=(-o "$work/trident"); i=$((i + 1)) ;;
+    libtrident_train.a) out+=("${objs[@]}" "${cmd[i]}") ;;
+    *) out+=("${cmd[i]}") ;;
+  esac
+done
+(cd "$build" && "${out[@]}")
+# nvidia-smi -L, as device_layouts.py and grad_oracle.py ask it whether a GPU is visible
+cat >"$work/bin/nvidia-smi" <<'EOF'
+#!/bin/sh
+# emulate/train.sh's stand-in: one GPU, the CPU shim of the CUDA runtime
+echo "GPU 0: emulated GPU (trident CPU shim) (UUID: GPU-emulated)"
+EOF
+chmod +x "$work/bin/nvidia-smi"
+echo "emulate/train: built $work/trident in $((SECONDS - start)) s"
+"$work/selftest"
+[ "$only_build" = --build-only ] && exit 0
+
+export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"
+export PATH="$work/bin:$PATH" TRIDENT_SOURCE_DIR="$src" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+mkdir -p "$TRIDENT_TEST_OUT"
+status=0
+for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py; do
+  t0=$SECONDS
+  rc=0
+  "${TRIDENT_PYTHON:-python3}" "$src/$t" || rc=$?
+  echo "emulate/train: $t exit $rc in $((SECONDS - t0)) s"
+  [ "$rc" -eq 0 ] || status=1
+done
+echo "emulate/train: total $((SECONDS - start)) s"
+exit "$status"
