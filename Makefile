@@ -14,7 +14,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: all build deps check-deps test test-asan run data bench clean
+.PHONY: all build deps check-deps test test-asan test-cuda-emu run data bench clean
 
 all: build
 
@@ -46,6 +46,18 @@ test-asan: check-deps
 	      -DTRIDENT_CUDA=OFF $(CMAKE_ARGS)
 	$(ASAN_ENV) cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && $(ASAN_ENV) ctest -L 'unit|mpi' --output-on-failure -j $(JOBS)
+
+# `make test-cuda-emu`: the CUDA backend without a GPU. Its kernels (emulate/run.sh) and then
+# the whole program with runtime.device = "cuda" (emulate/train.sh: mpi.device_layouts and
+# oracle.grad against "cpu" and PyTorch) on a CPU stand-in for the CUDA runtime and cuBLAS,
+# linked with a CPU-only build in build-cpu/ (~8 min on 2 cores; CI runs it).
+EMU_BUILD ?= build-cpu
+test-cuda-emu: check-deps
+	cmake -S . -B $(EMU_BUILD) -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=OFF -DTRIDENT_TESTS=OFF \
+	      $(CMAKE_ARGS)
+	cmake --build $(EMU_BUILD) -j $(JOBS)
+	test/unit/ops/cuda/emulate/run.sh $(EMU_BUILD)
+	TRIDENT_PYTHON=$(PYTHON) test/unit/ops/cuda/emulate/train.sh $(EMU_BUILD)
 
 # The default corpus (King James Bible) and its token datasets; see input/data.mk.
 include input/data.mk

@@ -105,19 +105,16 @@ BumpBlock& CudaOps::scratch(std::size_t bytes) {
   return scratch_;
 }
 
+// The copies are CudaMemory's (the same stream).
 void CudaOps::upload(void* device_dst, const void* host_src, std::size_t bytes) {
-  if (bytes == 0) return;
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
-  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  memory_->to_device(device_dst, host_src, bytes);
 }
 
 void CudaOps::download(void* host_dst, const void* device_src, std::size_t bytes) {
-  if (bytes == 0) return;
-  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_));
-  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  memory_->to_host(host_dst, device_src, bytes);
 }
 
-void CudaOps::synchronize() { TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaOps::synchronize() { memory_->synchronize(); }
 
 // ---- normalization and pointwise ----------------------------------------------------------
 

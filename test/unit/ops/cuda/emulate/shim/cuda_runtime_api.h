@@ -21,6 +21,7 @@ enum cudaError_t {
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
 };
 enum cudaMemcpyKind {
@@ -84,6 +85,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaEventCreate(cudaEvent_t* event);
+#define cudaEventDefault 0x00u
+#define cudaEventDisableTiming 0x02u
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+// Every event has completed (nothing runs asynchronously here): cudaSuccess, never NotReady.
+cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
