@@ -427,7 +427,7 @@ TEST(ConfigErrors, Enums) {
   expect_error("", {"parallel.grad_bucket_mb=0"}, {"parallel.grad_bucket_mb", "> 0"});
   expect_error("", {"parallel.grad_bucket_mb=-1.5"}, {"parallel.grad_bucket_mb", "> 0"});
   expect_error("", {"parallel.recompute=partial"}, {"parallel.recompute", "none or full"});
-  expect_error("", {"runtime.device=tpu"}, {"runtime.device", "cpu or cuda"});
+  expect_error("", {"runtime.device=tpu"}, {"runtime.device", "cpu, cuda or cpu-guarded"});
   expect_error("", {"runtime.precision=fp16"}, {"runtime.precision", "fp32, tf32 or bf16"});
   expect_error("", {"runtime.precision=bf16"}, {"runtime.precision", "runtime.device"});
   expect_error("[runtime]\nprecision = \"tf32\"\n",
