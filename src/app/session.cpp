@@ -26,8 +26,6 @@ int default_threads(int local_ranks) {
   return std::max(1, std::min(allowed, online / std::max(1, local_ranks)));
 }
 
-bool c_is_cuda(const train::Config& c) { return c.runtime.device == "cuda"; }
-
 }  // namespace
 
 Session open_session(const DeckArgs& args, const std::string& vocab_from) {
@@ -61,8 +59,8 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
       parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp});
   // Device buffers reach MPI directly when it is CUDA-aware ("cuda" only: the guarded test
   // backend always stages), else through host memory.
-  s.ps.use_device_memory(s.ops->memory(),
-                         c_is_cuda(s.cfg) && parallel::mpi_cuda_aware());
+  const bool gpu = s.cfg.runtime.device == "cuda";
+  s.ps.use_device_memory(s.ops->memory(), gpu && parallel::mpi_cuda_aware());
   return s;
 }
 
