@@ -82,6 +82,23 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
   ln_discard_ = buffer(2 * std::int64_t(C_));
+  if (tpm_.sequence_parallel()) {  // the LayerNorm gradients, packed for one reduction
+    std::int64_t norms = 0;
+    for (const auto& s : specs_)
+      if (s.name.find("ln_") != std::string::npos) norms += s.local_numel();
+    sp_grad_pack_ = buffer(norms);
+  }
+  // Host staging for the TP and embedding collectives (device memory, MPI not CUDA-aware),
+  // sized here so that the step loop allocates nothing: slot 0 the [N,C] activations or
+  // wte's gradient, slot 1 the other side of a reduce-scatter or an all-gather.
+  parallel::DeviceStaging* staging = ps.tp.staging();
+  if (staging && staging->memory() && !staging->mpi_takes_device()) {
+    std::int64_t most = N * C_;
+    for (const auto& s : specs_)
+      if (s.name == "wte") most = std::max(most, s.local_numel());
+    staging->host(std::size_t(most) * sizeof(float), 0);
+    staging->host(std::size_t(N * C_) * sizeof(float), 1);
+  }
 }
 
 FloatBuffer GptChunk::buffer(std::int64_t n) const {
@@ -469,7 +486,7 @@ void GptChunk::reduce_sequence_parallel_grads() {
       norms.push_back(&s);
       total += s.local_numel();
     }
-  if (sp_grad_pack_.size() < std::size_t(total)) sp_grad_pack_ = buffer(total);
+  TRIDENT_CHECK(sp_grad_pack_.size() >= std::size_t(total), "SP gradient pack not sized");
   // One allreduce for all of them: pack, reduce, unpack.
   float* pack = sp_grad_pack_.data();
   for (const ShardSpec* s : norms) {

@@ -91,13 +91,16 @@ void Executor::reap_sends() {
 void Executor::send(const float* data, int to, int tag, const Action& a) {
   reap_sends();
   const std::int64_t n = chunk_.boundary_numel();
-  if (free_send_buffers_.empty()) {
-    send_buffers_.emplace_back(std::size_t(n), send_memory_);
-    free_send_buffers_.push_back(int(send_buffers_.size()) - 1);
+  if (free_send_buffers_.empty()) {  // only while the first steps find the peak in flight
+    if (send_memory_)
+      send_device_.emplace_back(std::size_t(n), send_memory_);
+    else
+      send_host_.emplace_back(chunk_.memory(), std::size_t(n));
+    free_send_buffers_.push_back(int(send_memory_ ? send_device_.size() : send_host_.size()) - 1);
   }
   const int b = free_send_buffers_.back();
   free_send_buffers_.pop_back();
-  float* buf = send_buffers_[std::size_t(b)].data();
+  float* buf = send_memory_ ? send_device_[std::size_t(b)].data() : send_host_[std::size_t(b)].data();
   if (send_memory_)
     chunk_.ops().copy(buf, data, n);  // device to device (isend waits for the copy)
   else

@@ -63,7 +63,7 @@ class Executor {
     MPI_Request request;
     Action action;
     int peer;
-    int buffer;  // index into send_buffers_
+    int buffer;  // index into send_device_ or send_host_
   };
   int vstage(int chunk) const { return chunk * pp_ + stage_; }
   bool first_vstage(int chunk) const { return vstage(chunk) == 0; }
@@ -94,9 +94,10 @@ class Executor {
   // the simulator, which treats sends as buffered) do not have, and can deadlock.
   // Device memory: the buffers are device memory when MPI is CUDA-aware, host memory (and
   // the copy a download) when it is not; receives then land in recv_stage_ and are uploaded.
-  std::vector<FloatBuffer> send_buffers_;
+  std::vector<FloatBuffer> send_device_;  // device memory (MPI takes it)
+  std::vector<PinnedBuffer> send_host_;   // host memory (pinned where the backend has a device)
   std::vector<int> free_send_buffers_;
-  DeviceMemory* send_memory_ = nullptr;  // where send_buffers_ live (null: host)
+  DeviceMemory* send_memory_ = nullptr;  // set: sends leave from send_device_
   PinnedBuffer recv_stage_;
   std::vector<Pending> sends_;
 };
