@@ -30,8 +30,7 @@ int default_threads(int local_ranks) {
 
 Session open_session(const DeckArgs& args, const std::string& vocab_from) {
   Session s;
-  const int local_ranks = parallel::node_local_size();
-  const int local_rank = parallel::node_local_rank();
+  const parallel::NodeRanks node = parallel::node_ranks();
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   parallel::agree(MPI_COMM_WORLD, [&] {
@@ -48,10 +47,10 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     fault::validate();
     ops::BackendOptions backend;
     backend.device = c.runtime.device;
-    backend.threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(local_ranks);
+    backend.threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(node.size);
     backend.precision = ops::parse_precision(c.runtime.precision);
-    backend.local_rank = local_rank;
-    backend.local_size = local_ranks;
+    backend.local_rank = node.rank;
+    backend.local_size = node.size;
     s.ops = ops::make_ops(backend);
   });
   parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);

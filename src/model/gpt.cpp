@@ -85,7 +85,10 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   if (tpm_.sequence_parallel()) {  // the LayerNorm gradients, packed for one reduction
     std::int64_t norms = 0;
     for (const auto& s : specs_)
-      if (s.name.find("ln_") != std::string::npos) norms += s.local_numel();
+      if (s.name.find("ln_") != std::string::npos) {
+        sp_norms_.push_back(&s);
+        norms += s.local_numel();
+      }
     sp_grad_pack_ = buffer(norms);
   }
   // Host staging for the TP and embedding collectives (device memory, MPI not CUDA-aware),
@@ -479,23 +482,15 @@ void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
 
 void GptChunk::reduce_sequence_parallel_grads() {
   if (!tpm_.sequence_parallel()) return;
-  std::vector<const ShardSpec*> norms;
-  std::int64_t total = 0;
-  for (const auto& s : specs_)
-    if (s.name.find("ln_") != std::string::npos) {
-      norms.push_back(&s);
-      total += s.local_numel();
-    }
-  TRIDENT_CHECK(sp_grad_pack_.size() >= std::size_t(total), "SP gradient pack not sized");
   // One allreduce for all of them: pack, reduce, unpack.
   float* pack = sp_grad_pack_.data();
-  for (const ShardSpec* s : norms) {
+  for (const ShardSpec* s : sp_norms_) {
     ops_.copy(pack, grads_.data() + s->offset, s->local_numel());
     pack += s->local_numel();
   }
-  ps_.tp.allreduce_sum(sp_grad_pack_.data(), total);
+  ps_.tp.allreduce_sum(sp_grad_pack_.data(), std::int64_t(sp_grad_pack_.size()));
   pack = sp_grad_pack_.data();
-  for (const ShardSpec* s : norms) {
+  for (const ShardSpec* s : sp_norms_) {
     ops_.copy(grads_.data() + s->offset, pack, s->local_numel());
     pack += s->local_numel();
   }

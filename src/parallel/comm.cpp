@@ -263,20 +263,14 @@ ParallelState make_parallel_state(const GridShape& shape) {
   return ps;
 }
 
-namespace {
-// (rank, size) within this node's ranks.
-std::pair<int, int> node_local() {
+NodeRanks node_ranks() {
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int r = 0, n = 1;
-  MPI_Comm_rank(node, &r);
-  MPI_Comm_size(node, &n);
+  NodeRanks r;
+  MPI_Comm_rank(node, &r.rank);
+  MPI_Comm_size(node, &r.size);
   MPI_Comm_free(&node);
-  return {r, n};
+  return r;
 }
-}  // namespace
-
-int node_local_size() { return node_local().second; }
-int node_local_rank() { return node_local().first; }
 
 }  // namespace trident::parallel

@@ -86,6 +86,44 @@ std::string rate(const std::string& path, double seconds) {
   return buf;
 }
 
+// The rank's AdamW moments in host memory as checkpoints hold them (the full local layout):
+// a ZeRO-1 rank's shards gathered into host buffers (fill) and scattered back (commit);
+// otherwise host mirrors of the moments (no copy on a host backend).
+class HostMoments {
+ public:
+  HostMoments(DeviceMemory* mem, AdamW& opt, GradSync& sync, std::int64_t n, bool fill)
+      : opt_(opt), sync_(sync) {
+    if (sync.zero()) {
+      m_full_ = FloatBuffer(std::size_t(n));
+      v_full_ = FloatBuffer(std::size_t(n));
+      if (fill) {
+        sync.gather_full(opt.exp_avg(), m_full_.data());
+        sync.gather_full(opt.exp_avg_sq(), v_full_.data());
+      }
+      return;
+    }
+    m_own_.emplace(mem, opt.exp_avg(), n, fill);
+    v_own_.emplace(mem, opt.exp_avg_sq(), n, fill);
+  }
+  float* m() { return m_own_ ? m_own_->data() : m_full_.data(); }
+  float* v() { return v_own_ ? v_own_->data() : v_full_.data(); }
+  void commit() {
+    if (!sync_.zero()) {
+      m_own_->commit();
+      v_own_->commit();
+      return;
+    }
+    sync_.scatter_full(m_full_.data(), opt_.exp_avg());
+    sync_.scatter_full(v_full_.data(), opt_.exp_avg_sq());
+  }
+
+ private:
+  AdamW& opt_;
+  GradSync& sync_;
+  FloatBuffer m_full_, v_full_;               // ZeRO-1
+  std::optional<HostMirror> m_own_, v_own_;  // otherwise
+};
+
 }  // namespace
 
 void run_training(Trainer& tr) {
@@ -122,32 +160,14 @@ void run_training(Trainer& tr) {
   parallel::agree(MPI_COMM_WORLD, [&] {
     const auto t0 = std::chrono::steady_clock::now();
     if (resume) {
-      // Checkpoints hold full local moments; a ZeRO-1 rank keeps its shard of them. All
-      // three come through host memory (copies when the backend's memory is a GPU's).
-      const std::int64_t n = model.num_params();
-      HostMirror params(model.memory(), model.params(), n, false);
-      FloatBuffer m_full, v_full;
-      std::optional<HostMirror> m_own, v_own;
-      float *m = nullptr, *v = nullptr;
-      if (sync.zero()) {
-        m_full = FloatBuffer(std::size_t(n));
-        v_full = FloatBuffer(std::size_t(n));
-        m = m_full.data();
-        v = v_full.data();
-      } else {
-        m = m_own.emplace(model.memory(), opt.exp_avg(), n, false).data();
-        v = v_own.emplace(model.memory(), opt.exp_avg_sq(), n, false).data();
-      }
-      io::CheckpointState st = io::read_checkpoint(*resume, MPI_COMM_WORLD, cfg.model,
-                                                   model.specs(), params.data(), m, v, role);
+      // Parameters and moments come through host memory (HostMirror, HostMoments).
+      HostMirror params(model.memory(), model.params(), model.num_params(), false);
+      HostMoments moments(model.memory(), opt, sync, model.num_params(), false);
+      io::CheckpointState st =
+          io::read_checkpoint(*resume, MPI_COMM_WORLD, cfg.model, model.specs(), params.data(),
+                              moments.m(), moments.v(), role);
       params.commit();
-      if (sync.zero()) {
-        sync.scatter_full(m, opt.exp_avg());
-        sync.scatter_full(v, opt.exp_avg_sq());
-      } else {
-        m_own->commit();
-        v_own->commit();
-      }
+      moments.commit();
       TRIDENT_CHECK(st.seed == std::uint64_t(cfg.train.seed), *resume, ": written with seed ",
                     st.seed, ", the deck has train.seed = ", cfg.train.seed,
                     " (the data order would differ)");
@@ -212,26 +232,12 @@ void run_training(Trainer& tr) {
     io::CheckpointState st{step, step * G, std::uint64_t(cfg.train.seed), to_toml(cfg),
                            opt.steps_taken()};
     last_saved = step;
-    // The file is layout-independent: ZeRO-1 shards are gathered into full local moments,
-    // in host memory like the parameters.
-    const std::int64_t n = model.num_params();
-    HostMirror params(model.memory(), model.params(), n, true);
-    FloatBuffer m_full, v_full;
-    std::optional<HostMirror> m_own, v_own;
-    const float *m = nullptr, *v = nullptr;
-    if (sync.zero()) {
-      m_full = FloatBuffer(std::size_t(n));
-      v_full = FloatBuffer(std::size_t(n));
-      sync.gather_full(opt.exp_avg(), m_full.data());
-      sync.gather_full(opt.exp_avg_sq(), v_full.data());
-      m = m_full.data();
-      v = v_full.data();
-    } else {
-      m = m_own.emplace(model.memory(), opt.exp_avg(), n, true).data();
-      v = v_own.emplace(model.memory(), opt.exp_avg_sq(), n, true).data();
-    }
-    const std::string path = io::write_checkpoint(ck_dir, MPI_COMM_WORLD, cfg.model,
-                                                  model.specs(), st, params.data(), m, v, role);
+    // The file is layout-independent: ZeRO-1 shards are gathered (HostMoments).
+    HostMirror params(model.memory(), model.params(), model.num_params(), true);
+    HostMoments moments(model.memory(), opt, sync, model.num_params(), true);
+    const std::string path =
+        io::write_checkpoint(ck_dir, MPI_COMM_WORLD, cfg.model, model.specs(), st, params.data(),
+                             moments.m(), moments.v(), role);
     if (ps.world_rank == 0) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       log::info("checkpoint ", path, " (", rate(path, dt), ")");

@@ -219,6 +219,7 @@ class GptChunk {
   FloatBuffer dres_, dbuf_, dqkv_, datt_, dfch_, dgelu_;
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
   FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
+  std::vector<const ShardSpec*> sp_norms_;    // SP: the LayerNorm tensors, in pack order
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
   std::vector<float> host_loss_;  // token_loss_ on the host, to sum
   FloatBuffer recompute_store_;

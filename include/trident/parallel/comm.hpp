@@ -1,7 +1,7 @@
 // trident/parallel/comm.hpp — communicators and every collective trident issues, with a
 // call and byte counter per communicator (reported in the metrics as comm/<group>/bytes).
 // defines: trident::parallel::Comm, CommCounters, ParallelState, make_parallel_state,
-//          node_local_size
+//          NodeRanks, node_ranks
 #pragma once
 
 #include <mpi.h>
@@ -123,9 +123,12 @@ struct ParallelState {
 // The caller has checked that the world size equals shape.world_size().
 ParallelState make_parallel_state(const GridShape& shape);
 
-// Ranks of this job on this rank's node (MPI_COMM_TYPE_SHARED); collective on world.
-int node_local_size();
-// This rank's index among them (picks its GPU); collective on world.
-int node_local_rank();
+// This rank's index among the ranks of this job on its node (MPI_COMM_TYPE_SHARED; picks its
+// GPU) and their number; collective on world.
+struct NodeRanks {
+  int rank = 0;
+  int size = 1;
+};
+NodeRanks node_ranks();
 
 }  // namespace trident::parallel
