@@ -185,6 +185,7 @@ int main(int argc, char** argv) {
     const std::string core = trident::ops::blas_core_override();
     if (!core.empty()) {
       setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+      setenv(trident::ops::kBlasCoreAutoEnv, core.c_str(), 1);  // ours, not the user's
       execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
     }
   }

@@ -5,7 +5,8 @@ command line": errors go to stderr as one line starting `trident: error:`, non-z
 Each case runs `$TRIDENT ...` once (a single rank, no mpirun) in its own fresh folder under
 `$TRIDENT_TEST_OUT/cli.bad_input/<case>/` and must:
   - exit with a non-zero status,
-  - write to stderr exactly one line, and that line starts with `trident: error:`,
+  - write to stderr exactly one line that starts with `trident: error:`; other lines may only
+    be trident's warnings and notes (`trident: warning:`/`trident: note:`), before it,
   - name in that line the key or file that is wrong (every needle, case-insensitive),
   - finish within TIMEOUT_S seconds (a hang is a failure; the process group is killed).
 Prints a table (case, ok/FAIL, the error line) and exits 1 if any case failed.
@@ -28,6 +29,8 @@ import numpy as np
 TEST = "cli.bad_input"
 TIMEOUT_S = 20
 PREFIX = "trident: error:"
+# Lines that may precede the error: trident's own warnings and notes (e.g. about the machine).
+ALLOWED = ("trident: warning:", "trident: note:")
 
 # A model small enough that anything that gets as far as computing finishes at once.
 TINY = dict(vocab_size=10, seq_len=8, n_layer=1, n_head=2, d_model=8)
@@ -306,8 +309,11 @@ def run_case(exe, base, name, setup, needles):
         problems.append(f"killed by signal {-p.returncode}")
     if len(errors) != 1:
         problems.append(f"{len(errors)} lines start with '{PREFIX}'")
-    if len(lines) != 1:
-        problems.append(f"stderr has {len(lines)} lines, not 1")
+    others = [l for l in lines if not l.startswith(PREFIX) and not l.startswith(ALLOWED)]
+    if others:
+        problems.append(f"stderr has {len(others)} line(s) that are neither the error nor a warning")
+    if errors and lines.index(errors[0]) != len(lines) - 1:
+        problems.append("stderr goes on after the error line")
     if errors:
         missing = [n for n in needles if n.lower() not in errors[0].lower()]
         if missing:

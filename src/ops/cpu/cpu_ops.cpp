@@ -13,6 +13,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/core/log.hpp"
+#include "trident/ops/blas_core.hpp"
 
 namespace trident::ops {
 namespace cpu {
@@ -22,28 +23,16 @@ namespace {
 // OpenBLAS (DYNAMIC_ARCH builds such as Debian's) picks its kernels from the CPU model at
 // load time, and a model newer than the library falls back to generic SSE3 "Prescott"
 // kernels: 7x slower SGEMM on an AVX-512 Xeon (0.3.21 on Emerald Rapids, model 207).
-// The choice is made before main, so the fix is OPENBLAS_CORETYPE in the environment;
-// say so once per process.
+// The choice is made before main, so the fix is OPENBLAS_CORETYPE in the environment.
+// The advice is rank 0's, once per process, and never given to a user who set the core
+// type (see blas_core.hpp for the policy).
 void check_blas_core() {
   static bool checked = false;
   if (checked) return;
   checked = true;
-#if defined(__GNUC__) && defined(__x86_64__)
-  const char* name = openblas_get_corename();
-  const std::string core = name ? name : "";
-  const bool avx512_core = core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
-  const bool avx2_core = avx512_core || core == "Haswell" || core == "Zen";
-  const char* want = nullptr;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !avx512_core)
-    want = "SkylakeX";
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !avx2_core)
-    want = "Haswell";
-  if (want)
-    log::warn("OpenBLAS chose its '", core, "' kernels, but this CPU has ",
-              std::string(want) == "SkylakeX" ? "AVX-512" : "AVX2",
-              "; matrix products will be several times slower. Set OPENBLAS_CORETYPE=", want,
-              " in the environment (it is read when the library loads)");
-#endif
+  if (log::rank() != 0) return;
+  const std::string advice = blas_core_advice();
+  if (!advice.empty()) log::warn(advice);
 }
 
 }  // namespace
@@ -63,7 +52,7 @@ CpuOps::CpuOps(int threads) : threads_(threads) {
   check_blas_core();
 }
 
-std::string CpuOps::name() const { return str("cpu (OpenBLAS + OpenMP, ", threads_, " threads)"); }
+std::string CpuOps::name() const { return str("cpu (", blas_core_report(), ", OpenMP, ", threads_, " threads)"); }
 
 int CpuOps::team(std::int64_t work) const {
   constexpr std::int64_t kMinWorkPerThread = 16384;
