@@ -58,6 +58,34 @@ class Ops {
                                   const float* x, const float* w, const float* mean,
                                   const float* rstd, int n, int c) = 0;
 
+  // RMSNorm (Llama): y = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps); saves
+  // rstd[N] for the backward (may be null).
+  virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int n,
+                               int c, float eps) = 0;
+  // dx[N,C] += ... (the residual stream, as layernorm_backward), dw[C] += ...
+  virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
+                                const float* w, const float* rstd, int n, int c) = 0;
+
+  // Rotary position embedding (Llama; Hugging Face's rotate_half layout), IN PLACE on
+  // x[B,T,ld]: in each row, `heads` heads of hs (even) columns from column 0, head h at
+  // [h*hs, (h+1)*hs) (q and k side by side in a qkv row are one call with heads = their sum).
+  // Row (b, t) is position p = pos0 + t; for i < hs/2, a = p * theta^(-2i/hs) (formed in
+  // double), x1 = x[i], x2 = x[i + hs/2]:  x[i] = x1 cos a - x2 sin a,
+  // x[i + hs/2] = x2 cos a + x1 sin a. Columns past heads*hs are untouched.
+  virtual void rope_forward(float* x, int b, int t, int ld, int heads, int hs, int pos0,
+                            float theta) = 0;
+  // IN PLACE on the gradient dx[B,T,ld]: the transposed rotation (angle -a), which maps the
+  // gradient w.r.t. the rotated values to the gradient w.r.t. the inputs of rope_forward.
+  virtual void rope_backward(float* dx, int b, int t, int ld, int heads, int hs, int pos0,
+                             float theta) = 0;
+
+  // SwiGLU (Llama's MLP): gu[N, 2F] holds the gate (columns [0, F)) then the up projection
+  // ([F, 2F)); y[N,F] = silu(gate) * up, silu(g) = g * sigmoid(g).
+  virtual void swiglu_forward(float* y, const float* gu, int n, int f) = 0;
+  // dgu[N, 2F] = gradient w.r.t. gu (written): dgate = dy * up * silu'(gate),
+  // dup = dy * silu(gate).
+  virtual void swiglu_backward(float* dgu, const float* gu, const float* dy, int n, int f) = 0;
+
   // GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   virtual void gelu_forward(float* y, const float* x, std::int64_t n) = 0;
   virtual void gelu_backward(float* dx, const float* x, const float* dy, std::int64_t n) = 0;

@@ -1,7 +1,8 @@
 // ops/cpu/cpu_ops.hpp — the CPU backend of trident::ops::Ops (private to src/ops/cpu):
 // OpenBLAS cblas_sgemm for every matrix product, OpenMP over rows for everything else.
 // The member functions are defined by topic in matmul.cpp, attention.cpp, layernorm.cpp,
-// pointwise.cpp, embedding.cpp and crossentropy.cpp; cpu_ops.cpp builds the object.
+// rmsnorm.cpp, rope.cpp, pointwise.cpp, embedding.cpp and crossentropy.cpp; cpu_ops.cpp builds
+// the object.
 // defines: trident::ops::cpu::CpuOps, BlasThreads, exp_approx, team_range, parallel_slabs,
 //          TRIDENT_SIMD_CLONES
 //
@@ -127,6 +128,17 @@ class CpuOps final : public Ops {
   void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                           const float* w, const float* mean, const float* rstd, int n,
                           int c) override;
+
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int n, int c,
+                       float eps) override;
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int n, int c) override;
+  void rope_forward(float* x, int b, int t, int ld, int heads, int hs, int pos0,
+                    float theta) override;
+  void rope_backward(float* dx, int b, int t, int ld, int heads, int hs, int pos0,
+                     float theta) override;
+  void swiglu_forward(float* y, const float* gu, int n, int f) override;
+  void swiglu_backward(float* dgu, const float* gu, const float* dy, int n, int f) override;
 
   void gelu_forward(float* y, const float* x, std::int64_t n) override;
   void gelu_backward(float* dx, const float* x, const float* dy, std::int64_t n) override;

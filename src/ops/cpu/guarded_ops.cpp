@@ -146,6 +146,29 @@ class GuardedOps final : public Ops {
     on("layernorm_backward", {dx, dw, db, dy, x, w, mean, rstd}),
         inner_->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, n, c);
   }
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int n, int c,
+                       float eps) override {
+    on("rmsnorm_forward", {y, rstd, x, w}), inner_->rmsnorm_forward(y, rstd, x, w, n, c, eps);
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int n, int c) override {
+    on("rmsnorm_backward", {dx, dw, dy, x, w, rstd}),
+        inner_->rmsnorm_backward(dx, dw, dy, x, w, rstd, n, c);
+  }
+  void rope_forward(float* x, int b, int t, int ld, int heads, int hs, int pos0,
+                    float theta) override {
+    on("rope_forward", {x}), inner_->rope_forward(x, b, t, ld, heads, hs, pos0, theta);
+  }
+  void rope_backward(float* dx, int b, int t, int ld, int heads, int hs, int pos0,
+                     float theta) override {
+    on("rope_backward", {dx}), inner_->rope_backward(dx, b, t, ld, heads, hs, pos0, theta);
+  }
+  void swiglu_forward(float* y, const float* gu, int n, int f) override {
+    on("swiglu_forward", {y, gu}), inner_->swiglu_forward(y, gu, n, f);
+  }
+  void swiglu_backward(float* dgu, const float* gu, const float* dy, int n, int f) override {
+    on("swiglu_backward", {dgu, gu, dy}), inner_->swiglu_backward(dgu, gu, dy, n, f);
+  }
   void gelu_forward(float* y, const float* x, std::int64_t n) override {
     on("gelu_forward", {y, x}), inner_->gelu_forward(y, x, n);
   }

@@ -1,6 +1,7 @@
-// ops/cpu/pointwise.cpp — elementwise kernels (GELU, add, scale, fill, copy), the sum of
+// ops/cpu/pointwise.cpp — elementwise kernels (GELU, SwiGLU, add, scale, fill, copy), the sum of
 // squares for the gradient norm, and AdamW.
-// defines: CpuOps::gelu_forward, gelu_backward, add, scale, sum_squares, fill, copy, adamw
+// defines: CpuOps::gelu_forward, gelu_backward, swiglu_forward, swiglu_backward, add, scale,
+//          sum_squares, fill, copy, adamw
 #include "cpu_ops.hpp"
 
 #include "trident/ops/adamw.hpp"
@@ -46,7 +47,51 @@ void gelu_backward_slab(float* dx, const float* x, const float* dy, std::int64_t
   }
 }
 
+// SwiGLU rows [lo, hi): y = silu(g) * u, silu(g) = g s, s = sigmoid(g) = 1 / (1 + e^-g).
+TRIDENT_SIMD_CLONES
+void swiglu_forward_rows(float* y, const float* gu, int f, std::int64_t lo, std::int64_t hi) {
+  for (std::int64_t r = lo; r < hi; r++) {
+    const float* g = gu + r * 2 * f;
+    const float* u = g + f;
+    float* yr = y + r * f;
+#pragma omp simd
+    for (int j = 0; j < f; j++) yr[j] = g[j] / (1.0f + exp_approx(-g[j])) * u[j];
+  }
+}
+
+// dgate = dy u silu'(g), silu'(g) = s (1 + g (1 - s)) with 1 - s = e s (e = e^-g: no
+// cancellation); dup = dy silu(g).
+TRIDENT_SIMD_CLONES
+void swiglu_backward_rows(float* dgu, const float* gu, const float* dy, int f, std::int64_t lo,
+                          std::int64_t hi) {
+  for (std::int64_t r = lo; r < hi; r++) {
+    const float* g = gu + r * 2 * f;
+    const float* u = g + f;
+    const float* dyr = dy + r * f;
+    float* dg = dgu + r * 2 * f;
+    float* du = dg + f;
+#pragma omp simd
+    for (int j = 0; j < f; j++) {
+      const float e = exp_approx(-g[j]);
+      const float s = 1.0f / (1.0f + e);
+      dg[j] = dyr[j] * u[j] * s * (1.0f + g[j] * e * s);
+      du[j] = dyr[j] * g[j] * s;
+    }
+  }
+}
+
 }  // namespace
+
+void CpuOps::swiglu_forward(float* y, const float* gu, int n, int f) {
+  parallel_slabs(team(std::int64_t(n) * f), n, 1,
+                 [&](std::int64_t lo, std::int64_t hi) { swiglu_forward_rows(y, gu, f, lo, hi); });
+}
+
+void CpuOps::swiglu_backward(float* dgu, const float* gu, const float* dy, int n, int f) {
+  parallel_slabs(team(std::int64_t(n) * f), n, 1, [&](std::int64_t lo, std::int64_t hi) {
+    swiglu_backward_rows(dgu, gu, dy, f, lo, hi);
+  });
+}
 
 void CpuOps::gelu_forward(float* y, const float* x, std::int64_t n) {
   parallel_slabs(team(n), n, 16, [&](std::int64_t lo, std::int64_t hi) { gelu_forward_slab(y, x, lo, hi); });

@@ -132,6 +132,39 @@ void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* d
   launch_layernorm_backward(stream_, dx, dw, db, dy, x, w, mean, rstd, n, c, partial);
 }
 
+void CudaOps::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int n,
+                              int c, float eps) {
+  launch_rmsnorm_forward(stream_, y, rstd, x, w, n, c, eps);
+}
+
+void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
+                               const float* w, const float* rstd, int n, int c) {
+  if (n <= 0 || c <= 0) return;
+  const std::size_t floats = std::size_t(rmsnorm_partial_floats(n, c));
+  float* partial = scratch(aligned_bytes(floats * sizeof(float))).alloc_n<float>(floats);
+  launch_rmsnorm_backward(stream_, dx, dw, dy, x, w, rstd, n, c, partial);
+}
+
+void CudaOps::rope_forward(float* x, int b, int t, int ld, int heads, int hs, int pos0,
+                           float theta) {
+  TRIDENT_CHECK(hs % 2 == 0, "rope: head size must be even, got ", hs);
+  launch_rope(stream_, x, b, t, ld, heads, hs, pos0, theta, 1.0f);
+}
+
+void CudaOps::rope_backward(float* dx, int b, int t, int ld, int heads, int hs, int pos0,
+                            float theta) {
+  TRIDENT_CHECK(hs % 2 == 0, "rope: head size must be even, got ", hs);
+  launch_rope(stream_, dx, b, t, ld, heads, hs, pos0, theta, -1.0f);
+}
+
+void CudaOps::swiglu_forward(float* y, const float* gu, int n, int f) {
+  launch_swiglu_forward(stream_, y, gu, n, f);
+}
+
+void CudaOps::swiglu_backward(float* dgu, const float* gu, const float* dy, int n, int f) {
+  launch_swiglu_backward(stream_, dgu, gu, dy, n, f);
+}
+
 void CudaOps::gelu_forward(float* y, const float* x, std::int64_t n) {
   launch_gelu_forward(stream_, y, x, n);
 }

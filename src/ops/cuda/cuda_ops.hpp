@@ -78,6 +78,17 @@ class CudaOps final : public Ops {
                           const float* w, const float* mean, const float* rstd, int n,
                           int c) override;
 
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int n, int c,
+                       float eps) override;
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int n, int c) override;
+  void rope_forward(float* x, int b, int t, int ld, int heads, int hs, int pos0,
+                    float theta) override;
+  void rope_backward(float* dx, int b, int t, int ld, int heads, int hs, int pos0,
+                     float theta) override;
+  void swiglu_forward(float* y, const float* gu, int n, int f) override;
+  void swiglu_backward(float* dgu, const float* gu, const float* dy, int n, int f) override;
+
   void gelu_forward(float* y, const float* x, std::int64_t n) override;
   void gelu_backward(float* dx, const float* x, const float* dy, std::int64_t n) override;
   void add(float* y, const float* a, const float* b, std::int64_t n) override;

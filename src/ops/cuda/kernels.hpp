@@ -1,6 +1,6 @@
 // ops/cuda/kernels.hpp — host-callable launchers of the backend's CUDA kernels (private to
-// src/ops/cuda; defined by topic in layernorm.cu, softmax.cu, crossentropy.cu, embedding.cu
-// and pointwise.cu). Each queues its kernel(s) on `stream`, checks the launch, and returns at
+// src/ops/cuda; defined by topic in layernorm.cu, rope.cu, softmax.cu, crossentropy.cu,
+// embedding.cu and pointwise.cu). Each queues its kernel(s) on `stream`, checks the launch, and returns at
 // once; n <= 0 launches nothing. Pointers are device memory. Shapes as in ops.hpp.
 // defines: the launch_* functions below
 #pragma once
@@ -11,7 +11,7 @@
 
 namespace trident::ops::cuda {
 
-// ---- layernorm.cu ----------------------------------------------------------------------
+// ---- layernorm.cu (LayerNorm, RMSNorm) ---------------------------------------------------
 // One warp per row; fp32 sums, two passes (mean, then the centred variance) as the CPU.
 void launch_layernorm_forward(cudaStream_t s, float* y, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, int n, int c);
@@ -21,6 +21,20 @@ void launch_layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, 
                                const float* x, const float* w, const float* mean,
                                const float* rstd, int n, int c, float* partial);
 std::int64_t layernorm_partial_floats(int n, int c);
+
+// RMSNorm: y = x * rstd * w (one warp per row); the backward's dx += (one warp per row), and
+// dw += column sums in a fixed order through `partial` (rmsnorm_partial_floats(n, c) floats).
+void launch_rmsnorm_forward(cudaStream_t s, float* y, float* rstd, const float* x, const float* w,
+                            int n, int c, float eps);
+void launch_rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dy, const float* x,
+                             const float* w, const float* rstd, int n, int c, float* partial);
+std::int64_t rmsnorm_partial_floats(int n, int c);
+
+// ---- rope.cu ----------------------------------------------------------------------------
+// Rotary embedding in place (Ops::rope_forward); sign +1 rotates by +a (forward), -1 by -a
+// (backward, the transpose).
+void launch_rope(cudaStream_t s, float* x, int b, int t, int ld, int heads, int hs, int pos0,
+                 float theta, float sign);
 
 // ---- softmax.cu (attention) -------------------------------------------------------------
 // att[rows, T] (rows = B*NH*T, row r is query r % T): scaled scores in, causal softmax out
@@ -56,6 +70,10 @@ void launch_position_backward(cudaStream_t s, float* dwpe, const float* dx, int 
 void launch_gelu_forward(cudaStream_t s, float* y, const float* x, std::int64_t n);
 void launch_gelu_backward(cudaStream_t s, float* dx, const float* x, const float* dy,
                           std::int64_t n);
+// SwiGLU (Ops::swiglu_forward / swiglu_backward): gu[N, 2F] gate then up, y[N, F].
+void launch_swiglu_forward(cudaStream_t s, float* y, const float* gu, int n, int f);
+void launch_swiglu_backward(cudaStream_t s, float* dgu, const float* gu, const float* dy, int n,
+                            int f);
 void launch_add(cudaStream_t s, float* y, const float* a, const float* b, std::int64_t n);
 void launch_scale(cudaStream_t s, float* x, float alpha, std::int64_t n);
 void launch_fill(cudaStream_t s, float* x, float value, std::int64_t n);

@@ -1,7 +1,9 @@
-// ops/cuda/layernorm.cu — LayerNorm over the last dimension (eps 1e-5), forward and backward.
-// One warp per row for everything per-row; the parameter gradients are column sums taken in a
-// fixed order (per-chunk partials, then the chunks in order), so they do not depend on timing.
-// defines: launch_layernorm_forward, launch_layernorm_backward, layernorm_partial_floats
+// ops/cuda/layernorm.cu — LayerNorm (eps 1e-5) and RMSNorm (Llama) over the last dimension,
+// forward and backward. One warp per row for everything per-row; the parameter gradients are
+// column sums taken in a fixed order (per-chunk partials, then the chunks in order), so they do
+// not depend on timing.
+// defines: launch_layernorm_forward, launch_layernorm_backward, layernorm_partial_floats,
+//          launch_rmsnorm_forward, launch_rmsnorm_backward, rmsnorm_partial_floats
 #include "check.hpp"
 #include "common.cuh"
 #include "kernels.hpp"
@@ -119,7 +121,92 @@ __global__ void layernorm_dwdb_finish_kernel(float* dw, float* db, const float* 
   }
 }
 
+// y[N,C] = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps); rstd[N] may be null.
+__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w,
+                                       int n, int c, float eps) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= n) return;
+  const float* xr = x + row * c;
+  float ss = 0.0f;
+  for (int j = lane; j < c; j += 32) ss += xr[j] * xr[j];
+  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+  float* yr = y + row * c;
+  for (int j = lane; j < c; j += 32) yr[j] = xr[j] * rs * w[j];
+  if (lane == 0 && rstd) rstd[row] = rs;
+}
+
+// dx[N,C] += rstd * (dn - norm * mean(dn * norm)), norm = x * rstd, dn = w * dy.
+__global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
+                                           const float* w, const float* rstd, int n, int c) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= n) return;
+  const float* xr = x + row * c;
+  const float* dyr = dy + row * c;
+  const float rs = rstd[row];
+  float dnn = 0.0f;
+  for (int j = lane; j < c; j += 32) dnn += w[j] * dyr[j] * (xr[j] * rs);
+  const float dnn_mean = warp_sum(dnn) / static_cast<float>(c);
+  float* dxr = dx + row * c;
+  for (int j = lane; j < c; j += 32) dxr[j] += (w[j] * dyr[j] - xr[j] * rs * dnn_mean) * rs;
+}
+
+// partial[chunks][C] of dw (dy * norm), the layout and order of layernorm's.
+__global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dy, const float* x,
+                                          const float* rstd, int n, int c) {
+  __shared__ float sdw[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int col = blockIdx.x * kColTile + tx;
+  const int chunks = gridDim.y;
+  float dw = 0.0f;
+  if (col < c) {
+    for (std::int64_t i = std::int64_t(blockIdx.y) * kRowLanes + ty; i < n;
+         i += std::int64_t(chunks) * kRowLanes)
+      dw += dy[i * c + col] * (x[i * c + col] * rstd[i]);
+  }
+  sdw[ty][tx] = dw;
+  __syncthreads();
+  if (ty == 0 && col < c) {
+    float sw = 0.0f;
+    for (int r = 0; r < kRowLanes; r++) sw += sdw[r][tx];
+    partial[std::int64_t(blockIdx.y) * c + col] = sw;
+  }
+}
+
+__global__ void rmsnorm_dw_finish_kernel(float* dw, const float* partial, int chunks, int c) {
+  for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < c; col += gridDim.x * blockDim.x) {
+    float sw = 0.0f;
+    for (int k = 0; k < chunks; k++) sw += partial[std::int64_t(k) * c + col];
+    dw[col] += sw;
+  }
+}
+
 }  // namespace
+
+void launch_rmsnorm_forward(cudaStream_t s, float* y, float* rstd, const float* x, const float* w,
+                            int n, int c, float eps) {
+  if (n <= 0 || c <= 0) return;
+  const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  rmsnorm_forward_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(y, rstd, x, w, n, c, eps);
+  check_launch("rmsnorm_forward");
+}
+
+std::int64_t rmsnorm_partial_floats(int n, int c) { return std::int64_t(chunks_for(n)) * c; }
+
+void launch_rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dy, const float* x,
+                             const float* w, const float* rstd, int n, int c, float* partial) {
+  if (n <= 0 || c <= 0) return;
+  const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  rmsnorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, rstd, n, c);
+  check_launch("rmsnorm_backward_dx");
+  const int chunks = chunks_for(n);
+  const dim3 pgrid(static_cast<unsigned>((c + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
+  rmsnorm_dw_partial_kernel<<<pgrid, dim3(kColTile, kRowLanes), 0, s>>>(partial, dy, x, rstd, n, c);
+  check_launch("rmsnorm_dw_partial");
+  rmsnorm_dw_finish_kernel<<<grid_for(c), kBlock, 0, s>>>(dw, partial, chunks, c);
+  check_launch("rmsnorm_dw_finish");
+}
 
 void launch_layernorm_forward(cudaStream_t s, float* y, float* mean, float* rstd, const float* x,
                               const float* w, const float* b, int n, int c) {

@@ -1,7 +1,8 @@
-// ops/cuda/pointwise.cu — elementwise kernels (GELU, add, scale, fill, bias rows, the bf16
+// ops/cuda/pointwise.cu — elementwise kernels (GELU, SwiGLU, add, scale, fill, bias rows, the bf16
 // conversion of GEMM inputs), the sum of squares for the gradient norm, and AdamW. Grid-stride
 // loops, one element per thread per step.
-// defines: launch_gelu_forward, launch_gelu_backward, launch_add, launch_scale, launch_fill,
+// defines: launch_gelu_forward, launch_gelu_backward, launch_swiglu_forward,
+//          launch_swiglu_backward, launch_add, launch_scale, launch_fill,
 //          launch_bias_rows, launch_to_bf16, launch_sum_squares, sum_squares_blocks,
 //          launch_adamw
 #include <cuda_bf16.h>
@@ -43,6 +44,28 @@ __global__ void gelu_backward_kernel(float* dx, const float* x, const float* dy,
     const float e = exp_clamped(-2.0f * u);
     const float s = 1.0f / (1.0f + e);
     dx[i] = dy[i] * s * (1.0f + 2.0f * xi * e * s * du);
+  }
+}
+
+// SwiGLU: gu[N, 2F] (gate, then up) -> y[N,F] = silu(g) u, silu(g) = g / (1 + e^-g).
+__global__ void swiglu_forward_kernel(float* y, const float* gu, std::int64_t total, int f) {
+  TRIDENT_GRID_STRIDE(i, total) {
+    const std::int64_t r = i / f, j = i % f;
+    const float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
+    y[i] = g / (1.0f + exp_clamped(-g)) * u;
+  }
+}
+
+// dgate = dy u s (1 + g e s), e = e^-g, s = 1 / (1 + e); dup = dy g s (as the CPU).
+__global__ void swiglu_backward_kernel(float* dgu, const float* gu, const float* dy,
+                                       std::int64_t total, int f) {
+  TRIDENT_GRID_STRIDE(i, total) {
+    const std::int64_t r = i / f, j = i % f;
+    const float g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
+    const float e = exp_clamped(-g);
+    const float s = 1.0f / (1.0f + e);
+    dgu[r * 2 * f + j] = dy[i] * u * s * (1.0f + g * e * s);
+    dgu[r * 2 * f + f + j] = dy[i] * g * s;
   }
 }
 
@@ -120,6 +143,21 @@ void launch_gelu_backward(cudaStream_t s, float* dx, const float* x, const float
   if (n <= 0) return;
   gelu_backward_kernel<<<grid_for(n), kBlock, 0, s>>>(dx, x, dy, n);
   check_launch("gelu_backward");
+}
+
+void launch_swiglu_forward(cudaStream_t s, float* y, const float* gu, int n, int f) {
+  const std::int64_t total = std::int64_t(n) * f;
+  if (total <= 0) return;
+  swiglu_forward_kernel<<<grid_for(total), kBlock, 0, s>>>(y, gu, total, f);
+  check_launch("swiglu_forward");
+}
+
+void launch_swiglu_backward(cudaStream_t s, float* dgu, const float* gu, const float* dy, int n,
+                            int f) {
+  const std::int64_t total = std::int64_t(n) * f;
+  if (total <= 0) return;
+  swiglu_backward_kernel<<<grid_for(total), kBlock, 0, s>>>(dgu, gu, dy, total, f);
+  check_launch("swiglu_backward");
 }
 
 void launch_add(cudaStream_t s, float* y, const float* a, const float* b, std::int64_t n) {

@@ -89,6 +89,62 @@ void check_layernorm(Ops& ops, int n, int c) {
   EXPECT_TRUE(grad_close(db, to_double(db0), gb2, iw)) << "db after two backwards";
 }
 
+void check_rmsnorm(Ops& ops, int n, int c) {
+  Rng r(251u + unsigned(n * 5 + c));
+  const float eps = 1e-5f;
+  const FVec x = r.normal(std::size_t(n) * c, 2.0, 0.5), w = r.normal(c, 0.2, 1.0);
+  const FVec dy = r.normal(x.size());
+  const FVec dx0 = r.normal(x.size()), dw0 = r.normal(c);
+  FVec y(x.size()), rstd(n);
+  ops.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), n, c, eps);
+  FVec dx = dx0, dw = dw0;
+  ops.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+
+  const Vec X = to_double(x), W = to_double(w), DY = to_double(dy);
+  const auto ix = spread(X.size(), kSample), iw = spread(W.size(), kSample);
+  auto loss = [&](const Vec& xx, const Vec& ww) { return dot(DY, ref_rmsnorm(xx, ww, n, c, eps).y); };
+  const Vec gx = fd_grad(X, [&](const Vec& v) { return loss(v, W); }, 1e-4, ix);
+  const Vec gw = fd_grad(W, [&](const Vec& v) { return loss(X, v); }, 1e-4, iw);
+  EXPECT_TRUE(grad_close(dx, to_double(dx0), gx, ix)) << "dx (+=, the residual stream)";
+  EXPECT_TRUE(grad_close(dw, to_double(dw0), gw, iw)) << "dw (+=)";
+
+  ops.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+  Vec gx2 = gx, gw2 = gw;
+  for (auto* g : {&gx2, &gw2})
+    for (auto& e : *g) e *= 2.0;
+  EXPECT_TRUE(grad_close(dx, to_double(dx0), gx2, ix)) << "dx after two backwards";
+  EXPECT_TRUE(grad_close(dw, to_double(dw0), gw2, iw)) << "dw after two backwards";
+}
+
+// rope_backward on dy gives d sum(dy * rope(x)) / dx; columns past the heads keep dy
+// (the identity there: the op leaves them alone in both directions).
+void check_rope(Ops& ops, int b, int t, int ld, int heads, int hs, int pos0, float theta) {
+  Rng r(351u + unsigned(b * 1000 + t * 10 + ld + heads + hs + pos0));
+  const FVec x = r.normal(std::size_t(b) * t * ld), dy = r.normal(x.size());
+  FVec dx = dy;
+  ops.rope_backward(dx.data(), b, t, ld, heads, hs, pos0, theta);
+  const Vec DY = to_double(dy);
+  const auto ix = spread(x.size(), kSample);
+  const Vec g = fd_grad(to_double(x),
+                        [&](const Vec& v) { return dot(DY, ref_rope(v, b, t, ld, heads, hs, pos0, theta)); },
+                        1e-3, ix);
+  EXPECT_TRUE(grad_close(dx, {}, g, ix)) << "dx (in place on dy)";
+}
+
+void check_swiglu(Ops& ops, int n, int f) {
+  Rng r(451u + unsigned(n * 3 + f));
+  FVec gu = r.normal(std::size_t(n) * 2 * f, 2.5);
+  const float special[] = {0.0f, 1e-4f, -1e-4f, 1.0f, -1.0f, 6.0f, -6.0f, 30.0f, -30.0f};
+  for (std::size_t i = 0; i < sizeof special / sizeof special[0] && i < std::size_t(f); i++) gu[i] = special[i];
+  const FVec dy = r.normal(std::size_t(n) * f);
+  FVec dgu(gu.size(), 777.0f);
+  ops.swiglu_backward(dgu.data(), gu.data(), dy.data(), n, f);
+  const Vec GU = to_double(gu), DY = to_double(dy);
+  const auto ig = spread(GU.size(), kSample);
+  const Vec g = fd_grad(GU, [&](const Vec& v) { return dot(DY, ref_swiglu(v, n, f)); }, 1e-4, ig);
+  EXPECT_TRUE(grad_close(dgu, {}, g, ig)) << "dgu (gate and up)";
+}
+
 void check_gelu(Ops& ops, std::int64_t n) {
   Rng r(301u + unsigned(n));
   FVec x = r.normal(std::size_t(n), 2.5);
@@ -252,6 +308,18 @@ std::vector<OpCase> backward_cases() {
   const int ln_shapes[][2] = {{5, 12}, {7, 33}, {300, 130}};
   for (auto& s : ln_shapes)
     cs.push_back({name_of("layernorm_n%d_c%d", s[0], s[1]), [=](Ops& o) { check_layernorm(o, s[0], s[1]); }});
+  const int rms_shapes[][2] = {{5, 12}, {7, 33}, {300, 130}};
+  for (auto& s : rms_shapes)
+    cs.push_back({name_of("rmsnorm_n%d_c%d", s[0], s[1]), [=](Ops& o) { check_rmsnorm(o, s[0], s[1]); }});
+  struct RopeShape { int b, t, ld, heads, hs, pos0; float theta; };
+  const RopeShape rope_shapes[] = {{2, 7, 36, 6, 4, 0, 10000.0f}, {3, 9, 50, 3, 16, 4093, 10000.0f},
+                                   {2, 70, 200, 6, 32, 0, 500000.0f}};
+  for (auto s : rope_shapes)
+    cs.push_back({name_of("rope_b%d_t%d_ld%d_h%d_hs%d_p%d", s.b, s.t, s.ld, s.heads, s.hs, s.pos0),
+                  [=](Ops& o) { check_rope(o, s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta); }});
+  const int swiglu_shapes[][2] = {{3, 11}, {130, 172}};
+  for (auto& s : swiglu_shapes)
+    cs.push_back({name_of("swiglu_n%d_f%d", s[0], s[1]), [=](Ops& o) { check_swiglu(o, s[0], s[1]); }});
   for (std::int64_t n : {13, 40001})
     cs.push_back({name_of("gelu_n%lld", (long long)n), [=](Ops& o) { check_gelu(o, n); }});
   const int att_shapes[][4] = {{2, 7, 12, 3}, {1, 40, 16, 2}, {2, 67, 16, 4}};

@@ -2,6 +2,7 @@
 // double-precision references, over a table of odd and larger shapes (the larger ones
 // exercise the multi-threaded paths), at 1 and 2 threads. In the spirit of ggml's
 // test-backend-ops: one table, one check per row.
+#include <cmath>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -37,6 +38,50 @@ void check_layernorm(Ops& ops, int n, int c) {
   EXPECT_TRUE(close(y, want.y, 1e-5, 1e-5 * max_abs(want.y))) << "y";
   EXPECT_TRUE(close(mean, want.mean, 1e-5, 1e-6)) << "mean";
   EXPECT_TRUE(close(rstd, want.rstd, 1e-5, 0.0)) << "rstd";
+}
+
+void check_rmsnorm(Ops& ops, int n, int c, float eps) {
+  Rng r(27u + unsigned(n * 5 + c));
+  const FVec x = r.normal(std::size_t(n) * c, 2.0, 0.5);
+  const FVec w = r.normal(c, 0.2, 1.0);
+  FVec y(std::size_t(n) * c, 777.0f), rstd(n, 777.0f);
+  ops.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), n, c, eps);
+  const RmsOut want = ref_rmsnorm(to_double(x), to_double(w), n, c, eps);
+  EXPECT_TRUE(close(y, want.y, 1e-5, 1e-5 * max_abs(want.y))) << "y";
+  EXPECT_TRUE(close(rstd, want.rstd, 1e-5, 0.0)) << "rstd";
+  FVec y2(y.size(), 777.0f);  // rstd may be null
+  ops.rmsnorm_forward(y2.data(), nullptr, x.data(), w.data(), n, c, eps);
+  EXPECT_TRUE(close(y2, y, 0.0, 0.0)) << "y without rstd";
+}
+
+// In place on x[B,T,ld] with heads * hs < ld: the columns past the heads stay as they were.
+// Positions up to pos0 + t: angles of thousands of radians at the lowest frequency.
+void check_rope(Ops& ops, int b, int t, int ld, int heads, int hs, int pos0, float theta) {
+  Rng r(37u + unsigned(b * 1000 + t * 10 + ld + heads + hs + pos0));
+  const FVec x0 = r.normal(std::size_t(b) * t * ld);
+  FVec x = x0;
+  ops.rope_forward(x.data(), b, t, ld, heads, hs, pos0, theta);
+  const Vec want = ref_rope(to_double(x0), b, t, ld, heads, hs, pos0, theta);
+  EXPECT_TRUE(close(x, want, 1e-5, 2e-6 * max_abs(want))) << "rotated";
+  std::size_t touched = 0;
+  for (std::size_t row = 0; row < std::size_t(b) * t; row++)
+    for (int j = heads * hs; j < ld; j++) touched += x[row * ld + j] != x0[row * ld + j];
+  EXPECT_EQ(touched, 0u) << "columns past heads * hs must be untouched";
+  // the backward is the inverse rotation: it takes the rotated values back
+  ops.rope_backward(x.data(), b, t, ld, heads, hs, pos0, theta);
+  EXPECT_TRUE(close(x, x0, 1e-5, 1e-6 * max_abs(to_double(x0)))) << "backward(forward(x)) = x";
+}
+
+void check_swiglu(Ops& ops, int n, int f) {
+  Rng r(43u + unsigned(n * 3 + f));
+  FVec gu = r.normal(std::size_t(n) * 2 * f, 3.0);
+  const float special[] = {0.0f, 1e-4f, -1e-4f, 1.0f, -1.0f, 20.0f, -20.0f, 90.0f, -90.0f};
+  for (std::size_t i = 0; i < sizeof special / sizeof special[0] && i < std::size_t(f); i++)
+    gu[i] = special[i];  // gates of row 0
+  FVec y(std::size_t(n) * f, 777.0f);
+  ops.swiglu_forward(y.data(), gu.data(), n, f);
+  const Vec want = ref_swiglu(to_double(gu), n, f);
+  EXPECT_TRUE(close(y, want, 1e-5, 1e-7 * max_abs(want)));
 }
 
 void check_gelu(Ops& ops, std::int64_t n) {
@@ -134,6 +179,23 @@ std::vector<OpCase> forward_cases() {
   const int ln_shapes[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {64, 256}};
   for (auto& s : ln_shapes)
     cs.push_back({name_of("layernorm_n%d_c%d", s[0], s[1]), [=](Ops& o) { check_layernorm(o, s[0], s[1]); }});
+  const int rms_shapes[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {64, 256}};
+  for (auto& s : rms_shapes)
+    for (int e : {5, 6})  // eps = 1e-5, 1e-6
+      cs.push_back({name_of("rmsnorm_n%d_c%d_eps1e%d", s[0], s[1], e),
+                    [=](Ops& o) { check_rmsnorm(o, s[0], s[1], float(std::pow(10.0, -e))); }});
+  // b, t, ld, heads, hs, pos0, theta: q and k of a qkv row side by side (ld = 3 heads' worth),
+  // one head of width 2, and positions far from 0 (Llama 3's theta too)
+  struct RopeShape { int b, t, ld, heads, hs, pos0; float theta; };
+  const RopeShape rope_shapes[] = {{2, 7, 36, 6, 4, 0, 10000.0f}, {1, 5, 2, 1, 2, 0, 10000.0f},
+                                   {3, 33, 50, 3, 16, 4093, 10000.0f}, {1, 1, 64, 2, 32, 700, 500000.0f},
+                                   {4, 130, 200, 6, 32, 0, 10000.0f}};
+  for (auto s : rope_shapes)
+    cs.push_back({name_of("rope_b%d_t%d_ld%d_h%d_hs%d_p%d_th%g", s.b, s.t, s.ld, s.heads, s.hs, s.pos0, double(s.theta)),
+                  [=](Ops& o) { check_rope(o, s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta); }});
+  const int swiglu_shapes[][2] = {{3, 11}, {1, 1}, {40, 172}, {130, 300}};
+  for (auto& s : swiglu_shapes)
+    cs.push_back({name_of("swiglu_n%d_f%d", s[0], s[1]), [=](Ops& o) { check_swiglu(o, s[0], s[1]); }});
   for (std::int64_t n : {11, 1000, 40001})
     cs.push_back({name_of("gelu_n%lld", (long long)n), [=](Ops& o) { check_gelu(o, n); }});
   const int att_shapes[][4] = {{2, 7, 12, 3}, {1, 1, 4, 1}, {1, 40, 16, 2}, {3, 33, 8, 1}, {2, 64, 32, 4}, {1, 97, 24, 3}};

@@ -2,6 +2,7 @@
 // device memory, host memory handed to a kernel) and compute what "cpu" computes.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "trident/core/buffer.hpp"
@@ -35,6 +36,65 @@ TEST(Guarded, CopiesInAndOutAndComputesAsTheCpu) {
   cpu->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
   EXPECT_EQ(from_device, y);
   EXPECT_GT(g->memory()->used(), 0u);
+}
+
+// The Llama ops (RMSNorm, RoPE, SwiGLU) forward and backward: the guarded backend takes and
+// gives device memory only, and computes what "cpu" computes, bit for bit.
+TEST(Guarded, LlamaOpsComputeAsTheCpu) {
+  auto g = guarded();
+  auto cpu = ops::make_ops("cpu", 1);
+  DeviceMemory* mem = g->memory();
+  const int b = 2, t = 5, heads = 3, hs = 4, c = heads * hs, n = b * t, f = 7;
+  auto host = [](std::size_t k, float scale) {
+    std::vector<float> v(k);
+    for (std::size_t i = 0; i < k; ++i) v[i] = scale * (float((i * 37) % 23) - 11.0f) / 7.0f;
+    return v;
+  };
+  auto device = [&](const std::vector<float>& h) {
+    auto d = std::make_unique<FloatBuffer>(h.size(), mem);
+    copy_to_device(mem, d->data(), h.data(), h.size() * 4);
+    return d;
+  };
+  auto back = [&](const FloatBuffer& d) {
+    std::vector<float> h(d.size());
+    copy_to_host(mem, h.data(), d.data(), h.size() * 4);
+    return h;
+  };
+  const std::vector<float> x = host(n * c, 1.0f), w = host(c, 0.3f), dy = host(n * c, 0.5f);
+  const std::vector<float> gu = host(n * 2 * f, 2.0f), dyf = host(n * f, 0.7f);
+  // cpu
+  std::vector<float> y(n * c), rstd(n), dx(n * c, 0.5f), dw(c, 0.25f), r = x, h(n * f), dgu(n * 2 * f);
+  cpu->rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), n, c, 1e-5f);
+  cpu->rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+  cpu->rope_forward(r.data(), b, t, c, heads, hs, 3, 10000.0f);
+  std::vector<float> rb = r;
+  cpu->rope_backward(rb.data(), b, t, c, heads, hs, 3, 10000.0f);
+  cpu->swiglu_forward(h.data(), gu.data(), n, f);
+  cpu->swiglu_backward(dgu.data(), gu.data(), dyf.data(), n, f);
+  // guarded
+  auto gx = device(x), gw = device(w), gdy = device(dy), ggu = device(gu), gdyf = device(dyf);
+  auto gy = device(std::vector<float>(n * c)), grstd = device(std::vector<float>(n));
+  auto gdx = device(std::vector<float>(n * c, 0.5f)), gdw = device(std::vector<float>(c, 0.25f));
+  auto gr = device(x), gh = device(std::vector<float>(n * f)), gdgu = device(std::vector<float>(n * 2 * f));
+  g->rmsnorm_forward(gy->data(), grstd->data(), gx->data(), gw->data(), n, c, 1e-5f);
+  g->rmsnorm_backward(gdx->data(), gdw->data(), gdy->data(), gx->data(), gw->data(), grstd->data(), n, c);
+  g->rope_forward(gr->data(), b, t, c, heads, hs, 3, 10000.0f);
+  EXPECT_EQ(back(*gr), r) << "rope_forward";
+  g->rope_backward(gr->data(), b, t, c, heads, hs, 3, 10000.0f);
+  g->swiglu_forward(gh->data(), ggu->data(), n, f);
+  g->swiglu_backward(gdgu->data(), ggu->data(), gdyf->data(), n, f);
+  EXPECT_EQ(back(*gy), y) << "rmsnorm_forward y";
+  EXPECT_EQ(back(*grstd), rstd) << "rmsnorm_forward rstd";
+  EXPECT_EQ(back(*gdx), dx) << "rmsnorm_backward dx";
+  EXPECT_EQ(back(*gdw), dw) << "rmsnorm_backward dw";
+  EXPECT_EQ(back(*gr), rb) << "rope_backward";
+  EXPECT_EQ(back(*gh), h) << "swiglu_forward";
+  EXPECT_EQ(back(*gdgu), dgu) << "swiglu_backward";
+  // host memory handed to each of them is refused
+  std::vector<float> hx = x;
+  EXPECT_THROW(g->rmsnorm_forward(gy->data(), nullptr, hx.data(), gw->data(), n, c, 1e-5f), Error);
+  EXPECT_THROW(g->rope_forward(hx.data(), b, t, c, heads, hs, 0, 10000.0f), Error);
+  EXPECT_THROW(g->swiglu_backward(gdgu->data(), hx.data(), gdyf->data(), n, f), Error);
 }
 
 TEST(Guarded, RefusesHostMemoryInAKernel) {

@@ -2,7 +2,7 @@
 // trident::ops::Ops, plus the helpers the op tests share: random inputs, element-wise
 // comparison with a tolerance, central finite differences.
 // defines: trident::test::{OpCase, name_of, Rng, to_double, to_float, close, pick, spread,
-//          fd_grad, dot, ref_*}
+//          fd_grad, dot, ref_*} (ref_rmsnorm, ref_rope, ref_swiglu: the Llama ops)
 //
 // Legend as in ops.hpp: B batch, T time, C channels, NH heads, hs = C/NH, N = B*T rows,
 // V vocabulary columns (ld = row stride of the logits, v_valid of them real).
@@ -203,6 +203,55 @@ inline LnOut ref_layernorm(const Vec& x, const Vec& w, const Vec& b, int n, int 
     r.rstd[i] = rs;
   }
   return r;
+}
+
+struct RmsOut {
+  Vec y, rstd;
+};
+// y = x / sqrt(mean(x^2) + eps) * w per row
+inline RmsOut ref_rmsnorm(const Vec& x, const Vec& w, int n, int c, double eps) {
+  RmsOut r{Vec(std::size_t(n) * c), Vec(n)};
+  for (int i = 0; i < n; i++) {
+    const double* xr = x.data() + std::size_t(i) * c;
+    double ms = 0.0;
+    for (int j = 0; j < c; j++) ms += xr[j] * xr[j];
+    r.rstd[i] = 1.0 / std::sqrt(ms / c + eps);
+    for (int j = 0; j < c; j++) r.y[std::size_t(i) * c + j] = xr[j] * r.rstd[i] * w[j];
+  }
+  return r;
+}
+
+// Hugging Face Llama's apply_rotary_pos_emb, written as it is there: per head,
+// x * cos + rotate_half(x) * sin, with cos = cat(cos(f), cos(f)), f_i = p * theta^(-2i/hs),
+// rotate_half(x) = cat(-x[hs/2:], x[:hs/2]). Rows of x[B,T,ld]; position p = pos0 + t.
+inline Vec ref_rope(const Vec& x, int b, int t, int ld, int heads, int hs, int pos0, double theta) {
+  Vec y = x;
+  const int half = hs / 2;
+  for (int bb = 0; bb < b; bb++)
+    for (int p = 0; p < t; p++)
+      for (int h = 0; h < heads; h++) {
+        const std::size_t base = (std::size_t(bb) * t + p) * ld + std::size_t(h) * hs;
+        Vec cosv(hs), sinv(hs), rot(hs);
+        for (int i = 0; i < hs; i++) {
+          const double f = double(pos0 + p) / std::pow(theta, double(2 * (i % half)) / hs);
+          cosv[i] = std::cos(f);
+          sinv[i] = std::sin(f);
+          rot[i] = i < half ? -x[base + i + half] : x[base + i - half];
+        }
+        for (int i = 0; i < hs; i++) y[base + i] = x[base + i] * cosv[i] + rot[i] * sinv[i];
+      }
+  return y;
+}
+
+// gu[N, 2F] = [gate | up] -> silu(gate) * up
+inline Vec ref_swiglu(const Vec& gu, int n, int f) {
+  Vec y(std::size_t(n) * f);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < f; j++) {
+      const double g = gu[std::size_t(i) * 2 * f + j], u = gu[std::size_t(i) * 2 * f + f + j];
+      y[std::size_t(i) * f + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return y;
 }
 
 inline Vec ref_gelu(const Vec& x) {

@@ -218,6 +218,52 @@ void check_layernorm(Ops& g, double tol, int n, int c) {
   EXPECT_TRUE(near(gdw.host(), dw, tol)) << "dw after two backwards";
 }
 
+void check_rmsnorm(Ops& g, double tol, int n, int c) {
+  Rng r(1351u + unsigned(n * 5 + c));
+  const FVec x = r.normal(std::size_t(n) * c, 2.0, 0.5), w = r.normal(c, 0.2, 1.0);
+  const FVec dy = r.normal(x.size()), dx0 = r.normal(x.size()), dw0 = r.normal(c);
+  FVec y(x.size()), rstd(n), dx = dx0, dw = dw0;
+  cpu().rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), n, c, 1e-5f);
+  cpu().rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+  DevVec<float> gx(g, x), gw(g, w), gdy(g, dy), gy(g, FVec(y.size(), 777.0f)),
+      grstd(g, FVec(n, 777.0f)), gdx(g, dx0), gdw(g, dw0);
+  g.rmsnorm_forward(gy.get(), grstd.get(), gx.get(), gw.get(), n, c, 1e-5f);
+  g.rmsnorm_backward(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), n, c);
+  EXPECT_TRUE(near(gy.host(), y, tol)) << "y";
+  EXPECT_TRUE(near(grstd.host(), rstd, tol)) << "rstd";
+  EXPECT_TRUE(near(gdx.host(), dx, tol)) << "dx (+=)";
+  EXPECT_TRUE(near(gdw.host(), dw, tol)) << "dw (+=)";
+}
+
+void check_rope(Ops& g, double tol, int b, int t, int ld, int heads, int hs, int pos0, float theta) {
+  Rng r(1361u + unsigned(b * 1000 + t * 10 + ld + heads + hs + pos0));
+  const FVec x = r.normal(std::size_t(b) * t * ld), dy = r.normal(x.size());
+  FVec y = x, dx = dy;
+  cpu().rope_forward(y.data(), b, t, ld, heads, hs, pos0, theta);
+  cpu().rope_backward(dx.data(), b, t, ld, heads, hs, pos0, theta);
+  DevVec<float> gy(g, x), gdx(g, dy);
+  g.rope_forward(gy.get(), b, t, ld, heads, hs, pos0, theta);
+  g.rope_backward(gdx.get(), b, t, ld, heads, hs, pos0, theta);
+  EXPECT_TRUE(near(gy.host(), y, tol)) << "rotated (columns past the heads untouched: exact)";
+  EXPECT_TRUE(near(gdx.host(), dx, tol)) << "backward";
+}
+
+void check_swiglu(Ops& g, double tol, int n, int f) {
+  Rng r(1371u + unsigned(n * 3 + f));
+  FVec gu = r.normal(std::size_t(n) * 2 * f, 3.0);
+  const float special[] = {0.0f, 1e-4f, -1e-4f, 1.0f, -1.0f, 20.0f, -20.0f, 90.0f, -90.0f};
+  for (std::size_t i = 0; i < sizeof special / sizeof special[0] && i < std::size_t(f); i++) gu[i] = special[i];
+  const FVec dy = r.normal(std::size_t(n) * f);
+  FVec y(dy.size()), dgu(gu.size());
+  cpu().swiglu_forward(y.data(), gu.data(), n, f);
+  cpu().swiglu_backward(dgu.data(), gu.data(), dy.data(), n, f);
+  DevVec<float> ggu(g, gu), gdy(g, dy), gy(g, FVec(y.size(), 777.0f)), gdgu(g, FVec(gu.size(), 777.0f));
+  g.swiglu_forward(gy.get(), ggu.get(), n, f);
+  g.swiglu_backward(gdgu.get(), ggu.get(), gdy.get(), n, f);
+  EXPECT_TRUE(near(gy.host(), y, tol)) << "y";
+  EXPECT_TRUE(near(gdgu.host(), dgu, tol)) << "dgu";
+}
+
 void check_gelu(Ops& g, double tol, std::int64_t n) {
   Rng r(1401u + unsigned(n));
   FVec x = r.normal(std::size_t(n), 3.0);
@@ -407,6 +453,20 @@ std::vector<CudaCase> cases() {
   for (auto& s : ln_shapes)
     cs.push_back({name_of("layernorm_n%d_c%d", s[0], s[1]), false, false,
                   [=](Ops& g, double tol) { check_layernorm(g, tol, s[0], s[1]); }});
+  const int rms_shapes[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {1000, 768}};
+  for (auto& s : rms_shapes)
+    cs.push_back({name_of("rmsnorm_n%d_c%d", s[0], s[1]), false, false,
+                  [=](Ops& g, double tol) { check_rmsnorm(g, tol, s[0], s[1]); }});
+  struct RopeShape { int b, t, ld, heads, hs, pos0; float theta; };
+  const RopeShape rope_shapes[] = {{2, 7, 36, 6, 4, 0, 10000.0f}, {3, 33, 50, 3, 16, 4093, 10000.0f},
+                                   {4, 130, 200, 6, 32, 0, 500000.0f}, {2, 1, 384, 8, 32, 1000, 10000.0f}};
+  for (auto s : rope_shapes)
+    cs.push_back({name_of("rope_b%d_t%d_ld%d_h%d_hs%d_p%d", s.b, s.t, s.ld, s.heads, s.hs, s.pos0), false, false,
+                  [=](Ops& g, double tol) { check_rope(g, tol, s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta); }});
+  const int swiglu_shapes[][2] = {{3, 11}, {1, 1}, {130, 172}, {64, 2048}};
+  for (auto& s : swiglu_shapes)
+    cs.push_back({name_of("swiglu_n%d_f%d", s[0], s[1]), false, false,
+                  [=](Ops& g, double tol) { check_swiglu(g, tol, s[0], s[1]); }});
   for (std::int64_t n : {11, 40001})
     cs.push_back({name_of("gelu_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_gelu(g, tol, n); }});

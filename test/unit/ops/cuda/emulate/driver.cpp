@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 #include "kernels.hpp"
 #include "plans.hpp"
@@ -66,6 +67,38 @@ int main() {
     launch_layernorm_backward(nullptr, dx2.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), m2.data(), r2.data(), n, c, partial.data());
     snprintf(name, sizeof name, "layernorm n%d c%d y", n, c); cmp(name, y2, y, 1e-5);
     cmp("  mean", m2, m, 1e-5); cmp("  rstd", r2, r, 1e-5); cmp("  dx", dx2, dx, 1e-5); cmp("  dw", dw2, dw, 1e-5); cmp("  db", db2, db, 1e-5);
+  }
+  // RMSNorm, RoPE, SwiGLU (Llama)
+  for (auto& s : ln) {
+    int n = s[0], c = s[1];
+    V x = rnd(size_t(n) * c, 2, 0.5), w = rnd(c, 0.2, 1), dy = rnd(x.size()), dx0 = rnd(x.size()), dw0 = rnd(c);
+    V y(x.size()), r(n), dx = dx0, dw = dw0, y2(x.size(), 777), r2(n, 777), dx2 = dx0, dw2 = dw0;
+    cpu->rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), n, c, 1e-5f);
+    cpu->rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), r.data(), n, c);
+    launch_rmsnorm_forward(nullptr, y2.data(), r2.data(), x.data(), w.data(), n, c, 1e-5f);
+    V partial(rmsnorm_partial_floats(n, c));
+    launch_rmsnorm_backward(nullptr, dx2.data(), dw2.data(), dy.data(), x.data(), w.data(), r2.data(), n, c, partial.data());
+    snprintf(name, sizeof name, "rmsnorm n%d c%d y", n, c); cmp(name, y2, y, 1e-5);
+    cmp("  rstd", r2, r, 1e-5); cmp("  dx", dx2, dx, 1e-5); cmp("  dw", dw2, dw, 1e-5);
+  }
+  struct R { int b, t, ld, heads, hs, pos0; float theta; } ropes[] = {{2, 7, 36, 6, 4, 0, 1e4f}, {3, 33, 50, 3, 16, 4093, 1e4f}, {2, 65, 200, 6, 32, 0, 5e5f}};
+  for (auto& s : ropes) {
+    V x = rnd(size_t(s.b) * s.t * s.ld), y = x, y2 = x, d = rnd(x.size()), d2 = d;
+    cpu->rope_forward(y.data(), s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta);
+    cpu->rope_backward(d.data(), s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta);
+    launch_rope(nullptr, y2.data(), s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta, 1.0f);
+    launch_rope(nullptr, d2.data(), s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta, -1.0f);
+    snprintf(name, sizeof name, "rope b%d t%d ld%d h%d hs%d p%d", s.b, s.t, s.ld, s.heads, s.hs, s.pos0);
+    cmp(name, y2, y, 1e-6); cmp("  backward", d2, d, 1e-6);
+  }
+  for (auto& s : {std::pair<int, int>{3, 11}, {130, 172}}) {
+    int n = s.first, f = s.second;
+    V gu = rnd(size_t(n) * 2 * f, 3), dy = rnd(size_t(n) * f);
+    float sp[] = {0, 1e-4f, -1e-4f, 1, -1, 20, -20, 90, -90}; for (int i = 0; i < 9 && i < f; i++) gu[i] = sp[i];
+    V y(dy.size()), y2(dy.size(), 7), dg(gu.size()), dg2(gu.size(), 7);
+    cpu->swiglu_forward(y.data(), gu.data(), n, f); cpu->swiglu_backward(dg.data(), gu.data(), dy.data(), n, f);
+    launch_swiglu_forward(nullptr, y2.data(), gu.data(), n, f); launch_swiglu_backward(nullptr, dg2.data(), gu.data(), dy.data(), n, f);
+    snprintf(name, sizeof name, "swiglu n%d f%d y", n, f); cmp(name, y2, y, 1e-5); cmp("  dgu", dg2, dg, 1e-5);
   }
   const int att[][4] = {{2, 7, 12, 3}, {1, 1, 4, 1}, {3, 33, 8, 1}, {2, 67, 16, 4}};
   for (auto& s : att) {
