@@ -52,8 +52,42 @@ std::string check_format(const h5::File& file, std::initializer_list<const char*
   return format;
 }
 
+namespace {
+
+// A Llama file also carries arch = "llama" and these, resolved (n_kv_head, ffn_hidden never
+// 0); a GPT-2 file has none of them (files written before Llama existed read as GPT-2).
+void write_llama_attrs(const h5::File& file, const model::ModelConfig& cfg) {
+  h5::write_attr_string(file, "arch", cfg.arch);
+  h5::write_attr_int(file, "n_kv_head", cfg.kv_heads());
+  h5::write_attr_int(file, "ffn_hidden", cfg.d_ff());
+  h5::write_attr_int(file, "tie_embeddings", cfg.tie_embeddings ? 1 : 0);
+  h5::write_attr_double(file, "rope_theta", cfg.rope_theta);
+  h5::write_attr_double(file, "norm_eps", cfg.norm_eps);
+}
+
+void read_llama_attrs(const h5::File& file, model::ModelConfig& cfg) {
+  for (const char* name : {"n_kv_head", "ffn_hidden"}) {
+    const std::int64_t v = h5::read_attr_int(file, name);
+    if (v <= 0 || v > INT_MAX)
+      fail(file.path(), ": model attribute ", name, " = ", v, ", expected a positive integer");
+    (std::string(name) == "n_kv_head" ? cfg.n_kv_head : cfg.ffn_hidden) = int(v);
+  }
+  const std::int64_t tie = h5::read_attr_int(file, "tie_embeddings");
+  if (tie != 0 && tie != 1)
+    fail(file.path(), ": model attribute tie_embeddings = ", tie, ", expected 0 or 1");
+  cfg.tie_embeddings = tie == 1;
+  cfg.rope_theta = h5::read_attr_double(file, "rope_theta");
+  cfg.norm_eps = h5::read_attr_double(file, "norm_eps");
+  if (cfg.n_head % cfg.n_kv_head != 0)
+    fail(file.path(), ": model attribute n_kv_head = ", cfg.n_kv_head,
+         " does not divide n_head = ", cfg.n_head);
+}
+
+}  // namespace
+
 void write_model_attrs(const h5::File& file, const model::ModelConfig& cfg) {
   for (const auto& f : kModelFields) h5::write_attr_int(file, f.name, cfg.*f.field);
+  if (cfg.llama()) write_llama_attrs(file, cfg);
 }
 
 model::ModelConfig read_model_attrs(const h5::File& file) {
@@ -64,6 +98,11 @@ model::ModelConfig read_model_attrs(const h5::File& file) {
       fail(file.path(), ": model attribute ", f.name, " = ", v, ", expected a positive integer");
     cfg.*f.field = int(v);
   }
+  cfg.arch = h5::has_attr(file, "arch") ? h5::read_attr_string(file, "arch") : "gpt2";
+  if (cfg.arch == "llama")
+    read_llama_attrs(file, cfg);
+  else if (cfg.arch != "gpt2")
+    fail(file.path(), ": model attribute arch = \"", cfg.arch, "\", expected \"gpt2\" or \"llama\"");
   return cfg;
 }
 
@@ -73,6 +112,20 @@ void check_model_attrs(const h5::File& file, const model::ModelConfig& deck) {
     if (got.*f.field != deck.*f.field)
       fail(file.path(), ": model attribute ", f.name, " = ", got.*f.field,
            " does not match the deck's model.", f.name, " = ", deck.*f.field);
+  if (got.arch != deck.arch)
+    fail(file.path(), ": model attribute arch = \"", got.arch,
+         "\" does not match the deck's model.arch = \"", deck.arch, "\"");
+  if (!deck.llama()) return;
+  auto differs = [&](const char* key, auto file_value, auto deck_value) {
+    if (file_value != deck_value)
+      fail(file.path(), ": model attribute ", key, " = ", file_value,
+           " does not match the deck's model.", key, " (resolved) = ", deck_value);
+  };
+  differs("n_kv_head", got.kv_heads(), deck.kv_heads());
+  differs("ffn_hidden", got.d_ff(), deck.d_ff());
+  differs("tie_embeddings", got.tie_embeddings, deck.tie_embeddings);
+  differs("rope_theta", got.rope_theta, deck.rope_theta);
+  differs("norm_eps", got.norm_eps, deck.norm_eps);
 }
 
 h5::File create_output(const std::string& path, MPI_Comm comm) {

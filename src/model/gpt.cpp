@@ -38,6 +38,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
   TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
+  TRIDENT_CHECK(!cfg.llama(), "model.arch = \"llama\": the Llama blocks are not built yet");
   B_ = micro_batch;
   T_ = cfg.seq_len;
   C_ = cfg.d_model;

@@ -1,6 +1,7 @@
 // ShardSpecs of GPT-2 parameters under tensor parallelism (see trident/model/spec.hpp).
 #include "trident/model/spec.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "trident/core/error.hpp"
@@ -17,6 +18,17 @@ std::int64_t ShardSpec::local_numel() const {
   std::int64_t n = 1;
   for (auto d : local_shape) n *= d;
   return n;
+}
+
+int llama_ffn_hidden(int d_model, int multiple_of) {
+  const std::int64_t hidden = 8 * std::int64_t(d_model) / 3;
+  const std::int64_t m = std::max(1, multiple_of);
+  return int((hidden + m - 1) / m * m);
+}
+
+int ModelConfig::d_ff() const {
+  if (!llama()) return 4 * d_model;
+  return ffn_hidden > 0 ? ffn_hidden : llama_ffn_hidden(d_model, ffn_multiple_of);
 }
 
 int vocab_per_rank(int vocab_size, int tp_size) { return (vocab_size + tp_size - 1) / tp_size; }

@@ -75,6 +75,10 @@ struct KeyDef {
   std::string full() const { return std::string(section) + "." + name; }
 };
 
+// model.arch and the keys only a Llama deck may set.
+const char* const kLlamaKeys[] = {"arch",     "n_kv_head", "ffn_hidden",    "ffn_multiple_of",
+                                  "rope_theta", "norm_eps", "tie_embeddings"};
+
 const std::vector<KeyDef>& key_table() {
   static const std::vector<KeyDef> keys = {
       {"model", "vocab_size", [](Config& c) -> Field { return &c.model.vocab_size; }},
@@ -82,6 +86,13 @@ const std::vector<KeyDef>& key_table() {
       {"model", "n_layer", [](Config& c) -> Field { return &c.model.n_layer; }},
       {"model", "n_head", [](Config& c) -> Field { return &c.model.n_head; }},
       {"model", "d_model", [](Config& c) -> Field { return &c.model.d_model; }},
+      {"model", "arch", [](Config& c) -> Field { return &c.model.arch; }},
+      {"model", "n_kv_head", [](Config& c) -> Field { return &c.model.n_kv_head; }},
+      {"model", "ffn_hidden", [](Config& c) -> Field { return &c.model.ffn_hidden; }},
+      {"model", "ffn_multiple_of", [](Config& c) -> Field { return &c.model.ffn_multiple_of; }},
+      {"model", "rope_theta", [](Config& c) -> Field { return &c.model.rope_theta; }},
+      {"model", "norm_eps", [](Config& c) -> Field { return &c.model.norm_eps; }},
+      {"model", "tie_embeddings", [](Config& c) -> Field { return &c.model.tie_embeddings; }},
 
       {"parallel", "tp", [](Config& c) -> Field { return &c.parallel.tp; }},
       {"parallel", "pp", [](Config& c) -> Field { return &c.parallel.pp; }},
@@ -458,6 +469,34 @@ class Loader {
     fail(where(key), ": ", key, ": expected ", list, ", got ", toml_string(v));
   }
 
+  // model.arch and Llama's keys; a Llama key in a GPT-2 deck is an error (it would be ignored).
+  void validate_llama() const {
+    const model::ModelConfig& m = cfg_.model;
+    need_one_of(m.arch, "model.arch", {"gpt2", "llama"});
+    if (!m.llama()) {
+      for (const char* name : kLlamaKeys)
+        if (const std::string key = std::string("model.") + name;
+            key != "model.arch" && origin_.count(key))
+          fail(where(key), ": ", key, " is a key of model.arch = \"llama\" (this deck's "
+               "model.arch is ", toml_string(m.arch), ")");
+      return;
+    }
+    need(m.n_kv_head >= 0, "model.n_kv_head", ">= 0 (0: model.n_head)", m.n_kv_head);
+    if (m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
+      fail(where("model.n_kv_head", "model.n_head"), ": model.n_kv_head = ", m.n_kv_head,
+           " does not divide model.n_head = ", m.n_head);
+    need(m.ffn_hidden >= 0, "model.ffn_hidden", ">= 0 (0: Llama's rule)", m.ffn_hidden);
+    need(m.ffn_multiple_of >= 1, "model.ffn_multiple_of", ">= 1", m.ffn_multiple_of);
+    need_finite(m.rope_theta, "model.rope_theta");
+    need(m.rope_theta > 1.0, "model.rope_theta", "> 1", toml_float(m.rope_theta));
+    need_finite(m.norm_eps, "model.norm_eps");
+    need(m.norm_eps > 0.0, "model.norm_eps", "> 0", toml_float(m.norm_eps));
+    if (m.d_model % m.n_head == 0 && m.head_dim() % 2 != 0)
+      fail(where("model.d_model", "model.n_head"), ": model.arch = \"llama\" needs an even "
+           "head size (rotary pairs) but model.d_model / model.n_head = ", m.d_model, " / ",
+           m.n_head, " = ", m.head_dim());
+  }
+
   void validate() const {
     const Config& c = cfg_;
     // [model]
@@ -470,6 +509,7 @@ class Loader {
     if (c.model.d_model % c.model.n_head != 0)
       fail(where("model.d_model", "model.n_head"), ": model.d_model = ", c.model.d_model,
            " is not divisible by model.n_head = ", c.model.n_head);
+    validate_llama();
 
     // [parallel]
     const Config::Parallel& p = c.parallel;
@@ -495,6 +535,15 @@ class Loader {
     if (c.model.n_head % p.tp != 0)
       fail(where("model.n_head", "parallel.tp"), ": model.n_head = ", c.model.n_head,
            " is not divisible by parallel.tp = ", p.tp);
+    // Llama under TP: each rank's query heads read one kv head, its own (n_kv_head split
+    // over TP) or a copy (n_kv_head < tp: each kv head replicated on tp / n_kv_head ranks).
+    if (c.model.llama() && c.model.n_head % p.tp == 0) {
+      const int kv = c.model.kv_heads();
+      if (kv >= p.tp ? kv % p.tp != 0 : p.tp % kv != 0)
+        fail(where("model.n_kv_head", "parallel.tp"), ": model.n_kv_head = ", kv,
+             " and parallel.tp = ", p.tp, ": one must divide the other (kv heads are split ",
+             "over TP, or replicated on tp / n_kv_head ranks each)");
+    }
     if (static_cast<std::int64_t>(c.model.n_layer) % (static_cast<std::int64_t>(p.pp) * p.vpp))
       fail(where("model.n_layer", "parallel.pp"), ": model.n_layer = ", c.model.n_layer,
            " is not divisible by parallel.pp * parallel.vpp = ", p.pp, " * ", p.vpp);
@@ -597,6 +646,11 @@ std::string to_toml(const Config& cfg) {
   std::string out = "# trident input deck, fully resolved\n";
   std::string section;
   for (const KeyDef& k : key_table()) {
+    // A GPT-2 deck prints as it always has: without model.arch and Llama's keys.
+    if (!c.model.llama() && std::string(k.section) == "model" &&
+        std::find(std::begin(kLlamaKeys), std::end(kLlamaKeys), std::string(k.name)) !=
+            std::end(kLlamaKeys))
+      continue;
     if (section != k.section) {
       out += str(section.empty() ? "" : "\n", "[", k.section, "]\n");
       section = k.section;

@@ -2,7 +2,7 @@
 // place that knows how a logical tensor maps onto this rank's shard and onto the rank's
 // flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
 // ranges and the grad-norm "count each parameter once" rule all read it.
-// defines: trident::model::ModelConfig, Split, Init, ShardBlock, ShardSpec, StageLayout,
+// defines: trident::model::ModelConfig, llama_ffn_hidden, Split, Init, ShardBlock, ShardSpec, StageLayout,
 //          chunk_layouts, gpt_param_specs, for_each_local_element
 #pragma once
 
@@ -19,12 +19,31 @@ struct ModelConfig {
   int n_layer = 4;
   int n_head = 4;
   int d_model = 256;
+  // model.arch = "llama" (FORMAT.md): RMSNorm, rotary embedding, SwiGLU, grouped-query
+  // attention, no biases. The keys below are Llama's (GPT-2 has none of them).
+  std::string arch = "gpt2";  // "gpt2" | "llama"
+  int n_kv_head = 0;          // key/value heads, dividing n_head (1: multi-query); 0: n_head
+  int ffn_hidden = 0;         // MLP width; 0: Llama's rule (llama_ffn_hidden)
+  int ffn_multiple_of = 256;  // the rule rounds up to a multiple of this
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;  // lm_head = embed_tokens (GPT-2 is always tied)
 
-  int d_ff() const { return 4 * d_model; }
+  bool llama() const { return arch == "llama"; }
+  int kv_heads() const { return llama() && n_kv_head > 0 ? n_kv_head : n_head; }
+  // The MLP's hidden width: 4 d_model (GPT-2); ffn_hidden or Llama's rule (Llama).
+  int d_ff() const;
   int head_dim() const { return d_model / n_head; }
+  bool tied() const { return !llama() || tie_embeddings; }
+  // Equal as models: the same architecture and resolved sizes (n_kv_head 0 and n_head
+  // compare equal, as do ffn_hidden 0 and the width Llama's rule gives).
   bool operator==(const ModelConfig& o) const {
-    return vocab_size == o.vocab_size && seq_len == o.seq_len && n_layer == o.n_layer &&
-           n_head == o.n_head && d_model == o.d_model;
+    bool same = vocab_size == o.vocab_size && seq_len == o.seq_len && n_layer == o.n_layer &&
+                n_head == o.n_head && d_model == o.d_model && arch == o.arch;
+    if (same && llama())
+      same = kv_heads() == o.kv_heads() && d_ff() == o.d_ff() && rope_theta == o.rope_theta &&
+             norm_eps == o.norm_eps && tie_embeddings == o.tie_embeddings;
+    return same;
   }
   bool operator!=(const ModelConfig& o) const { return !(*this == o); }
 };
@@ -79,6 +98,10 @@ struct StageLayout {
 // (chunk 0, with the embedding) and 4-5 (chunk 1); rank 1 holds 2-3 and 6-7 (with the head).
 // n_layer must be divisible by pp * vpp (the deck checks it).
 std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank);
+
+// Llama's MLP width: 2/3 of 4 d_model, rounded up to a multiple of multiple_of
+// (d_model 4096 -> 11008 with 256).
+int llama_ffn_hidden(int d_model, int multiple_of);
 
 // Vocabulary rows each TP rank holds: the vocabulary padded up to a multiple of tp_size.
 int vocab_per_rank(int vocab_size, int tp_size);

@@ -168,6 +168,54 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   EXPECT_EQ(assignments, 41u);
 }
 
+// model.arch = "llama": its keys print (after d_model, resolved as written), parse back, and
+// are refused in a GPT-2 deck; the TP rule for kv heads and the even head size.
+TEST(Config, LlamaKeys) {
+  Config c = parse_config("[model]\narch = \"llama\"\nn_head = 8\nn_kv_head = 2\n"
+                          "ffn_hidden = 100\nrope_theta = 500000.0\ntie_embeddings = true\n",
+                          "llama.toml");
+  EXPECT_TRUE(c.model.llama());
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  EXPECT_EQ(c.model.d_ff(), 100);
+  const std::string text = to_toml(c);
+  EXPECT_NE(text.find("d_model = 256\narch = \"llama\"\nn_kv_head = 2\nffn_hidden = 100\n"
+                      "ffn_multiple_of = 256\nrope_theta = 5e+05\nnorm_eps = 1e-05\n"
+                      "tie_embeddings = true\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(parse_config(text, "again.toml"), c);
+  EXPECT_EQ(to_toml(Config{}).find("arch"), std::string::npos) << "a GPT-2 deck prints as before";
+  // Llama's MLP rule: 2/3 * 4 d rounded up to ffn_multiple_of; n_kv_head 0 is n_head
+  Config d = parse_config("[model]\narch = \"llama\"\nd_model = 4096\nn_head = 32\n", "d.toml");
+  EXPECT_EQ(d.model.d_ff(), 11008);
+  EXPECT_EQ(d.model.kv_heads(), 32);
+  EXPECT_EQ(model::llama_ffn_hidden(768, 64), 2048);
+  auto error_of = [](const std::string& deck) {
+    try {
+      parse_config(deck, "bad.toml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("[model]\nn_kv_head = 2\n").find("bad.toml:2:1: model.n_kv_head is a key of "
+                                                      "model.arch = \"llama\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\narch = \"mamba\"\n").find("model.arch: expected gpt2 or llama"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\narch = \"llama\"\nn_head = 4\nn_kv_head = 3\n")
+                .find("model.n_kv_head = 3 does not divide model.n_head = 4"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[model]\narch = \"llama\"\nn_head = 8\nn_kv_head = 2\n[parallel]\ntp = 8\n"),
+            "no error") << "tp 8 over 2 kv heads: each replicated on 4 ranks";
+  EXPECT_NE(error_of("[model]\narch = \"llama\"\nn_head = 12\nd_model = 240\nn_kv_head = 6\n"
+                     "[parallel]\ntp = 4\n").find("one must divide the other"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\narch = \"llama\"\nn_head = 4\nd_model = 12\n")
+                .find("even head size"),
+            std::string::npos);
+}
+
 TEST(Config, RoundTripThroughToToml) {
   Config c;
   c.model = {50257, 64, 6, 6, 384};
