@@ -1,4 +1,5 @@
-"""The PyTorch peer of trident's training step: the same GPT-2 (tools/trident_torch.py), the same
+"""The PyTorch peer of trident's training step: the same GPT-2 or Llama (tools/trident_torch.py,
+--arch), the same
 shapes and batch size, float32, AdamW with trident's two parameter groups, clip_grad_norm_ as
 trident clips, on `--threads` threads. Prints one JSON object: the median step time
 (zero_grad + forward + backward + clip + AdamW step) over --steps steps after --warmup.
@@ -26,6 +27,9 @@ def main():
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
+    ap.add_argument("--n-kv-head", type=int, default=0)   # llama: 0 = n_head
+    ap.add_argument("--ffn-hidden", type=int, default=0)  # llama: 0 = Llama's rule
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -36,7 +40,8 @@ def main():
     import trident_torch as tt
 
     torch.set_num_threads(a.threads)
-    cfg = tt.Config(a.vocab_size, a.seq_len, a.n_layer, a.n_head, a.d_model)
+    cfg = tt.Config(a.vocab_size, a.seq_len, a.n_layer, a.n_head, a.d_model, arch=a.arch,
+                    n_kv_head=a.n_kv_head, ffn_hidden=a.ffn_hidden)
     model = tt.init_model(cfg, seed=1234, dtype=torch.float32)
     opt = tt.make_adamw(model, lr=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
     rng = np.random.default_rng(0)
@@ -52,6 +57,7 @@ def main():
     steady = times[a.warmup:]
     print(json.dumps({
         "torch_version": torch.__version__,
+        "arch": a.arch,
         "threads": torch.get_num_threads(),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                  "OMP_WAIT_POLICY")},
