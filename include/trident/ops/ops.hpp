@@ -110,6 +110,19 @@ class Ops {
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                   const float* att, int b, int t, int c, int nh) = 0;
 
+  // One new query row per sequence against a key-value cache (generation): q[B, ld_q] holds
+  // nh heads of hs columns; the cache holds s positions (the newest included) per sequence,
+  // key row j of sequence b at k + b*kv_batch + j*ld_kv (v likewise), nkv heads of hs. Query
+  // head h reads kv head h / (nh / nkv). out[B, ld_o] = softmax(q k^T / sqrt(hs)) v over the s
+  // positions. `scratch` holds decode_scratch_floats(b, nh, s) floats of device memory.
+  virtual void attention_decode(float* out, float* scratch, const float* q, const float* k,
+                                const float* v, int b, int s, int nh, int nkv, int hs,
+                                std::int64_t ld_q, std::int64_t ld_kv, std::int64_t kv_batch,
+                                std::int64_t ld_o) = 0;
+  static std::int64_t decode_scratch_floats(int b, int nh, int s) {
+    return std::int64_t(b) * nh * s;
+  }
+
   // ---- embeddings -----------------------------------------------------------------
   // Masked (vocab-parallel) lookup: x[N,C] = wte[tok - vocab_start] when
   // vocab_start <= tok < vocab_start + v, else 0. wte is [v, C].

@@ -1,8 +1,8 @@
 // ops/cpu/cpu_ops.hpp — the CPU backend of trident::ops::Ops (private to src/ops/cpu):
 // OpenBLAS cblas_sgemm for every matrix product, OpenMP over rows for everything else.
 // The member functions are defined by topic in matmul.cpp, attention.cpp, layernorm.cpp,
-// rmsnorm.cpp, rope.cpp, pointwise.cpp, embedding.cpp and crossentropy.cpp; cpu_ops.cpp builds
-// the object.
+// rmsnorm.cpp, rope.cpp, decode.cpp, pointwise.cpp, embedding.cpp and crossentropy.cpp;
+// cpu_ops.cpp builds the object.
 // defines: trident::ops::cpu::CpuOps, BlasThreads, exp_approx, team_range, parallel_slabs,
 //          TRIDENT_SIMD_CLONES
 //
@@ -152,6 +152,10 @@ class CpuOps final : public Ops {
                          int nh) override;
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, int b, int t, int c, int nh) override;
+
+  void attention_decode(float* out, float* scratch, const float* q, const float* k,
+                        const float* v, int b, int s, int nh, int nkv, int hs, std::int64_t ld_q,
+                        std::int64_t ld_kv, std::int64_t kv_batch, std::int64_t ld_o) override;
 
   void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n, int c,
                          int vocab_start, int v) override;

@@ -200,6 +200,13 @@ class GuardedOps final : public Ops {
     on("attention_backward", {dqkv, datt, dout, qkv, att}),
         inner_->attention_backward(dqkv, datt, dout, qkv, att, b, t, c, nh);
   }
+  void attention_decode(float* out, float* scratch, const float* q, const float* k,
+                        const float* v, int b, int s, int nh, int nkv, int hs, std::int64_t ld_q,
+                        std::int64_t ld_kv, std::int64_t kv_batch, std::int64_t ld_o) override {
+    on("attention_decode", {out, scratch, q, k, v}),
+        inner_->attention_decode(out, scratch, q, k, v, b, s, nh, nkv, hs, ld_q, ld_kv, kv_batch,
+                                 ld_o);
+  }
   void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n, int c,
                          int vocab_start, int v) override {
     on("embedding_forward", {x, tokens, wte}),

@@ -165,6 +165,16 @@ void CudaOps::swiglu_backward(float* dgu, const float* gu, const float* dy, int 
   launch_swiglu_backward(stream_, dgu, gu, dy, n, f);
 }
 
+void CudaOps::attention_decode(float* out, float* scratch, const float* q, const float* k,
+                               const float* v, int b, int s, int nh, int nkv, int hs,
+                               std::int64_t ld_q, std::int64_t ld_kv, std::int64_t kv_batch,
+                               std::int64_t ld_o) {
+  TRIDENT_CHECK(nkv >= 1 && nh % nkv == 0, "attention_decode: ", nh, " query heads over ", nkv,
+                " kv heads");
+  launch_attention_decode(stream_, out, scratch, q, k, v, b, s, nh, nkv, hs, ld_q, ld_kv,
+                          kv_batch, ld_o);
+}
+
 void CudaOps::gelu_forward(float* y, const float* x, std::int64_t n) {
   launch_gelu_forward(stream_, y, x, n);
 }

@@ -102,6 +102,10 @@ class CudaOps final : public Ops {
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, int b, int t, int c, int nh) override;
 
+  void attention_decode(float* out, float* scratch, const float* q, const float* k,
+                        const float* v, int b, int s, int nh, int nkv, int hs, std::int64_t ld_q,
+                        std::int64_t ld_kv, std::int64_t kv_batch, std::int64_t ld_o) override;
+
   void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n, int c,
                          int vocab_start, int v) override;
   void embedding_backward(float* dwte, const float* dx, const std::int32_t* tokens, int n,

@@ -1,5 +1,5 @@
 // ops/cuda/kernels.hpp — host-callable launchers of the backend's CUDA kernels (private to
-// src/ops/cuda; defined by topic in layernorm.cu, rope.cu, softmax.cu, crossentropy.cu,
+// src/ops/cuda; defined by topic in layernorm.cu, rope.cu, decode.cu, softmax.cu, crossentropy.cu,
 // embedding.cu and pointwise.cu). Each queues its kernel(s) on `stream`, checks the launch, and returns at
 // once; n <= 0 launches nothing. Pointers are device memory. Shapes as in ops.hpp.
 // defines: the launch_* functions below
@@ -35,6 +35,13 @@ std::int64_t rmsnorm_partial_floats(int n, int c);
 // (backward, the transpose).
 void launch_rope(cudaStream_t s, float* x, int b, int t, int ld, int heads, int hs, int pos0,
                  float theta, float sign);
+
+// ---- decode.cu --------------------------------------------------------------------------
+// Ops::attention_decode: one query row per sequence against n_keys cached keys and values.
+void launch_attention_decode(cudaStream_t s, float* out, float* scratch, const float* q,
+                             const float* k, const float* v, int b, int n_keys, int nh, int nkv,
+                             int hs, std::int64_t ld_q, std::int64_t ld_kv, std::int64_t kv_batch,
+                             std::int64_t ld_o);
 
 // ---- softmax.cu (attention) -------------------------------------------------------------
 // att[rows, T] (rows = B*NH*T, row r is query r % T): scaled scores in, causal softmax out

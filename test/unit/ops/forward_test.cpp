@@ -72,6 +72,37 @@ void check_rope(Ops& ops, int b, int t, int ld, int heads, int hs, int pos0, flo
   EXPECT_TRUE(close(x, x0, 1e-5, 1e-6 * max_abs(to_double(x0)))) << "backward(forward(x)) = x";
 }
 
+// The last row of full causal attention, from a cache: q of sequence b's last position
+// against its s keys. With nkv < nh the reference sees each kv head repeated (a qkv of
+// nh heads built by copying), so the GQA mapping h -> h / (nh / nkv) is checked too. The
+// cache rows are wider than the heads (ld_kv) and sequences sit kv_batch apart.
+void check_decode(Ops& ops, int b, int s, int nh, int nkv, int hs) {
+  Rng r(47u + unsigned(b * 100 + s + nh * 7 + nkv));
+  const int c = nh * hs, ckv = nkv * hs, rep = nh / nkv;
+  const std::int64_t ld_kv = 2 * ckv + 3, kv_batch = (s + 2) * ld_kv, ld_q = c + 5;
+  const FVec q = r.normal(std::size_t(b) * ld_q), kv = r.normal(std::size_t(b) * kv_batch, 1.5);
+  FVec out(std::size_t(b) * (c + 1), 777.0f), scratch(std::size_t(ops::Ops::decode_scratch_floats(b, nh, s)));
+  ops.attention_decode(out.data(), scratch.data(), q.data(), kv.data(), kv.data() + ckv, b, s, nh,
+                       nkv, hs, ld_q, ld_kv, kv_batch, c + 1);
+  for (int bb = 0; bb < b; bb++) {
+    Vec qkv(std::size_t(s) * 3 * c, 0.0);  // one sequence, the query at its last position
+    for (int j = 0; j < s; j++)
+      for (int h = 0; h < nh; h++)
+        for (int d = 0; d < hs; d++) {
+          const std::size_t row = std::size_t(j) * 3 * c + std::size_t(h) * hs + d;
+          const std::size_t cache = std::size_t(bb) * kv_batch + std::size_t(j) * ld_kv + std::size_t(h / rep) * hs + d;
+          if (j == s - 1) qkv[row] = q[std::size_t(bb) * ld_q + std::size_t(h) * hs + d];
+          qkv[row + c] = kv[cache];
+          qkv[row + 2 * c] = kv[cache + ckv];
+        }
+    const AttOut want = ref_attention(qkv, 1, s, c, nh);
+    const Vec last(want.out.end() - c, want.out.end());
+    const FVec got(out.begin() + std::ptrdiff_t(bb) * (c + 1), out.begin() + std::ptrdiff_t(bb) * (c + 1) + c);
+    EXPECT_TRUE(close(got, last, 1e-5, 1e-6)) << "sequence " << bb;
+    EXPECT_EQ(out[std::size_t(bb) * (c + 1) + c], 777.0f) << "wrote past the heads";
+  }
+}
+
 void check_swiglu(Ops& ops, int n, int f) {
   Rng r(43u + unsigned(n * 3 + f));
   FVec gu = r.normal(std::size_t(n) * 2 * f, 3.0);
@@ -193,6 +224,10 @@ std::vector<OpCase> forward_cases() {
   for (auto s : rope_shapes)
     cs.push_back({name_of("rope_b%d_t%d_ld%d_h%d_hs%d_p%d_th%g", s.b, s.t, s.ld, s.heads, s.hs, s.pos0, double(s.theta)),
                   [=](Ops& o) { check_rope(o, s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta); }});
+  const int decode_shapes[][5] = {{1, 1, 2, 2, 4}, {2, 9, 4, 2, 8}, {3, 37, 6, 1, 4}, {1, 130, 4, 4, 16}};
+  for (auto& s : decode_shapes)
+    cs.push_back({name_of("decode_b%d_s%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]),
+                  [=](Ops& o) { check_decode(o, s[0], s[1], s[2], s[3], s[4]); }});
   const int swiglu_shapes[][2] = {{3, 11}, {1, 1}, {40, 172}, {130, 300}};
   for (auto& s : swiglu_shapes)
     cs.push_back({name_of("swiglu_n%d_f%d", s[0], s[1]), [=](Ops& o) { check_swiglu(o, s[0], s[1]); }});

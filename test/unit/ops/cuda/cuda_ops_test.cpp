@@ -264,6 +264,21 @@ void check_swiglu(Ops& g, double tol, int n, int f) {
   EXPECT_TRUE(near(gdgu.host(), dgu, tol)) << "dgu";
 }
 
+void check_decode(Ops& g, double tol, int b, int s, int nh, int nkv, int hs) {
+  Rng r(1381u + unsigned(b * 100 + s + nh * 7 + nkv));
+  const int c = nh * hs, ckv = nkv * hs;
+  const std::int64_t ld_kv = 2 * ckv + 3, kv_batch = (s + 2) * ld_kv, ld_q = c + 5;
+  const FVec q = r.normal(std::size_t(b) * ld_q), kv = r.normal(std::size_t(b) * kv_batch, 1.5);
+  const std::size_t scratch = std::size_t(ops::Ops::decode_scratch_floats(b, nh, s));
+  FVec out(std::size_t(b) * (c + 1), 0.0f), sc(scratch);
+  cpu().attention_decode(out.data(), sc.data(), q.data(), kv.data(), kv.data() + ckv, b, s, nh, nkv,
+                         hs, ld_q, ld_kv, kv_batch, c + 1);
+  DevVec<float> gq(g, q), gkv(g, kv), gout(g, FVec(out.size(), 0.0f)), gsc(g, FVec(scratch));
+  g.attention_decode(gout.get(), gsc.get(), gq.get(), gkv.get(), gkv.get() + ckv, b, s, nh, nkv, hs,
+                     ld_q, ld_kv, kv_batch, c + 1);
+  EXPECT_TRUE(near(gout.host(), out, tol)) << "out (padding columns untouched: exact)";
+}
+
 void check_gelu(Ops& g, double tol, std::int64_t n) {
   Rng r(1401u + unsigned(n));
   FVec x = r.normal(std::size_t(n), 3.0);
@@ -463,6 +478,10 @@ std::vector<CudaCase> cases() {
   for (auto s : rope_shapes)
     cs.push_back({name_of("rope_b%d_t%d_ld%d_h%d_hs%d_p%d", s.b, s.t, s.ld, s.heads, s.hs, s.pos0), false, false,
                   [=](Ops& g, double tol) { check_rope(g, tol, s.b, s.t, s.ld, s.heads, s.hs, s.pos0, s.theta); }});
+  const int decode_shapes[][5] = {{1, 1, 2, 2, 4}, {2, 9, 4, 2, 8}, {3, 37, 6, 1, 4}, {1, 1000, 12, 4, 64}};
+  for (auto& s : decode_shapes)
+    cs.push_back({name_of("decode_b%d_s%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), false, false,
+                  [=](Ops& g, double tol) { check_decode(g, tol, s[0], s[1], s[2], s[3], s[4]); }});
   const int swiglu_shapes[][2] = {{3, 11}, {1, 1}, {130, 172}, {64, 2048}};
   for (auto& s : swiglu_shapes)
     cs.push_back({name_of("swiglu_n%d_f%d", s[0], s[1]), false, false,

@@ -100,6 +100,16 @@ int main() {
     launch_swiglu_forward(nullptr, y2.data(), gu.data(), n, f); launch_swiglu_backward(nullptr, dg2.data(), gu.data(), dy.data(), n, f);
     snprintf(name, sizeof name, "swiglu n%d f%d y", n, f); cmp(name, y2, y, 1e-5); cmp("  dgu", dg2, dg, 1e-5);
   }
+  struct D { int b, s, nh, nkv, hs; } decodes[] = {{1, 1, 2, 2, 4}, {2, 9, 4, 2, 8}, {3, 37, 6, 1, 4}};
+  for (auto& d : decodes) {
+    const int c = d.nh * d.hs, ckv = d.nkv * d.hs;
+    const std::int64_t ld_kv = 2 * ckv + 3, kv_batch = (d.s + 2) * ld_kv, ld_q = c + 5;
+    V q = rnd(size_t(d.b) * ld_q), kv = rnd(size_t(d.b) * kv_batch, 1.5f);
+    V o1(size_t(d.b) * (c + 1), 0), o2 = o1, sc(size_t(ops::Ops::decode_scratch_floats(d.b, d.nh, d.s)));
+    cpu->attention_decode(o1.data(), sc.data(), q.data(), kv.data(), kv.data() + ckv, d.b, d.s, d.nh, d.nkv, d.hs, ld_q, ld_kv, kv_batch, c + 1);
+    launch_attention_decode(nullptr, o2.data(), sc.data(), q.data(), kv.data(), kv.data() + ckv, d.b, d.s, d.nh, d.nkv, d.hs, ld_q, ld_kv, kv_batch, c + 1);
+    snprintf(name, sizeof name, "attention_decode b%d s%d nh%d nkv%d", d.b, d.s, d.nh, d.nkv); cmp(name, o2, o1, 1e-5);
+  }
   const int att[][4] = {{2, 7, 12, 3}, {1, 1, 4, 1}, {3, 33, 8, 1}, {2, 67, 16, 4}};
   for (auto& s : att) {
     int b = s[0], t = s[1], c = s[2], nh = s[3];
