@@ -24,6 +24,10 @@ stage). Each layout, with parallel.zero_stage 0 and 1 and small DP buckets
     shrink by dp with it (between 8*N0/dp and 8*N0/dp + 8 per bucket).
 Resume under ZeRO-1: the 1x2x4 run's step-5 checkpoint resumed in the same layout gives
 steps 6..10 bitwise, and resumed at 2x2x2 (other shards) the serial curve.
+Llama (model.arch = "llama", n_kv_head 2 of 8 heads, ffn_hidden 48): every layout above once
+(ZeRO-1 on every other one; kv heads split at tp 2, replicated at tp 4 and 8) gives the serial
+loss and gradients, the serial curve and the serial final weights, to the same tolerances; and
+the 2x2x2 run's step-5 checkpoint resumes at 1x1x1 and at 1x4x2 on the serial curve.
 Bad input: a global batch that does not split over micro_batch_size * dp, and a world
 size no layout of the deck fits, give one `trident: error:` line naming the key and a
 non-zero exit; zero_stage = 1 at dp = 1 trains like the serial run (a no-op).
@@ -117,6 +121,38 @@ def bad_input(t):
                 f"{errs[0] if errs else p.stderr[-300:]!r}")
 
 
+LLAMA_KEYS = 'arch = "llama"\nn_kv_head = 2\nffn_hidden = 48\n'
+
+
+def llama(bucket):
+    """The layouts of LAYOUTS with Llama blocks against their own serial run, and resuming
+    the 2x2x2 checkpoint elsewhere."""
+    deck = deck_text(V, T, L, H, C, MBS, GBS, STEPS, 2).replace("[parallel]",
+                                                                LLAMA_KEYS + "[parallel]", 1)
+    t = LayoutTest("mpi.three_d_llama", deck, V, T, GBS, 12)
+    ref = t.grad(1, "g1.h5")
+    ref_curve = t.train(1, "serial")[0]
+    ref_ck = t.path("serial", "checkpoints", f"step-{STEPS:08d}.h5")
+    for i, (name, tp, pp, dp, extra) in enumerate(LAYOUTS):
+        tag = f"{name}_zero{i % 2}"
+        sets = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.zero_stage={i % 2}",
+                bucket, "io.checkpoint_every=5", *extra]
+        t.check_grad(f"llama {tag}", t.grad(8, f"g_{tag}.h5", sets), ref, 1e-6)
+        got = t.train(8, f"train_{tag}", sets)[0]
+        t.check_curve(f"llama {tag}", got, ref_curve)
+        w = rel_l2(t.path(f"train_{tag}", "checkpoints", f"step-{STEPS:08d}.h5"), ref_ck, "model")
+        t.check(w[0] <= 1e-5, f"train llama {tag}: final weights |d|/|w| = {w[0]:.2e} (most in {w[1]})")
+    ck = f"train_{LAYOUTS[0][0]}_zero0/checkpoints/step-{5:08d}.h5"
+    for np_, tp, pp in ((1, 1, 1), (8, 1, 4)):
+        out = f"resume_{tp}x{pp}x{np_ // (tp * pp)}"
+        got = t.train(np_, out, [f"parallel.tp={tp}", f"parallel.pp={pp}", f"io.resume={ck}"])[0]
+        rel = float(np.max(np.abs(got[-5:] - ref_curve[5:]) / np.abs(ref_curve[5:])))
+        t.check(len(got) == 5 and rel <= 1e-5,
+                f"llama: the 2x2x2 step-5 checkpoint resumed at {out}: steps 6..10 within 1e-5 "
+                f"of serial ({rel:.2e})")
+    return t
+
+
 def main():
     t = LayoutTest("mpi.three_d", deck_text(V, T, L, H, C, MBS, GBS, STEPS, 2), V, T, GBS, 11)
     bucket = f"parallel.grad_bucket_mb={BUCKET_MB}"
@@ -168,6 +204,8 @@ def main():
     resume_checks(t, ref_curve, ["parallel.pp=2", "parallel.zero_stage=1", bucket,
                                  "io.checkpoint_every=5"])
     bad_input(t)
+    tl = llama(bucket)
+    t.failures += tl.failures
     t.finish()
 
 

@@ -28,6 +28,9 @@ torch, np, h5py, tt = oc.setup(NAME)
 TOL = 1e-5
 K = 3
 MODEL = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=32)
+# Llama: multi-query (1 kv head of 4), an odd seq_len, ffn_hidden not a multiple of 64.
+LLAMA = dict(vocab_size=64, seq_len=15, n_layer=2, n_head=4, d_model=32, arch="llama",
+             n_kv_head=1, ffn_hidden=40)
 BATCH, MBS = 4, 2
 TRAIN = dict(steps=10, global_batch_size=BATCH, lr=1e-3, min_lr=1e-4, warmup_steps=2,
              weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-5, grad_clip=0.05, seed=4321)
@@ -35,7 +38,14 @@ TRAIN = dict(steps=10, global_batch_size=BATCH, lr=1e-3, min_lr=1e-4, warmup_ste
 
 def main():
     fails = oc.Failures(NAME)
-    work = oc.out_dir(NAME)
+    for tag, model_keys in (("gpt2", MODEL), ("llama", LLAMA)):
+        print(f"\n=== {tag}: {model_keys} ===")
+        run(model_keys, os.path.join(oc.out_dir(NAME), tag), fails)
+    return fails.report()
+
+
+def run(MODEL, work, fails):
+    os.makedirs(work, exist_ok=True)
     deck = os.path.join(work, "deck.toml")
     tt.write_deck(deck, {"model": MODEL, "parallel": {"micro_batch_size": MBS}, "train": TRAIN,
                          "io": {"out_dir": os.path.join(work, "run")},
@@ -116,7 +126,6 @@ def main():
     print(f"  (information) worst max|d| / max|w_ref - w_0| = {upd:.2e}")
     moved = min(float(np.max(np.abs(got[n] - w_start[n]))) for n in want)
     fails.check(moved > 0, "some tensor did not move at all in trident's steps")
-    return fails.report()
 
 
 if __name__ == "__main__":
