@@ -136,7 +136,7 @@ void run_model(const Model& md, Precision precision, int reps) {
   const double block_ms = median_ms(o, reps, [&] {
     o.layernorm_forward(ln1, m1, r1, x, ln1w, ln1b, N, C);
     o.linear_forward(qkv, ln1, w_qkv, b_qkv, N, C, 3 * C);
-    o.attention_forward(atty, att, qkv, kB, kT, C, NH);
+    o.attention_naive_forward(atty, att, qkv, kB, kT, C, NH);
     o.linear_forward(res2, atty, w_proj, b_proj, N, C, C);
     o.add(res2, res2, x, static_cast<std::int64_t>(nc));
     o.layernorm_forward(ln2, m2, r2, res2, ln2w, ln2b, N, C);
@@ -152,7 +152,7 @@ void run_model(const Model& md, Precision precision, int reps) {
     o.layernorm_backward(dres2, dln2w, dln2b, dln2, res2, ln2w, m2, r2, N, C);
     o.copy(dx, dres2, static_cast<std::int64_t>(nc));
     o.linear_backward(datty, dw_proj, db_proj, dres2, atty, w_proj, N, C, C);
-    o.attention_backward(dqkv, datt, datty, qkv, att, kB, kT, C, NH);
+    o.attention_naive_backward(dqkv, datt, datty, qkv, att, kB, kT, C, NH);
     o.linear_backward(dln1, dw_qkv, db_qkv, dqkv, ln1, w_qkv, N, C, 3 * C);
     o.layernorm_backward(dx, dln1w, dln1b, dln1, x, ln1w, m1, r1, N, C);
   });

@@ -269,13 +269,13 @@ void check_attention(Ops& g, double tol, int b, int t, int c, int nh) {
   Rng r(1701u + unsigned(b * 1000 + t * 10 + c + nh));
   const FVec qkv = r.normal(std::size_t(b) * t * 3 * c), dout = r.normal(std::size_t(b) * t * c);
   FVec out(dout.size()), att(std::size_t(b) * nh * t * t), dqkv(qkv.size()), datt(att.size());
-  cpu().attention_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
-  cpu().attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  cpu().attention_naive_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  cpu().attention_naive_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
   DevVec<float> gqkv(g, qkv), gdout(g, dout), gout(g, FVec(out.size(), 777.0f)),
       gatt(g, FVec(att.size(), 777.0f)), gdqkv(g, FVec(qkv.size(), 777.0f)),
       gdatt(g, FVec(att.size(), 777.0f));
-  g.attention_forward(gout.get(), gatt.get(), gqkv.get(), b, t, c, nh);
-  g.attention_backward(gdqkv.get(), gdatt.get(), gdout.get(), gqkv.get(), gatt.get(), b, t, c, nh);
+  g.attention_naive_forward(gout.get(), gatt.get(), gqkv.get(), b, t, c, nh);
+  g.attention_naive_backward(gdqkv.get(), gdatt.get(), gdout.get(), gqkv.get(), gatt.get(), b, t, c, nh);
   const FVec got_att = gatt.host();
   EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
   EXPECT_TRUE(near(got_att, att, tol)) << "att";

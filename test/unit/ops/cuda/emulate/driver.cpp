@@ -73,8 +73,8 @@ int main() {
     std::int64_t tt = std::int64_t(t) * t;
     V qkv = rnd(size_t(b) * t * 3 * c), dout = rnd(size_t(b) * t * c);
     V o1(dout.size()), a1(size_t(b) * nh * tt), dq1(qkv.size()), da1(a1.size());
-    cpu->attention_forward(o1.data(), a1.data(), qkv.data(), b, t, c, nh);
-    cpu->attention_backward(dq1.data(), da1.data(), dout.data(), qkv.data(), a1.data(), b, t, c, nh);
+    cpu->attention_naive_forward(o1.data(), a1.data(), qkv.data(), b, t, c, nh);
+    cpu->attention_naive_backward(dq1.data(), da1.data(), dout.data(), qkv.data(), a1.data(), b, t, c, nh);
     V o2(o1.size(), 777), a2(a1.size(), 777), dq2(qkv.size(), 777), da2(a1.size(), 777);
     // the production plans (plans.hpp) with the emulated softmax kernels
     attention_forward_steps(gemm_batched_rm,
