@@ -67,7 +67,6 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   dres_ = buffer(N * C_);
   dbuf_ = buffer(N * C_);
   dqkv_ = buffer(N * C3_);
-  datt_ = buffer(std::int64_t(B_) * NH_ * T_ * T_);
   dfch_ = buffer(N * F_);
   dgelu_ = buffer(N * F_);
   if (tpm_.sequence_parallel()) {
@@ -178,7 +177,7 @@ std::int64_t GptChunk::layer_store_size() const {
   const std::int64_t N = std::int64_t(B_) * T_;
   const std::int64_t Ca = C_ / ps_.tp.size();
   const std::int64_t Nr = Nr_;
-  return N * (C_ + C3_ + Ca + C_ + 2 * F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_ * T_;
+  return N * (C_ + C3_ + Ca + C_ + 2 * F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_;
 }
 
 void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views,
@@ -199,7 +198,7 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
     la.ln1_rstd = take(Nr);
     la.qkv = take(N * C3_);
     la.atty = take(N * Ca);
-    la.att = take(std::int64_t(B_) * NH_ * T_ * T_);
+    la.lse = take(std::int64_t(B_) * NH_ * T_);
     la.res2 = take(Nr * C_);
     la.ln2 = take(N * C_);
     la.ln2_mean = take(Nr);
@@ -287,7 +286,8 @@ void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations
   ops_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, nr, C_);
   tpm_.enter_forward(la.ln1, local_n);
   ops_.linear_forward(la.qkv, la.ln1, p.qkv_w, p.qkv_b, n, C_, C3_);
-  ops_.attention_forward(la.atty, la.att, la.qkv, b, t, Ca, NH_);
+  const ops::Ops::AttentionShape att = ops::attention_shape_qkv(b, t, Ca, NH_);
+  ops_.attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
   row_parallel_forward(la.res2, la.atty, p.attproj_w, p.attproj_b, n, Ca, C_);
   ops_.add(la.res2, la.res2, x, local_n);
   float* ln2 = tpm_.local_part(la.ln2, local_n);
@@ -400,7 +400,10 @@ void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivatio
   float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
   linear(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, Ca, C_,
          stash ? stash->dattn : nullptr);
-  ops_.attention_backward(dqkv_.data(), datt_.data(), datty, la.qkv, la.att, B_, T_, Ca, NH_);
+  const ops::Ops::AttentionShape att = ops::attention_shape_qkv(B_, T_, Ca, NH_);
+  float* dqkv = dqkv_.data();
+  ops_.attention_backward(dqkv, dqkv + Ca, dqkv + 2 * Ca, datty, la.atty, la.lse, la.qkv,
+                          la.qkv + Ca, la.qkv + 2 * Ca, att);
   linear(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, C_, C3_,
          stash ? stash->dqkv : nullptr);
   const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);

@@ -46,7 +46,7 @@ struct LayerActivations {
   float* ln1_rstd;  // [Nr]
   float* qkv;       // [B,T,C3]
   float* atty;      // [B,T,C/tp]  attention output before c_proj
-  float* att;       // [B,NH,T,T]  softmax probabilities
+  float* lse;       // [B,NH,T]    attention's log-sum-exp per row (flash: no T x T)
   float* res2;      // [Nr,C]      residual after attention
   float* ln2;       // [B,T,C]     (all rows: gathered under SP)
   float* ln2_mean;  // [Nr]
@@ -216,7 +216,7 @@ class GptChunk {
   std::vector<LayerParams> p_layers_, g_layers_;
 
   // Backward scratch, shared by all microbatches (only one backward runs at a time).
-  FloatBuffer dres_, dbuf_, dqkv_, datt_, dfch_, dgelu_;
+  FloatBuffer dres_, dbuf_, dqkv_, dfch_, dgelu_;
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
   FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
   std::vector<const ShardSpec*> sp_norms_;    // SP: the LayerNorm tensors, in pack order
