@@ -31,6 +31,8 @@ PYTHON = os.environ.get("PYTHON", "/usr/bin/python3")
 
 # The bench model and step (the task's fixed point; change here, nowhere else).
 MODEL = dict(vocab_size=4096, seq_len=128, n_layer=4, n_head=4, d_model=256)
+# The same size with Llama blocks: 2 kv heads of 4 (grouped-query), Llama's MLP rule (768).
+LLAMA = dict(MODEL, arch="llama", n_kv_head=2)
 BATCH = 8           # global batch = micro-batch: one microbatch per step
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 TRIDENT_STEPS = int(os.environ.get("BENCH_TRIDENT_STEPS", "30"))
@@ -104,13 +106,13 @@ TORCH_ENVS = [  # torch's own OpenMP pool for elementwise ops, OpenBLAS's pthrea
 ]
 
 
-def run_torch(env):
+def run_torch(env, model=MODEL):
     def once(extra, steps, warmup):
         e = dict(env)
         e.update(extra)
         cmd = [PYTHON, os.path.join(HERE, "torch_bench.py"), "--threads", str(THREADS),
                "--steps", str(steps), "--warmup", str(warmup), "--batch", str(BATCH)]
-        for k, v in MODEL.items():
+        for k, v in model.items():
             cmd += [f"--{k.replace('_', '-')}", str(v)]
         p = subprocess.run(cmd, env=e, capture_output=True, text=True)
         if p.returncode != 0:
@@ -182,7 +184,7 @@ def token_dataset(build, work, trident, env):
     return rand, "random ids (placeholder SentencePiece model)"
 
 
-def run_trident(build, work, env):
+def run_trident(build, work, env, model=MODEL, run_name="trident-run"):
     sys.path.insert(0, os.path.join(SRC, "tools"))
     import h5py
     import numpy as np
@@ -190,10 +192,10 @@ def run_trident(build, work, env):
 
     trident = os.path.join(build, "trident")
     data, data_what = token_dataset(build, work, trident, env)
-    out_dir = os.path.join(work, "trident-run")
-    deck = os.path.join(work, "bench.toml")
+    out_dir = os.path.join(work, run_name)
+    deck = os.path.join(work, run_name + ".toml")
     tt.write_deck(deck, {
-        "model": MODEL,
+        "model": model,
         "parallel": {"micro_batch_size": BATCH},
         "train": {"steps": TRIDENT_STEPS, "global_batch_size": BATCH, "warmup_steps": 5,
                   "eval_every": 0},
@@ -305,6 +307,20 @@ def main():
     log("trident ...")
     trident_r = {"error": "not measured (the trident build failed)"} if a.skip_trident else run_trident(build, work, env)
 
+    # The Llama step at the same size against PyTorch's Llama (tools/trident_torch.py) in the
+    # same run.
+    log("PyTorch Llama ...")
+    torch_llama = run_torch(env, LLAMA)
+    log("trident Llama ...")
+    trident_llama = ({"error": "not measured (the trident build failed)"} if a.skip_trident
+                     else run_trident(build, work, env, LLAMA, "trident-llama"))
+    t_tl, t_pl = trident_llama.get("median_step_s"), torch_llama.get("median_step_s")
+    llama = {"model": LLAMA, "trident": trident_llama, "torch": torch_llama,
+             "trident_step_ms": t_tl * 1e3 if t_tl else None,
+             "torch_step_ms": t_pl * 1e3 if t_pl else None,
+             "ratio_trident_over_torch": t_tl / t_pl if t_tl and t_pl else None,
+             "goal": "<= 0.6"}
+
     layouts = [] if a.skip_trident else run_layouts(build, work, env)
     layouts4 = [] if a.skip_trident else run_layouts_4(build, work, env)
     pipeline = []
@@ -329,6 +345,7 @@ def main():
         "torch_gflops": flops / t_pt * 1e-9 if t_pt else None,
         "sgemm_gflops": head,
         "ratio_trident_over_sgemm": flops / t_tr * 1e-9 / head if t_tr and head else None,
+        "llama": llama,
         "layouts": layouts,
         "layouts_4": layouts4,
         "pipeline": pipeline,
@@ -358,6 +375,11 @@ def main():
         ("SGEMM GFLOP/s (c_fc 1024x256x1024)",
          fmt(sgemm.get("mlp_c_fc_fwd", {}).get("gflops"), ".1f"), ""),
         ("ratio trident/SGEMM", fmt(res["ratio_trident_over_sgemm"], ".3f"), "goal >= 0.7"),
+        ("Llama (n_kv_head 2): trident step (ms)", fmt(llama["trident_step_ms"], ".1f"), ""),
+        ("Llama: torch step (ms)", fmt(llama["torch_step_ms"], ".1f"),
+         str(torch_llama.get("env", ""))),
+        ("Llama: ratio trident/torch", fmt(llama["ratio_trident_over_torch"], ".3f"),
+         "goal <= 0.6"),
     ]
     w = max(len(r[0]) for r in rows)
     for name, val, note in rows:

@@ -153,9 +153,17 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
   std::vector<float> logits(std::size_t(cfg.vocab_size));
   std::vector<int> order(std::size_t(cfg.vocab_size));
   const std::uint64_t stream = rng::key_of("sample");
+  // The key-value cache holds seq_len positions: (re)fill it with the last `keep` tokens of
+  // the text, one step each; when it is full, slide by half the window. Each generated token
+  // is then one step of one token, and the refills add about one more per token.
+  auto refill = [&](std::size_t keep) {
+    keep = std::min(keep, ids.size());
+    chunk.generation_reset();
+    for (std::size_t i = ids.size() - keep; i < ids.size(); ++i)
+      chunk.generation_step(ids[i], logits.data());
+  };
+  refill(std::size_t(cfg.seq_len));
   for (int n = 0; n < tokens; ++n) {
-    const int t = int(std::min<std::size_t>(ids.size(), std::size_t(cfg.seq_len)));
-    chunk.logits_last(ids.data() + ids.size() - std::size_t(t), t, logits.data());
     int next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
     if (temperature > 0) {
       std::iota(order.begin(), order.end(), 0);
@@ -175,6 +183,11 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
         }
     }
     ids.push_back(next);
+    if (n + 1 == tokens) break;
+    if (chunk.generation_position() == cfg.seq_len)
+      refill(std::size_t(cfg.seq_len) / 2 + 1);
+    else
+      chunk.generation_step(next, logits.data());
   }
   const std::string text = tok->decode(ids);
   const std::string head = tok->decode({ids.begin(), ids.begin() + long(prompt_len)});

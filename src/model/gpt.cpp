@@ -38,13 +38,26 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
   TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
-  TRIDENT_CHECK(!cfg.llama(), "model.arch = \"llama\": the Llama blocks are not built yet");
   B_ = micro_batch;
   T_ = cfg.seq_len;
   C_ = cfg.d_model;
   NH_ = cfg.n_head / tp;
-  C3_ = 3 * C_ / tp;
-  F_ = 4 * C_ / tp;
+  llama_ = cfg.llama();
+  if (llama_) {
+    // [q | k | v] columns of this rank: its query heads, then its kv heads (split over TP),
+    // or every kv head (n_kv_head < tp: replicated) of which its query heads read one.
+    const int hd = cfg.head_dim(), kv = cfg.kv_heads();
+    const bool kv_split = kv >= tp;
+    kv_cols_ = (kv_split ? kv / tp : kv) * hd;
+    kv_heads_ = kv_split ? kv / tp : 1;
+    kv_head0_ = kv_split ? 0 : tp_rank * NH_ / (cfg.n_head / kv);  // its first query head's
+    C3_ = C_ / tp + 2 * kv_cols_;
+    F_ = cfg.d_ff() / tp;
+    F1_ = 2 * F_;  // gate | up
+  } else {
+    C3_ = 3 * C_ / tp;
+    F_ = F1_ = 4 * C_ / tp;
+  }
   Vl_ = vocab_per_rank(cfg.vocab_size, tp);
   vocab_start_ = Vl_ * tp_rank;
   v_valid_ = std::max(0, std::min(cfg.vocab_size - vocab_start_, Vl_));
@@ -55,6 +68,12 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
 
   specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
+  // The embedding, the LM head's matrix ([Vl, C]: GPT-2's wte, a tied Llama's embed_tokens,
+  // else lm_head) and the final norm.
+  emb_name_ = llama_ ? "model.embed_tokens.weight" : "wte";
+  head_name_ = llama_ && !cfg.tie_embeddings ? "lm_head.weight" : emb_name_;
+  norm_w_name_ = llama_ ? "model.norm.weight" : "ln_f.weight";
+  norm_b_name_ = llama_ ? "" : "ln_f.bias";
   params_ = buffer(num_params_);
   grads_ = buffer(num_params_);
   for (const StageLayout& c : chunks_)
@@ -67,7 +86,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   dres_ = buffer(N * C_);
   dbuf_ = buffer(N * C_);
   dqkv_ = buffer(N * C3_);
-  dfch_ = buffer(N * F_);
+  dfch_ = buffer(N * F1_);
   dgelu_ = buffer(N * F_);
   if (tpm_.sequence_parallel()) {
     full_scratch_ = buffer(N * C_);
@@ -82,15 +101,15 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
   ln_discard_ = buffer(2 * std::int64_t(C_));
-  if (tpm_.sequence_parallel()) {  // the LayerNorm gradients, packed for one reduction
-    std::int64_t norms = 0;
-    for (const auto& s : specs_)
-      if (s.name.find("ln_") != std::string::npos) {
-        sp_norms_.push_back(&s);
-        norms += s.local_numel();
-      }
-    sp_grad_pack_ = buffer(norms);
-  }
+  // The gradients each TP rank holds only a part of, packed for one reduction per step: the
+  // norms under sequence parallelism, Llama's replicated k/v weights.
+  std::int64_t partial = 0;
+  for (const auto& s : specs_)
+    if ((tpm_.sequence_parallel() && s.norm) || s.tp_grad_sum) {
+      sp_norms_.push_back(&s);
+      partial += s.local_numel();
+    }
+  if (partial > 0) sp_grad_pack_ = buffer(partial);
   // Host staging for the TP and embedding collectives (device memory, MPI not CUDA-aware),
   // sized here so that the step loop allocates nothing: slot 0 the [N,C] activations or
   // wte's gradient, slot 1 the other side of a reduce-scatter or an all-gather.
@@ -98,7 +117,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   if (staging && staging->memory() && !staging->mpi_takes_device()) {
     std::int64_t most = N * C_;
     for (const auto& s : specs_)
-      if (s.name == "wte") most = std::max(most, s.local_numel());
+      if (s.layer < 0) most = std::max(most, s.local_numel());  // the embedding, the head
     staging->host(std::size_t(most) * sizeof(float), 0);
     staging->host(std::size_t(N * C_) * sizeof(float), 1);
   }
@@ -143,6 +162,20 @@ float* GptChunk::tensor(float* base, const std::string& name) const {
 }
 
 GptChunk::LayerParams GptChunk::layer_params(float* base, int l) const {
+  if (llama_) {
+    // q, k, v (and gate, up) are adjacent in the buffer: one [q; k; v] ([gate; up]) matrix.
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const ShardSpec &q = spec(p + "self_attn.q_proj.weight"), &k = spec(p + "self_attn.k_proj.weight"),
+                    &v = spec(p + "self_attn.v_proj.weight"), &gate = spec(p + "mlp.gate_proj.weight"),
+                    &up = spec(p + "mlp.up_proj.weight");
+    TRIDENT_CHECK(k.offset == q.offset + q.local_numel() && v.offset == k.offset + k.local_numel() &&
+                      up.offset == gate.offset + gate.local_numel(),
+                  "internal: Llama's q, k, v (gate, up) shards are not adjacent");
+    return {tensor(base, p + "input_layernorm.weight"), nullptr, base + q.offset, nullptr,
+            tensor(base, p + "self_attn.o_proj.weight"), nullptr,
+            tensor(base, p + "post_attention_layernorm.weight"), nullptr, base + gate.offset,
+            nullptr, tensor(base, p + "mlp.down_proj.weight"), nullptr};
+  }
   const std::string p = "h." + std::to_string(l) + ".";
   return {tensor(base, p + "ln_1.weight"),       tensor(base, p + "ln_1.bias"),
           tensor(base, p + "attn.c_attn.weight"), tensor(base, p + "attn.c_attn.bias"),
@@ -177,7 +210,7 @@ std::int64_t GptChunk::layer_store_size() const {
   const std::int64_t N = std::int64_t(B_) * T_;
   const std::int64_t Ca = C_ / ps_.tp.size();
   const std::int64_t Nr = Nr_;
-  return N * (C_ + C3_ + Ca + C_ + 2 * F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_;
+  return N * (C_ + C3_ + Ca + C_ + F1_ + F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_;
 }
 
 void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views,
@@ -203,7 +236,7 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
     la.ln2 = take(N * C_);
     la.ln2_mean = take(Nr);
     la.ln2_rstd = take(Nr);
-    la.fch = take(N * F_);
+    la.fch = take(N * F1_);
     la.fch_gelu = take(N * F_);
   }
 }
@@ -221,7 +254,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
   if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
   if (split_backward) {
     const std::int64_t Nr = Nr_;
-    const std::int64_t per_layer = N * (2 * C_ + F_ + C3_) + 2 * Nr * C_;  // LayerGradStash
+    const std::int64_t per_layer = N * (2 * C_ + F1_ + C3_) + 2 * Nr * C_;  // LayerGradStash
     a->grad_store = buffer(std::max<std::int64_t>(1, per_layer * L));
     float* q = a->grad_store.data();
     auto take = [&q](std::int64_t k) {
@@ -232,7 +265,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
     a->grad_stash.resize(std::size_t(L));
     for (LayerGradStash& g : a->grad_stash) {
       g.dmlp = take(N * C_);
-      g.dfch = take(N * F_);
+      g.dfch = take(N * F1_);
       g.dln2 = take(Nr * C_);
       g.dattn = take(N * C_);
       g.dqkv = take(N * C3_);
@@ -262,9 +295,10 @@ void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t)
   const int n = b * t;
   const std::int64_t local_n = tpm_.local_rows(n) * C_;
   float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : x;
-  ops_.embedding_forward(partial, inputs, tensor(params_.data(), "wte"), n, C_, vocab_start_,
-                         Vl_);
-  if (ps_.tp.rank() == 0) ops_.position_forward(partial, tensor(params_.data(), "wpe"), b, t, C_);
+  ops_.embedding_forward(partial, inputs, tensor(params_.data(), emb_name_), n, C_,
+                         vocab_start_, Vl_);
+  if (!llama_ && ps_.tp.rank() == 0)  // Llama's positions are rotary, in attention
+    ops_.position_forward(partial, tensor(params_.data(), "wpe"), b, t, C_);
   tpm_.leave_forward(partial, x, local_n);
 }
 
@@ -272,12 +306,16 @@ void GptChunk::row_parallel_forward(float* y, const float* x, const float* w, co
                                     int n, int in, int out) {
   // The bias joins on TP rank 0 only, so that the reduction adds it exactly once.
   float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : y;
-  ops_.linear_forward(partial, x, w, ps_.tp.rank() == 0 ? bias : nullptr, n, in, out);
+  if (llama_)  // w [out, in] (no bias)
+    ops_.gemm(false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, partial, out);
+  else
+    ops_.linear_forward(partial, x, w, ps_.tp.rank() == 0 ? bias : nullptr, n, in, out);
   tpm_.leave_forward(partial, y, tpm_.local_rows(n) * out);
 }
 
 void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations& la, int b,
                              int t) {
+  if (llama_) return llama_block_forward(l, x, out, la, b, t);
   const LayerParams& p = p_layers_[l];
   const int n = b * t, Ca = C_ / ps_.tp.size();
   const int nr = int(tpm_.local_rows(n));  // residual-stream rows here
@@ -319,13 +357,17 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
                                        float loss_scale, bool with_backward) {
   const int N = B_ * T_;
   const std::int64_t local_n = boundary_numel();
-  float* wte = tensor(params_.data(), "wte");
-  float* dwte = tensor(grads_.data(), "wte");
-  float* lnf_w = tensor(params_.data(), "ln_f.weight");
+  float* wte = tensor(params_.data(), head_name_);  // [Vl, C]
+  float* dwte = tensor(grads_.data(), head_name_);
+  float* lnf_w = tensor(params_.data(), norm_w_name_);
   const float* x = output(a);  // [Nr,C]
-  ops_.layernorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_mean.data(),
-                         a.lnf_rstd.data(), x, lnf_w, tensor(params_.data(), "ln_f.bias"), Nr_,
-                         C_);
+  if (llama_)
+    ops_.rmsnorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_rstd.data(), x, lnf_w,
+                         Nr_, C_, float(cfg_.norm_eps));
+  else
+    ops_.layernorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_mean.data(),
+                           a.lnf_rstd.data(), x, lnf_w, tensor(params_.data(), norm_b_name_),
+                           Nr_, C_);
   tpm_.enter_forward(a.lnf.data(), local_n);
   // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
   float* logits = logits_.data();
@@ -351,9 +393,13 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   const float* dlnf = tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
   ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, a.lnf.data(), C_, 1.0f, dwte, C_);
   zero(a.doutput);
-  ops_.layernorm_backward(a.doutput.data(), tensor(grads_.data(), "ln_f.weight"),
-                          tensor(grads_.data(), "ln_f.bias"), dlnf, x, lnf_w,
-                          a.lnf_mean.data(), a.lnf_rstd.data(), Nr_, C_);
+  if (llama_)
+    ops_.rmsnorm_backward(a.doutput.data(), tensor(grads_.data(), norm_w_name_), dlnf, x, lnf_w,
+                          a.lnf_rstd.data(), Nr_, C_);
+  else
+    ops_.layernorm_backward(a.doutput.data(), tensor(grads_.data(), norm_w_name_),
+                            tensor(grads_.data(), norm_b_name_), dlnf, x, lnf_w,
+                            a.lnf_mean.data(), a.lnf_rstd.data(), Nr_, C_);
   return loss_sum;
 }
 
@@ -361,6 +407,7 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
 
 void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivations& la,
                               LayerGradStash* stash) {
+  if (llama_) return llama_block_backward(l, x, dres, la, stash);
   const LayerParams& p = p_layers_[l];
   const LayerParams& g = g_layers_[l];
   const int n = B_ * T_, Ca = C_ / ps_.tp.size();
@@ -414,6 +461,7 @@ void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivatio
 // The parameter half of block_backward, from the output gradients it stashed.
 void GptChunk::block_backward_weights(int l, const float* x, LayerActivations& la,
                                       const LayerGradStash& st) {
+  if (llama_) return llama_block_backward_weights(l, x, la, st);
   const LayerParams& p = p_layers_[l];
   const LayerParams& g = g_layers_[l];
   const int n = B_ * T_, Ca = C_ / ps_.tp.size();
@@ -461,9 +509,9 @@ void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inpu
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
     const float* demb = tpm_.leave_backward(dres, full_scratch_.data(), NC);
     if (ops_.memory()) inputs = a.tokens.data();  // uploaded by this microbatch's forward
-    ops_.embedding_backward(tensor(grads_.data(), "wte"), demb, inputs, B_ * T_, C_,
+    ops_.embedding_backward(tensor(grads_.data(), emb_name_), demb, inputs, B_ * T_, C_,
                             vocab_start_, Vl_);
-    ops_.position_backward(tensor(grads_.data(), "wpe"), demb, B_, T_, C_);
+    if (!llama_) ops_.position_backward(tensor(grads_.data(), "wpe"), demb, B_, T_, C_);
     if (grad_ready_) report_grads_ready(-1);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
@@ -485,7 +533,7 @@ void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
 }
 
 void GptChunk::reduce_sequence_parallel_grads() {
-  if (!tpm_.sequence_parallel()) return;
+  if (sp_norms_.empty()) return;
   // One allreduce for all of them: pack, reduce, unpack.
   float* pack = sp_grad_pack_.data();
   for (const ShardSpec* s : sp_norms_) {
@@ -505,16 +553,22 @@ void GptChunk::reduce_sequence_parallel_grads() {
 void GptChunk::report_grads_ready(int layer) {
   const bool holds_head = chunks_.back().has_head;  // wte is tied within this rank
   for (const auto& s : specs_) {
-    if (layer == -2) {  // the head: ln_f (wte goes with the embedding)
-      if (s.name.rfind("ln_f.", 0) != 0) continue;
+    if (layer == -2) {  // the head: the final norm, an untied lm_head (wte: with the embedding)
+      if (!s.in_head) continue;
     } else if (s.layer != layer) {
       continue;
-    } else if (layer == -1 && s.name != "wpe" && !(s.name == "wte" && holds_head)) {
-      continue;
+    } else if (layer == -1 && (s.in_head || (s.tied && !holds_head))) {
+      continue;  // the embedding: wpe, an untied embedding, a tied one held with its head
     }
-    if (tpm_.sequence_parallel() && s.name.find("ln_") != std::string::npos) continue;
+    if ((tpm_.sequence_parallel() && s.norm) || s.tp_grad_sum) continue;  // summed over TP later
     grad_ready_(s.offset, s.local_numel());
   }
+}
+
+const ShardSpec* GptChunk::tied_embedding() const {
+  for (const auto& s : specs_)
+    if (s.tied) return &s;
+  return nullptr;
 }
 
 // ---- inference -------------------------------------------------------------------------
@@ -545,11 +599,117 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
     }
   }
   const float* last = x + (t - 1) * C_;
-  ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
-                         tensor(params_.data(), "ln_f.weight"), tensor(params_.data(), "ln_f.bias"),
-                         1, C_);
-  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, tensor(params_.data(), "wte"), C_,
+  if (llama_)
+    ops_.rmsnorm_forward(a.lnf.data(), a.lnf_rstd.data(), last, tensor(params_.data(), norm_w_name_),
+                         1, C_, float(cfg_.norm_eps));
+  else
+    ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
+                           tensor(params_.data(), norm_w_name_),
+                           tensor(params_.data(), norm_b_name_), 1, C_);
+  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, tensor(params_.data(), head_name_), C_,
             0.0f, logits_.data(), Vl_);
+  copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
+}
+
+// ---- generation with a key-value cache ------------------------------------------------
+//
+// One token at position `pos`; legend as the blocks' with N = 1, and the kv width W = C for
+// GPT-2 (its k and v columns), kv columns for Llama. Scratch of one token, laid out in
+// generation_step: ln [C], qkv [C3], atty [C], res2 [C], tmp [C], fch [F1], act [F],
+// scores [NH * T].
+
+namespace {
+struct GenScratch {
+  float *ln, *stat, *qkv, *atty, *res2, *tmp, *fch, *act, *scores;
+};
+GenScratch gen_views(float* p, int C, int C3, int F1, int F, int NH, int T) {
+  GenScratch g;
+  auto take = [&p](std::int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  g.ln = take(C), g.stat = take(2), g.qkv = take(C3), g.atty = take(C), g.res2 = take(C);
+  g.tmp = take(C), g.fch = take(F1), g.act = take(F);
+  g.scores = take(ops::Ops::decode_scratch_floats(1, NH, T));
+  return g;
+}
+}  // namespace
+
+void GptChunk::generation_block(int l, float* x, float* k_cache, float* v_cache, int pos) {
+  const LayerParams& p = p_layers_[l];
+  const int hd = cfg_.head_dim(), W = llama_ ? kv_cols_ : C_;
+  GenScratch s = gen_views(gen_scratch_.data(), C_, C3_, F1_, F_, NH_, T_);
+  // attention: the new token's q, k, v; k and v join the cache; q reads positions 0..pos
+  if (llama_) {
+    ops_.rmsnorm_forward(s.ln, s.stat, x, p.ln1_w, 1, C_, float(cfg_.norm_eps));
+    ops_.gemm(false, true, 1, C3_, C_, 1.0f, s.ln, C_, p.qkv_w, C_, 0.0f, s.qkv, C3_);
+    ops_.rope_forward(s.qkv, 1, 1, C3_, NH_ + kv_cols_ / hd, hd, pos, float(cfg_.rope_theta));
+  } else {
+    ops_.layernorm_forward(s.ln, s.stat, s.stat + 1, x, p.ln1_w, p.ln1_b, 1, C_);
+    ops_.linear_forward(s.qkv, s.ln, p.qkv_w, p.qkv_b, 1, C_, C3_);
+  }
+  ops_.copy(k_cache + std::int64_t(pos) * W, s.qkv + C_, W);
+  ops_.copy(v_cache + std::int64_t(pos) * W, s.qkv + C_ + W, W);
+  ops_.attention_decode(s.atty, s.scores, s.qkv, k_cache, v_cache, 1, pos + 1, NH_,
+                        llama_ ? kv_heads_ : NH_, hd, C3_, W, 0, C_);
+  if (llama_)
+    ops_.gemm(false, true, 1, C_, C_, 1.0f, s.atty, C_, p.attproj_w, C_, 0.0f, s.tmp, C_);
+  else
+    ops_.linear_forward(s.tmp, s.atty, p.attproj_w, p.attproj_b, 1, C_, C_);
+  ops_.add(s.res2, s.tmp, x, C_);
+  // MLP
+  if (llama_) {
+    ops_.rmsnorm_forward(s.ln, s.stat, s.res2, p.ln2_w, 1, C_, float(cfg_.norm_eps));
+    ops_.gemm(false, true, 1, F1_, C_, 1.0f, s.ln, C_, p.fc_w, C_, 0.0f, s.fch, F1_);
+    ops_.swiglu_forward(s.act, s.fch, 1, F_);
+    ops_.gemm(false, true, 1, C_, F_, 1.0f, s.act, F_, p.fcproj_w, F_, 0.0f, s.tmp, C_);
+  } else {
+    ops_.layernorm_forward(s.ln, s.stat, s.stat + 1, s.res2, p.ln2_w, p.ln2_b, 1, C_);
+    ops_.linear_forward(s.fch, s.ln, p.fc_w, p.fc_b, 1, C_, F_);
+    ops_.gelu_forward(s.act, s.fch, F_);
+    ops_.linear_forward(s.tmp, s.act, p.fcproj_w, p.fcproj_b, 1, F_, C_);
+  }
+  ops_.add(x, s.tmp, s.res2, C_);
+}
+
+void GptChunk::generation_step(std::int32_t token, float* logits) {
+  TRIDENT_CHECK(chunks_.front().has_embedding && chunks_.back().has_head && ps_.tp.size() == 1 &&
+                    !tpm_.sequence_parallel(),
+                "generation needs the whole model on one rank");
+  TRIDENT_CHECK(gen_pos_ < T_, "generation: the key-value cache holds ", T_,
+                " positions (model.seq_len); generation_reset() first");
+  const int W = llama_ ? kv_cols_ : C_;
+  const int layers = int(p_layers_.size());
+  if (kv_cache_.empty()) {
+    kv_cache_ = buffer(std::int64_t(layers) * 2 * T_ * W);
+    gen_scratch_ = buffer(2 * std::int64_t(C_) + 2 + C3_ + 3 * C_ + F1_ + F_ +
+                          ops::Ops::decode_scratch_floats(1, NH_, T_));
+  }
+  const int pos = gen_pos_++;
+  if (!ops_.memory()) {
+    gen_token_ = IntBuffer(1);
+    gen_token_.data()[0] = token;
+  } else {
+    if (gen_token_.empty()) gen_token_ = IntBuffer(1, ops_.memory());
+    copy_to_device(ops_.memory(), gen_token_.data(), &token, sizeof token);
+  }
+  float* x = gen_scratch_.data() + (gen_scratch_.size() - std::size_t(C_));  // the residual
+  ops_.embedding_forward(x, gen_token_.data(), tensor(params_.data(), emb_name_), 1, C_, 0, Vl_);
+  if (!llama_) ops_.position_forward(x, tensor(params_.data(), "wpe") + std::int64_t(pos) * C_, 1, 1, C_);
+  for (int l = 0; l < layers; ++l) {
+    float* k_cache = kv_cache_.data() + std::int64_t(l) * 2 * T_ * W;
+    generation_block(l, x, k_cache, k_cache + std::int64_t(T_) * W, pos);
+  }
+  float* lnf = gen_scratch_.data();  // GenScratch::ln
+  if (llama_)
+    ops_.rmsnorm_forward(lnf, lnf + C_, x, tensor(params_.data(), norm_w_name_), 1, C_,
+                         float(cfg_.norm_eps));
+  else
+    ops_.layernorm_forward(lnf, lnf + C_, lnf + C_ + 1, x, tensor(params_.data(), norm_w_name_),
+                           tensor(params_.data(), norm_b_name_), 1, C_);
+  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, lnf, C_, tensor(params_.data(), head_name_), C_, 0.0f,
+            logits_.data(), Vl_);
   copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
 }
 

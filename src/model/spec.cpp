@@ -81,6 +81,52 @@ struct SpecBuilder {
   }
 };
 
+// Llama's rows (FORMAT.md's names; [out, in] linears), in flat-buffer order.
+void add_llama(SpecBuilder& b, const ModelConfig& cfg, bool has_embedding, bool has_head,
+               const std::vector<int>& layers) {
+  const std::int64_t C = cfg.d_model, V = cfg.vocab_size, HD = cfg.head_dim();
+  const std::int64_t Q = std::int64_t(cfg.n_head) * HD, KV = std::int64_t(cfg.kv_heads()) * HD;
+  const std::int64_t F = cfg.d_ff();
+  TRIDENT_CHECK(F % b.tp_size == 0, "model.ffn_hidden = ", F,
+                " must be divisible by parallel.tp = ", b.tp_size);
+  const bool kv_split = cfg.kv_heads() >= b.tp_size;
+  TRIDENT_CHECK(kv_split ? cfg.kv_heads() % b.tp_size == 0 : b.tp_size % cfg.kv_heads() == 0,
+                "model.n_kv_head = ", cfg.kv_heads(), " and parallel.tp = ", b.tp_size,
+                ": one must divide the other");
+  const float std0 = 0.02f, std_proj = 0.02f / std::sqrt(2.0f * float(cfg.n_layer));
+  if (has_embedding || (has_head && cfg.tie_embeddings)) {
+    ShardSpec& e = b.add("model.embed_tokens.weight", {V, C}, Init::normal, std0, -1);
+    b.split_contiguous(e, 0);
+    e.tied = cfg.tie_embeddings;
+  }
+  for (int l : layers) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    b.add(p + "input_layernorm.weight", {C}, Init::ones, 0, l).norm = true;
+    b.split_contiguous(b.add(p + "self_attn.q_proj.weight", {Q, C}, Init::normal, std0, l), 0);
+    for (const char* kv : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
+      ShardSpec& s = b.add(p + kv, {KV, C}, Init::normal, std0, l);
+      if (kv_split)
+        b.split_contiguous(s, 0);
+      else
+        s.tp_grad_sum = b.tp_size > 1;
+    }
+    b.split_contiguous(b.add(p + "self_attn.o_proj.weight", {C, Q}, Init::normal, std_proj, l), 1);
+    b.add(p + "post_attention_layernorm.weight", {C}, Init::ones, 0, l).norm = true;
+    b.split_contiguous(b.add(p + "mlp.gate_proj.weight", {F, C}, Init::normal, std0, l), 0);
+    b.split_contiguous(b.add(p + "mlp.up_proj.weight", {F, C}, Init::normal, std0, l), 0);
+    b.split_contiguous(b.add(p + "mlp.down_proj.weight", {C, F}, Init::normal, std_proj, l), 1);
+  }
+  if (has_head) {
+    ShardSpec& n = b.add("model.norm.weight", {C}, Init::ones, 0, -1);
+    n.norm = n.in_head = true;
+    if (!cfg.tie_embeddings) {
+      ShardSpec& h = b.add("lm_head.weight", {V, C}, Init::normal, std0, -1);
+      b.split_contiguous(h, 0);
+      h.in_head = true;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank) {
@@ -122,29 +168,37 @@ std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
     for (int l = stage.first_layer; l < stage.last_layer; ++l) layers.push_back(l);
   }
 
+  if (cfg.llama()) {
+    add_llama(b, cfg, has_embedding, has_head, layers);
+    b.finish();
+    return std::move(b.specs);
+  }
   if (has_embedding || has_head) {
     auto& wte = b.add("wte", {V, C}, Init::normal, std0, -1);
     b.split_contiguous(wte, 0);
+    wte.tied = true;
   }
   if (has_embedding) b.add("wpe", {T, C}, Init::normal, std0, -1);
   for (int l : layers) {
     const std::string p = "h." + std::to_string(l) + ".";
-    b.add(p + "ln_1.weight", {C}, Init::ones, 0, l);
-    b.add(p + "ln_1.bias", {C}, Init::zeros, 0, l);
+    b.add(p + "ln_1.weight", {C}, Init::ones, 0, l).norm = true;
+    b.add(p + "ln_1.bias", {C}, Init::zeros, 0, l).norm = true;
     b.split_qkv(b.add(p + "attn.c_attn.weight", {C, 3 * C}, Init::normal, std0, l), 1, C);
     b.split_qkv(b.add(p + "attn.c_attn.bias", {3 * C}, Init::zeros, 0, l), 0, C);
     b.split_contiguous(b.add(p + "attn.c_proj.weight", {C, C}, Init::normal, std_proj, l), 0);
     b.add(p + "attn.c_proj.bias", {C}, Init::zeros, 0, l);
-    b.add(p + "ln_2.weight", {C}, Init::ones, 0, l);
-    b.add(p + "ln_2.bias", {C}, Init::zeros, 0, l);
+    b.add(p + "ln_2.weight", {C}, Init::ones, 0, l).norm = true;
+    b.add(p + "ln_2.bias", {C}, Init::zeros, 0, l).norm = true;
     b.split_contiguous(b.add(p + "mlp.c_fc.weight", {C, 4 * C}, Init::normal, std0, l), 1);
     b.split_contiguous(b.add(p + "mlp.c_fc.bias", {4 * C}, Init::zeros, 0, l), 0);
     b.split_contiguous(b.add(p + "mlp.c_proj.weight", {4 * C, C}, Init::normal, std_proj, l), 0);
     b.add(p + "mlp.c_proj.bias", {C}, Init::zeros, 0, l);
   }
   if (has_head) {
-    b.add("ln_f.weight", {C}, Init::ones, 0, -1);
-    b.add("ln_f.bias", {C}, Init::zeros, 0, -1);
+    for (const char* name : {"ln_f.weight", "ln_f.bias"}) {
+      ShardSpec& s = b.add(name, {C}, name[5] == 'w' ? Init::ones : Init::zeros, 0, -1);
+      s.norm = s.in_head = true;
+    }
   }
   b.finish();
   return std::move(b.specs);

@@ -542,7 +542,10 @@ class Loader {
       if (kv >= p.tp ? kv % p.tp != 0 : p.tp % kv != 0)
         fail(where("model.n_kv_head", "parallel.tp"), ": model.n_kv_head = ", kv,
              " and parallel.tp = ", p.tp, ": one must divide the other (kv heads are split ",
-             "over TP, or replicated on tp / n_kv_head ranks each)");
+             "over TP, or each serves tp / n_kv_head ranks)");
+      if (c.model.d_ff() % p.tp != 0)
+        fail(where("model.ffn_hidden", "parallel.tp"), ": model.ffn_hidden = ",
+             c.model.d_ff(), " is not divisible by parallel.tp = ", p.tp);
     }
     if (static_cast<std::int64_t>(c.model.n_layer) % (static_cast<std::int64_t>(p.pp) * p.vpp))
       fail(where("model.n_layer", "parallel.pp"), ": model.n_layer = ", c.model.n_layer,

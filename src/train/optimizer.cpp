@@ -21,7 +21,7 @@ double AdamW::grad_norm(parallel::ParallelState& ps) const {
   for (const Segment& seg : sync_.segments()) {
     const model::ShardSpec& s = *seg.spec;
     if (s.tp_replicated() && ps.tp.rank() != 0) continue;
-    if (s.name == "wte" && tied_elsewhere) continue;
+    if (s.tied_across_stages() && tied_elsewhere) continue;
     sum += ops_.sum_squares(g + seg.shard, seg.count);
   }
   ps.tp.allreduce_sum(&sum, 1);

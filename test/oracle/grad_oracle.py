@@ -50,6 +50,13 @@ CONFIGS = {
                             rope_theta=500000.0), 2, 2),
     "llama_mha": (dict(vocab_size=40, seq_len=12, n_layer=1, n_head=2, d_model=16, arch="llama",
                        n_kv_head=2), 2, 1),
+    # Llama under TP 2: kv heads split (2 of 4), and one kv head replicated with sequence
+    # parallelism (its k/v gradients summed over TP).
+    "llama_tp2_gqa": (dict(vocab_size=64, seq_len=15, n_layer=1, n_head=4, d_model=32,
+                           arch="llama", n_kv_head=2, ffn_hidden=40), 2, 2, {"tp": 2}),
+    "llama_tp2_sp_mqa": (dict(vocab_size=64, seq_len=16, n_layer=1, n_head=4, d_model=32,
+                              arch="llama", n_kv_head=1, ffn_hidden=40), 2, 2,
+                         {"tp": 2, "sequence_parallel": True}),
 }
 
 

@@ -13,7 +13,7 @@ namespace trident::io {
 //   TP copies of a replicated tensor (LayerNorms, wpe, row-parallel biases): one TP rank
 //     (tp_rank 0) has write_replicated = true;
 //   DP replicas: only DP replica 0 is active;
-//   wte, held by the first and the last pipeline stage (tied LM head): the last stage
+//   the tied embedding (wte), held by the first and the last pipeline stage: the last stage
 //     (when it is not also the first) has write_tied_embedding = false.
 // A rank's spec list may name a tensor twice (pp = 1 with vpp > 1 puts wte in the first
 // and the last chunk of one rank): the first occurrence is written, all are read.
@@ -28,7 +28,7 @@ struct ShardRole {
   }
   bool responsible_for(const model::ShardSpec& spec) const {
     if (!active) return false;
-    if (spec.name == "wte" && !write_tied_embedding) return false;
+    if (spec.tied_across_stages() && !write_tied_embedding) return false;
     return spec.tp_replicated() ? write_replicated : true;
   }
 };

@@ -7,6 +7,10 @@
 // dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
 // defines: trident::model::GptChunk, ChunkActivations, LayerActivations, Recompute
 //
+// model.arch = "llama": the same class with Llama blocks (model/llama.cpp): the same TP
+// layers, mappings, pipeline chunks, activations and ShardSpec table; only the block's
+// kernels, the absent wpe and the head's norm and matrix differ.
+//
 // Legend: B = micro-batch, T = seq_len, C = d_model, NH = heads on this rank,
 // C3 = 3*C/tp (this rank's q,k,v columns), F = 4*C/tp (this rank's MLP columns),
 // Vl = vocabulary rows on this rank (padded), L = layers in one chunk (the same for all).
@@ -27,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trident/core/buffer.hpp"
@@ -100,6 +105,9 @@ class GptChunk {
   const StageLayout& chunk(int c) const { return chunks_.at(std::size_t(c)); }
   const std::vector<ShardSpec>& specs() const { return specs_; }
   const ShardSpec& spec(const std::string& name) const;
+  // The embedding this rank holds that is also the LM head (GPT-2's wte, a tied Llama's
+  // embed_tokens), whose gradients the first and the last stage sum; null when none.
+  const ShardSpec* tied_embedding() const;
   std::int64_t num_params() const { return num_params_; }
   int micro_batch() const { return B_; }
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
@@ -150,7 +158,9 @@ class GptChunk {
   // full recompute each block's forward runs again first.
   void backward_weights(int chunk, ChunkActivations& a);
   // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
-  // only: sums them over TP. Once per step, after the last backward (no-op without SP).
+  // only, and a Llama's k/v weights replicated over TP (n_kv_head < tp) get from each rank
+  // the part its query heads contribute: sums those over TP. Once per step, after the last
+  // backward (no-op when there are none).
   void reduce_sequence_parallel_grads();
 
   float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output (any chunk)
@@ -166,8 +176,17 @@ class GptChunk {
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
   // Inference (single stage and TP group of 1): logits [V] (host memory) of the last position
-  // of tokens[0..t) (host memory), 1 <= t <= seq_len.
+  // of tokens[0..t) (host memory), 1 <= t <= seq_len: the whole context through the blocks.
   void logits_last(const std::int32_t* tokens, int t, float* logits);
+
+  // Generation with a key-value cache (single stage and TP group of 1): generation_reset()
+  // empties the cache; each generation_step(token, logits) runs ONE token through the blocks
+  // at the next position (0, 1, ..., seq_len - 1), its keys and values joining the cache, and
+  // writes the logits [V] (host memory) of the token that follows. n tokens cost n steps of
+  // one token (attention reads the cache: O(position) each).
+  void generation_reset() { gen_pos_ = 0; }
+  void generation_step(std::int32_t token, float* logits);
+  int generation_position() const { return gen_pos_; }
 
  private:
   struct LayerParams {
@@ -185,6 +204,18 @@ class GptChunk {
 
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
+  // The Llama block (model/llama.cpp) over the same activations, stash and TP layers:
+  // rmsnorm -> [q k v] -> rope -> attention (grouped-query) -> o, rmsnorm -> [gate up] ->
+  // swiglu -> down. LayerActivations' ln*_mean and LayerParams' biases are unused.
+  void llama_block_forward(int l, const float* x, float* out, LayerActivations& la, int b,
+                           int t);
+  void llama_block_backward(int l, const float* x, float* dres, LayerActivations& la,
+                            LayerGradStash* stash);
+  void llama_block_backward_weights(int l, const float* x, LayerActivations& la,
+                                    const LayerGradStash& stash);
+  // Attention's view of this rank's qkv rows (row stride C3): q at column 0, k and v at the
+  // kv head its query heads read first.
+  ops::Ops::AttentionShape llama_attention_shape(int b, int t) const;
   void block_backward(int l, const float* x, float* dres, LayerActivations& la);
   void report_grads_ready(int layer);  // global block index; -1: embedding, -2: head
   // stash = nullptr: input and weight gradients; otherwise input gradients only, and the
@@ -207,6 +238,12 @@ class GptChunk {
   ops::Ops& ops_;
   parallel::TpMappings tpm_;
   int B_, T_, C_, NH_, C3_, F_, Vl_, vocab_start_, v_valid_;
+  int F1_;  // the MLP's first product's columns: F (GPT-2's c_fc), 2F (Llama's gate | up)
+  bool llama_ = false;
+  // Llama: kv columns of this rank's qkv rows (its kv heads, or all of them when replicated
+  // over TP), the kv heads its query heads read, and the first of them within those columns.
+  int kv_cols_ = 0, kv_heads_ = 0, kv_head0_ = 0;
+  std::string emb_name_, head_name_, norm_w_name_, norm_b_name_;
   int Nr_;  // token rows of the residual stream on this rank (B*T, or B*T/tp under SP)
   Recompute recompute_;
   std::vector<ShardSpec> specs_;
@@ -218,14 +255,21 @@ class GptChunk {
   // Backward scratch, shared by all microbatches (only one backward runs at a time).
   FloatBuffer dres_, dbuf_, dqkv_, dfch_, dgelu_;
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
-  FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
-  std::vector<const ShardSpec*> sp_norms_;    // SP: the LayerNorm tensors, in pack order
+  FloatBuffer sp_grad_pack_;                  // the gradients summed over TP, packed
+  std::vector<const ShardSpec*> sp_norms_;    // their tensors (SP: the norms; Llama's
+                                              // replicated k/v), in pack order
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
   std::vector<float> host_loss_;  // token_loss_ on the host, to sum
   FloatBuffer recompute_store_;
   FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
+  // Generation (made on first use): per layer the keys then the values of every position so
+  // far, [T, kv width] each; one token's activations; its id on the device.
+  FloatBuffer kv_cache_, gen_scratch_;
+  IntBuffer gen_token_;
+  int gen_pos_ = 0;
+  void generation_block(int l, float* x, float* k_cache, float* v_cache, int pos);
   GradReadyHook grad_ready_;
 };
 

@@ -77,10 +77,18 @@ struct ShardSpec {
   float init_std = 0.0f;
   bool weight_decay = false;          // AdamW decay: 2-D weights only
   int layer = -1;                     // transformer block index, -1 for embeddings / ln_f
+  bool norm = false;       // a normalization's parameter: under sequence parallelism each TP
+                           // rank's gradient covers its token rows only (summed over TP)
+  bool in_head = false;    // held by the head chunk only (ln_f / model.norm, an untied lm_head)
+  bool tied = false;       // the embedding that is also the LM head (GPT-2's wte; a tied
+                           // Llama's embed_tokens): held by the first and the last stage
+  bool tp_grad_sum = false;  // replicated over TP but each rank's gradient is a partial sum
+                             // (Llama's k/v weights when n_kv_head < tp): summed over TP
 
   std::int64_t numel() const;        // logical
   std::int64_t local_numel() const;  // in the flat buffer
   bool tp_replicated() const { return split == Split::none; }
+  bool tied_across_stages() const { return tied; }
 };
 
 // Which part of the model a pipeline chunk (one virtual stage) owns.
@@ -106,7 +114,12 @@ int llama_ffn_hidden(int d_model, int multiple_of);
 // Vocabulary rows each TP rank holds: the vocabulary padded up to a multiple of tp_size.
 int vocab_per_rank(int vocab_size, int tp_size);
 
-// The ShardSpecs of a chunk, with offsets packed in order from `offset0`.
+// The ShardSpecs of a chunk, with offsets packed in order from `offset0`. GPT-2's tensors, or
+// with cfg.llama() Llama's (FORMAT.md): per layer the q, k, v weights are adjacent in the
+// flat buffer, so that this rank's [q; k; v] rows form one [out, in] matrix (one product),
+// and gate, up likewise. Under TP: q, gate, up split by rows (heads / columns of the
+// MLP), o and down by columns; k and v split by kv heads when n_kv_head >= tp, else
+// replicated (every rank holds every kv head; tp_grad_sum).
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout& stage,
                                        int tp_rank, int tp_size, std::int64_t offset0 = 0);
 // The ShardSpecs of all of a rank's chunks as one table over one flat buffer: wte (once,

@@ -108,3 +108,55 @@ TEST(Spec, OneTableOverARanksChunksNamesEachTensorOnce) {
     EXPECT_EQ(both[i].offset, serial[i].offset);
   }
 }
+
+// Llama's table: FORMAT.md's names in order, q k v (gate up) adjacent, shards tiling every
+// tensor once over TP with the kv heads split (n_kv_head >= tp) or replicated (< tp: every
+// rank holds all, tp_grad_sum), no wpe, an lm_head unless tied.
+TEST(Spec, LlamaTableSplitsOrReplicatesTheKvHeads) {
+  ModelConfig cfg{51, 16, 2, 4, 32};
+  cfg.arch = "llama";
+  cfg.n_kv_head = 2;
+  cfg.ffn_hidden = 24;
+  auto serial = gpt_param_specs(cfg, StageLayout{0, 2, true, true}, 0, 1);
+  ASSERT_EQ(serial.size(), 1 + 2 * 9 + 2u);
+  EXPECT_EQ(serial[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(serial[1].name, "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(serial[2].name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(serial[3].shape, (std::vector<std::int64_t>{16, 32}));  // k_proj [kv*hd, C]
+  EXPECT_EQ(serial[9].name, "model.layers.0.mlp.down_proj.weight");
+  EXPECT_EQ(serial[9].shape, (std::vector<std::int64_t>{32, 24}));
+  EXPECT_EQ(serial.back().name, "lm_head.weight");
+  EXPECT_TRUE(serial[1].norm && !serial[2].norm && serial.back().in_head && !serial[0].tied);
+  for (int tp : {1, 2, 4}) {
+    std::vector<std::vector<ShardSpec>> per_rank;
+    for (int r = 0; r < tp; ++r)
+      per_rank.push_back(gpt_param_specs(cfg, StageLayout{0, 2, true, true}, r, tp));
+    for (std::size_t p = 0; p < per_rank[0].size(); ++p) {
+      const ShardSpec& s0 = per_rank[0][p];
+      const bool kv = s0.name.find("k_proj") != std::string::npos ||
+                      s0.name.find("v_proj") != std::string::npos;
+      if (kv) EXPECT_EQ(s0.tp_replicated(), tp > 2) << s0.name << " tp=" << tp;
+      EXPECT_EQ(s0.tp_grad_sum, kv && tp > 2) << s0.name << " tp=" << tp;
+      std::multiset<std::int64_t> seen;
+      for (int r = 0; r < tp; ++r) {
+        const auto& s = per_rank[r][p];
+        if (s.tp_replicated() && r > 0) continue;
+        for_each_local_element(s, [&](std::int64_t, std::int64_t global) { seen.insert(global); });
+      }
+      EXPECT_EQ(std::int64_t(std::set<std::int64_t>(seen.begin(), seen.end()).size()), s0.numel())
+          << s0.name << " tp=" << tp;
+      EXPECT_EQ(std::int64_t(seen.size()), s0.numel()) << s0.name << " tp=" << tp;
+    }
+    for (const auto& specs : per_rank)  // [q; k; v] and [gate; up] are one matrix each
+      for (std::size_t p = 0; p + 2 < specs.size(); ++p)
+        if (specs[p].name.find("q_proj") != std::string::npos) {
+          EXPECT_EQ(specs[p + 1].offset, specs[p].offset + specs[p].local_numel());
+          EXPECT_EQ(specs[p + 2].offset, specs[p + 1].offset + specs[p + 1].local_numel());
+        }
+  }
+  cfg.tie_embeddings = true;  // the embedding is the head: on the last stage too, tied
+  auto last = gpt_param_specs(cfg, StageLayout{1, 2, false, true}, 0, 1);
+  EXPECT_EQ(last.front().name, "model.embed_tokens.weight");
+  EXPECT_TRUE(last.front().tied);
+  EXPECT_EQ(last.back().name, "model.norm.weight");
+}
