@@ -24,10 +24,11 @@ stage). Each layout, with parallel.zero_stage 0 and 1 and small DP buckets
     shrink by dp with it (between 8*N0/dp and 8*N0/dp + 8 per bucket).
 Resume under ZeRO-1: the 1x2x4 run's step-5 checkpoint resumed in the same layout gives
 steps 6..10 bitwise, and resumed at 2x2x2 (other shards) the serial curve.
-Llama (model.arch = "llama", n_kv_head 2 of 8 heads, ffn_hidden 48): every layout above once
-(ZeRO-1 on every other one; kv heads split at tp 2, replicated at tp 4 and 8) gives the serial
-loss and gradients, the serial curve and the serial final weights, to the same tolerances; and
-the 2x2x2 run's step-5 checkpoint resumes at 1x1x1 and at 1x4x2 on the serial curve.
+Llama (model.arch = "llama", n_kv_head 2 of 8 heads, ffn_hidden 48): every layout above gives
+the serial loss and gradients (kv heads split at tp 2, replicated at tp 4 and 8); 2x2x2 with
+sequence parallelism and 1x2x4 with ZeRO-1 train on the serial curve to the serial final
+weights; and the 2x2x2 run's step-5 checkpoint resumes at 1x1x1 and at 1x4x2 on the serial
+curve. (Training in every layout was checked too, once: it costs 4 more minutes.)
 Bad input: a global batch that does not split over micro_batch_size * dp, and a world
 size no layout of the deck fits, give one `trident: error:` line naming the key and a
 non-zero exit; zero_stage = 1 at dp = 1 trains like the serial run (a no-op).
@@ -138,6 +139,8 @@ def llama(bucket):
         sets = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.zero_stage={i % 2}",
                 bucket, "io.checkpoint_every=5", *extra]
         t.check_grad(f"llama {tag}", t.grad(8, f"g_{tag}.h5", sets), ref, 1e-6)
+        if name not in ("2x2x2_sp", "1x2x4"):
+            continue
         got = t.train(8, f"train_{tag}", sets)[0]
         t.check_curve(f"llama {tag}", got, ref_curve)
         w = rel_l2(t.path(f"train_{tag}", "checkpoints", f"step-{STEPS:08d}.h5"), ref_ck, "model")
