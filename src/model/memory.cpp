@@ -58,7 +58,10 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // GptChunk::make_activations: boundary buffers, the layers' stash, the zero-bubble
   // gradient stash, the head's LayerNorm.
   std::int64_t per_mb = Nr * C * (3 + std::max(1, L));
+  // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
+  const std::int64_t inner = N * Ca + B * NH * T + N * F;
   if (lay.recompute == Recompute::none) per_mb += L * layer_store;
+  if (lay.recompute == Recompute::selective) per_mb += L * (layer_store - inner);
   if (lay.split_backward) per_mb += std::max<std::int64_t>(1, L * (N * (2 * C + F + C3) + 2 * Nr * C));
   if (head) per_mb += N * C + 2 * Nr;
   e.activations_per_microbatch = per_mb * kFloat;
@@ -70,6 +73,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
   if (head) scratch += N * Vl + 5 * N;
   if (lay.recompute == Recompute::full) scratch += layer_store;
+  if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
 
   // GptChunk::init_weights draws the weights into a host vector, then copies them over.

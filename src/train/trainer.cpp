@@ -27,7 +27,9 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
     : cfg_(cfg), ps_(ps), ops_(ops), rss_at_start_(resident_bytes()) {
   TRIDENT_CHECK(cfg.model.vocab_size > 0, "model.vocab_size is 0 and no dataset gave one");
   const auto recompute =
-      cfg.parallel.recompute == "full" ? model::Recompute::full : model::Recompute::none;
+      cfg.parallel.recompute == "full"        ? model::Recompute::full
+      : cfg.parallel.recompute == "selective" ? model::Recompute::selective
+                                              : model::Recompute::none;
   model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
                                              cfg.parallel.micro_batch_size, recompute,
                                              cfg.parallel.sequence_parallel);
