@@ -20,6 +20,7 @@
 #include "trident/io/weights.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/train/data_loader.hpp"
 
 namespace trident::app {
 
@@ -138,8 +139,9 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
     if (data.empty()) {
       const train::Config deck =
           train::parse_config(io::read_checkpoint_state(checkpoint).config, checkpoint);
-      data = deck.data.train;
-      TRIDENT_CHECK(!data.empty(), checkpoint, ": its deck names no data.train; pass --data");
+      TRIDENT_CHECK(!deck.data.train.empty(), checkpoint,
+                    ": its deck names no data.train; pass --data");
+      data = train::first_token_file(deck.data.train, "data.train");
     }
     tok = std::make_unique<io::Tokenizer>(io::load_tokenizer(data));
   });
