@@ -221,7 +221,8 @@ void run_training(Trainer& tr) {
   // Rank 0's traffic per step and communicator (every collective is counted in parallel/).
   std::vector<parallel::Comm*> counted{&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
   // skipped: 1 for a non-finite step left undone; epoch: passes over the data so far.
-  std::vector<std::string> extra_columns{"skipped", "epoch", "consumed_tokens"};
+  // data_s: seconds this step spent reading its batch (rank 0's share).
+  std::vector<std::string> extra_columns{"skipped", "epoch", "consumed_tokens", "data_s"};
   for (parallel::Comm* c : counted)
     for (const char* what : {"bytes", "calls"})
       extra_columns.push_back("comm/" + c->name() + "/" + what);
@@ -269,6 +270,8 @@ void run_training(Trainer& tr) {
     fault::at_step_start();  // tests only (TRIDENT_FAULT): exit, abort or stall here
     for (parallel::Comm* c : counted) c->reset_counters();
     train_data->fill(step - 1, G, first, local, inputs.data(), targets.data());
+    const double data_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tr.set_step(step);
     const double loss = tr.forward_backward(inputs.data(), targets.data(), G);
     const StepStats st = tr.optimizer_step(step, loss);
@@ -304,6 +307,7 @@ void run_training(Trainer& tr) {
       metrics->set("skipped", st.applied ? 0.0 : 1.0);
       metrics->set("epoch", train_data->epoch(step * G));
       metrics->set("consumed_tokens", double(step * G * T));
+      metrics->set("data_s", data_s);
       metrics->append({step, st.loss, st.lr, st.grad_norm, dt, tok_s});
     }
     char line[200];
