@@ -69,15 +69,20 @@ def choose_coretype(sgemm, env):
         return env["OPENBLAS_CORETYPE"], "set by the user"
     core = subprocess.run([sgemm, "--corename"], env=env, capture_output=True,
                           text=True).stdout.strip()
-    flags = ""
+    flags, vendor = "", ""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            for line in f:
+                if line.startswith("flags") and not flags:
+                    flags = line
+                if line.startswith("vendor_id") and not vendor:
+                    vendor = line.split(":", 1)[1].strip()
     except OSError:
         pass
     if core.lower() == "prescott":
         fl = set(flags.split())
-        if {"avx512f", "avx512bw", "avx512vl"} <= fl:
+        # Never the AVX-512 core types on AMD (see include/trident/ops/blas_core.hpp).
+        if {"avx512f", "avx512bw", "avx512vl"} <= fl and vendor != "AuthenticAMD":
             return "SkylakeX", "OpenBLAS detected Prescott on an AVX-512 CPU: overridden"
         if "avx2" in fl:
             return "Haswell", "OpenBLAS detected Prescott on an AVX2 CPU: overridden"
