@@ -11,6 +11,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/io/dataset.hpp"
+#include "trident/train/config.hpp"
 #include "trident/train/data_loader.hpp"
 
 namespace trident::train {
@@ -233,6 +234,65 @@ TEST(DataLoader, DataSourcesParseAndRefuse) {
   EXPECT_EQ(data_sources_toml({{"a.h5", 1.0}}), "a.h5");
   const std::string t = data_sources_toml({{"a.h5", 0.7}, {"b.h5", 0.3}});
   EXPECT_EQ(parse_data_sources(t, "k"), (std::vector<DataSource>{{"a.h5", 0.7}, {"b.h5", 0.3}})) << t;
+}
+
+TEST(DataLoader, TokenFileReadsRangesDocumentsAndChecksum) {
+  Scratch s;
+  make_dataset(s / "a.h5", 1000);
+  const io::TokenDataset d = io::read_token_dataset(s / "a.h5");
+  EXPECT_EQ(d.documents, (std::vector<std::int64_t>{0, 500}));
+  ASSERT_TRUE(d.has_checksum);
+  EXPECT_EQ(d.checksum, io::token_checksum(d.tokens.data(), 1000, 0));
+  // Sums of slices add up (what ranks writing one file together rely on).
+  EXPECT_EQ(d.checksum, io::token_checksum(d.tokens.data(), 300, 0) +
+                            io::token_checksum(d.tokens.data() + 300, 700, 300));
+  {
+    io::TokenFile f(s / "a.h5");
+    std::vector<std::int32_t> w(10);
+    f.read(995, 5, w.data());
+    EXPECT_EQ(std::vector<std::int32_t>(w.begin(), w.begin() + 5),
+              std::vector<std::int32_t>(d.tokens.begin() + 995, d.tokens.end()));
+    EXPECT_EQ(f.verify(), d.checksum);
+    EXPECT_NE(error_of([&] { f.read(996, 5, w.data()); }).find("outside /tokens of 1000"),
+              std::string::npos);
+  }
+  {  // one id changed behind the checksum's back
+    hid_t h = H5Fopen((s / "a.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(h, "tokens", H5P_DEFAULT);
+    hid_t sp = H5Dget_space(ds);
+    hsize_t at = 7, one = 1;
+    H5Sselect_hyperslab(sp, H5S_SELECT_SET, &at, nullptr, &one, nullptr);
+    hid_t ms = H5Screate_simple(1, &one, nullptr);
+    std::int32_t v = 3;
+    H5Dwrite(ds, H5T_NATIVE_INT32, ms, sp, H5P_DEFAULT, &v);
+    H5Sclose(ms);
+    H5Sclose(sp);
+    H5Dclose(ds);
+    H5Fclose(h);
+  }
+  EXPECT_NE(error_of([&] { io::TokenFile(s / "a.h5").verify(); }).find("tokens_checksum"),
+            std::string::npos);
+}
+
+TEST(DataLoader, DeckTakesABlendListAndWritesItBack) {
+  const Config c = parse_config(
+      "[data]\ntrain = [{path = \"a.h5\", weight = 0.7}, {path = \"b/\", weight = 0.3}]\n"
+      "valid = \"v.h5\"\n",
+      "deck.toml");
+  EXPECT_EQ(c.data.train, "[{path = \"a.h5\", weight = 0.7}, {path = \"b/\", weight = 0.3}]");
+  EXPECT_EQ(c.data.valid, "v.h5");
+  const std::string toml = to_toml(c);
+  EXPECT_NE(toml.find("train = [{path = \"a.h5\", weight = 0.7}, {path = \"b/\", weight = 0.3}]"),
+            std::string::npos);
+  EXPECT_EQ(parse_config(toml, "resolved.toml"), c);
+  // --set takes the list too; bad weights point at the deck key.
+  const Config o = parse_config("", "deck.toml", {"data.train=[{path = \"x.h5\", weight = 2}]"});
+  EXPECT_EQ(parse_data_sources(o.data.train, "k"), (std::vector<DataSource>{{"x.h5", 2.0}}));
+  const std::string e = error_of(
+      [] { parse_config("[data]\ntrain = [{path = \"a.h5\", weight = -1}]\n", "deck.toml"); });
+  EXPECT_NE(e.find("deck.toml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.train[0] (a.h5): weight must be a finite number >= 0, got -1"),
+            std::string::npos) << e;
 }
 
 }  // namespace
