@@ -47,24 +47,26 @@ std::uint64_t entries_checksum(const std::int64_t* v, std::int64_t n, std::int64
   return s;
 }
 
-void read_i64(hid_t ds, std::int64_t at, std::int64_t n, std::int64_t* out, const std::string& what) {
+// 1-D ranges of int64 (mem_type NATIVE_UINT64 for the uint64 checksums, bit for bit).
+void read_i64(hid_t ds, std::int64_t at, std::int64_t n, std::int64_t* out, const std::string& what,
+              hid_t mem_type = H5T_NATIVE_INT64) {
   if (n <= 0) return;
   h5::Hid fspace(H5Dget_space(ds));
   hsize_t s = hsize_t(at), c = hsize_t(n);
   H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
   h5::Hid mspace(H5Screate_simple(1, &c, nullptr));
-  if (H5Dread(ds, H5T_NATIVE_INT64, mspace, fspace, H5P_DEFAULT, out) < 0)
+  if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, out) < 0)
     fail(what, ": cannot read ", h5::object_name(ds), "[", at, ":", at + n, "]");
 }
 
 void write_i64(hid_t ds, std::int64_t at, std::int64_t n, const std::int64_t* v,
-               const std::string& what) {
+               const std::string& what, hid_t mem_type = H5T_NATIVE_INT64) {
   if (n <= 0) return;
   h5::Hid fspace(H5Dget_space(ds));
   hsize_t s = hsize_t(at), c = hsize_t(n);
   H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
   h5::Hid mspace(H5Screate_simple(1, &c, nullptr));
-  if (H5Dwrite(ds, H5T_NATIVE_INT64, mspace, fspace, H5P_DEFAULT, v) < 0)
+  if (H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, v) < 0)
     fail(what, ": cannot write ", h5::object_name(ds), " (disk full?)");
 }
 
@@ -156,7 +158,7 @@ std::string stale_reason(const h5::File& f, const std::vector<DatasetInfo>& info
       return str(infos[k].source, " has another number of shards");
     std::vector<std::int64_t> tok(nf), sum(nf);
     read_i64(st, 0, std::int64_t(nf), tok.data(), f.path());
-    read_i64(sc, 0, std::int64_t(nf), sum.data(), f.path());
+    read_i64(sc, 0, std::int64_t(nf), sum.data(), f.path(), H5T_NATIVE_UINT64);
     for (std::size_t i = 0; i < nf; ++i)
       if (tok[i] != infos[k].shard_tokens[i] || std::uint64_t(sum[i]) != infos[k].shard_checksums[i])
         return str(infos[k].files[i], " changed (size or checksum)");
@@ -240,7 +242,7 @@ void write_index(const std::string& path, const std::vector<DatasetInfo>& infos,
       h5::Hid sc = h5::create_dataset(g, "shard_checksums", H5T_STD_U64LE, {nf});
       write_i64(st, 0, nf, in.shard_tokens.data(), tmp);
       std::vector<std::int64_t> sums(in.shard_checksums.begin(), in.shard_checksums.end());
-      write_i64(sc, 0, nf, sums.data(), tmp);
+      write_i64(sc, 0, nf, sums.data(), tmp, H5T_NATIVE_UINT64);
       // One shuffled permutation of [0, S) per epoch (Fisher-Yates from counter-based
       // random numbers: a function of seed, stream, dataset and epoch only).
       h5::Hid samples = h5::create_dataset(g, "samples", H5T_STD_I64LE, {E * S});
