@@ -63,21 +63,34 @@ def env():
     return e
 
 
+# Runs the command from a small Python: the peak resident set of a child forked from this
+# (large) process would count this one's pages too (Linux keeps the high-water mark across
+# exec).
+RUNNER = r"""
+import json, os, subprocess, sys, time
+marker = sys.argv[1] or None
+t0 = time.monotonic()
+p = subprocess.Popen(sys.argv[2:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+first, out = None, []
+for line in p.stdout:
+    out.append(line)
+    if first is None and marker and marker in line:
+        first = time.monotonic() - t0
+_, status, ru = os.wait4(p.pid, 0)
+print(json.dumps(dict(rc=os.waitstatus_to_exitcode(status), first=first, total=time.monotonic() - t0,
+                      rss_mb=ru.ru_maxrss / 1024, out="".join(out[-40:]))))
+"""
+
+
 def timed_run(cmd, cwd, first_marker=None):
-    """(seconds to the first stdout line containing first_marker, total seconds, peak RSS MB)."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=env())
-    first, out = None, []
-    for line in p.stdout:
-        out.append(line)
-        if first is None and first_marker and first_marker in line:
-            first = time.monotonic() - t0
-    _, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed:\n{''.join(out[-20:])}")
-    return first, time.monotonic() - t0, ru.ru_maxrss / 1024, "".join(out)
+    """(seconds to the first output line containing first_marker, total seconds, peak RSS MB
+    of the process, its last lines)."""
+    p = subprocess.run([sys.executable, "-c", RUNNER, first_marker or ""] + cmd, cwd=cwd,
+                       capture_output=True, text=True, env=env())
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    if r["rc"] != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed:\n{r['out']}")
+    return r["first"], r["total"], r["rss_mb"], r["out"]
 
 
 DECK = """

@@ -293,13 +293,13 @@ def _(c):
             "afile/out.h5"]
 
 
-@case("prepare_data_tokenizer_model_missing", ["--tokenizer-model", "no.model"], np=2)
+@case("prepare_data_tokenizer_model_missing", ["--tokenizer-model", "no.model"])
 def _(c):
     return ["prepare-data", "--input", c.text("corpus.txt", "hello\n" * 50), "--output", "out.h5",
             "--tokenizer-model", "no.model"]
 
 
-@case("prepare_data_tokenizer_model_not_a_model", ["--tokenizer-model", "bad.model"], np=2)
+@case("prepare_data_tokenizer_model_not_a_model", ["--tokenizer-model", "bad.model"])
 def _(c):
     return ["prepare-data", "--input", c.text("corpus.txt", "hello\n" * 50), "--output", "out.h5",
             "--tokenizer-model", c.text("bad.model", "not a protobuf")]
@@ -499,7 +499,7 @@ def _(c):
 deck_case("blend_negative_weight", {"data.train": blend(("tokens.h5", 0.7), ("tokens.h5", -0.5))},
           ["deck.toml", "data.train", "weight", ">= 0", "-0.5"])
 deck_case("blend_all_weights_zero", {"data.train": blend(("tokens.h5", 0), ("tokens.h5", 0.0))},
-          ["deck.toml", "data.train", "every weight is 0"], np=2)
+          ["deck.toml", "data.train", "every weight is 0"])
 
 
 @case("blend_different_vocabularies", ["v12.h5", "vocab_size 12", "tokens.h5", "one tokenizer"],
@@ -525,7 +525,7 @@ def _(c):
     return c.train({"data.train": "shard-*.h5"})
 
 
-@case("blend_corpus_smaller_than_a_sequence", ["tiny.h5", "5 tokens", "model.seq_len = 8"], np=2)
+@case("blend_corpus_smaller_than_a_sequence", ["tiny.h5", "5 tokens", "model.seq_len = 8"])
 def _(c):
     write_tokens(c.path("tiny.h5"), ids=[1, 2, 3, 4, 5])
     return c.train({"data.train": blend((c.copy("tokens.h5"), 0.5), ("tiny.h5", 0.5))})
