@@ -100,6 +100,10 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     host_loss_.resize(std::size_t(N));
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
+  if (recompute_ == Recompute::selective) {
+    selective_store_ = buffer(selective_size());
+    selective_inner_ = selective_store_.data();
+  }
   ln_discard_ = buffer(2 * std::int64_t(C_));
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
@@ -210,7 +214,14 @@ std::int64_t GptChunk::layer_store_size() const {
   const std::int64_t N = std::int64_t(B_) * T_;
   const std::int64_t Ca = C_ / ps_.tp.size();
   const std::int64_t Nr = Nr_;
-  return N * (C_ + C3_ + Ca + C_ + F1_ + F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_;
+  const std::int64_t all =
+      N * (C_ + C3_ + Ca + C_ + F1_ + F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_;
+  return recompute_ == Recompute::selective ? all - selective_size() : all;
+}
+
+std::int64_t GptChunk::selective_size() const {
+  const std::int64_t N = std::int64_t(B_) * T_;
+  return N * (C_ / ps_.tp.size()) + std::int64_t(B_) * NH_ * T_ + N * F_;
 }
 
 void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views,
@@ -225,19 +236,22 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
     p += n;
     return r;
   };
+  // Selective recompute: every layer's atty, lse and fch_gelu are the one shared copy.
+  float* inner = selective_inner_;
+  const bool shared = inner != nullptr;
   for (auto& la : views) {
     la.ln1 = take(N * C_);
     la.ln1_mean = take(Nr);
     la.ln1_rstd = take(Nr);
     la.qkv = take(N * C3_);
-    la.atty = take(N * Ca);
-    la.lse = take(std::int64_t(B_) * NH_ * T_);
+    la.atty = shared ? inner : take(N * Ca);
+    la.lse = shared ? inner + N * Ca : take(std::int64_t(B_) * NH_ * T_);
     la.res2 = take(Nr * C_);
     la.ln2 = take(N * C_);
     la.ln2_mean = take(Nr);
     la.ln2_rstd = take(Nr);
     la.fch = take(N * F1_);
-    la.fch_gelu = take(N * F_);
+    la.fch_gelu = shared ? inner + N * Ca + std::int64_t(B_) * NH_ * T_ : take(N * F_);
   }
 }
 
@@ -251,7 +265,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
   a->outputs = buffer(std::max(1, L) * NrC);
   a->doutput = buffer(NrC);
   a->dinput = buffer(NrC);
-  if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
+  if (recompute_ != Recompute::full) bind_layers(a->store, a->layers, L);
   if (split_backward) {
     const std::int64_t Nr = Nr_;
     const std::int64_t per_layer = N * (2 * C_ + F1_ + C3_) + 2 * Nr * C_;  // LayerGradStash
@@ -482,7 +496,24 @@ void GptChunk::block_backward_weights(int l, const float* x, LayerActivations& l
 // one-layer scratch (its output is not needed, so it lands in scratch too).
 LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, int l,
                                               const float* x) {
-  if (recompute_ != Recompute::full) return a.layers[l];
+  if (recompute_ == Recompute::none) return a.layers[l];
+  if (recompute_ == Recompute::selective) {
+    // The attention core and the GELU (Llama: SwiGLU) again, from the kept qkv (Llama's
+    // already rotated) and c_fc (gate | up) output.
+    LayerActivations& la = a.layers[l];
+    const int Ca = C_ / ps_.tp.size();
+    if (llama_) {
+      const float* k = la.qkv + Ca + std::int64_t(kv_head0_) * cfg_.head_dim();
+      ops_.attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_,
+                             llama_attention_shape(B_, T_));
+      ops_.swiglu_forward(la.fch_gelu, la.fch, B_ * T_, F_);
+      return la;
+    }
+    ops_.attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca,
+                           ops::attention_shape_qkv(B_, T_, Ca, NH_));
+    ops_.gelu_forward(la.fch_gelu, la.fch, std::int64_t(B_) * T_ * F_);
+    return la;
+  }
   LayerActivations& la = recompute_layer_[0];
   block_forward(chunk * L_ + l, x, dbuf_.data(), la, B_, T_);
   return la;

@@ -27,6 +27,7 @@
 #include <variant>
 
 #include "trident/core/error.hpp"
+#include "trident/train/data_loader.hpp"
 
 namespace trident::train {
 
@@ -147,6 +148,9 @@ const std::vector<std::string>& section_names() {
                                                  "data",  "io",       "runtime"};
   return names;
 }
+
+// data.train and data.valid take a path or a list of {path, weight} (data_loader.hpp).
+bool is_data_list_key(const std::string& key) { return key == "data.train" || key == "data.valid"; }
 
 const KeyDef* find_key(const std::string& section, const std::string& name) {
   for (const KeyDef& k : key_table())
@@ -389,7 +393,8 @@ class Loader {
       if (t.size() == 1 && t.contains("v")) parsed = std::move(t);
     } catch (const toml::parse_error&) {
     }
-    if (std::holds_alternative<std::string*>(f) && !(parsed && parsed->get("v")->is_string())) {
+    if (std::holds_alternative<std::string*>(f) &&
+        !(parsed && (parsed->get("v")->is_string() || parsed->get("v")->is_array()))) {
       *std::get<std::string*>(f) = value;  // unquoted text for a string key
       origin_[def->full()] = where;
       return;
@@ -414,6 +419,13 @@ class Loader {
   void assign(const KeyDef& def, const toml::node& node, const std::string& where) {
     Field f = def.field(cfg_);
     const std::string key = def.full();
+    if (is_data_list_key(key) && node.is_array()) {  // a blend: kept as its TOML text
+      std::ostringstream os;
+      os << *node.as_array();
+      *std::get<std::string*>(f) = data_sources_toml(parse_data_sources(os.str(), where + ": " + key));
+      origin_[key] = where;
+      return;
+    }
     auto wrong = [&]() {
       fail(where, ": ", key, ": expected ", expected_name(f), ", got ",
            toml_type_name(node.type()));
@@ -522,7 +534,7 @@ class Loader {
     need(p.zero_stage == 0 || p.zero_stage == 1, "parallel.zero_stage", "0 or 1", p.zero_stage);
     need_finite(p.grad_bucket_mb, "parallel.grad_bucket_mb");
     need(p.grad_bucket_mb > 0, "parallel.grad_bucket_mb", "> 0", toml_float(p.grad_bucket_mb));
-    need_one_of(p.recompute, "parallel.recompute", {"none", "full"});
+    need_one_of(p.recompute, "parallel.recompute", {"none", "selective", "full"});
     if (p.vpp > 1 && p.schedule != "interleaved-1f1b" && p.schedule != "looped-bfs")
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,
            " needs parallel.schedule = \"interleaved-1f1b\" or \"looped-bfs\", got ",
@@ -658,7 +670,9 @@ std::string to_toml(const Config& cfg) {
       out += str(section.empty() ? "" : "\n", "[", k.section, "]\n");
       section = k.section;
     }
-    out += str(k.name, " = ", field_value(k.field(c)), "\n");
+    const Field f = k.field(c);
+    const bool list = is_data_list_key(k.full()) && std::get<std::string*>(f)->rfind("[", 0) == 0;
+    out += str(k.name, " = ", list ? *std::get<std::string*>(f) : field_value(f), "\n");
   }
   return out;
 }

@@ -42,7 +42,13 @@
 
 namespace trident::model {
 
-enum class Recompute { none, full };
+// What a block's backward recomputes instead of keeping from its forward:
+//   none       everything kept
+//   selective  the attention core (its output and LSE, from the kept q, k, v) and the GELU
+//              output (from the kept c_fc output): 1 + 4/tp of ~15 channel-widths per token,
+//              for one flash attention forward and one GELU per layer (Megatron's choice)
+//   full       only each block's input kept; its whole forward runs again in the backward
+enum class Recompute { none, selective, full };
 
 // What one transformer block keeps from its forward for its backward.
 struct LayerActivations {
@@ -201,6 +207,8 @@ class GptChunk {
   // The tokens a kernel may read: `host` itself on a host backend, else its copy in `device`.
   const std::int32_t* stage_tokens(IntBuffer& device, const std::int32_t* host) const;
   std::int64_t layer_store_size() const;
+  // Selective recompute: the floats of one layer's atty, lse and fch_gelu (kept once, shared).
+  std::int64_t selective_size() const;
 
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
@@ -263,6 +271,8 @@ class GptChunk {
   FloatBuffer recompute_store_;
   FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
+  FloatBuffer selective_store_;  // selective recompute: one layer's atty, lse, fch_gelu
+  float* selective_inner_ = nullptr;  // selective_store_.data() (for the const bind_layers)
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
   // Generation (made on first use): per layer the keys then the values of every position so
   // far, [T, kv width] each; one token's activations; its id on the device.

@@ -53,6 +53,7 @@ class GuardedMemory final : public DeviceMemory {
   }
   std::size_t capacity() const override { return arena_.capacity(); }
   std::size_t used() const override { return arena_.used(); }
+  std::size_t peak() const override { return arena_.peak(); }
 
   void to_device(void* dst, const void* src, std::size_t bytes) override {
     TRIDENT_CHECK(bytes == 0 || (holds(dst) && !holds(src)),
