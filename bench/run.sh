@@ -45,3 +45,9 @@ if (( ${#skip[@]} == 0 )); then
   mkdir -p "$results"
   "$python" "$src/bench/checkpoint_bench.py" --build "$build" --json "$results/checkpoint.json"
 fi
+# Token data (issue 17): reads, start-up and RSS at 10 M / 100 M / 1 G tokens, data share of
+# a step, prepare-data against spm_encode (bench/data_bench.py; data.json beside the rest).
+if (( ${#skip[@]} == 0 )); then
+  cmake --build "$build" --target trident_bench_data_read -j "$(nproc)" >/dev/null
+  "$python" "$src/bench/data_bench.py" --build "$build" --json "$results/data.json"
+fi

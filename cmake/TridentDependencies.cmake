@@ -43,6 +43,8 @@ find_package(tomlplusplus CONFIG QUIET)
 trident_need(tomlplusplus_FOUND "toml++" "libtomlplusplus-dev")
 find_package(CLI11 CONFIG QUIET)
 trident_need(CLI11_FOUND "CLI11" "libcli11-dev")
+find_package(nlohmann_json 3 CONFIG QUIET)  # prepare-data's JSON Lines input
+trident_need(nlohmann_json_FOUND "nlohmann JSON" "nlohmann-json3-dev")
 
 find_package(PkgConfig)
 trident_need(PKG_CONFIG_FOUND "pkg-config" "pkg-config")

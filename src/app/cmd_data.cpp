@@ -1,5 +1,5 @@
-// `trident prepare-data` (text -> token datasets), `trident sample` (text from a model) and
-// `trident export` (a checkpoint's weights as a weights file).
+// `trident sample` (text from a model) and `trident export` (a checkpoint's weights as a
+// weights file). prepare-data: cmd_prepare.cpp.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -20,107 +20,9 @@
 #include "trident/io/weights.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/train/data_loader.hpp"
 
 namespace trident::app {
-
-namespace {
-
-constexpr int kBlockLines = 100;  // validation holds out whole blocks of lines
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  TRIDENT_CHECK(f.good(), "--input: cannot read text file '", path, "'");
-  std::ostringstream os;
-  os << f.rdbuf();
-  std::string text = os.str();
-  TRIDENT_CHECK(!text.empty(), "--input: '", path, "' is empty");
-  return text;
-}
-
-// Splits text into train and valid: every valid_every-th block of kBlockLines lines is
-// held out (0: nothing held out).
-void split_text(const std::string& text, int valid_every, std::string& train, std::string& valid) {
-  std::size_t pos = 0;
-  long line = 0;
-  while (pos < text.size()) {
-    std::size_t end = text.find('\n', pos);
-    end = end == std::string::npos ? text.size() : end + 1;
-    const bool held_out = valid_every > 0 && (line / kBlockLines) % valid_every == valid_every - 1;
-    (held_out ? valid : train).append(text, pos, end - pos);
-    pos = end;
-    ++line;
-  }
-}
-
-io::TokenDataset tokenize(const io::Tokenizer& tok, const std::string& text) {
-  io::TokenDataset d;
-  d.vocab_size = tok.vocab_size();
-  d.tokenizer = tok.kind_name();
-  d.tokenizer_model = tok.serialized();
-  // Encode a block of lines at a time: the same tokens as the whole text (BPE does not
-  // merge across newlines here), with bounded memory per call.
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t end = pos;
-    for (int i = 0; i < kBlockLines && end < text.size(); ++i) {
-      end = text.find('\n', end);
-      end = end == std::string::npos ? text.size() : end + 1;
-    }
-    auto ids = tok.encode(std::string_view(text).substr(pos, end - pos));
-    d.tokens.insert(d.tokens.end(), ids.begin(), ids.end());
-    pos = end;
-  }
-  d.num_tokens = std::int64_t(d.tokens.size());
-  return d;
-}
-
-}  // namespace
-
-int run_prepare_data(const std::string& input, const std::string& output,
-                     const std::string& tokenizer, int vocab_size, const std::string& valid_output,
-                     int valid_every) {
-  parallel::agree(MPI_COMM_WORLD, [&] {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    TRIDENT_CHECK(world == 1, "prepare-data runs on one process (not under mpirun -np ", world, ")");
-    const std::string text = read_text(input);
-    if (valid_every == 0 && !valid_output.empty()) valid_every = 20;
-    TRIDENT_CHECK(valid_every >= 0, "--valid-every must be >= 0");
-    std::string train_text, valid_text;
-    split_text(text, valid_output.empty() ? 0 : valid_every, train_text, valid_text);
-    TRIDENT_CHECK(valid_output.empty() || !valid_text.empty(), "--input: '", input,
-                  "' is too short to hold out every ", valid_every, "-th block of ", kBlockLines,
-                  " lines for --valid-output");
-
-    io::Tokenizer tok = io::Tokenizer::byte();
-    if (tokenizer == "sentencepiece") {
-      TRIDENT_CHECK(vocab_size > 0, "--tokenizer sentencepiece needs --vocab-size N");
-      // SentencePiece trains from a file: the training part only, never the held-out text.
-      const std::string tmp = output + ".train-text.tmp";
-      std::ofstream(tmp, std::ios::binary) << train_text;
-      try {
-        tok = io::Tokenizer::train_sentencepiece(tmp, vocab_size);
-      } catch (...) {
-        std::filesystem::remove(tmp);
-        throw;
-      }
-      std::filesystem::remove(tmp);
-    } else {
-      TRIDENT_CHECK(vocab_size == 0 || vocab_size == 256,
-                    "--tokenizer byte has a vocabulary of 256, not --vocab-size ", vocab_size);
-    }
-    io::TokenDataset train = tokenize(tok, train_text);
-    io::write_token_dataset(output, train);
-    log::info(output, ": ", train.num_tokens, " tokens (", tok.kind_name(), ", vocabulary ",
-              tok.vocab_size(), ") from ", train_text.size(), " bytes");
-    if (!valid_output.empty()) {
-      io::TokenDataset valid = tokenize(tok, valid_text);
-      io::write_token_dataset(valid_output, valid);
-      log::info(valid_output, ": ", valid.num_tokens, " tokens from ", valid_text.size(), " bytes");
-    }
-  });
-  return 0;
-}
 
 int run_sample(const std::string& checkpoint, const std::string& prompt, int tokens,
                double temperature, int top_k, std::uint64_t seed,
@@ -138,8 +40,9 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
     if (data.empty()) {
       const train::Config deck =
           train::parse_config(io::read_checkpoint_state(checkpoint).config, checkpoint);
-      data = deck.data.train;
-      TRIDENT_CHECK(!data.empty(), checkpoint, ": its deck names no data.train; pass --data");
+      TRIDENT_CHECK(!deck.data.train.empty(), checkpoint,
+                    ": its deck names no data.train; pass --data");
+      data = train::first_token_file(deck.data.train, "data.train");
     }
     tok = std::make_unique<io::Tokenizer>(io::load_tokenizer(data));
   });

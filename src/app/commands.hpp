@@ -38,9 +38,15 @@ int run_grad(const DeckArgs& args, const std::string& weights, const std::string
 int run_step(const DeckArgs& args, const std::string& weights, const std::string& batch,
              int steps, const std::string& out);
 int run_init(const DeckArgs& args, const std::string& out);
-int run_prepare_data(const std::string& input, const std::string& output,
-                     const std::string& tokenizer, int vocab_size, const std::string& valid_output,
-                     int valid_every);
+// `trident prepare-data`: text in (streamed), token datasets out; under mpirun the ranks
+// tokenize disjoint blocks and write one file together.
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files, directories, globs, "-" (stdin)
+  std::string output, tokenizer = "byte", tokenizer_model, format = "auto", valid_output;
+  int vocab_size = 0, valid_every = 0;
+  double block_mb = 16;
+};
+int run_prepare_data(const PrepareOptions& opt);
 int run_sample(const std::string& checkpoint, const std::string& prompt, int tokens,
                double temperature, int top_k, std::uint64_t seed,
                const std::string& tokenizer_data);

@@ -19,6 +19,7 @@
 #include "trident/ops/blas_core.hpp"
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/train/signals.hpp"
 
 namespace {
 
@@ -92,18 +93,26 @@ int run(int argc, char** argv) {
   add_deck(init);
   init->add_option("--out", out, "weights file to write")->required();
 
-  std::string input, output, tokenizer = "byte", valid_output;
-  int vocab_size = 0, valid_every = 0;
+  PrepareOptions prep_opt;
   auto* prep = app.add_subcommand("prepare-data", "tokenize a text corpus into a token dataset");
-  prep->add_option("--input", input, "text file")->required();
-  prep->add_option("--output", output, "token dataset to write (HDF5)")->required();
-  prep->add_option("--tokenizer", tokenizer, "byte | sentencepiece")
+  prep->add_option("--input", prep_opt.inputs,
+                   "text or JSON Lines: files, directories, globs, - for stdin (repeatable)")
+      ->required();
+  prep->add_option("--output", prep_opt.output, "token dataset to write (HDF5)")->required();
+  prep->add_option("--tokenizer", prep_opt.tokenizer, "byte | sentencepiece")
       ->check(CLI::IsMember({"byte", "sentencepiece"}));
-  prep->add_option("--vocab-size", vocab_size, "vocabulary of the BPE (sentencepiece)");
-  prep->add_option("--valid-output", valid_output,
+  prep->add_option("--vocab-size", prep_opt.vocab_size, "vocabulary of the BPE (sentencepiece)");
+  prep->add_option("--tokenizer-model", prep_opt.tokenizer_model,
+                   "an existing SentencePiece model (.model) to encode with, instead of training");
+  prep->add_option("--format", prep_opt.format,
+                   "auto (by extension: .jsonl/.json are JSON Lines) | text | jsonl")
+      ->check(CLI::IsMember({"auto", "text", "jsonl"}));
+  prep->add_option("--valid-output", prep_opt.valid_output,
                    "also write a validation dataset from held-out blocks of lines");
-  prep->add_option("--valid-every", valid_every,
-                   "hold out every N-th block of 100 lines for validation (default 20)");
+  prep->add_option("--valid-every", prep_opt.valid_every,
+                   "hold out every N-th block of 100 lines (JSON Lines: records) (default 20)");
+  prep->add_option("--block-mb", prep_opt.block_mb,
+                   "text per rank per round, in MB (default 16)")->check(CLI::PositiveNumber);
 
   std::string checkpoint, prompt, tokenizer_data;
   int n_tokens = 200, top_k = 0;
@@ -168,7 +177,7 @@ int run(int argc, char** argv) {
   if (*step) return run_step(deck, weights, batch, steps, out);
   if (*init) return run_init(deck, out);
   if (*prep)
-    return run_prepare_data(input, output, tokenizer, vocab_size, valid_output, valid_every);
+    return run_prepare_data(prep_opt);
   if (*sample) return run_sample(checkpoint, prompt, n_tokens, temperature, top_k, seed, tokenizer_data);
   if (*exp) return run_export(export_checkpoint, export_out);
   if (*grid) return run_grid(tp, pp, dp);
@@ -189,6 +198,8 @@ int main(int argc, char** argv) {
       execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
     }
   }
+  // `train` stops gracefully on SIGUSR1/SIGTERM; catch them before the (slow) start-up.
+  if (argc > 1 && std::string(argv[1]) == "train") trident::train::StopSignals::catch_early();
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "trident/core/fault.hpp"
 #include "trident/io/dataset.hpp"
+#include "trident/train/data_loader.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/cuda_aware.hpp"
 #include "trident/parallel/wait.hpp"
@@ -40,7 +41,8 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     if (c.model.vocab_size == 0) {
       TRIDENT_CHECK(!data.empty(), c.source,
                     ": model.vocab_size = 0 takes the vocabulary from data.train, which is empty");
-      c.model.vocab_size = io::read_token_dataset_header(data).vocab_size;
+      c.model.vocab_size =
+          io::read_token_dataset_header(train::first_token_file(data, "data.train")).vocab_size;
     }
     train::resolve_world(c, world);
     // A malformed test fault (TRIDENT_FAULT, core/fault.hpp) fails here, agreed.

@@ -27,6 +27,7 @@
 #include <variant>
 
 #include "trident/core/error.hpp"
+#include "trident/train/data_loader.hpp"
 
 namespace trident::train {
 
@@ -136,6 +137,9 @@ const std::vector<std::string>& section_names() {
                                                  "data",  "io",       "runtime"};
   return names;
 }
+
+// data.train and data.valid take a path or a list of {path, weight} (data_loader.hpp).
+bool is_data_list_key(const std::string& key) { return key == "data.train" || key == "data.valid"; }
 
 const KeyDef* find_key(const std::string& section, const std::string& name) {
   for (const KeyDef& k : key_table())
@@ -378,7 +382,8 @@ class Loader {
       if (t.size() == 1 && t.contains("v")) parsed = std::move(t);
     } catch (const toml::parse_error&) {
     }
-    if (std::holds_alternative<std::string*>(f) && !(parsed && parsed->get("v")->is_string())) {
+    if (std::holds_alternative<std::string*>(f) &&
+        !(parsed && (parsed->get("v")->is_string() || parsed->get("v")->is_array()))) {
       *std::get<std::string*>(f) = value;  // unquoted text for a string key
       origin_[def->full()] = where;
       return;
@@ -403,6 +408,13 @@ class Loader {
   void assign(const KeyDef& def, const toml::node& node, const std::string& where) {
     Field f = def.field(cfg_);
     const std::string key = def.full();
+    if (is_data_list_key(key) && node.is_array()) {  // a blend: kept as its TOML text
+      std::ostringstream os;
+      os << *node.as_array();
+      *std::get<std::string*>(f) = data_sources_toml(parse_data_sources(os.str(), where + ": " + key));
+      origin_[key] = where;
+      return;
+    }
     auto wrong = [&]() {
       fail(where, ": ", key, ": expected ", expected_name(f), ", got ",
            toml_type_name(node.type()));
@@ -601,7 +613,9 @@ std::string to_toml(const Config& cfg) {
       out += str(section.empty() ? "" : "\n", "[", k.section, "]\n");
       section = k.section;
     }
-    out += str(k.name, " = ", field_value(k.field(c)), "\n");
+    const Field f = k.field(c);
+    const bool list = is_data_list_key(k.full()) && std::get<std::string*>(f)->rfind("[", 0) == 0;
+    out += str(k.name, " = ", list ? *std::get<std::string*>(f) : field_value(f), "\n");
   }
   return out;
 }

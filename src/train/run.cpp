@@ -43,15 +43,19 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-// Reads a token dataset and checks it fits the model's vocabulary.
-DataLoader open_loader(const std::string& path, const std::string& key, const Config& cfg,
-                       const std::string& stream) {
-  io::TokenDataset data = io::read_token_dataset(path);
-  TRIDENT_CHECK(data.vocab_size <= cfg.model.vocab_size, path, ": vocab_size = ",
-                data.vocab_size, " exceeds the deck's model.vocab_size = ", cfg.model.vocab_size,
-                " (", key, ")");
-  return DataLoader(std::move(data.tokens), cfg.model.seq_len, std::uint64_t(cfg.train.seed),
-                    stream, path + " (" + key + ")");
+// The options of data.train's or data.valid's loader: `sequences` drawn in all, the sample
+// index under <out_dir>/data_index/.
+LoaderOptions loader_options(const Config& cfg, const std::string& key, const std::string& stream,
+                             std::int64_t sequences) {
+  LoaderOptions o;
+  o.key = key;
+  o.stream = stream;
+  o.seq_len = cfg.model.seq_len;
+  o.seed = std::uint64_t(cfg.train.seed);
+  o.vocab_limit = cfg.model.vocab_size;
+  o.sequences = sequences;
+  o.index_path = cfg.io.out_dir + "/data_index/" + stream + ".h5";
+  return o;
 }
 
 // The checkpoint to resume from (same answer on every rank), or none.
@@ -139,18 +143,28 @@ void run_training(Trainer& tr) {
 
   // ---- start-up: every failure here is agreed on by all ranks --------------------------
   std::optional<DataLoader> train_data, valid_data;
+  const LoaderOptions train_opt = loader_options(cfg, "data.train", "train", cfg.train.steps * G);
+  const LoaderOptions valid_opt =
+      loader_options(cfg, "data.valid", "valid", cfg.train.eval_batches * G);
+  std::vector<DataSource> train_sources, valid_sources;
   parallel::agree(MPI_COMM_WORLD, [&] {
     fault::validate();
     TRIDENT_CHECK(!cfg.data.train.empty(), cfg.source,
                   ": data.train is empty; name a token dataset (trident prepare-data makes one)");
-    train_data.emplace(open_loader(cfg.data.train, "data.train", cfg, "train"));
-    if (!cfg.data.valid.empty())
-      valid_data.emplace(open_loader(cfg.data.valid, "data.valid", cfg, "valid"));
+    train_sources = parse_data_sources(cfg.data.train, cfg.source + ": data.train");
+    valid_sources = parse_data_sources(cfg.data.valid, cfg.source + ": data.valid");
     if (ps.world_rank == 0) {
       std::error_code ec;
       fs::create_directories(cfg.io.out_dir, ec);
       TRIDENT_CHECK(!ec, "io.out_dir: cannot create '", cfg.io.out_dir, "': ", ec.message());
+      // Rank 0 checks the files and builds (or checks) the sample indexes; then all open them.
+      log::info(build_sample_index(train_sources, train_opt));
+      if (!valid_sources.empty()) log::info(build_sample_index(valid_sources, valid_opt));
     }
+  });
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    train_data.emplace(train_sources, train_opt);
+    if (!valid_sources.empty()) valid_data.emplace(valid_sources, valid_opt);
   });
 
   std::int64_t start = 0;
@@ -206,7 +220,9 @@ void run_training(Trainer& tr) {
   std::optional<io::MetricsWriter> metrics;
   // Rank 0's traffic per step and communicator (every collective is counted in parallel/).
   std::vector<parallel::Comm*> counted{&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
-  std::vector<std::string> extra_columns{"skipped"};  // 1: a non-finite step left undone
+  // skipped: 1 for a non-finite step left undone; epoch: passes over the data so far.
+  // data_s: seconds this step spent reading its batch (rank 0's share).
+  std::vector<std::string> extra_columns{"skipped", "epoch", "consumed_tokens", "data_s"};
   for (parallel::Comm* c : counted)
     for (const char* what : {"bytes", "calls"})
       extra_columns.push_back("comm/" + c->name() + "/" + what);
@@ -253,7 +269,9 @@ void run_training(Trainer& tr) {
     fault::set_step(step);
     fault::at_step_start();  // tests only (TRIDENT_FAULT): exit, abort or stall here
     for (parallel::Comm* c : counted) c->reset_counters();
-    train_data->fill(step, G, first, local, inputs.data(), targets.data());
+    train_data->fill(step - 1, G, first, local, inputs.data(), targets.data());
+    const double data_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tr.set_step(step);
     const double loss = tr.forward_backward(inputs.data(), targets.data(), G);
     const StepStats st = tr.optimizer_step(step, loss);
@@ -287,6 +305,9 @@ void run_training(Trainer& tr) {
         metrics->set("comm/" + c->name() + "/calls", double(c->counters().calls));
       }
       metrics->set("skipped", st.applied ? 0.0 : 1.0);
+      metrics->set("epoch", train_data->epoch(step * G));
+      metrics->set("consumed_tokens", double(step * G * T));
+      metrics->set("data_s", data_s);
       metrics->append({step, st.loss, st.lr, st.grad_norm, dt, tok_s});
     }
     char line[200];
