@@ -71,6 +71,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--json")
     a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
     env = env_threads()
     work = os.path.join(a.build, "bench-work", "attention")
     os.makedirs(work, exist_ok=True)
@@ -114,6 +115,8 @@ threads = {THREADS}
     if before:
         steps["before"] = run_step(before, work, "before", env)
 
+    kind = next((r["torch"].get("kind") for r in rows.values() if "torch" in r), "-")
+    print(f"\nPyTorch: {kind} ('math' = softmax(q k^T) v written out: this torch has no SDPA)")
     print(f"\nCausal attention forward + backward, d_model 768, 12 heads, batch 1, {THREADS} threads "
           "(ms, median; attention buffers in MiB)")
     print(f"{'T':>6} {'flash':>9} {'T x T':>9} {'torch sdpa':>11} {'flash/torch':>12} "

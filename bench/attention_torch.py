@@ -1,5 +1,5 @@
 """PyTorch's peer of bench/attention_bench.cpp: torch.nn.functional.scaled_dot_product_attention
-(is_causal) forward + backward, float32, on q, k, v of shape [B, NH, T, hs] cut from one fused
+(is_causal; on torch < 2.0, which lacks it, the same attention as softmax(q k^T) v) forward + backward, float32, on q, k, v of shape [B, NH, T, hs] cut from one fused
 qkv[B, T, 3C] as trident's model does. One JSON object per line: {"t", "path": "torch", "ms",
 "fwd_ms"} (medians). Thread variables (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_WAIT_POLICY)
 must be in the environment before torch loads: bench/attention_bench.py sets them.
@@ -27,6 +27,17 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     hs = a.c // a.nh
+    # torch >= 2.0 has the fused kernel; older torch (Debian's 1.13) the same math written out.
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+    kind = "sdpa" if sdpa else "math"
+
+    def attend(q, k, v):
+        if sdpa:
+            return sdpa(q, k, v, is_causal=True)
+        t = q.shape[-2]
+        s = (q @ k.transpose(-2, -1)) * (1.0 / hs ** 0.5)
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
     for t in a.t:
         qkv = torch.randn(a.b, t, 3 * a.c, requires_grad=True)
         dout = torch.randn(a.b, a.nh, t, hs)
@@ -35,7 +46,7 @@ def main():
             q, k, v = qkv.split(a.c, dim=2)
             q, k, v = (x.view(a.b, t, a.nh, hs).transpose(1, 2) for x in (q, k, v))
             t0 = time.perf_counter()
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = attend(q, k, v)
             t1 = time.perf_counter()
             y.backward(dout)
             t2 = time.perf_counter()
@@ -43,7 +54,7 @@ def main():
             if r > 0:
                 total.append((t2 - t0) * 1e3)
                 fwd.append((t1 - t0) * 1e3)
-        print(json.dumps({"t": t, "path": "torch", "ms": round(statistics.median(total), 3),
+        print(json.dumps({"t": t, "path": "torch", "kind": kind, "ms": round(statistics.median(total), 3),
                           "fwd_ms": round(statistics.median(fwd), 3)}), flush=True)
 
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <limits>
 
 #include "trident/core/error.hpp"
@@ -51,10 +52,15 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.host_memory = ops.memory() == nullptr;
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
-    const auto sched = pipeline::make_schedule(cfg.parallel.schedule, ps.shape.pp, cfg.parallel.vpp,
-                                               int(cfg.train.global_batch_size / per_step));
-    lay.peak_stash = pipeline::peak_activations(sched.stages.at(std::size_t(ps.coord.pp)));
-    lay.split_backward = pipeline::splits_weight_grad(sched);
+    try {
+      const auto sched = pipeline::make_schedule(cfg.parallel.schedule, ps.shape.pp,
+                                                 cfg.parallel.vpp,
+                                                 int(cfg.train.global_batch_size / per_step));
+      lay.peak_stash = pipeline::peak_activations(sched.stages.at(std::size_t(ps.coord.pp)));
+      lay.split_backward = pipeline::splits_weight_grad(sched);
+    } catch (const std::exception&) {
+      // A schedule that cannot be made is reported by the first step, with its context.
+    }
   }
   memory_estimate_ = model::predict_memory(cfg.model, lay);
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
