@@ -109,7 +109,7 @@ void run_model(const Model& md, Precision precision, int reps) {
   Ops& o = *ops_ptr;
   Pool pool(o);
   const int C = md.c, NH = md.nh, N = kB * kT;
-  const std::size_t nc = std::size_t(N) * C, att_n = std::size_t(kB) * NH * kT * kT;
+  const std::size_t nc = std::size_t(N) * C, att_n = std::size_t(kB) * NH * kT;  // flash: lse [B,NH,T]
   // one block's parameters and gradients
   float *w_qkv = pool.random(std::size_t(C) * 3 * C, 0.02f), *b_qkv = pool.zeros(3 * C);
   float *w_proj = pool.random(std::size_t(C) * C, 0.02f), *b_proj = pool.zeros(C);
@@ -130,13 +130,14 @@ void run_model(const Model& md, Precision precision, int reps) {
   float *fch = pool.zeros(4 * nc), *fcg = pool.zeros(4 * nc), *res3 = pool.zeros(nc);
   float *dres3 = pool.random(nc, 1e-3f), *dfcg = pool.zeros(4 * nc), *dfch = pool.zeros(4 * nc);
   float *dln2 = pool.zeros(nc), *dres2 = pool.zeros(nc), *datty = pool.zeros(nc);
-  float *dqkv = pool.zeros(3 * nc), *datt = pool.zeros(att_n), *dln1 = pool.zeros(nc),
+  float *dqkv = pool.zeros(3 * nc), *dln1 = pool.zeros(nc),
         *dx = pool.zeros(nc);
 
   const double block_ms = median_ms(o, reps, [&] {
     o.layernorm_forward(ln1, m1, r1, x, ln1w, ln1b, N, C);
     o.linear_forward(qkv, ln1, w_qkv, b_qkv, N, C, 3 * C);
-    o.attention_forward(atty, att, qkv, kB, kT, C, NH);
+    const Ops::AttentionShape ash = trident::ops::attention_shape_qkv(kB, kT, C, NH);
+    o.attention_forward(atty, att, qkv, qkv + C, qkv + 2 * C, ash);  // att: the [B,NH,T] lse
     o.linear_forward(res2, atty, w_proj, b_proj, N, C, C);
     o.add(res2, res2, x, static_cast<std::int64_t>(nc));
     o.layernorm_forward(ln2, m2, r2, res2, ln2w, ln2b, N, C);
@@ -152,7 +153,8 @@ void run_model(const Model& md, Precision precision, int reps) {
     o.layernorm_backward(dres2, dln2w, dln2b, dln2, res2, ln2w, m2, r2, N, C);
     o.copy(dx, dres2, static_cast<std::int64_t>(nc));
     o.linear_backward(datty, dw_proj, db_proj, dres2, atty, w_proj, N, C, C);
-    o.attention_backward(dqkv, datt, datty, qkv, att, kB, kT, C, NH);
+    o.attention_backward(dqkv, dqkv + C, dqkv + 2 * C, datty, atty, att, qkv, qkv + C, qkv + 2 * C,
+                         trident::ops::attention_shape_qkv(kB, kT, C, NH));
     o.linear_backward(dln1, dw_qkv, db_qkv, dqkv, ln1, w_qkv, N, C, 3 * C);
     o.layernorm_backward(dx, dln1w, dln1b, dln1, x, ln1w, m1, r1, N, C);
   });

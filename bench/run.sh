@@ -2,7 +2,8 @@
 # `make bench`: trident's training step against PyTorch and against OpenBLAS SGEMM, all three
 # measured in this one run on the same threads (bench/bench.py does the measuring and prints
 # the table; results.json goes to $OUT if set, else to BUILD/bench-work/), then checkpoint
-# I/O at 8 ranks against dd (bench/checkpoint_bench.py; checkpoint.json beside it).
+# I/O at 8 ranks against dd (bench/checkpoint_bench.py; checkpoint.json beside it), and long-
+# sequence attention (bench/attention_bench.py; attention.json).
 # usage: bench/run.sh BUILD_DIR
 # Knobs (environment): BENCH_THREADS (2), BENCH_TRIDENT_STEPS (30), BENCH_TORCH_STEPS (20),
 #   OPENBLAS_CORETYPE (left alone if set; see bench.py), PYTHON (/usr/bin/python3).
@@ -31,6 +32,13 @@ if ! cmake --build "$build" --target trident_bench_sgemm -j "$(nproc)" >/dev/nul
 fi
 
 "$python" "$src/bench/bench.py" --build "$build" --sgemm "$sgemm" "${skip[@]}"
+# Long sequences (issue 18): flash attention against the T x T path and PyTorch's SDPA, and the
+# whole step at T = 2048 (BENCH_BEFORE_TRIDENT: a trident binary from before, to compare).
+if (( ${#skip[@]} == 0 )) && cmake --build "$build" --target trident_bench_attention -j "$(nproc)" >/dev/null; then
+  results=${OUT:-$build/bench-work}
+  mkdir -p "$results"
+  "$python" "$src/bench/attention_bench.py" --build "$build" --json "$results/attention.json"
+fi
 # Checkpoint write/read bandwidth at 8 ranks against dd on the same disk (issue 6).
 if (( ${#skip[@]} == 0 )); then
   results=${OUT:-$build/bench-work}

@@ -19,6 +19,7 @@
 #include "trident/ops/blas_core.hpp"
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/train/signals.hpp"
 
 namespace {
 
@@ -197,6 +198,8 @@ int main(int argc, char** argv) {
       execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
     }
   }
+  // `train` stops gracefully on SIGUSR1/SIGTERM; catch them before the (slow) start-up.
+  if (argc > 1 && std::string(argv[1]) == "train") trident::train::StopSignals::catch_early();
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstdlib>
 #include <sstream>
@@ -25,8 +27,9 @@ Kind parse_kind(const std::string& s, const std::string& whole) {
   if (s == "stall") return Kind::stall;
   if (s == "nan") return Kind::nan;
   if (s == "kill-in-checkpoint") return Kind::kill_in_checkpoint;
+  if (s == "slow") return Kind::slow;
   fail("TRIDENT_FAULT = '", whole, "': unknown kind '", s,
-       "' (expected exit, abort, stall, nan or kill-in-checkpoint)");
+       "' (expected exit, abort, stall, nan, kill-in-checkpoint or slow)");
 }
 
 bool is_count(const std::string& s, std::size_t max_digits) {
@@ -90,6 +93,8 @@ void at_step_start() {
     log::warn("TRIDENT_FAULT: stalling at step ", g_step);
     for (int i = 0; i < 3600; ++i) sleep(1);
   }
+  for (const Fault& f : faults())
+    if (f.kind == Kind::slow && f.rank == log::rank()) std::this_thread::sleep_for(std::chrono::milliseconds(f.step));
 }
 
 void at_checkpoint_write() {

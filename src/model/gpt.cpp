@@ -66,7 +66,6 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   dres_ = buffer(N * C_);
   dbuf_ = buffer(N * C_);
   dqkv_ = buffer(N * C3_);
-  datt_ = buffer(std::int64_t(B_) * NH_ * T_ * T_);
   dfch_ = buffer(N * F_);
   dgelu_ = buffer(N * F_);
   if (tpm_.sequence_parallel()) {
@@ -81,6 +80,10 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     host_loss_.resize(std::size_t(N));
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
+  if (recompute_ == Recompute::selective) {
+    selective_store_ = buffer(selective_size());
+    selective_inner_ = selective_store_.data();
+  }
   ln_discard_ = buffer(2 * std::int64_t(C_));
   if (tpm_.sequence_parallel()) {  // the LayerNorm gradients, packed for one reduction
     std::int64_t norms = 0;
@@ -177,7 +180,13 @@ std::int64_t GptChunk::layer_store_size() const {
   const std::int64_t N = std::int64_t(B_) * T_;
   const std::int64_t Ca = C_ / ps_.tp.size();
   const std::int64_t Nr = Nr_;
-  return N * (C_ + C3_ + Ca + C_ + 2 * F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_ * T_;
+  const std::int64_t all = N * (C_ + C3_ + Ca + C_ + 2 * F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_;
+  return recompute_ == Recompute::selective ? all - selective_size() : all;
+}
+
+std::int64_t GptChunk::selective_size() const {
+  const std::int64_t N = std::int64_t(B_) * T_;
+  return N * (C_ / ps_.tp.size()) + std::int64_t(B_) * NH_ * T_ + N * F_;
 }
 
 void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views,
@@ -192,19 +201,22 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
     p += n;
     return r;
   };
+  // Selective recompute: every layer's atty, lse and fch_gelu are the one shared copy.
+  float* inner = selective_inner_;
+  const bool shared = inner != nullptr;
   for (auto& la : views) {
     la.ln1 = take(N * C_);
     la.ln1_mean = take(Nr);
     la.ln1_rstd = take(Nr);
     la.qkv = take(N * C3_);
-    la.atty = take(N * Ca);
-    la.att = take(std::int64_t(B_) * NH_ * T_ * T_);
+    la.atty = shared ? inner : take(N * Ca);
+    la.lse = shared ? inner + N * Ca : take(std::int64_t(B_) * NH_ * T_);
     la.res2 = take(Nr * C_);
     la.ln2 = take(N * C_);
     la.ln2_mean = take(Nr);
     la.ln2_rstd = take(Nr);
     la.fch = take(N * F_);
-    la.fch_gelu = take(N * F_);
+    la.fch_gelu = shared ? inner + N * Ca + std::int64_t(B_) * NH_ * T_ : take(N * F_);
   }
 }
 
@@ -218,7 +230,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
   a->outputs = buffer(std::max(1, L) * NrC);
   a->doutput = buffer(NrC);
   a->dinput = buffer(NrC);
-  if (recompute_ == Recompute::none) bind_layers(a->store, a->layers, L);
+  if (recompute_ != Recompute::full) bind_layers(a->store, a->layers, L);
   if (split_backward) {
     const std::int64_t Nr = Nr_;
     const std::int64_t per_layer = N * (2 * C_ + F_ + C3_) + 2 * Nr * C_;  // LayerGradStash
@@ -286,7 +298,8 @@ void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations
   ops_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, nr, C_);
   tpm_.enter_forward(la.ln1, local_n);
   ops_.linear_forward(la.qkv, la.ln1, p.qkv_w, p.qkv_b, n, C_, C3_);
-  ops_.attention_forward(la.atty, la.att, la.qkv, b, t, Ca, NH_);
+  const ops::Ops::AttentionShape att = ops::attention_shape_qkv(b, t, Ca, NH_);
+  ops_.attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
   row_parallel_forward(la.res2, la.atty, p.attproj_w, p.attproj_b, n, Ca, C_);
   ops_.add(la.res2, la.res2, x, local_n);
   float* ln2 = tpm_.local_part(la.ln2, local_n);
@@ -399,7 +412,10 @@ void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivatio
   float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
   linear(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, Ca, C_,
          stash ? stash->dattn : nullptr);
-  ops_.attention_backward(dqkv_.data(), datt_.data(), datty, la.qkv, la.att, B_, T_, Ca, NH_);
+  const ops::Ops::AttentionShape att = ops::attention_shape_qkv(B_, T_, Ca, NH_);
+  float* dqkv = dqkv_.data();
+  ops_.attention_backward(dqkv, dqkv + Ca, dqkv + 2 * Ca, datty, la.atty, la.lse, la.qkv,
+                          la.qkv + Ca, la.qkv + 2 * Ca, att);
   linear(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, C_, C3_,
          stash ? stash->dqkv : nullptr);
   const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);
@@ -430,7 +446,16 @@ void GptChunk::block_backward_weights(int l, const float* x, LayerActivations& l
 // one-layer scratch (its output is not needed, so it lands in scratch too).
 LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, int l,
                                               const float* x) {
-  if (recompute_ != Recompute::full) return a.layers[l];
+  if (recompute_ == Recompute::none) return a.layers[l];
+  if (recompute_ == Recompute::selective) {
+    // The attention core and the GELU again, from the kept qkv and c_fc output.
+    LayerActivations& la = a.layers[l];
+    const int Ca = C_ / ps_.tp.size();
+    ops_.attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca,
+                           ops::attention_shape_qkv(B_, T_, Ca, NH_));
+    ops_.gelu_forward(la.fch_gelu, la.fch, std::int64_t(B_) * T_ * F_);
+    return la;
+  }
   LayerActivations& la = recompute_layer_[0];
   block_forward(chunk * L_ + l, x, dbuf_.data(), la, B_, T_);
   return la;

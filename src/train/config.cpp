@@ -494,7 +494,7 @@ class Loader {
     need(p.zero_stage == 0 || p.zero_stage == 1, "parallel.zero_stage", "0 or 1", p.zero_stage);
     need_finite(p.grad_bucket_mb, "parallel.grad_bucket_mb");
     need(p.grad_bucket_mb > 0, "parallel.grad_bucket_mb", "> 0", toml_float(p.grad_bucket_mb));
-    need_one_of(p.recompute, "parallel.recompute", {"none", "full"});
+    need_one_of(p.recompute, "parallel.recompute", {"none", "selective", "full"});
     if (p.vpp > 1 && p.schedule != "interleaved-1f1b" && p.schedule != "looped-bfs")
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,
            " needs parallel.schedule = \"interleaved-1f1b\" or \"looped-bfs\", got ",

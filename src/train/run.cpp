@@ -330,6 +330,10 @@ void run_training(Trainer& tr) {
       return;
     }
   }
+  log::info("memory: rank 0 measured peak ", model::format_bytes(tr.measured_peak_bytes()),
+            " (predicted ", model::format_bytes(tr.memory_estimate().peak()),
+            "); activations ", model::format_bytes(tr.measured_activation_bytes()),
+            " (predicted ", model::format_bytes(tr.memory_estimate().activations), ")");
   if (sync.active()) {
     // How much of the DP reduction the backward hid: the final wait against the same
     // buckets reduced alone (blocking, after the loop: not part of any step's metrics).

@@ -26,8 +26,12 @@ void install(int sig, struct sigaction* old) {
 
 }  // namespace
 
+void StopSignals::catch_early() {
+  install(SIGUSR1, nullptr);
+  install(SIGTERM, nullptr);
+}
+
 StopSignals::StopSignals() {
-  g_signal = 0;
   install(SIGUSR1, &g_old_usr1);
   install(SIGTERM, &g_old_term);
 }

@@ -10,6 +10,7 @@
 #include "trident/core/error.hpp"
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
+#include "trident/core/memory_usage.hpp"
 #include "trident/parallel/cuda_aware.hpp"
 #include "trident/pipeline/simulator.hpp"
 #include "trident/io/trace.hpp"
@@ -23,10 +24,12 @@ std::vector<model::StageLayout> stage_layout(const Config& cfg,
 }
 
 Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
-    : cfg_(cfg), ps_(ps), ops_(ops) {
+    : cfg_(cfg), ps_(ps), ops_(ops), rss_at_start_(resident_bytes()) {
   TRIDENT_CHECK(cfg.model.vocab_size > 0, "model.vocab_size is 0 and no dataset gave one");
   const auto recompute =
-      cfg.parallel.recompute == "full" ? model::Recompute::full : model::Recompute::none;
+      cfg.parallel.recompute == "full"        ? model::Recompute::full
+      : cfg.parallel.recompute == "selective" ? model::Recompute::selective
+                                              : model::Recompute::none;
   model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
                                              cfg.parallel.micro_batch_size, recompute,
                                              cfg.parallel.sequence_parallel);
@@ -37,6 +40,36 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
       sync->ready(offset, count);
     });
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
+
+  model::MemoryLayout lay;
+  lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
+  lay.pp_rank = ps.coord.pp, lay.tp_rank = ps.coord.tp;
+  lay.micro_batch = cfg.parallel.micro_batch_size;
+  lay.sequence_parallel = cfg.parallel.sequence_parallel;
+  lay.recompute = recompute;
+  lay.zero1 = cfg.parallel.zero_stage == 1;
+  lay.host_memory = ops.memory() == nullptr;
+  const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
+  if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
+    const auto sched = pipeline::make_schedule(cfg.parallel.schedule, ps.shape.pp, cfg.parallel.vpp,
+                                               int(cfg.train.global_batch_size / per_step));
+    lay.peak_stash = pipeline::peak_activations(sched.stages.at(std::size_t(ps.coord.pp)));
+    lay.split_backward = pipeline::splits_weight_grad(sched);
+  }
+  memory_estimate_ = model::predict_memory(cfg.model, lay);
+  log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
+            lay.peak_stash, " microbatch-chunks of ",
+            model::format_bytes(memory_estimate_.activations_per_microbatch), ")");
+}
+
+std::int64_t Trainer::measured_peak_bytes() const {
+  if (step_peak_ < 0) return 0;
+  return ops_.memory() ? step_peak_ : step_peak_ - rss_at_start_;
+}
+
+std::int64_t Trainer::measured_activation_bytes() const {
+  if (in_use_before_stash_ < 0 || step_peak_ < 0) return 0;
+  return step_peak_ - in_use_before_stash_;
 }
 
 std::int64_t Trainer::local_batch(std::int64_t global_batch) const {
@@ -58,6 +91,8 @@ int Trainer::microbatches_for(std::int64_t global_batch) const {
 pipeline::Executor& Trainer::executor_for(int microbatches) {
   auto it = executors_.find(microbatches);
   if (it == executors_.end()) {
+    if (executors_.empty())
+      in_use_before_stash_ = ops_.memory() ? std::int64_t(ops_.memory()->used()) : resident_bytes();
     auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
                                          cfg_.parallel.vpp, microbatches);
     it = executors_
@@ -185,6 +220,8 @@ StepStats Trainer::optimizer_step(std::int64_t step, double loss) {
   st.lr = learning_rate(cfg_.train, long(step));
   st.applied = std::isfinite(st.loss) && std::isfinite(st.grad_norm);
   if (st.applied) optimizer_->step(st.lr, st.grad_norm);
+  // The high-water mark of the steps themselves (checkpoints and evaluation come after).
+  step_peak_ = ops_.memory() ? std::int64_t(ops_.memory()->peak()) : peak_resident_bytes();
   return st;
 }
 

@@ -140,13 +140,14 @@ def main():
     with open(os.path.join(OUT, "full", "config.toml")) as f:
         check("global_batch_size = 16" in f.read(), "config.toml holds the resolved deck")
 
-    # 5. the same run through other executions of the same step: full recompute is bitwise
-    # the same; the gpipe order (wte's head and embedding gradients add up in another order)
+    # 5. the same run through other executions of the same step: full and selective recompute
+    # are bitwise the same; the gpipe order (wte's head and embedding gradients add up in another order)
     # and one microbatch of 16 instead of two of 8 differ only by rounding (FORMAT.md: the
     # schedule and micro_batch_size do not change the curve).
     with h5py.File(os.path.join(OUT, "full", "metrics.h5"), "r") as a:
         ref = a["loss"][:]
     for name, sets, bitwise in (("recompute", ["parallel.recompute=full"], True),
+                                ("recompute_selective", ["parallel.recompute=selective"], True),
                                 ("gpipe", ["parallel.schedule=gpipe"], False),
                                 ("one_microbatch", ["parallel.micro_batch_size=16"], False)):
         args = ["train", "full.toml", "--set", f"io.out_dir={name}"]

@@ -369,7 +369,7 @@ for _key, _value, _rule in [
     ("parallel.zero_stage", 2, "0 or 1"),
     ("parallel.grad_bucket_mb", 0, "> 0"),
     ("train.on_nonfinite", "ignore", "abort or skip"),
-    ("parallel.recompute", "some", "none or full"),
+    ("parallel.recompute", "some", "none, selective or full"),
     ("train.steps", 0, ">= 1"),
     ("train.global_batch_size", 0, ">= 1"),
     ("train.lr", Raw("nan"), "finite"),

@@ -2,8 +2,8 @@
 """Pipeline parallelism through the MPI executor against the serial run.
 
 For pp in {2, 4} with gpipe and 1f1b (4 microbatches), recompute off and on, naive,
-zb-h1 and looped-bfs (vpp 1), and at tp=2 x pp=2 (1f1b, and zb-h1 with sequence parallelism;
-zb-h1 splits the backward: B the input gradients, W the weight gradients later, also under
+zb-h1 and looped-bfs (vpp 1), and at tp=2 x pp=2 (1f1b, and zb-h1 with sequence parallelism
+and selective recompute; zb-h1 splits the backward: B the input gradients, W the weight gradients later, also under
 full recompute): `trident grad` gives the serial loss to
 1e-6 relative and the serial gradients to max|d| <= 1e-5 * max|g| (the tied wte summed
 over the embedding group), and 5 training steps give the serial loss curve to 1e-5
@@ -31,7 +31,7 @@ def main():
             cases.append((f"pp{pp}_{sched}_none", pp, 1, sched, "none"))
     cases.append(("pp2_zb-h1_full", 2, 1, "zb-h1", "full"))
     cases.append(("tp2pp2_1f1b", 2, 2, "1f1b", "none"))
-    cases.append(("tp2pp2_zb-h1_sp", 2, 2, "zb-h1", "none"))
+    cases.append(("tp2pp2_zb-h1_selective_sp", 2, 2, "zb-h1", "selective"))
     for name, pp, tp, sched, rc in cases:
         sets = [f"parallel.pp={pp}", f"parallel.tp={tp}", f"parallel.schedule={sched}",
                 f"parallel.recompute={rc}"]

@@ -31,6 +31,16 @@ CONFIGS = {
     "seq24": (dict(vocab_size=80, seq_len=24, n_layer=2, n_head=2, d_model=32), 2, 2),
     "odd_widths": (dict(vocab_size=101, seq_len=16, n_layer=2, n_head=3, d_model=48), 2, 2),
     "microbatches": (dict(vocab_size=96, seq_len=20, n_layer=2, n_head=4, d_model=32), 6, 2),
+    # Flash attention's tile remainders (64-row CPU tiles, 16-row CUDA tiles): T = 37, 256,
+    # 1000 at one and three heads per rank, serial and under TP 2 (with sequence parallelism where
+    # T allows it).
+    "t37_h3": (dict(vocab_size=64, seq_len=37, n_layer=1, n_head=3, d_model=24), 2, 2),
+    "t256_h1": (dict(vocab_size=64, seq_len=256, n_layer=1, n_head=1, d_model=16), 1, 1),
+    "t1000_h3": (dict(vocab_size=64, seq_len=1000, n_layer=1, n_head=3, d_model=24), 1, 1),
+    "t37_tp2_h1": (dict(vocab_size=64, seq_len=37, n_layer=1, n_head=2, d_model=16), 2, 2,
+                   {"tp": 2}),
+    "t1000_tp2_sp_h3": (dict(vocab_size=64, seq_len=1000, n_layer=1, n_head=6, d_model=24), 1, 1,
+                        {"tp": 2, "sequence_parallel": True}),
 }
 
 
@@ -48,20 +58,21 @@ def check_weights_file(path, model_keys, fails, what):
                         f"{what}: root attribute {k} = {f.attrs.get(k)!r}, expected {v}")
 
 
-def run_config(cname, model_keys, batch, mbs, fails, seed):
+def run_config(cname, model_keys, batch, mbs, fails, seed, parallel=None):
     work = os.path.join(oc.out_dir(NAME), cname)
     os.makedirs(work, exist_ok=True)
     print(f"\n=== {cname}: {model_keys}, batch {batch}, micro_batch_size {mbs} ===")
     deck = os.path.join(work, "deck.toml")
     tt.write_deck(deck, {
         "model": model_keys,
-        "parallel": {"micro_batch_size": mbs},
+        "parallel": {"micro_batch_size": mbs, **(parallel or {})},
         "train": {"global_batch_size": batch, "seed": 1000 + seed},
         "io": {"out_dir": os.path.join(work, "run")},
         "runtime": {"threads": 1, "device": DEVICE},
     })
     init = os.path.join(work, "init.h5")
-    oc.run_trident(NAME, ["init", deck, "--out", init], work)
+    ranks = (parallel or {}).get("tp", 1)
+    oc.run_trident(NAME, ["init", deck, "--out", init], work, mpi_ranks=ranks)
     check_weights_file(init, model_keys, fails, f"{cname}: trident init {init}")
     try:
         cfg, model = tt.load_weights(init, dtype=torch.float32)
@@ -88,7 +99,7 @@ def run_config(cname, model_keys, batch, mbs, fails, seed):
 
     gpath = os.path.join(work, "grad.h5")
     oc.run_trident(NAME, ["grad", deck, "--weights", weights, "--batch", bpath, "--out", gpath],
-                   work)
+                   work, mpi_ranks=ranks)
     try:
         loss, grads = tt.read_grads(gpath, cfg)
     except (ValueError, KeyError) as e:
@@ -126,8 +137,9 @@ def main():
         return 2
     fails = oc.Failures(NAME)
     for cname in names:
-        model_keys, batch, mbs = CONFIGS[cname]
-        run_config(cname, model_keys, batch, mbs, fails, seed=17 + list(CONFIGS).index(cname))
+        model_keys, batch, mbs, *parallel = CONFIGS[cname]
+        run_config(cname, model_keys, batch, mbs, fails, seed=17 + list(CONFIGS).index(cname),
+                   parallel=parallel[0] if parallel else None)
     return fails.report()
 
 

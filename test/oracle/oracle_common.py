@@ -49,9 +49,12 @@ def trident_binary(test_name):
     return exe
 
 
-def run_trident(test_name, args, cwd):
-    """Run `$TRIDENT args...`; on a non-zero exit print the command and its output and exit 1."""
+def run_trident(test_name, args, cwd, mpi_ranks=1):
+    """Run `$TRIDENT args...` (under `mpirun -np mpi_ranks` when more than one); on a non-zero
+    exit print the command and its output and exit 1."""
     cmd = [trident_binary(test_name)] + [str(a) for a in args]
+    if mpi_ranks > 1:
+        cmd = ["mpirun", "-np", str(mpi_ranks), "--oversubscribe"] + cmd
     p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
         print(f"{test_name}: FAIL: command exited with status {p.returncode}:\n"

@@ -9,7 +9,10 @@ bitwise (same layout: mpirun -np 2, dp = 2).
    after the same step K and exit 0; step-K.h5 exists (step attribute K), metrics.h5 has
    rows 1..K; a second `trident train` resumes at K and the finished metrics equal the
    reference's, train and eval rows;
-3. SIGUSR1 to mpirun (Open MPI forwards it to every rank): the same.
+3. SIGUSR1 to mpirun (Open MPI forwards it to every rank): the same;
+4. SIGUSR1 to rank 1 while the job is still starting (at rank 0's first line of output,
+   before any step): not fatal; the run stops after its first step, checkpoints it and
+   exits 0 (a scheduler's signal can land during a slow start-up).
 
 SIGTERM to mpirun itself is not a graceful path with Open MPI 4.1: mpirun takes it as an
 abort (SIGCONT, SIGTERM and SIGKILL to the ranks a second apart, exit 1), which is why the
@@ -52,8 +55,9 @@ def rank_pids(mpirun_pid):
 
 
 def interrupted_run(name, deliver, after_step=20):
-    """Starts the run, waits for step `after_step` on rank 0's output, calls deliver(p) and
-    returns (exit status, output, seconds from the signal to the exit)."""
+    """Starts the run, waits for step `after_step` on rank 0's output (None: its first line
+    of any kind), calls deliver(p) and returns (exit status, output, seconds from the
+    signal to the exit)."""
     cmd = T.mpirun(2) + [T.TRIDENT, "train", "deck.toml", "--set", f"io.out_dir={name}"]
     p = subprocess.Popen(cmd, cwd=OUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, env=T.mpi_env())
@@ -62,7 +66,8 @@ def interrupted_run(name, deliver, after_step=20):
         for line in p.stdout:
             lines.append(line)
             m = re.match(r"step\s+(\d+)/", line)
-            if sent is None and m and int(m.group(1)) >= after_step:
+            due = after_step is None or (m and int(m.group(1)) >= after_step)
+            if sent is None and due:
                 deliver(p)
                 sent = time.time()
         rc = p.wait(timeout=120)
@@ -72,7 +77,7 @@ def interrupted_run(name, deliver, after_step=20):
     return rc, "".join(lines), (time.time() - sent) if sent else None
 
 
-def to_rank1(p):
+def to_rank1(p, sig=signal.SIGTERM):
     pids = {}
     for _ in range(50):
         pids = rank_pids(p.pid)
@@ -80,7 +85,7 @@ def to_rank1(p):
             break
         time.sleep(0.1)
     check(1 in pids, f"found rank 1's process under mpirun ({pids})")
-    os.kill(pids[1], signal.SIGTERM)
+    os.kill(pids[1], sig)
 
 
 def to_mpirun(p):
@@ -98,9 +103,11 @@ def main():
     print(f"reference: {STEPS} steps in {time.time() - t0:.1f} s")
     ref = os.path.join(OUT, "ref", "metrics.h5")
 
-    for name, sig, deliver in (("term_rank1", "SIGTERM", to_rank1),
-                               ("usr1_mpirun", "SIGUSR1", to_mpirun)):
-        rc, out, dt = interrupted_run(name, deliver)
+    for name, sig, deliver, after in (
+            ("term_rank1", "SIGTERM", to_rank1, 20),
+            ("usr1_mpirun", "SIGUSR1", to_mpirun, 20),
+            ("usr1_startup", "SIGUSR1", lambda p: to_rank1(p, signal.SIGUSR1), None)):
+        rc, out, dt = interrupted_run(name, deliver, after)
         check(rc == 0, f"{name}: exit 0 after {sig} (got {rc})")
         m = re.search(rf"{sig}: stopped after step (\d+) of {STEPS}", out)
         if not check(m is not None, f"{name}: '{sig}: stopped after step K' printed"):
@@ -108,7 +115,7 @@ def main():
             continue
         k = int(m.group(1))
         print(f"{name}: stopped after step {k}, {dt:.2f} s after the signal")
-        check(20 <= k < STEPS, f"{name}: stopped early (step {k})")
+        check((after or 1) <= k < STEPS, f"{name}: stopped early (step {k})")
         ck = T.checkpoint_path(os.path.join(OUT, name), k)
         check(os.path.exists(ck) and T.checkpoint_step(ck) == k,
               f"{name}: checkpoint step-{k:08d}.h5 with step = {k}")

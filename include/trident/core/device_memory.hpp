@@ -28,6 +28,8 @@ class DeviceMemory {
   virtual bool holds(const void* p) const = 0;
   virtual std::size_t capacity() const = 0;
   virtual std::size_t used() const = 0;
+  // The most that was ever in use (the high-water mark): used() where not tracked.
+  virtual std::size_t peak() const { return used(); }
 
   // Copies between host and device memory, after all device work queued before them; they
   // return when the copy is complete (the host side may be reused or read at once).

@@ -11,6 +11,9 @@
 //     kill-in-checkpoint
 //                 the rank sends itself SIGKILL in the middle of writing the checkpoint of
 //                 the step (after the .tmp file holds the model, before the moments)
+//     slow        the rank sleeps <step> milliseconds at the start of EVERY step (the third
+//                 field is a duration here): a slow node, and a run whose length does not
+//                 depend on the machine's load (tests that race a scheduler's timer)
 //
 // defines: trident::fault::Kind, Fault, parse, validate, armed, at_step_start, at_checkpoint_write,
 //          set_step, current_step
@@ -22,7 +25,7 @@
 
 namespace trident::fault {
 
-enum class Kind { exit, abort, stall, nan, kill_in_checkpoint };
+enum class Kind { exit, abort, stall, nan, kill_in_checkpoint, slow };
 
 struct Fault {
   Kind kind;
@@ -47,7 +50,7 @@ std::int64_t current_step();
 // A malformed TRIDENT_FAULT is a trident::Error naming the variable.
 bool armed(Kind kind);
 
-// The step loop calls this first in every step: exit, abort or stall when armed.
+// The step loop calls this first in every step: exit, abort or stall when armed; slow.
 void at_step_start();
 
 // Raises SIGKILL on this process when kill-in-checkpoint is armed (io calls it mid-write).

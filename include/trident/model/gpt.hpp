@@ -37,7 +37,13 @@
 
 namespace trident::model {
 
-enum class Recompute { none, full };
+// What a block's backward recomputes instead of keeping from its forward:
+//   none       everything kept
+//   selective  the attention core (its output and LSE, from the kept q, k, v) and the GELU
+//              output (from the kept c_fc output): 1 + 4/tp of ~15 channel-widths per token,
+//              for one flash attention forward and one GELU per layer (Megatron's choice)
+//   full       only each block's input kept; its whole forward runs again in the backward
+enum class Recompute { none, selective, full };
 
 // What one transformer block keeps from its forward for its backward.
 struct LayerActivations {
@@ -46,7 +52,7 @@ struct LayerActivations {
   float* ln1_rstd;  // [Nr]
   float* qkv;       // [B,T,C3]
   float* atty;      // [B,T,C/tp]  attention output before c_proj
-  float* att;       // [B,NH,T,T]  softmax probabilities
+  float* lse;       // [B,NH,T]    attention's log-sum-exp per row (flash: no T x T)
   float* res2;      // [Nr,C]      residual after attention
   float* ln2;       // [B,T,C]     (all rows: gathered under SP)
   float* ln2_mean;  // [Nr]
@@ -182,6 +188,8 @@ class GptChunk {
   // The tokens a kernel may read: `host` itself on a host backend, else its copy in `device`.
   const std::int32_t* stage_tokens(IntBuffer& device, const std::int32_t* host) const;
   std::int64_t layer_store_size() const;
+  // Selective recompute: the floats of one layer's atty, lse and fch_gelu (kept once, shared).
+  std::int64_t selective_size() const;
 
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
@@ -216,7 +224,7 @@ class GptChunk {
   std::vector<LayerParams> p_layers_, g_layers_;
 
   // Backward scratch, shared by all microbatches (only one backward runs at a time).
-  FloatBuffer dres_, dbuf_, dqkv_, datt_, dfch_, dgelu_;
+  FloatBuffer dres_, dbuf_, dqkv_, dfch_, dgelu_;
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
   FloatBuffer sp_grad_pack_;                  // SP: the LayerNorm gradients, packed
   std::vector<const ShardSpec*> sp_norms_;    // SP: the LayerNorm tensors, in pack order
@@ -225,6 +233,8 @@ class GptChunk {
   FloatBuffer recompute_store_;
   FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
+  FloatBuffer selective_store_;  // selective recompute: one layer's atty, lse, fch_gelu
+  float* selective_inner_ = nullptr;  // selective_store_.data() (for the const bind_layers)
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
   GradReadyHook grad_ready_;
 };

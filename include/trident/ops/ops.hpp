@@ -12,7 +12,7 @@
 // up; activation gradients are WRITTEN (=), except where a comment says "+=" (the
 // residual stream: layernorm_backward adds into dx).
 //
-// defines: trident::ops::Ops, Precision, precision_name, parse_precision, make_cpu_ops, make_ops
+// defines: trident::ops::Ops, Ops::AttentionShape, attention_shape_qkv, Precision, precision_name, parse_precision, make_cpu_ops, make_ops
 #pragma once
 
 #include <cstdint>
@@ -71,16 +71,41 @@ class Ops {
   virtual void fill(float* x, float value, std::int64_t n) = 0;
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
 
-  // ---- attention --------------------------------------------------------------------
+  // ---- attention ----------------------------------------------------------------------
+  // Causal softmax(q k^T / sqrt(hs)) v per query head, flash-style: tiled over query and key
+  // blocks with the online softmax, never storing T x T. The forward keeps out and one
+  // log-sum-exp per (batch, head, row); the backward recomputes the scores tile by tile.
+  // q, k, v, out are row-major with row (b, t) at (b*T + t) * ld and head h's hs columns at
+  // h*hs within the row, so GPT's fused qkv[B,T,3C] is q = qkv, k = qkv + C, v = qkv + 2C
+  // with ld 3C. Grouped-query attention: query head h reads key/value head h / (nh / nkv)
+  // (nkv = nh: multi-head; nkv = 1: multi-query). RoPE is applied to q and k before.
+  struct AttentionShape {
+    int b = 0, t = 0;
+    int nh = 0;   // query heads
+    int nkv = 0;  // key/value heads, nh % nkv == 0
+    int hs = 0;   // head size of q, k, v and out
+    std::int64_t ld_q = 0, ld_k = 0, ld_v = 0, ld_o = 0;  // row strides (floats)
+  };
+  // out [.., ld_o] = attention; lse[B,NH,T] = log-sum-exp of each row's scaled scores.
+  virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, const AttentionShape& s) = 0;
+  // dq, dk, dv (strides ld_q, ld_k, ld_v) WRITTEN: the gradients w.r.t. q, k, v (each key/value
+  // head summing its query heads); dout has stride ld_o; out and lse from the forward.
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* out, const float* lse, const float* q,
+                                  const float* k, const float* v, const AttentionShape& s) = 0;
+
+  // The reference path (tests and benchmarks only: it stores T x T per head).
   // qkv[B,T,3C]: columns q (C), then k (C), then v (C); inside each, head h owns columns
   // [h*hs, (h+1)*hs). Causal softmax(q k^T / sqrt(hs)) v per head, written to out[B,T,C]
   // with head h at columns [h*hs, (h+1)*hs). att[B,NH,T,T] keeps the probabilities for the
   // backward (entries above the diagonal are 0).
-  virtual void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
-                                 int nh) = 0;
+  virtual void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t,
+                                       int c, int nh) = 0;
   // dqkv[B,T,3C] = gradient w.r.t. qkv; datt[B,NH,T,T] is scratch.
-  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                  const float* att, int b, int t, int c, int nh) = 0;
+  virtual void attention_naive_backward(float* dqkv, float* datt, const float* dout,
+                                        const float* qkv, const float* att, int b, int t, int c,
+                                        int nh) = 0;
 
   // ---- embeddings -----------------------------------------------------------------
   // Masked (vocab-parallel) lookup: x[N,C] = wte[tok - vocab_start] when
@@ -123,6 +148,19 @@ class Ops {
                      float beta1, float beta2, float eps, float weight_decay, float bc1,
                      float bc2) = 0;
 };
+
+// The shape of GPT's multi-head attention on a fused qkv[B,T,3C] (C = this rank's channels,
+// NH heads): q = qkv, k = qkv + C, v = qkv + 2C, all with row stride 3C; out[B,T,C].
+inline Ops::AttentionShape attention_shape_qkv(int b, int t, int c, int nh) {
+  Ops::AttentionShape s;
+  s.b = b;
+  s.t = t;
+  s.nh = s.nkv = nh;
+  s.hs = nh > 0 ? c / nh : 0;
+  s.ld_q = s.ld_k = s.ld_v = 3 * std::int64_t(c);
+  s.ld_o = c;
+  return s;
+}
 
 // Arithmetic of the matrix products (every other kernel is fp32 on every backend; inputs,
 // outputs and accumulation are fp32 in all three):

@@ -37,7 +37,7 @@ struct Config {
     bool sequence_parallel = false;
     int zero_stage = 0;             // 0 | 1
     double grad_bucket_mb = 25.0;   // DP gradient buckets (MiB), overlapped with the backward
-    std::string recompute = "none";  // none | full
+    std::string recompute = "none";  // none | selective | full
     bool operator==(const Parallel& o) const;
   } parallel;
 

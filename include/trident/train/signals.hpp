@@ -13,8 +13,14 @@ namespace trident::train {
 
 class StopSignals {
  public:
-  // Installs the handlers for SIGUSR1 and SIGTERM (and clears any earlier request); the
-  // destructor puts back the handlers that were there before.
+  // Called first thing in main, before MPI_Init: a stop that arrives while the job is
+  // still starting (MPI, the model, the data) is remembered, not fatal, and the run stops
+  // after its first step. Without it a scheduler's early signal kills the rank with the
+  // default action (exit 138 under Slurm, nothing checkpointed).
+  static void catch_early();
+
+  // Installs the handlers for SIGUSR1 and SIGTERM (keeping a request caught since
+  // catch_early); the destructor puts back the handlers that were there before.
   StopSignals();
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;

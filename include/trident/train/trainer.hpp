@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trident/model/gpt.hpp"
+#include "trident/model/memory.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/pipeline/executor.hpp"
@@ -42,6 +43,17 @@ class Trainer {
   GradSync& grad_sync() { return *sync_; }
   const Config& config() const { return cfg_; }
   parallel::ParallelState& state() { return ps_; }
+
+  // This rank's predicted peak memory (model::predict_memory for its layout and the training
+  // schedule's peak stash), and what it measured over the steps (checkpoints and evaluation
+  // excluded): on the CPU the RSS high-water mark minus the RSS before the trainer was built;
+  // on a device backend the arena's high-water mark.
+  const model::MemoryEstimate& memory_estimate() const { return memory_estimate_; }
+  std::int64_t measured_peak_bytes() const;
+  // The part of it above what was in use just before the first step built its activation
+  // stash (the pipeline executor's pool): the measured counterpart of the estimate's
+  // activations (plus whatever a step allocates for itself).
+  std::int64_t measured_activation_bytes() const;
 
   // Sequences of a global batch of `global_batch` that this DP rank processes, and the
   // first of them.
@@ -94,6 +106,10 @@ class Trainer {
   std::map<int, std::unique_ptr<pipeline::Executor>> executors_;  // by microbatch count
   std::int64_t step_ = 1;
   const pipeline::Executor* last_executor_ = nullptr;
+  std::int64_t rss_at_start_ = 0;  // resident bytes before the model was built
+  std::int64_t in_use_before_stash_ = -1;  // bytes in use before the first executor
+  std::int64_t step_peak_ = -1;            // high-water mark at the end of the last step
+  model::MemoryEstimate memory_estimate_;
 };
 
 }  // namespace trident::train

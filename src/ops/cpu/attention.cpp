@@ -70,7 +70,7 @@ void causal_softmax_backward(float* da, const float* a, int t, float scale) {
 
 }  // namespace
 
-void CpuOps::attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+void CpuOps::attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                                int nh) {
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_forward: C = ", c,
                 " is not a multiple of NH = ", nh);
@@ -105,7 +105,7 @@ void CpuOps::attention_forward(float* out, float* att, const float* qkv, int b, 
   }
 }
 
-void CpuOps::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+void CpuOps::attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                 const float* att, int b, int t, int c, int nh) {
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_backward: C = ", c,
                 " is not a multiple of NH = ", nh);

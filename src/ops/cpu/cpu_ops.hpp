@@ -1,6 +1,7 @@
 // ops/cpu/cpu_ops.hpp — the CPU backend of trident::ops::Ops (private to src/ops/cpu):
 // OpenBLAS cblas_sgemm for every matrix product, OpenMP over rows for everything else.
-// The member functions are defined by topic in matmul.cpp, attention.cpp, layernorm.cpp,
+// The member functions are defined by topic in matmul.cpp, attention.cpp (the T x T reference),
+// flash_attention.cpp, layernorm.cpp,
 // pointwise.cpp, embedding.cpp and crossentropy.cpp; cpu_ops.cpp builds the object.
 // defines: trident::ops::cpu::CpuOps, BlasThreads, exp_approx, team_range, parallel_slabs,
 //          TRIDENT_SIMD_CLONES
@@ -136,9 +137,14 @@ class CpuOps final : public Ops {
   void fill(float* x, float value, std::int64_t n) override;
   void copy(float* dst, const float* src, std::int64_t n) override;
 
-  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const AttentionShape& s) override;
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const AttentionShape& s) override;
+  void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override;
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+  void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, int b, int t, int c, int nh) override;
 
   void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n, int c,

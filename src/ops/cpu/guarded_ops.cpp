@@ -53,6 +53,7 @@ class GuardedMemory final : public DeviceMemory {
   }
   std::size_t capacity() const override { return arena_.capacity(); }
   std::size_t used() const override { return arena_.used(); }
+  std::size_t peak() const override { return arena_.peak(); }
 
   void to_device(void* dst, const void* src, std::size_t bytes) override {
     TRIDENT_CHECK(bytes == 0 || (holds(dst) && !holds(src)),
@@ -168,14 +169,24 @@ class GuardedOps final : public Ops {
   void copy(float* dst, const float* src, std::int64_t n) override {
     on("copy", {dst, src}), inner_->copy(dst, src, n);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
-                         int nh) override {
-    on("attention_forward", {out, att, qkv}), inner_->attention_forward(out, att, qkv, b, t, c, nh);
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const AttentionShape& s) override {
+    on("attention_forward", {out, lse, q, k, v}), inner_->attention_forward(out, lse, q, k, v, s);
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const AttentionShape& s) override {
+    on("attention_backward", {dq, dk, dv, dout, out, lse, q, k, v}),
+        inner_->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+  }
+  void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+                         int nh) override {
+    on("attention_naive_forward", {out, att, qkv}), inner_->attention_naive_forward(out, att, qkv, b, t, c, nh);
+  }
+  void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, int b, int t, int c, int nh) override {
-    on("attention_backward", {dqkv, datt, dout, qkv, att}),
-        inner_->attention_backward(dqkv, datt, dout, qkv, att, b, t, c, nh);
+    on("attention_naive_backward", {dqkv, datt, dout, qkv, att}),
+        inner_->attention_naive_backward(dqkv, datt, dout, qkv, att, b, t, c, nh);
   }
   void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n, int c,
                          int vocab_start, int v) override {

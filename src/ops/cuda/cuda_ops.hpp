@@ -86,9 +86,14 @@ class CudaOps final : public Ops {
   void fill(float* x, float value, std::int64_t n) override;
   void copy(float* dst, const float* src, std::int64_t n) override;
 
-  void attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const AttentionShape& s) override;
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const AttentionShape& s) override;
+  void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override;
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+  void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, int b, int t, int c, int nh) override;
 
   void embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n, int c,

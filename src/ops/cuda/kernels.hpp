@@ -30,6 +30,22 @@ void launch_causal_softmax(cudaStream_t s, float* att, std::int64_t rows, int t)
 void launch_causal_softmax_backward(cudaStream_t s, float* datt, const float* att,
                                     std::int64_t rows, int t, float scale);
 
+// ---- flash_attention.cu -------------------------------------------------------------------
+// Causal attention without T x T (ops.hpp's attention_forward/backward; shapes and strides
+// as Ops::AttentionShape). Head sizes up to kFlashMaxHeadSize.
+constexpr int kFlashMaxHeadSize = 128;
+struct FlashShape {
+  int b, t, nh, nkv, hs;
+  long long ld_q, ld_k, ld_v, ld_o;
+};
+void launch_flash_attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
+                                    const float* k, const float* v, const FlashShape& shape);
+// dq, dk, dv written (two kernels: dq per query tile, dk and dv per key tile).
+void launch_flash_attention_backward(cudaStream_t s, float* dq, float* dk, float* dv,
+                                     const float* dout, const float* out, const float* lse,
+                                     const float* q, const float* k, const float* v,
+                                     const FlashShape& shape);
+
 // ---- crossentropy.cu --------------------------------------------------------------------
 void launch_xent_row_max(cudaStream_t s, float* row_max, const float* logits, int n, int ld,
                          int v_valid);

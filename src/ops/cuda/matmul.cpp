@@ -2,7 +2,8 @@
 // linear forward/backward, and causal attention (strided-batched per-head products read in
 // place from qkv, around the softmax kernels of softmax.cu).
 // defines: CudaOps::gemm_rm, gemm_batched_rm, gemm, linear_forward, linear_backward,
-//          attention_forward, attention_backward
+//          attention_forward, attention_backward (flash_attention.cu's kernels),
+//          attention_naive_forward, attention_naive_backward
 //
 // Row-major to cuBLAS: see col_major in plans.hpp (C^T = op(B)^T op(A)^T), which also holds
 // the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
@@ -115,7 +116,7 @@ void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, 
   }
 }
 
-void CudaOps::attention_forward(float* out, float* att, const float* qkv, int b, int t, int c,
+void CudaOps::attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                                 int nh) {
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_forward: C = ", c,
                 " is not a multiple of NH = ", nh);
@@ -125,7 +126,7 @@ void CudaOps::attention_forward(float* out, float* att, const float* qkv, int b,
       out, att, qkv, b, t, c, nh);
 }
 
-void CudaOps::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+void CudaOps::attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                  const float* att, int b, int t, int c, int nh) {
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_backward: C = ", c,
                 " is not a multiple of NH = ", nh);
@@ -135,6 +136,28 @@ void CudaOps::attention_backward(float* dqkv, float* datt, const float* dout, co
         launch_causal_softmax_backward(stream_, d, a, rows, tq, scale);
       },
       dqkv, datt, dout, qkv, att, b, t, c, nh);
+}
+
+namespace {
+FlashShape flash_shape(const Ops::AttentionShape& s, const char* op) {
+  TRIDENT_CHECK(s.hs > 0 && s.nh > 0 && s.nkv > 0 && s.nh % s.nkv == 0, op, ": bad shape (nh ",
+                s.nh, ", nkv ", s.nkv, ", hs ", s.hs, "): nh must be a multiple of nkv");
+  TRIDENT_CHECK(s.hs <= kFlashMaxHeadSize, op, ": head size ", s.hs,
+                " is above the CUDA kernel's limit of ", kFlashMaxHeadSize);
+  return FlashShape{s.b, s.t, s.nh, s.nkv, s.hs, s.ld_q, s.ld_k, s.ld_v, s.ld_o};
+}
+}  // namespace
+
+void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
+                                const float* v, const AttentionShape& s) {
+  launch_flash_attention_forward(stream_, out, lse, q, k, v, flash_shape(s, "attention_forward"));
+}
+
+void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                 const float* out, const float* lse, const float* q,
+                                 const float* k, const float* v, const AttentionShape& s) {
+  launch_flash_attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v,
+                                  flash_shape(s, "attention_backward"));
 }
 
 }  // namespace trident::ops::cuda

@@ -43,7 +43,7 @@ class CudaMemory final : public DeviceMemory {
   bool holds(const void* p) const override;
   std::size_t capacity() const override { return arena_.capacity(); }
   std::size_t used() const override { return arena_.used(); }
-  std::size_t peak() const { return arena_.peak(); }
+  std::size_t peak() const override { return arena_.peak(); }
   std::size_t blocks() const { return arena_.blocks(); }
   void* base() const { return base_; }
 

@@ -112,9 +112,9 @@ void check_attention(Ops& ops, int b, int t, int c, int nh) {
   const FVec qkv = r.normal(std::size_t(b) * t * 3 * c);
   const FVec dout = r.normal(std::size_t(b) * t * c);
   FVec out(dout.size()), att(std::size_t(b) * nh * t * t);
-  ops.attention_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  ops.attention_naive_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   FVec dqkv(qkv.size(), 777.0f), datt(att.size(), 777.0f);
-  ops.attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  ops.attention_naive_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
 
   const Vec Q = to_double(qkv), DO = to_double(dout);
   const auto iq = spread(Q.size(), kSample);
@@ -131,9 +131,9 @@ void check_attention_causal(Ops& ops, int t, int c, int nh, int t0) {
   FVec dout(std::size_t(b) * t * c, 0.0f);
   for (int j = 0; j < c; j++) dout[std::size_t(t0) * c + j] = static_cast<float>(r.normal(1)[0]);
   FVec out(dout.size()), att(std::size_t(b) * nh * t * t);
-  ops.attention_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  ops.attention_naive_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   FVec dqkv(qkv.size(), 777.0f), datt(att.size(), 777.0f);
-  ops.attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  ops.attention_naive_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
   std::size_t leaks = 0, live = 0;
   for (int bb = 0; bb < b; bb++)
     for (int p = 0; p < t; p++)

@@ -54,7 +54,7 @@ void check_attention(Ops& ops, int b, int t, int c, int nh) {
   Rng r(41u + unsigned(b * 1000 + t * 10 + c + nh));
   const FVec qkv = r.normal(std::size_t(b) * t * 3 * c);
   FVec out(std::size_t(b) * t * c, 777.0f), att(std::size_t(b) * nh * t * t, 777.0f);
-  ops.attention_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  ops.attention_naive_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   const AttOut want = ref_attention(to_double(qkv), b, t, c, nh);
   EXPECT_TRUE(close(out, want.out, 1e-5, 1e-6)) << "out";
   EXPECT_TRUE(close(att, want.att, 1e-5, 1e-7)) << "att";

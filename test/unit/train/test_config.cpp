@@ -33,7 +33,7 @@ micro_batch_size = 4
 sequence_parallel = false
 zero_stage = 0          # 0 | 1 (1: Adam moments sharded over dp, Megatron's distributed optimizer)
 grad_bucket_mb = 25.0   # MiB per DP gradient bucket, reduced during the last backward
-recompute = "none"      # none | full
+recompute = "none"      # none | selective | full
 
 [train]
 steps = 200
@@ -426,7 +426,7 @@ TEST(ConfigErrors, Enums) {
   expect_error("", {"parallel.zero_stage=2"}, {"parallel.zero_stage", "0 or 1"});
   expect_error("", {"parallel.grad_bucket_mb=0"}, {"parallel.grad_bucket_mb", "> 0"});
   expect_error("", {"parallel.grad_bucket_mb=-1.5"}, {"parallel.grad_bucket_mb", "> 0"});
-  expect_error("", {"parallel.recompute=partial"}, {"parallel.recompute", "none or full"});
+  expect_error("", {"parallel.recompute=partial"}, {"parallel.recompute", "none, selective or full"});
   expect_error("", {"runtime.device=tpu"}, {"runtime.device", "cpu, cuda or cpu-guarded"});
   expect_error("", {"runtime.precision=fp16"}, {"runtime.precision", "fp32, tf32 or bf16"});
   expect_error("", {"runtime.precision=bf16"}, {"runtime.precision", "runtime.device"});

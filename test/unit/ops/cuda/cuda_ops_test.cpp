@@ -269,13 +269,13 @@ void check_attention(Ops& g, double tol, int b, int t, int c, int nh) {
   Rng r(1701u + unsigned(b * 1000 + t * 10 + c + nh));
   const FVec qkv = r.normal(std::size_t(b) * t * 3 * c), dout = r.normal(std::size_t(b) * t * c);
   FVec out(dout.size()), att(std::size_t(b) * nh * t * t), dqkv(qkv.size()), datt(att.size());
-  cpu().attention_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
-  cpu().attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  cpu().attention_naive_forward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  cpu().attention_naive_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
   DevVec<float> gqkv(g, qkv), gdout(g, dout), gout(g, FVec(out.size(), 777.0f)),
       gatt(g, FVec(att.size(), 777.0f)), gdqkv(g, FVec(qkv.size(), 777.0f)),
       gdatt(g, FVec(att.size(), 777.0f));
-  g.attention_forward(gout.get(), gatt.get(), gqkv.get(), b, t, c, nh);
-  g.attention_backward(gdqkv.get(), gdatt.get(), gdout.get(), gqkv.get(), gatt.get(), b, t, c, nh);
+  g.attention_naive_forward(gout.get(), gatt.get(), gqkv.get(), b, t, c, nh);
+  g.attention_naive_backward(gdqkv.get(), gdatt.get(), gdout.get(), gqkv.get(), gatt.get(), b, t, c, nh);
   const FVec got_att = gatt.host();
   EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
   EXPECT_TRUE(near(got_att, att, tol)) << "att";
@@ -285,6 +285,34 @@ void check_attention(Ops& g, double tol, int b, int t, int c, int nh) {
     for (int i = 0; i < t; i++)
       for (int j = i + 1; j < t; j++) above += got_att[(std::size_t(bh) * t + i) * t + j] != 0.0f;
   EXPECT_EQ(above, 0u) << "att above the diagonal must be exactly 0";
+}
+
+// Flash attention (fp32 kernels under every precision): q, k, v with padded strides and
+// grouped-query heads, against the CPU backend's flash path.
+void check_flash(Ops& g, double tol, int b, int t, int nh, int nkv, int hs) {
+  Rng r(1801u + unsigned(t * 13 + nh * 5 + nkv + hs));
+  Ops::AttentionShape s;
+  s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
+  s.ld_q = nh * hs + 3, s.ld_k = nkv * hs + 1, s.ld_v = nkv * hs + 2, s.ld_o = nh * hs + 1;
+  const std::size_t rows = std::size_t(b) * t;
+  const FVec q = r.normal(rows * s.ld_q), k = r.normal(rows * s.ld_k), v = r.normal(rows * s.ld_v),
+             dout = r.normal(rows * s.ld_o);
+  FVec out(rows * s.ld_o, 0.0f), lse(std::size_t(b) * nh * t), dq(q.size(), 0.0f),
+      dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+  cpu().attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+  cpu().attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                           q.data(), k.data(), v.data(), s);
+  DevVec<float> gq(g, q), gk(g, k), gv(g, v), gdout(g, dout), gout(g, FVec(out.size(), 0.0f)),
+      glse(g, FVec(lse.size(), 777.0f)), gdq(g, FVec(q.size(), 0.0f)), gdk(g, FVec(k.size(), 0.0f)),
+      gdv(g, FVec(v.size(), 0.0f));
+  g.attention_forward(gout.get(), glse.get(), gq.get(), gk.get(), gv.get(), s);
+  g.attention_backward(gdq.get(), gdk.get(), gdv.get(), gdout.get(), gout.get(), glse.get(),
+                       gq.get(), gk.get(), gv.get(), s);
+  EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
+  EXPECT_TRUE(near(glse.host(), lse, tol)) << "lse";
+  EXPECT_TRUE(near(gdq.host(), dq, 10 * tol)) << "dq";
+  EXPECT_TRUE(near(gdk.host(), dk, 10 * tol)) << "dk";
+  EXPECT_TRUE(near(gdv.host(), dv, 10 * tol)) << "dv";
 }
 
 void check_embedding(Ops& g, double tol, int n, int c, int vocab_start, int v) {
@@ -403,6 +431,11 @@ std::vector<CudaCase> cases() {
   for (auto& s : att_shapes)
     cs.push_back({name_of("attention_b%d_t%d_c%d_nh%d", s[0], s[1], s[2], s[3]), true, true,
                   [=](Ops& g, double tol) { check_attention(g, tol, s[0], s[1], s[2], s[3]); }});
+  const int flash_shapes[][5] = {{2, 37, 3, 3, 24}, {1, 256, 12, 12, 64}, {2, 1000, 4, 2, 128},
+                                 {1, 45, 6, 1, 7}};
+  for (auto& s : flash_shapes)
+    cs.push_back({name_of("flash_b%d_t%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), true, true,
+                  [=](Ops& g, double tol) { check_flash(g, tol, s[0], s[1], s[2], s[3], s[4]); }});
   const int ln_shapes[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {1000, 768}};
   for (auto& s : ln_shapes)
     cs.push_back({name_of("layernorm_n%d_c%d", s[0], s[1]), false, false,

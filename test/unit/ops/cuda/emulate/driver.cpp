@@ -73,8 +73,8 @@ int main() {
     std::int64_t tt = std::int64_t(t) * t;
     V qkv = rnd(size_t(b) * t * 3 * c), dout = rnd(size_t(b) * t * c);
     V o1(dout.size()), a1(size_t(b) * nh * tt), dq1(qkv.size()), da1(a1.size());
-    cpu->attention_forward(o1.data(), a1.data(), qkv.data(), b, t, c, nh);
-    cpu->attention_backward(dq1.data(), da1.data(), dout.data(), qkv.data(), a1.data(), b, t, c, nh);
+    cpu->attention_naive_forward(o1.data(), a1.data(), qkv.data(), b, t, c, nh);
+    cpu->attention_naive_backward(dq1.data(), da1.data(), dout.data(), qkv.data(), a1.data(), b, t, c, nh);
     V o2(o1.size(), 777), a2(a1.size(), 777), dq2(qkv.size(), 777), da2(a1.size(), 777);
     // the production plans (plans.hpp) with the emulated softmax kernels
     attention_forward_steps(gemm_batched_rm,
@@ -87,6 +87,26 @@ int main() {
                              dq2.data(), da2.data(), dout.data(), qkv.data(), a2.data(), b, t, c, nh);
     snprintf(name, sizeof name, "attention b%d t%d c%d nh%d out", b, t, c, nh); cmp(name, o2, o1, 1e-5);
     cmp("  att", a2, a1, 1e-5); cmp("  dqkv", dq2, dq1, 1e-5);
+  }
+  // flash attention (flash_attention.cu) against the CPU's: tile remainders (16-row tiles),
+  // grouped-query heads, padded row strides, head sizes up to the kernel's 128
+  const int fl[][5] = {{2, 37, 3, 3, 24}, {1, 2, 2, 1, 4}, {2, 45, 4, 2, 16}, {1, 70, 2, 1, 128}, {1, 33, 1, 1, 7}};
+  for (auto& f : fl) {
+    ops::Ops::AttentionShape sh;
+    sh.b = f[0], sh.t = f[1], sh.nh = f[2], sh.nkv = f[3], sh.hs = f[4];
+    sh.ld_q = sh.nh * sh.hs + 3, sh.ld_k = sh.nkv * sh.hs + 1, sh.ld_v = sh.nkv * sh.hs + 2, sh.ld_o = sh.nh * sh.hs + 1;
+    const size_t rows = size_t(sh.b) * sh.t;
+    V q = rnd(rows * sh.ld_q), k = rnd(rows * sh.ld_k), v = rnd(rows * sh.ld_v), dout = rnd(rows * sh.ld_o);
+    V o1(rows * sh.ld_o, 0), l1(size_t(sh.b) * sh.nh * sh.t), dq1(q.size(), 0), dk1(k.size(), 0), dv1(v.size(), 0);
+    V o2 = o1, l2(l1.size(), 7), dq2 = dq1, dk2 = dk1, dv2 = dv1;
+    cpu->attention_forward(o1.data(), l1.data(), q.data(), k.data(), v.data(), sh);
+    cpu->attention_backward(dq1.data(), dk1.data(), dv1.data(), dout.data(), o1.data(), l1.data(), q.data(), k.data(), v.data(), sh);
+    const FlashShape fs{sh.b, sh.t, sh.nh, sh.nkv, sh.hs, sh.ld_q, sh.ld_k, sh.ld_v, sh.ld_o};
+    launch_flash_attention_forward(nullptr, o2.data(), l2.data(), q.data(), k.data(), v.data(), fs);
+    launch_flash_attention_backward(nullptr, dq2.data(), dk2.data(), dv2.data(), dout.data(), o2.data(), l2.data(), q.data(), k.data(), v.data(), fs);
+    snprintf(name, sizeof name, "flash b%d t%d nh%d nkv%d hs%d out", sh.b, sh.t, sh.nh, sh.nkv, sh.hs);
+    cmp(name, o2, o1, 1e-5);
+    cmp("  lse", l2, l1, 1e-5); cmp("  dq", dq2, dq1, 1e-4); cmp("  dk", dk2, dk1, 1e-4); cmp("  dv", dv2, dv1, 1e-4);
   }
   struct X { int n, ld, v, vs; float off, sd; } xs[] = {{5, 13, 11, 20, 0, 1}, {64, 1008, 1000, 0, 80, 5}, {3, 4109, 4096, 4096, -30, 3}};
   for (auto& s : xs) {

@@ -1,0 +1,13 @@
+// trident/core/memory_usage.hpp — this process's resident memory, as the kernel counts it
+// (/proc/self/status; getrusage's ru_maxrss where that file is missing).
+// defines: trident::resident_bytes, peak_resident_bytes
+#pragma once
+
+#include <cstdint>
+
+namespace trident {
+
+std::int64_t resident_bytes();       // VmRSS now
+std::int64_t peak_resident_bytes();  // VmHWM: the high-water mark since the process started
+
+}  // namespace trident

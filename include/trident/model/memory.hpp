@@ -1,0 +1,54 @@
+// trident/model/memory.hpp — the bytes one rank will hold at its peak, predicted from the
+// deck's numbers alone (pure arithmetic: no MPI, no allocation), so that `trident train` can
+// print it at start-up and a planning tool can call it for layouts it never runs. It mirrors
+// what GptChunk, the optimizer, ZeRO-1 and the pipeline executor allocate (all fp32):
+//   weights      the rank's parameter shards
+//   gradients    the same size again (+ the ZeRO-1 gradient shard)
+//   optimizer    AdamW's two moments (over the ZeRO-1 shard when dp > 1)
+//   activations  the schedule's peak stash (pipeline::peak_activations microbatch-chunks in
+//                flight) times one microbatch's stash; attention keeps [B,NH,T], never T x T
+//   scratch      the backward's shared buffers, the head's logits, full recomputation's
+//                one-layer store, sequence parallelism's gathers
+//   staging      host memory of the start-up weight initialization (one copy of the
+//                weights), freed before the first step: it counts only where it is larger
+//                than the activations it precedes (host memory: CPU ranks only)
+// defines: trident::model::MemoryLayout, MemoryEstimate, predict_memory, format_bytes
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trident/model/gpt.hpp"
+#include "trident/model/spec.hpp"
+
+namespace trident::model {
+
+// What the prediction needs beyond the model's shape.
+struct MemoryLayout {
+  int tp = 1, pp = 1, dp = 1, vpp = 1;
+  int pp_rank = 0, tp_rank = 0;  // the rank predicted for (its stage and shard)
+  int micro_batch = 1;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
+  bool zero1 = false;
+  int peak_stash = 1;           // pipeline::peak_activations of this stage's actions (>= 1)
+  bool split_backward = false;  // zero-bubble schedules: the B/W gradient stash
+  bool host_memory = true;      // CPU ranks: the start-up staging shares the same memory
+};
+
+struct MemoryEstimate {
+  std::int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, scratch = 0,
+               staging = 0;
+  std::int64_t activations_per_microbatch = 0;
+  // weights + gradients + optimizer + scratch + max(activations, staging)
+  std::int64_t peak() const;
+  // One line: "peak 812.0 MiB = weights 124.4 MiB + gradients ..."
+  std::string describe() const;
+};
+
+MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& layout);
+
+// "812.0 MiB"
+std::string format_bytes(std::int64_t bytes);
+
+}  // namespace trident::model

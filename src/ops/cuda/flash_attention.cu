@@ -1,0 +1,303 @@
+// ops/cuda/flash_attention.cu — causal attention without a T x T buffer, the algorithm of
+// ops/cpu/flash_attention.cpp (FlashAttention-2) as CUDA kernels, fp32 throughout.
+// A block of kThreads threads works on kRows rows (queries, or keys in dk/dv), kLanes threads
+// per row; each lane holds hs / kLanes columns of the row's accumulator in registers. Tiles of
+// q, k, v and dout are staged in shared memory, padded one column against bank conflicts.
+//   forward      grid (query tiles, B*NH): online softmax over the key tiles up to the
+//                diagonal; out = acc / l, lse = m + log l.
+//   backward dq  grid (query tiles, B*NH): P = exp(S - lse), dS = scale P (dout v^T - D),
+//                dq = dS k, with D = rowsum(dout * out) computed per row.
+//   backward dkv grid (key tiles, B*NKV): for each query head of the group and each query
+//                tile from the diagonal on, dv += P^T dout, dk += dS^T q.
+// No atomics: each output row belongs to one block, so results do not depend on timing.
+// defines: launch_flash_attention_forward, launch_flash_attention_backward
+#include "check.hpp"
+#include "common.cuh"
+#include "kernels.hpp"
+
+namespace trident::ops::cuda {
+
+namespace {
+
+constexpr int kRows = 16;                 // rows of a tile
+constexpr int kLanes = 8;                 // threads per row
+constexpr int kThreads = kRows * kLanes;  // 128
+constexpr int kPad = kFlashMaxHeadSize + 1;
+constexpr int kCols = kFlashMaxHeadSize / kLanes;  // accumulator columns per thread
+constexpr int kPerRow = kRows / kLanes;            // tile entries per thread and row
+
+struct Dims {
+  int t, nh, group, hs;
+  long long ldq, ldk, ldv, ldo;
+  float scale;
+};
+
+// Sum over the kLanes threads of a row (consecutive lanes of one warp).
+__device__ __forceinline__ float row_sum(float v) {
+  for (int o = 1; o < kLanes; o <<= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+__device__ __forceinline__ float row_max(float v) {
+  for (int o = 1; o < kLanes; o <<= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// tile[r][c] = src[(row0 + r) * ld + c] for rows below t, else 0.
+__device__ __forceinline__ void load_tile(float (*tile)[kPad], const float* src, long long ld,
+                                          int row0, int t, int hs) {
+  for (int x = threadIdx.x; x < kRows * hs; x += kThreads) {
+    const int r = x / hs, c = x % hs;
+    tile[r][c] = row0 + r < t ? src[(long long)(row0 + r) * ld + c] : 0.0f;
+  }
+}
+
+__device__ __forceinline__ float dot_rows(const float* a, const float* b, int hs) {
+  float s = 0.0f;
+  for (int c = 0; c < hs; c++) s += a[c] * b[c];
+  return s;
+}
+
+__global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k,
+                                     const float* v, Dims d) {
+  __shared__ float sq[kRows][kPad];
+  __shared__ float sk[kRows][kPad];
+  __shared__ float sv[kRows][kPad];
+  __shared__ float sp[kRows][kRows + 1];
+  const int bh = blockIdx.y, b = bh / d.nh, h = bh % d.nh, kvh = h / d.group;
+  const int i0 = blockIdx.x * kRows, r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
+  const int i = i0 + r;
+  const long long row0 = (long long)b * d.t;
+  const float* qh = q + row0 * d.ldq + (long long)h * d.hs;
+  const float* kh = k + row0 * d.ldk + (long long)kvh * d.hs;
+  const float* vh = v + row0 * d.ldv + (long long)kvh * d.hs;
+  load_tile(sq, qh, d.ldq, i0, d.t, d.hs);
+  float acc[kCols];
+#pragma unroll
+  for (int cc = 0; cc < kCols; cc++) acc[cc] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const int kend = d.t < i0 + kRows ? d.t : i0 + kRows;  // causal: keys up to the tile's last query
+  for (int j0 = 0; j0 < kend; j0 += kRows) {
+    __syncthreads();  // the previous tile's reads of sk, sv, sp are done
+    load_tile(sk, kh, d.ldk, j0, d.t, d.hs);
+    load_tile(sv, vh, d.ldv, j0, d.t, d.hs);
+    __syncthreads();
+    float s[kPerRow];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < kPerRow; jj++) {
+      const int j = lane + kLanes * jj;
+      const bool visible = j0 + j <= i && j0 + j < d.t;
+      s[jj] = visible ? d.scale * dot_rows(sq[r], sk[j], d.hs) : -INFINITY;
+      mx = fmaxf(mx, s[jj]);
+    }
+    mx = row_max(mx);
+    const float m_new = fmaxf(m, mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < kPerRow; jj++) {
+      const float p = s[jj] == -INFINITY ? 0.0f : expf(s[jj] - m_new);
+      sp[r][lane + kLanes * jj] = p;
+      sum += p;
+    }
+    sum = row_sum(sum);
+    const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+    l = l * corr + sum;
+    m = m_new;
+    __syncthreads();  // sp complete
+#pragma unroll
+    for (int cc = 0; cc < kCols; cc++) {
+      const int c = lane + kLanes * cc;
+      if (c < d.hs) {
+        float a = acc[cc] * corr;
+        for (int j = 0; j < kRows; j++) a += sp[r][j] * sv[j][c];
+        acc[cc] = a;
+      }
+    }
+  }
+  if (i < d.t) {
+    float* orow = out + (row0 + i) * d.ldo + (long long)h * d.hs;
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int cc = 0; cc < kCols; cc++) {
+      const int c = lane + kLanes * cc;
+      if (c < d.hs) orow[c] = acc[cc] * inv;
+    }
+    if (lane == 0) lse[(long long)bh * d.t + i] = m + logf(l);
+  }
+}
+
+// D = rowsum(dout * out) of query row i (0 beyond t), summed over the row's lanes.
+__device__ __forceinline__ float row_delta(const float* dout, const float* out, Dims d,
+                                           long long row0, int h, int i, int lane) {
+  float part = 0.0f;
+  if (i < d.t) {
+    const float* dor = dout + (row0 + i) * d.ldo + (long long)h * d.hs;
+    const float* orow = out + (row0 + i) * d.ldo + (long long)h * d.hs;
+    for (int c = lane; c < d.hs; c += kLanes) part += dor[c] * orow[c];
+  }
+  return row_sum(part);
+}
+
+__global__ void flash_backward_dq_kernel(float* dq, const float* dout, const float* out,
+                                         const float* lse, const float* q, const float* k,
+                                         const float* v, Dims d) {
+  __shared__ float sq[kRows][kPad];
+  __shared__ float sdo[kRows][kPad];
+  __shared__ float sk[kRows][kPad];
+  __shared__ float sv[kRows][kPad];
+  __shared__ float sds[kRows][kRows + 1];
+  const int bh = blockIdx.y, b = bh / d.nh, h = bh % d.nh, kvh = h / d.group;
+  const int i0 = blockIdx.x * kRows, r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
+  const int i = i0 + r;
+  const long long row0 = (long long)b * d.t;
+  const float* kh = k + row0 * d.ldk + (long long)kvh * d.hs;
+  const float* vh = v + row0 * d.ldv + (long long)kvh * d.hs;
+  load_tile(sq, q + row0 * d.ldq + (long long)h * d.hs, d.ldq, i0, d.t, d.hs);
+  load_tile(sdo, dout + row0 * d.ldo + (long long)h * d.hs, d.ldo, i0, d.t, d.hs);
+  const float delta = row_delta(dout, out, d, row0, h, i, lane);
+  const float lse_i = i < d.t ? lse[(long long)bh * d.t + i] : 0.0f;
+  float acc[kCols];
+#pragma unroll
+  for (int cc = 0; cc < kCols; cc++) acc[cc] = 0.0f;
+  const int kend = d.t < i0 + kRows ? d.t : i0 + kRows;
+  for (int j0 = 0; j0 < kend; j0 += kRows) {
+    __syncthreads();
+    load_tile(sk, kh, d.ldk, j0, d.t, d.hs);
+    load_tile(sv, vh, d.ldv, j0, d.t, d.hs);
+    __syncthreads();
+#pragma unroll
+    for (int jj = 0; jj < kPerRow; jj++) {
+      const int j = lane + kLanes * jj;
+      float ds = 0.0f;
+      if (j0 + j <= i && j0 + j < d.t && i < d.t) {
+        const float p = expf(d.scale * dot_rows(sq[r], sk[j], d.hs) - lse_i);
+        ds = d.scale * p * (dot_rows(sdo[r], sv[j], d.hs) - delta);
+      }
+      sds[r][j] = ds;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int cc = 0; cc < kCols; cc++) {
+      const int c = lane + kLanes * cc;
+      if (c < d.hs) {
+        float a = acc[cc];
+        for (int j = 0; j < kRows; j++) a += sds[r][j] * sk[j][c];
+        acc[cc] = a;
+      }
+    }
+  }
+  if (i < d.t) {
+    float* dqr = dq + (row0 + i) * d.ldq + (long long)h * d.hs;
+#pragma unroll
+    for (int cc = 0; cc < kCols; cc++) {
+      const int c = lane + kLanes * cc;
+      if (c < d.hs) dqr[c] = acc[cc];
+    }
+  }
+}
+
+__global__ void flash_backward_dkv_kernel(float* dk, float* dv, const float* dout,
+                                          const float* out, const float* lse, const float* q,
+                                          const float* k, const float* v, Dims d) {
+  __shared__ float sk[kRows][kPad];
+  __shared__ float sv[kRows][kPad];
+  __shared__ float sq[kRows][kPad];
+  __shared__ float sdo[kRows][kPad];
+  __shared__ float sp[kRows][kRows + 1];
+  __shared__ float sds[kRows][kRows + 1];
+  __shared__ float sdelta[kRows];
+  __shared__ float slse[kRows];
+  const int nkv = d.nh / d.group;
+  const int bkv = blockIdx.y, b = bkv / nkv, kvh = bkv % nkv;
+  const int j0 = blockIdx.x * kRows, r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
+  const int j = j0 + r;  // this thread's key row
+  const long long row0 = (long long)b * d.t;
+  load_tile(sk, k + row0 * d.ldk + (long long)kvh * d.hs, d.ldk, j0, d.t, d.hs);
+  load_tile(sv, v + row0 * d.ldv + (long long)kvh * d.hs, d.ldv, j0, d.t, d.hs);
+  float dk_acc[kCols], dv_acc[kCols];
+#pragma unroll
+  for (int cc = 0; cc < kCols; cc++) dk_acc[cc] = dv_acc[cc] = 0.0f;
+  for (int h = kvh * d.group; h < (kvh + 1) * d.group; h++) {
+    const int bh = b * d.nh + h;
+    for (int i0 = j0; i0 < d.t; i0 += kRows) {  // query tiles on and below the diagonal
+      __syncthreads();
+      load_tile(sq, q + row0 * d.ldq + (long long)h * d.hs, d.ldq, i0, d.t, d.hs);
+      load_tile(sdo, dout + row0 * d.ldo + (long long)h * d.hs, d.ldo, i0, d.t, d.hs);
+      const float delta = row_delta(dout, out, d, row0, h, i0 + r, lane);  // row r as a query
+      if (lane == 0) {
+        sdelta[r] = delta;
+        slse[r] = i0 + r < d.t ? lse[(long long)bh * d.t + i0 + r] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int ii = 0; ii < kPerRow; ii++) {
+        const int qi = lane + kLanes * ii, i = i0 + qi;
+        float p = 0.0f, ds = 0.0f;
+        if (j <= i && i < d.t) {
+          p = expf(d.scale * dot_rows(sk[r], sq[qi], d.hs) - slse[qi]);
+          ds = d.scale * p * (dot_rows(sv[r], sdo[qi], d.hs) - sdelta[qi]);
+        }
+        sp[r][qi] = p;
+        sds[r][qi] = ds;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int cc = 0; cc < kCols; cc++) {
+        const int c = lane + kLanes * cc;
+        if (c < d.hs) {
+          float a = dv_acc[cc], e = dk_acc[cc];
+          for (int qi = 0; qi < kRows; qi++) {
+            a += sp[r][qi] * sdo[qi][c];
+            e += sds[r][qi] * sq[qi][c];
+          }
+          dv_acc[cc] = a;
+          dk_acc[cc] = e;
+        }
+      }
+    }
+  }
+  if (j < d.t) {
+    float* dkr = dk + (row0 + j) * d.ldk + (long long)kvh * d.hs;
+    float* dvr = dv + (row0 + j) * d.ldv + (long long)kvh * d.hs;
+#pragma unroll
+    for (int cc = 0; cc < kCols; cc++) {
+      const int c = lane + kLanes * cc;
+      if (c < d.hs) {
+        dkr[c] = dk_acc[cc];
+        dvr[c] = dv_acc[cc];
+      }
+    }
+  }
+}
+
+Dims dims_of(const FlashShape& s) {
+  return Dims{s.t, s.nh, s.nh / s.nkv, s.hs, s.ld_q, s.ld_k, s.ld_v, s.ld_o,
+              1.0f / sqrtf(float(s.hs))};
+}
+
+}  // namespace
+
+void launch_flash_attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
+                                    const float* k, const float* v, const FlashShape& sh) {
+  if (sh.b <= 0 || sh.t <= 0) return;
+  const dim3 grid((sh.t + kRows - 1) / kRows, sh.b * sh.nh);
+  flash_forward_kernel<<<grid, kThreads, 0, s>>>(out, lse, q, k, v, dims_of(sh));
+  check_launch("flash_forward");
+}
+
+void launch_flash_attention_backward(cudaStream_t s, float* dq, float* dk, float* dv,
+                                     const float* dout, const float* out, const float* lse,
+                                     const float* q, const float* k, const float* v,
+                                     const FlashShape& sh) {
+  if (sh.b <= 0 || sh.t <= 0) return;
+  const unsigned tiles = (sh.t + kRows - 1) / kRows;
+  const Dims d = dims_of(sh);
+  flash_backward_dq_kernel<<<dim3(tiles, sh.b * sh.nh), kThreads, 0, s>>>(dq, dout, out, lse, q,
+                                                                         k, v, d);
+  check_launch("flash_backward_dq");
+  flash_backward_dkv_kernel<<<dim3(tiles, sh.b * sh.nkv), kThreads, 0, s>>>(dk, dv, dout, out,
+                                                                           lse, q, k, v, d);
+  check_launch("flash_backward_dkv");
+}
+
+}  // namespace trident::ops::cuda
