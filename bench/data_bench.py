@@ -78,7 +78,8 @@ for line in p.stdout:
         first = time.monotonic() - t0
 _, status, ru = os.wait4(p.pid, 0)
 print(json.dumps(dict(rc=os.waitstatus_to_exitcode(status), first=first, total=time.monotonic() - t0,
-                      rss_mb=ru.ru_maxrss / 1024, out="".join(out[-40:]))))
+                      rss_mb=ru.ru_maxrss / 1024, cpu_s=ru.ru_utime + ru.ru_stime,
+                      out="".join(out[-40:]))))
 """
 
 
@@ -90,6 +91,7 @@ def timed_run(cmd, cwd, first_marker=None):
     r = json.loads(p.stdout.strip().splitlines()[-1])
     if r["rc"] != 0:
         sys.exit(f"bench: {' '.join(cmd)} failed:\n{r['out']}")
+    timed_run.cpu_s = r["cpu_s"]  # user + system of the process and the ranks it waited for
     return r["first"], r["total"], r["rss_mb"], r["out"]
 
 
@@ -188,19 +190,23 @@ def prepare(trident, work, results, mb):
         cmd = (["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"] if np_ > 1 else [])
         _, secs, _, out = timed_run(cmd + [trident, "prepare-data", "--input", big, "--output",
                                            "big.h5", "--tokenizer-model", "kjv.model"], work)
-        rows[f"trident_np{np_}"] = dict(seconds=secs, mb_s=size / secs, mb_s_per_rank=size / secs / np_)
+        cpu = timed_run.cpu_s
+        rows[f"trident_np{np_}"] = dict(seconds=secs, mb_s=size / secs, mb_s_per_rank=size / secs / np_,
+                                        cpu_s=cpu, mb_per_cpu_s=size / cpu)
         print(f"trident prepare-data, {np_} rank(s): {secs:7.1f} s, {size / secs:6.1f} MB/s, "
-              f"{size / secs / np_:6.1f} MB/s per rank", flush=True)
+              f"{size / secs / np_:6.1f} MB/s per rank; {size / cpu:6.2f} MB per CPU second",
+              flush=True)
         os.remove(os.path.join(work, "big.h5"))
     spm = shutil.which("spm_encode")
     if spm:
-        t0 = time.monotonic()
-        with open(big, "rb") as fin, open(os.devnull, "wb") as fout:
-            subprocess.run([spm, "--model", os.path.join(work, "kjv.model"), "--output_format", "id"],
-                           stdin=fin, stdout=fout, check=True)
-        secs = time.monotonic() - t0
-        rows["spm_encode"] = dict(seconds=secs, mb_s=size / secs)
-        print(f"spm_encode (1 thread):            {secs:7.1f} s, {size / secs:6.1f} MB/s", flush=True)
+        # The same runner; spm_encode reads the file and writes ids to a file, as trident does.
+        _, secs, _, _ = timed_run(["sh", "-c", f'exec "{spm}" --model=kjv.model --output_format=id '
+                                               f'--output=spm.ids --input="{big}"'], work)
+        cpu = timed_run.cpu_s
+        rows["spm_encode"] = dict(seconds=secs, mb_s=size / secs, cpu_s=cpu, mb_per_cpu_s=size / cpu)
+        print(f"spm_encode (1 thread):            {secs:7.1f} s, {size / secs:6.1f} MB/s; "
+              f"{size / cpu:6.2f} MB per CPU second", flush=True)
+        os.remove(os.path.join(work, "spm.ids"))
     else:
         print("bench: no spm_encode (Debian sentencepiece): the comparison is skipped")
     results["prepare"] = dict(input_mb=size, **rows)

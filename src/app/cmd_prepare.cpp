@@ -389,8 +389,8 @@ int run_prepare_data(const PrepareOptions& opt_in) {
         MPI_Send(&n, 1, MPI_UINT64_T, k, 17, MPI_COMM_WORLD);
         MPI_Send(s.data(), int(n), MPI_CHAR, k, 18, MPI_COMM_WORLD);
       }
-      mine = std::move(blocks[0]);
       for (const auto& b : blocks) train_bytes += b.train.text.size(), valid_bytes += b.valid.text.size();
+      mine = std::move(blocks[0]);
     } else if (rank < nb) {
       std::uint64_t n = 0;
       MPI_Recv(&n, 1, MPI_UINT64_T, 0, 17, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
