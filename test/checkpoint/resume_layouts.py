@@ -3,7 +3,8 @@
 2×2×2 (8 ranks) writes a checkpoint at step 5; resuming from it at 1×4×2, 4×1×2, 1×1×8,
 2×2×2 with ZeRO-1 (8 ranks) and 1×2×1 (2 ranks) gives the uninterrupted run's losses of
 steps 6-10 to 1e-5 relative, and its final weights to 1e-5 relative (max|Δ| / max|w| per
-tensor); resuming at 2×2×2 itself gives them bitwise. Clipping is active (grad_clip 0.5).
+tensor; the attention key biases, whose gradient is zero in exact arithmetic, are held to
+staying at rounding noise instead); resuming at 2×2×2 itself gives them bitwise. Clipping is active (grad_clip 0.5).
 Then the reverse direction: a ZeRO-1 checkpoint (2×2×2) resumed serially.
 h5py reads the checkpoint and finds FORMAT.md's names, shapes and attributes.
 """
@@ -87,9 +88,36 @@ def compare(name, run, ref_final, bitwise):
         rel = float(np.max(np.abs(tail - ref_tail) / np.abs(ref_tail)))
         check(rel <= 1e-5, f"{name}: steps {AT + 1}-{STEPS} losses to 1e-5 relative ({rel:.1e})")
     got = model(T.checkpoint_path(os.path.join(OUT, run), STEPS))
-    worst = max(float(np.max(np.abs(got[k] - ref_final[k])) / max(np.max(np.abs(ref_final[k])), 1e-30))
+    if not bitwise:
+        key_bias_noise(name, got)
+    worst = max(float(np.max(np.abs(mask_key_bias(k, got[k]) - mask_key_bias(k, ref_final[k])))
+                      / max(np.max(np.abs(ref_final[k])), 1e-30))
                 for k in ref_final)
     check(worst <= (0 if bitwise else 1e-5), f"{name}: final weights max|Δ|/max|w| = {worst:.1e}")
+
+
+# The key slice of c_attn.bias has zero gradient in exact arithmetic (softmax does not change
+# when every score of a row moves by q·b_k), so what it receives is rounding noise that Adam
+# scales up; that noise differs between layouts (seen: 1.1e-5 of max|w| at 4x1x2 under ASan
+# while every other weight agreed to 2e-7). It is held to "stays at noise level" instead.
+def key_bias_slice(k):
+    return slice(C, 2 * C) if k.endswith("attn.c_attn.bias") else None
+
+
+def mask_key_bias(k, w):
+    s = key_bias_slice(k)
+    if s is None:
+        return w
+    w = w.copy()
+    w[s] = 0
+    return w
+
+
+def key_bias_noise(name, weights):
+    worst = max(float(np.max(np.abs(w[key_bias_slice(k)])))
+                for k, w in weights.items() if key_bias_slice(k) is not None)
+    # A real gradient would move it by ~lr per step (3e-3); rounding noise stays near 1e-7.
+    check(worst <= 1e-5, f"{name}: attention key biases stay at rounding noise (max|b_k| = {worst:.1e})")
 
 
 def format_check(path):
