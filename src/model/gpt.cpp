@@ -68,19 +68,24 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
 
   specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
-  // The embedding, the LM head's matrix ([Vl, C]: GPT-2's wte, a tied Llama's embed_tokens,
-  // else lm_head) and the final norm.
-  emb_name_ = llama_ ? "model.embed_tokens.weight" : "wte";
-  head_name_ = llama_ && !cfg.tie_embeddings ? "lm_head.weight" : emb_name_;
-  norm_w_name_ = llama_ ? "model.norm.weight" : "ln_f.weight";
-  norm_b_name_ = llama_ ? "" : "ln_f.bias";
+  std::vector<int> local_layer(std::size_t(cfg.n_layer), -1);
+  for (std::size_t c = 0; c < chunks_.size(); ++c)
+    for (int l = chunks_[c].first_layer; l < chunks_[c].last_layer; ++l)
+      local_layer[std::size_t(l)] = int(c) * L_ + (l - chunks_[c].first_layer);
+  role_index_.assign(std::size_t(1 + num_chunks() * L_) * kRoleCount, -1);
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    const ShardSpec& s = specs_[i];
+    const int slot = s.layer < 0 ? 0 : 1 + local_layer[std::size_t(s.layer)];
+    role_index_[std::size_t(slot) * kRoleCount + std::size_t(s.role)] = int(i);
+  }
+  // The LM head's matrix ([Vl, C]): the tied embedding, or an untied lm_head.
+  if (find(Role::lm_head)) head_role_ = Role::lm_head;
   params_ = buffer(num_params_);
   grads_ = buffer(num_params_);
-  for (const StageLayout& c : chunks_)
-    for (int l = c.first_layer; l < c.last_layer; ++l) {
-      p_layers_.push_back(layer_params(params_.data(), l));
-      g_layers_.push_back(layer_params(grads_.data(), l));
-    }
+  for (int l = 0; l < num_chunks() * L_; ++l) {
+    p_layers_.push_back(layer_params(params_.data(), l));
+    g_layers_.push_back(layer_params(grads_.data(), l));
+  }
 
   const std::int64_t N = std::int64_t(B_) * T_;
   dres_ = buffer(N * C_);
@@ -161,32 +166,37 @@ const ShardSpec& GptChunk::spec(const std::string& name) const {
   fail("parameter '", name, "' is not held by this pipeline stage");
 }
 
-float* GptChunk::tensor(float* base, const std::string& name) const {
-  return base + spec(name).offset;
+const ShardSpec* GptChunk::find(Role role, int local_layer) const {
+  const int i = role_index_[std::size_t(1 + local_layer) * kRoleCount + std::size_t(role)];
+  return i < 0 ? nullptr : &specs_[std::size_t(i)];
+}
+
+float* GptChunk::at_or_null(float* base, Role role, int local_layer) const {
+  const ShardSpec* s = find(role, local_layer);
+  return s ? base + s->offset : nullptr;
+}
+
+float* GptChunk::at(float* base, Role role, int local_layer) const {
+  const ShardSpec* s = find(role, local_layer);
+  TRIDENT_CHECK(s, "internal: parameter role ", int(role), " is not held by this pipeline stage");
+  return base + s->offset;
 }
 
 GptChunk::LayerParams GptChunk::layer_params(float* base, int l) const {
   if (llama_) {
     // q, k, v (and gate, up) are adjacent in the buffer: one [q; k; v] ([gate; up]) matrix.
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const ShardSpec &q = spec(p + "self_attn.q_proj.weight"), &k = spec(p + "self_attn.k_proj.weight"),
-                    &v = spec(p + "self_attn.v_proj.weight"), &gate = spec(p + "mlp.gate_proj.weight"),
-                    &up = spec(p + "mlp.up_proj.weight");
+    const ShardSpec &q = *find(Role::qkv_weight, l), &k = *find(Role::k_weight, l),
+                    &v = *find(Role::v_weight, l), &gate = *find(Role::fc_weight, l),
+                    &up = *find(Role::up_weight, l);
     TRIDENT_CHECK(k.offset == q.offset + q.local_numel() && v.offset == k.offset + k.local_numel() &&
                       up.offset == gate.offset + gate.local_numel(),
                   "internal: Llama's q, k, v (gate, up) shards are not adjacent");
-    return {tensor(base, p + "input_layernorm.weight"), nullptr, base + q.offset, nullptr,
-            tensor(base, p + "self_attn.o_proj.weight"), nullptr,
-            tensor(base, p + "post_attention_layernorm.weight"), nullptr, base + gate.offset,
-            nullptr, tensor(base, p + "mlp.down_proj.weight"), nullptr};
   }
-  const std::string p = "h." + std::to_string(l) + ".";
-  return {tensor(base, p + "ln_1.weight"),       tensor(base, p + "ln_1.bias"),
-          tensor(base, p + "attn.c_attn.weight"), tensor(base, p + "attn.c_attn.bias"),
-          tensor(base, p + "attn.c_proj.weight"), tensor(base, p + "attn.c_proj.bias"),
-          tensor(base, p + "ln_2.weight"),       tensor(base, p + "ln_2.bias"),
-          tensor(base, p + "mlp.c_fc.weight"),   tensor(base, p + "mlp.c_fc.bias"),
-          tensor(base, p + "mlp.c_proj.weight"), tensor(base, p + "mlp.c_proj.bias")};
+  auto p = [&](Role r) { return at_or_null(base, r, l); };
+  return {p(Role::attn_norm_weight), p(Role::attn_norm_bias), p(Role::qkv_weight),
+          p(Role::qkv_bias),         p(Role::attn_proj_weight), p(Role::attn_proj_bias),
+          p(Role::mlp_norm_weight),  p(Role::mlp_norm_bias),  p(Role::fc_weight),
+          p(Role::fc_bias),          p(Role::fc_proj_weight), p(Role::fc_proj_bias)};
 }
 
 void GptChunk::init_weights(std::uint64_t seed) {
@@ -309,10 +319,10 @@ void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t)
   const int n = b * t;
   const std::int64_t local_n = tpm_.local_rows(n) * C_;
   float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : x;
-  ops_.embedding_forward(partial, inputs, tensor(params_.data(), emb_name_), n, C_,
+  ops_.embedding_forward(partial, inputs, at(params_.data(), Role::token_embedding), n, C_,
                          vocab_start_, Vl_);
   if (!llama_ && ps_.tp.rank() == 0)  // Llama's positions are rotary, in attention
-    ops_.position_forward(partial, tensor(params_.data(), "wpe"), b, t, C_);
+    ops_.position_forward(partial, at(params_.data(), Role::position_embedding), b, t, C_);
   tpm_.leave_forward(partial, x, local_n);
 }
 
@@ -371,16 +381,16 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
                                        float loss_scale, bool with_backward) {
   const int N = B_ * T_;
   const std::int64_t local_n = boundary_numel();
-  float* wte = tensor(params_.data(), head_name_);  // [Vl, C]
-  float* dwte = tensor(grads_.data(), head_name_);
-  float* lnf_w = tensor(params_.data(), norm_w_name_);
+  float* wte = at(params_.data(), head_role_);  // [Vl, C]
+  float* dwte = at(grads_.data(), head_role_);
+  float* lnf_w = at(params_.data(), Role::final_norm_weight);
   const float* x = output(a);  // [Nr,C]
   if (llama_)
     ops_.rmsnorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_rstd.data(), x, lnf_w,
                          Nr_, C_, float(cfg_.norm_eps));
   else
     ops_.layernorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_mean.data(),
-                           a.lnf_rstd.data(), x, lnf_w, tensor(params_.data(), norm_b_name_),
+                           a.lnf_rstd.data(), x, lnf_w, at(params_.data(), Role::final_norm_bias),
                            Nr_, C_);
   tpm_.enter_forward(a.lnf.data(), local_n);
   // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
@@ -408,11 +418,11 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, a.lnf.data(), C_, 1.0f, dwte, C_);
   zero(a.doutput);
   if (llama_)
-    ops_.rmsnorm_backward(a.doutput.data(), tensor(grads_.data(), norm_w_name_), dlnf, x, lnf_w,
+    ops_.rmsnorm_backward(a.doutput.data(), at(grads_.data(), Role::final_norm_weight), dlnf, x, lnf_w,
                           a.lnf_rstd.data(), Nr_, C_);
   else
-    ops_.layernorm_backward(a.doutput.data(), tensor(grads_.data(), norm_w_name_),
-                            tensor(grads_.data(), norm_b_name_), dlnf, x, lnf_w,
+    ops_.layernorm_backward(a.doutput.data(), at(grads_.data(), Role::final_norm_weight),
+                            at(grads_.data(), Role::final_norm_bias), dlnf, x, lnf_w,
                             a.lnf_mean.data(), a.lnf_rstd.data(), Nr_, C_);
   return loss_sum;
 }
@@ -540,9 +550,9 @@ void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inpu
     // Every TP rank needs every token's gradient: its vocabulary rows, and wpe (replicated).
     const float* demb = tpm_.leave_backward(dres, full_scratch_.data(), NC);
     if (ops_.memory()) inputs = a.tokens.data();  // uploaded by this microbatch's forward
-    ops_.embedding_backward(tensor(grads_.data(), emb_name_), demb, inputs, B_ * T_, C_,
+    ops_.embedding_backward(at(grads_.data(), Role::token_embedding), demb, inputs, B_ * T_, C_,
                             vocab_start_, Vl_);
-    if (!llama_) ops_.position_backward(tensor(grads_.data(), "wpe"), demb, B_, T_, C_);
+    if (!llama_) ops_.position_backward(at(grads_.data(), Role::position_embedding), demb, B_, T_, C_);
     if (grad_ready_) report_grads_ready(-1);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
@@ -585,10 +595,10 @@ void GptChunk::report_grads_ready(int layer) {
   const bool holds_head = chunks_.back().has_head;  // wte is tied within this rank
   for (const auto& s : specs_) {
     if (layer == -2) {  // the head: the final norm, an untied lm_head (wte: with the embedding)
-      if (!s.in_head) continue;
+      if (s.place != Place::head) continue;
     } else if (s.layer != layer) {
       continue;
-    } else if (layer == -1 && (s.in_head || (s.tied && !holds_head))) {
+    } else if (layer == -1 && (s.place == Place::head || (s.tied_across_stages() && !holds_head))) {
       continue;  // the embedding: wpe, an untied embedding, a tied one held with its head
     }
     if ((tpm_.sequence_parallel() && s.norm) || s.tp_grad_sum) continue;  // summed over TP later
@@ -598,7 +608,7 @@ void GptChunk::report_grads_ready(int layer) {
 
 const ShardSpec* GptChunk::tied_embedding() const {
   for (const auto& s : specs_)
-    if (s.tied) return &s;
+    if (s.tied_across_stages()) return &s;
   return nullptr;
 }
 
@@ -631,13 +641,13 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   }
   const float* last = x + (t - 1) * C_;
   if (llama_)
-    ops_.rmsnorm_forward(a.lnf.data(), a.lnf_rstd.data(), last, tensor(params_.data(), norm_w_name_),
+    ops_.rmsnorm_forward(a.lnf.data(), a.lnf_rstd.data(), last, at(params_.data(), Role::final_norm_weight),
                          1, C_, float(cfg_.norm_eps));
   else
     ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
-                           tensor(params_.data(), norm_w_name_),
-                           tensor(params_.data(), norm_b_name_), 1, C_);
-  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, tensor(params_.data(), head_name_), C_,
+                           at(params_.data(), Role::final_norm_weight),
+                           at(params_.data(), Role::final_norm_bias), 1, C_);
+  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, at(params_.data(), head_role_), C_,
             0.0f, logits_.data(), Vl_);
   copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
 }
@@ -726,20 +736,20 @@ void GptChunk::generation_step(std::int32_t token, float* logits) {
     copy_to_device(ops_.memory(), gen_token_.data(), &token, sizeof token);
   }
   float* x = gen_scratch_.data() + (gen_scratch_.size() - std::size_t(C_));  // the residual
-  ops_.embedding_forward(x, gen_token_.data(), tensor(params_.data(), emb_name_), 1, C_, 0, Vl_);
-  if (!llama_) ops_.position_forward(x, tensor(params_.data(), "wpe") + std::int64_t(pos) * C_, 1, 1, C_);
+  ops_.embedding_forward(x, gen_token_.data(), at(params_.data(), Role::token_embedding), 1, C_, 0, Vl_);
+  if (!llama_) ops_.position_forward(x, at(params_.data(), Role::position_embedding) + std::int64_t(pos) * C_, 1, 1, C_);
   for (int l = 0; l < layers; ++l) {
     float* k_cache = kv_cache_.data() + std::int64_t(l) * 2 * T_ * W;
     generation_block(l, x, k_cache, k_cache + std::int64_t(T_) * W, pos);
   }
   float* lnf = gen_scratch_.data();  // GenScratch::ln
   if (llama_)
-    ops_.rmsnorm_forward(lnf, lnf + C_, x, tensor(params_.data(), norm_w_name_), 1, C_,
+    ops_.rmsnorm_forward(lnf, lnf + C_, x, at(params_.data(), Role::final_norm_weight), 1, C_,
                          float(cfg_.norm_eps));
   else
-    ops_.layernorm_forward(lnf, lnf + C_, lnf + C_ + 1, x, tensor(params_.data(), norm_w_name_),
-                           tensor(params_.data(), norm_b_name_), 1, C_);
-  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, lnf, C_, tensor(params_.data(), head_name_), C_, 0.0f,
+    ops_.layernorm_forward(lnf, lnf + C_, lnf + C_ + 1, x, at(params_.data(), Role::final_norm_weight),
+                           at(params_.data(), Role::final_norm_bias), 1, C_);
+  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, lnf, C_, at(params_.data(), head_role_), C_, 0.0f,
             logits_.data(), Vl_);
   copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
 }

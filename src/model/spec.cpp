@@ -1,4 +1,4 @@
-// ShardSpecs of GPT-2 parameters under tensor parallelism (see trident/model/spec.hpp).
+// ShardSpecs of GPT-2 and Llama parameters under tensor parallelism, from their role tables (see trident/model/spec.hpp).
 #include "trident/model/spec.hpp"
 
 #include <algorithm>
@@ -33,101 +33,156 @@ int ModelConfig::d_ff() const {
 
 int vocab_per_rank(int vocab_size, int tp_size) { return (vocab_size + tp_size - 1) / tp_size; }
 
+std::int64_t extent(const ModelConfig& cfg, Extent e) {
+  switch (e) {
+    case Extent::none: return 1;
+    case Extent::vocab: return cfg.vocab_size;
+    case Extent::seq: return cfg.seq_len;
+    case Extent::model: return cfg.d_model;
+    case Extent::qkv: return 3 * std::int64_t(cfg.d_model);
+    case Extent::ff: return cfg.d_ff();
+    case Extent::kv: return std::int64_t(cfg.kv_heads()) * cfg.head_dim();
+  }
+  return 1;
+}
+
 namespace {
 
-struct SpecBuilder {
-  int tp_rank, tp_size;
-  std::int64_t offset;
-  std::vector<ShardSpec> specs;
+// A normalization's weight (ones) and, with a bias role, its bias (zeros), replicated.
+void add_norm(std::vector<RoleRow>& rows, Place place, Role weight, Role bias,
+              const std::string& name) {
+  rows.push_back({weight, place, name + ".weight", Extent::model, Extent::none, Split::none, -1,
+                  Init::ones, false, true});
+  if (bias != Role::count)
+    rows.push_back({bias, place, name + ".bias", Extent::model, Extent::none, Split::none, -1,
+                    Init::zeros, false, true});
+}
 
-  ShardSpec& add(std::string name, std::vector<std::int64_t> shape, Init init, float std_dev,
-                 int layer) {
-    ShardSpec s;
-    s.name = std::move(name);
-    s.shape = shape;
-    s.local_shape = shape;
-    s.init = init;
-    s.init_std = std_dev;
-    s.weight_decay = shape.size() == 2;
-    s.layer = layer;
-    specs.push_back(std::move(s));
-    return specs.back();
-  }
-  // Contiguous split of `extent` (padded up to a multiple of tp_size) along dim.
-  void split_contiguous(ShardSpec& s, int dim) {
-    std::int64_t extent = s.shape[dim];
-    std::int64_t per = (extent + tp_size - 1) / tp_size;
-    std::int64_t start = per * tp_rank;
-    std::int64_t count = std::max<std::int64_t>(0, std::min(extent, start + per) - start);
-    s.split = Split::contiguous;
-    s.split_dim = dim;
-    s.local_shape[dim] = per;
-    s.blocks = {{start, 0, count}};
-  }
-  // c_attn: three blocks (q, k, v) of d_model columns, each split by heads.
-  void split_qkv(ShardSpec& s, int dim, std::int64_t d_model) {
-    std::int64_t per = d_model / tp_size;
-    s.split = Split::qkv;
-    s.split_dim = dim;
-    s.local_shape[dim] = 3 * per;
-    s.blocks.clear();
-    for (int b = 0; b < 3; ++b) s.blocks.push_back({b * d_model + per * tp_rank, b * per, per});
-  }
-  void finish() {
-    for (auto& s : specs) {
-      s.offset = offset;
-      offset += s.local_numel();
-    }
-  }
+// How Megatron splits a linear layer over TP.
+enum class LinearSplit {
+  column,    // its outputs (and the bias with them)
+  qkv,       // its outputs by q, k and v blocks, each by heads (and the bias)
+  kv_heads,  // its outputs by kv heads when there are at least tp of them, else replicated
+  row,       // its inputs; the bias is replicated (added once, before the reduction)
 };
 
-// Llama's rows (FORMAT.md's names; [out, in] linears), in flat-buffer order.
-void add_llama(SpecBuilder& b, const ModelConfig& cfg, bool has_embedding, bool has_head,
-               const std::vector<int>& layers) {
-  const std::int64_t C = cfg.d_model, V = cfg.vocab_size, HD = cfg.head_dim();
-  const std::int64_t Q = std::int64_t(cfg.n_head) * HD, KV = std::int64_t(cfg.kv_heads()) * HD;
-  const std::int64_t F = cfg.d_ff();
-  TRIDENT_CHECK(F % b.tp_size == 0, "model.ffn_hidden = ", F,
-                " must be divisible by parallel.tp = ", b.tp_size);
-  const bool kv_split = cfg.kv_heads() >= b.tp_size;
-  TRIDENT_CHECK(kv_split ? cfg.kv_heads() % b.tp_size == 0 : b.tp_size % cfg.kv_heads() == 0,
-                "model.n_kv_head = ", cfg.kv_heads(), " and parallel.tp = ", b.tp_size,
-                ": one must divide the other");
-  const float std0 = 0.02f, std_proj = 0.02f / std::sqrt(2.0f * float(cfg.n_layer));
-  if (has_embedding || (has_head && cfg.tie_embeddings)) {
-    ShardSpec& e = b.add("model.embed_tokens.weight", {V, C}, Init::normal, std0, -1);
-    b.split_contiguous(e, 0);
-    e.tied = cfg.tie_embeddings;
+// A linear layer of a block: weight [in, out] (GPT-2's Conv1D) or [out, in] (out_in:
+// Hugging Face's nn.Linear, Llama), normal init (residual_init: a projection into the
+// residual stream); with a bias role its bias [out] (zeros).
+void add_linear(std::vector<RoleRow>& rows, Role weight, Role bias, const std::string& name,
+                Extent in, Extent out, LinearSplit split, bool residual_init = false,
+                bool out_in = false) {
+  const Split cut = split == LinearSplit::qkv ? Split::qkv : Split::contiguous;
+  const int out_dim = out_in ? 0 : 1, in_dim = 1 - out_dim;
+  RoleRow w{weight, Place::block, name + ".weight", out_in ? out : in, out_in ? in : out, cut,
+            split == LinearSplit::row ? in_dim : out_dim, Init::normal, residual_init};
+  w.kv_heads = split == LinearSplit::kv_heads;
+  rows.push_back(w);
+  if (bias != Role::count)
+    rows.push_back({bias, Place::block, name + ".bias", out, Extent::none,
+                    split == LinearSplit::row ? Split::none : cut,
+                    split == LinearSplit::row ? -1 : 0, Init::zeros});
+}
+
+RoleTable gpt2_table() {
+  using R = Role;
+  using E = Extent;
+  RoleTable t{"h.", {}};
+  auto& r = t.rows;
+  r.push_back({R::token_embedding, Place::tied_embedding, "wte", E::vocab, E::model,
+               Split::contiguous, 0});
+  r.push_back({R::position_embedding, Place::embedding, "wpe", E::seq, E::model});
+  add_norm(r, Place::block, R::attn_norm_weight, R::attn_norm_bias, "ln_1");
+  add_linear(r, R::qkv_weight, R::qkv_bias, "attn.c_attn", E::model, E::qkv, LinearSplit::qkv);
+  add_linear(r, R::attn_proj_weight, R::attn_proj_bias, "attn.c_proj", E::model, E::model,
+             LinearSplit::row, true);
+  add_norm(r, Place::block, R::mlp_norm_weight, R::mlp_norm_bias, "ln_2");
+  add_linear(r, R::fc_weight, R::fc_bias, "mlp.c_fc", E::model, E::ff, LinearSplit::column);
+  add_linear(r, R::fc_proj_weight, R::fc_proj_bias, "mlp.c_proj", E::ff, E::model,
+             LinearSplit::row, true);
+  add_norm(r, Place::head, R::final_norm_weight, R::final_norm_bias, "ln_f");
+  return t;
+}
+
+// Llama (FORMAT.md's names, [out, in] linears, no biases): per layer q, k, v adjacent in
+// the flat buffer, so that this rank's [q; k; v] rows form one [out, in] matrix (one
+// product), and gate, up likewise. Under TP: q, gate, up split by rows (heads / columns of
+// the MLP), o and down by columns; k and v by kv heads when n_kv_head >= tp, else
+// replicated (every rank holds every kv head; tp_grad_sum).
+RoleTable llama_table(bool tied) {
+  using R = Role;
+  using E = Extent;
+  using LS = LinearSplit;
+  const Role none = Role::count;
+  RoleTable t{"model.layers.", {}};
+  auto& r = t.rows;
+  r.push_back({R::token_embedding, tied ? Place::tied_embedding : Place::embedding,
+               "model.embed_tokens.weight", E::vocab, E::model, Split::contiguous, 0});
+  add_norm(r, Place::block, R::attn_norm_weight, none, "input_layernorm");
+  add_linear(r, R::qkv_weight, none, "self_attn.q_proj", E::model, E::model, LS::column, false,
+             true);
+  add_linear(r, R::k_weight, none, "self_attn.k_proj", E::model, E::kv, LS::kv_heads, false, true);
+  add_linear(r, R::v_weight, none, "self_attn.v_proj", E::model, E::kv, LS::kv_heads, false, true);
+  add_linear(r, R::attn_proj_weight, none, "self_attn.o_proj", E::model, E::model, LS::row, true,
+             true);
+  add_norm(r, Place::block, R::mlp_norm_weight, none, "post_attention_layernorm");
+  add_linear(r, R::fc_weight, none, "mlp.gate_proj", E::model, E::ff, LS::column, false, true);
+  add_linear(r, R::up_weight, none, "mlp.up_proj", E::model, E::ff, LS::column, false, true);
+  add_linear(r, R::fc_proj_weight, none, "mlp.down_proj", E::ff, E::model, LS::row, true, true);
+  add_norm(r, Place::head, R::final_norm_weight, none, "model.norm");
+  if (!tied)
+    r.push_back({R::lm_head, Place::head, "lm_head.weight", E::vocab, E::model, Split::contiguous,
+                 0});
+  return t;
+}
+
+// One RoleRow made into this rank's ShardSpec (offset set later, in table order).
+ShardSpec make_spec(const ModelConfig& cfg, const RoleTable& table, const RoleRow& row,
+                    int layer, int tp_rank, int tp_size) {
+  ShardSpec s;
+  s.name = layer >= 0 ? table.block_prefix + std::to_string(layer) + "." + row.name : row.name;
+  s.shape = {extent(cfg, row.rows)};
+  if (row.cols != Extent::none) s.shape.push_back(extent(cfg, row.cols));
+  s.local_shape = s.shape;
+  s.init = row.init;
+  if (row.init == Init::normal)  // residual projections scaled by 1/sqrt(2 * n_layer)
+    s.init_std = row.residual_init ? 0.02f / std::sqrt(2.0f * float(cfg.n_layer)) : 0.02f;
+  s.weight_decay = s.shape.size() == 2;
+  s.layer = layer;
+  s.role = row.role;
+  s.place = row.place;
+  s.norm = row.norm;
+  if (row.split == Split::none) return s;
+  if (row.kv_heads && cfg.kv_heads() < tp_size) {  // every rank holds every kv head
+    s.tp_grad_sum = true;
+    return s;
   }
-  for (int l : layers) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    b.add(p + "input_layernorm.weight", {C}, Init::ones, 0, l).norm = true;
-    b.split_contiguous(b.add(p + "self_attn.q_proj.weight", {Q, C}, Init::normal, std0, l), 0);
-    for (const char* kv : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
-      ShardSpec& s = b.add(p + kv, {KV, C}, Init::normal, std0, l);
-      if (kv_split)
-        b.split_contiguous(s, 0);
-      else
-        s.tp_grad_sum = b.tp_size > 1;
-    }
-    b.split_contiguous(b.add(p + "self_attn.o_proj.weight", {C, Q}, Init::normal, std_proj, l), 1);
-    b.add(p + "post_attention_layernorm.weight", {C}, Init::ones, 0, l).norm = true;
-    b.split_contiguous(b.add(p + "mlp.gate_proj.weight", {F, C}, Init::normal, std0, l), 0);
-    b.split_contiguous(b.add(p + "mlp.up_proj.weight", {F, C}, Init::normal, std0, l), 0);
-    b.split_contiguous(b.add(p + "mlp.down_proj.weight", {C, F}, Init::normal, std_proj, l), 1);
+  const int dim = row.split_dim;
+  const std::int64_t full = s.shape[std::size_t(dim)];
+  s.split = row.split;
+  s.split_dim = dim;
+  if (row.split == Split::contiguous) {  // padded up to a multiple of tp_size
+    const std::int64_t per = (full + tp_size - 1) / tp_size;
+    const std::int64_t start = per * tp_rank;
+    const std::int64_t count = std::max<std::int64_t>(0, std::min(full, start + per) - start);
+    s.local_shape[std::size_t(dim)] = per;
+    s.blocks = {{start, 0, count}};
+  } else {  // Split::qkv: three blocks (q, k, v), each split by heads
+    const std::int64_t part = full / 3, per = part / tp_size;
+    s.local_shape[std::size_t(dim)] = 3 * per;
+    for (int b = 0; b < 3; ++b) s.blocks.push_back({b * part + per * tp_rank, b * per, per});
   }
-  if (has_head) {
-    ShardSpec& n = b.add("model.norm.weight", {C}, Init::ones, 0, -1);
-    n.norm = n.in_head = true;
-    if (!cfg.tie_embeddings) {
-      ShardSpec& h = b.add("lm_head.weight", {V, C}, Init::normal, std0, -1);
-      b.split_contiguous(h, 0);
-      h.in_head = true;
-    }
-  }
+  return s;
 }
 
 }  // namespace
+
+const RoleTable& model_roles(const ModelConfig& cfg) {
+  static const RoleTable gpt2 = gpt2_table(), llama = llama_table(false),
+                         llama_tied = llama_table(true);
+  if (!cfg.llama()) return gpt2;
+  return cfg.tie_embeddings ? llama_tied : llama;
+}
 
 std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank) {
   TRIDENT_CHECK(pp >= 1 && vpp >= 1 && pp_rank >= 0 && pp_rank < pp, "bad pipeline placement: ",
@@ -152,14 +207,23 @@ std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
                                        const std::vector<StageLayout>& chunks, int tp_rank,
                                        int tp_size, std::int64_t offset0) {
+  return param_specs(model_roles(cfg), cfg, chunks, tp_rank, tp_size, offset0);
+}
+
+std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cfg,
+                                   const std::vector<StageLayout>& chunks, int tp_rank,
+                                   int tp_size, std::int64_t offset0) {
   TRIDENT_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "bad TP rank ", tp_rank);
   TRIDENT_CHECK(cfg.n_head % tp_size == 0, "model.n_head = ", cfg.n_head,
                 " must be divisible by parallel.tp = ", tp_size);
-  const std::int64_t C = cfg.d_model, V = cfg.vocab_size, T = cfg.seq_len;
-  const float std0 = 0.02f;
-  // GPT-2: residual projections scaled by 1/sqrt(2 * n_layer).
-  const float std_proj = 0.02f / std::sqrt(2.0f * float(cfg.n_layer));
-  SpecBuilder b{tp_rank, tp_size, offset0, {}};
+  if (cfg.llama()) {
+    TRIDENT_CHECK(cfg.d_ff() % tp_size == 0, "model.ffn_hidden = ", cfg.d_ff(),
+                  " must be divisible by parallel.tp = ", tp_size);
+    const int kv = cfg.kv_heads();
+    TRIDENT_CHECK(kv >= tp_size ? kv % tp_size == 0 : tp_size % kv == 0,
+                  "model.n_kv_head = ", kv, " and parallel.tp = ", tp_size,
+                  ": one must divide the other");
+  }
   bool has_embedding = false, has_head = false;
   std::vector<int> layers;
   for (const StageLayout& stage : chunks) {
@@ -167,41 +231,26 @@ std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
     has_head = has_head || stage.has_head;
     for (int l = stage.first_layer; l < stage.last_layer; ++l) layers.push_back(l);
   }
-
-  if (cfg.llama()) {
-    add_llama(b, cfg, has_embedding, has_head, layers);
-    b.finish();
-    return std::move(b.specs);
+  std::vector<ShardSpec> specs;
+  auto add = [&](const RoleRow& row, int layer) {
+    specs.push_back(make_spec(cfg, table, row, layer, tp_rank, tp_size));
+  };
+  // The embedding's rows, every layer's block rows, then the head's rows.
+  for (const RoleRow& row : table.rows)
+    if ((row.place == Place::embedding && has_embedding) ||
+        (row.place == Place::tied_embedding && (has_embedding || has_head)))
+      add(row, -1);
+  for (int l : layers)
+    for (const RoleRow& row : table.rows)
+      if (row.place == Place::block) add(row, l);
+  for (const RoleRow& row : table.rows)
+    if (row.place == Place::head && has_head) add(row, -1);
+  std::int64_t offset = offset0;
+  for (ShardSpec& s : specs) {
+    s.offset = offset;
+    offset += s.local_numel();
   }
-  if (has_embedding || has_head) {
-    auto& wte = b.add("wte", {V, C}, Init::normal, std0, -1);
-    b.split_contiguous(wte, 0);
-    wte.tied = true;
-  }
-  if (has_embedding) b.add("wpe", {T, C}, Init::normal, std0, -1);
-  for (int l : layers) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    b.add(p + "ln_1.weight", {C}, Init::ones, 0, l).norm = true;
-    b.add(p + "ln_1.bias", {C}, Init::zeros, 0, l).norm = true;
-    b.split_qkv(b.add(p + "attn.c_attn.weight", {C, 3 * C}, Init::normal, std0, l), 1, C);
-    b.split_qkv(b.add(p + "attn.c_attn.bias", {3 * C}, Init::zeros, 0, l), 0, C);
-    b.split_contiguous(b.add(p + "attn.c_proj.weight", {C, C}, Init::normal, std_proj, l), 0);
-    b.add(p + "attn.c_proj.bias", {C}, Init::zeros, 0, l);
-    b.add(p + "ln_2.weight", {C}, Init::ones, 0, l).norm = true;
-    b.add(p + "ln_2.bias", {C}, Init::zeros, 0, l).norm = true;
-    b.split_contiguous(b.add(p + "mlp.c_fc.weight", {C, 4 * C}, Init::normal, std0, l), 1);
-    b.split_contiguous(b.add(p + "mlp.c_fc.bias", {4 * C}, Init::zeros, 0, l), 0);
-    b.split_contiguous(b.add(p + "mlp.c_proj.weight", {4 * C, C}, Init::normal, std_proj, l), 0);
-    b.add(p + "mlp.c_proj.bias", {C}, Init::zeros, 0, l);
-  }
-  if (has_head) {
-    for (const char* name : {"ln_f.weight", "ln_f.bias"}) {
-      ShardSpec& s = b.add(name, {C}, name[5] == 'w' ? Init::ones : Init::zeros, 0, -1);
-      s.norm = s.in_head = true;
-    }
-  }
-  b.finish();
-  return std::move(b.specs);
+  return specs;
 }
 
 void for_each_local_element(const ShardSpec& s,

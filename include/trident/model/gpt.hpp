@@ -111,6 +111,9 @@ class GptChunk {
   const StageLayout& chunk(int c) const { return chunks_.at(std::size_t(c)); }
   const std::vector<ShardSpec>& specs() const { return specs_; }
   const ShardSpec& spec(const std::string& name) const;
+  // The tensor of `role` (of rank-local layer `local_layer` for a block's role, -1 for the
+  // others); null when this rank holds none.
+  const ShardSpec* find(Role role, int local_layer = -1) const;
   // The embedding this rank holds that is also the LM head (GPT-2's wte, a tied Llama's
   // embed_tokens), whose gradients the first and the last stage sum; null when none.
   const ShardSpec* tied_embedding() const;
@@ -199,8 +202,11 @@ class GptChunk {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
-  LayerParams layer_params(float* base, int l) const;  // l: global layer index
-  float* tensor(float* base, const std::string& name) const;
+  LayerParams layer_params(float* base, int local_layer) const;
+  // The tensor of `role` in a flat buffer (params or grads): fails when this rank holds none.
+  float* at(float* base, Role role, int local_layer = -1) const;
+  // The same, or null when the model has no such tensor (Llama's biases).
+  float* at_or_null(float* base, Role role, int local_layer = -1) const;
   void bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views, int count) const;
   FloatBuffer buffer(std::int64_t n) const;        // n floats of the backend's memory, zeroed
   void zero(FloatBuffer& b) const;
@@ -251,10 +257,13 @@ class GptChunk {
   // Llama: kv columns of this rank's qkv rows (its kv heads, or all of them when replicated
   // over TP), the kv heads its query heads read, and the first of them within those columns.
   int kv_cols_ = 0, kv_heads_ = 0, kv_head0_ = 0;
-  std::string emb_name_, head_name_, norm_w_name_, norm_b_name_;
+  Role head_role_ = Role::token_embedding;  // the LM head's matrix: tied, or lm_head
   int Nr_;  // token rows of the residual stream on this rank (B*T, or B*T/tp under SP)
   Recompute recompute_;
   std::vector<ShardSpec> specs_;
+  // specs_ index by role: [slot * kRoleCount + role], slot 0 for the embedding and the head,
+  // 1 + l for rank-local layer l; -1 where not held. Built once: no name lookups.
+  std::vector<int> role_index_;
   std::int64_t num_params_ = 0;
   FloatBuffer params_, grads_;
   // Views, by rank-local layer index: chunk c's layer i is c * L_ + i.

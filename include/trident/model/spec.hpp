@@ -2,8 +2,9 @@
 // place that knows how a logical tensor maps onto this rank's shard and onto the rank's
 // flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
 // ranges and the grad-norm "count each parameter once" rule all read it.
-// defines: trident::model::ModelConfig, llama_ffn_hidden, Split, Init, ShardBlock, ShardSpec, StageLayout,
-//          chunk_layouts, gpt_param_specs, for_each_local_element
+// defines: trident::model::ModelConfig, llama_ffn_hidden, Split, Init, Role, Place, Extent,
+//          RoleRow, RoleTable, model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts,
+//          gpt_param_specs, param_specs, for_each_local_element
 #pragma once
 
 #include <cstdint>
@@ -57,6 +58,66 @@ enum class Split {
 
 enum class Init { normal, zeros, ones };
 
+// What a parameter is for. The model reaches its tensors by role (and, in a block, by
+// layer), never by name; names exist for files (FORMAT.md) and the initial RNG keys. A
+// role names the job, so GPT-2 and Llama share the roles they have in common.
+enum class Role {
+  token_embedding,                   // wte / embed_tokens (tied: also the LM head)
+  position_embedding,                // wpe (GPT-2)
+  attn_norm_weight, attn_norm_bias,  // ln_1 / input_layernorm
+  qkv_weight,                        // c_attn; Llama's q_proj, first of the adjacent [q; k; v]
+  k_weight, v_weight,                // Llama's k_proj, v_proj (right after q_proj)
+  qkv_bias,                          // c_attn's
+  attn_proj_weight, attn_proj_bias,  // attention c_proj / o_proj
+  mlp_norm_weight, mlp_norm_bias,    // ln_2 / post_attention_layernorm
+  fc_weight,                         // mlp c_fc; Llama's gate_proj, first of [gate; up]
+  up_weight,                         // Llama's up_proj (right after gate_proj)
+  fc_bias,                           // c_fc's
+  fc_proj_weight, fc_proj_bias,      // mlp c_proj / down_proj
+  final_norm_weight, final_norm_bias,  // ln_f / model.norm
+  lm_head,                           // an untied LM head (Llama's lm_head)
+  count
+};
+constexpr int kRoleCount = int(Role::count);
+
+// Which part of the model holds a role's tensor.
+enum class Place {
+  embedding,       // the chunk with the embedding (virtual stage 0)
+  tied_embedding,  // the embedding chunk AND the head chunk (an embedding tied with the LM
+                   // head): the two copies' gradients are summed across pipeline stages
+  block,           // every transformer block, once per layer
+  head,            // the chunk with the head (the last virtual stage)
+};
+
+// A logical extent, read from the ModelConfig (Extent::none: the tensor has fewer dims).
+enum class Extent { none, vocab, seq, model, qkv, ff, kv };
+std::int64_t extent(const ModelConfig& cfg, Extent e);
+
+// One parameter of a model kind: everything its ShardSpec is built from.
+struct RoleRow {
+  Role role;
+  Place place;
+  std::string name;  // file name (a block's follows RoleTable::block_prefix and the layer)
+  Extent rows, cols = Extent::none;  // logical shape: [rows] or [rows, cols]
+  Split split = Split::none;
+  int split_dim = -1;
+  Init init = Init::normal;
+  bool residual_init = false;  // normal(0, 0.02 / sqrt(2 * n_layer)) instead of 0.02
+  bool norm = false;           // a normalization's parameter: replicated, and under sequence
+                               // parallelism summed over TP once per step
+  bool kv_heads = false;       // split by kv heads only when there are at least tp of them;
+                               // else replicated with partial gradients (tp_grad_sum)
+};
+
+// A model kind's parameters: rows in flat-buffer order within each place (embedding, every
+// block, head).
+struct RoleTable {
+  std::string block_prefix;  // "h." (a block's names are prefix + layer + "." + row name)
+  std::vector<RoleRow> rows;
+};
+// GPT-2's table, or Llama's (tied or not) for cfg.llama().
+const RoleTable& model_roles(const ModelConfig& cfg);
+
 // A contiguous run of the split dimension: `count` indices starting at `global_start` in
 // the logical tensor land at `local_start` in this rank's shard.
 struct ShardBlock {
@@ -77,18 +138,19 @@ struct ShardSpec {
   float init_std = 0.0f;
   bool weight_decay = false;          // AdamW decay: 2-D weights only
   int layer = -1;                     // transformer block index, -1 for embeddings / ln_f
+  Role role = Role::count;            // what it is for (RoleRow)
+  Place place = Place::block;
   bool norm = false;       // a normalization's parameter: under sequence parallelism each TP
                            // rank's gradient covers its token rows only (summed over TP)
-  bool in_head = false;    // held by the head chunk only (ln_f / model.norm, an untied lm_head)
-  bool tied = false;       // the embedding that is also the LM head (GPT-2's wte; a tied
-                           // Llama's embed_tokens): held by the first and the last stage
   bool tp_grad_sum = false;  // replicated over TP but each rank's gradient is a partial sum
                              // (Llama's k/v weights when n_kv_head < tp): summed over TP
 
   std::int64_t numel() const;        // logical
   std::int64_t local_numel() const;  // in the flat buffer
   bool tp_replicated() const { return split == Split::none; }
-  bool tied_across_stages() const { return tied; }
+  // The embedding that is also the LM head (GPT-2's wte; a tied Llama's embed_tokens): held
+  // by the first and the last stage, gradients summed between them.
+  bool tied_across_stages() const { return place == Place::tied_embedding; }
 };
 
 // Which part of the model a pipeline chunk (one virtual stage) owns.
@@ -128,6 +190,10 @@ std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
                                        const std::vector<StageLayout>& chunks, int tp_rank,
                                        int tp_size, std::int64_t offset0 = 0);
+// The same from any table of rows (gpt_param_specs: model_roles(cfg)).
+std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cfg,
+                                   const std::vector<StageLayout>& chunks, int tp_rank,
+                                   int tp_size, std::int64_t offset0 = 0);
 
 // Calls fn(local_index, global_index) for every element of the shard that exists in the
 // logical tensor (padding rows are skipped); indices are row-major flat indices into the

@@ -1,6 +1,7 @@
 // ShardSpec geometry: offsets pack the flat buffer, shards tile the logical tensor.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -126,7 +127,8 @@ TEST(Spec, LlamaTableSplitsOrReplicatesTheKvHeads) {
   EXPECT_EQ(serial[9].name, "model.layers.0.mlp.down_proj.weight");
   EXPECT_EQ(serial[9].shape, (std::vector<std::int64_t>{32, 24}));
   EXPECT_EQ(serial.back().name, "lm_head.weight");
-  EXPECT_TRUE(serial[1].norm && !serial[2].norm && serial.back().in_head && !serial[0].tied);
+  EXPECT_TRUE(serial[1].norm && !serial[2].norm && serial.back().place == Place::head &&
+              !serial[0].tied_across_stages());
   for (int tp : {1, 2, 4}) {
     std::vector<std::vector<ShardSpec>> per_rank;
     for (int r = 0; r < tp; ++r)
@@ -157,6 +159,37 @@ TEST(Spec, LlamaTableSplitsOrReplicatesTheKvHeads) {
   cfg.tie_embeddings = true;  // the embedding is the head: on the last stage too, tied
   auto last = gpt_param_specs(cfg, StageLayout{1, 2, false, true}, 0, 1);
   EXPECT_EQ(last.front().name, "model.embed_tokens.weight");
-  EXPECT_TRUE(last.front().tied);
+  EXPECT_TRUE(last.front().tied_across_stages());
   EXPECT_EQ(last.back().name, "model.norm.weight");
+}
+
+// The role tables: every role of a table once in the embedding/head and once per layer,
+// each spec named by its row; the normalizations (and only they) marked for the SP sum.
+TEST(Spec, RolesFromTheTableReachEveryTensorOnce) {
+  ModelConfig gpt{50, 16, 3, 2, 8}, llama = gpt;
+  llama.arch = "llama";
+  for (const ModelConfig& cfg : {gpt, llama}) {
+    auto specs = gpt_param_specs(cfg, StageLayout{0, 3, true, true}, 0, 1);
+    std::map<std::pair<int, int>, int> seen;  // (layer, role) -> count
+    for (const auto& s : specs) {
+      ++seen[{s.layer, int(s.role)}];
+      const bool named_norm = s.name.find("ln_") != std::string::npos ||
+                              s.name.find("norm") != std::string::npos;
+      EXPECT_EQ(s.norm, named_norm) << s.name;
+      EXPECT_EQ(s.tied_across_stages(), s.name == "wte") << s.name;
+    }
+    const RoleTable& table = model_roles(cfg);
+    std::size_t want = 0;
+    for (const RoleRow& row : table.rows) {
+      if (row.place == Place::block) {
+        want += std::size_t(cfg.n_layer);
+        for (int l = 0; l < cfg.n_layer; ++l) EXPECT_EQ((seen[{l, int(row.role)}]), 1) << row.name;
+      } else {
+        ++want;
+        EXPECT_EQ((seen[{-1, int(row.role)}]), 1) << row.name;
+      }
+    }
+    EXPECT_EQ(seen.size(), want);
+    EXPECT_EQ(specs.size(), want);
+  }
 }
