@@ -43,9 +43,9 @@ StopSignals::~StopSignals() {
 
 int StopSignals::pending() { return int(g_signal); }
 
-int StopSignals::agree(MPI_Comm comm) const {
-  int mine = pending(), any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
+int StopSignals::agree(parallel::Comm& comm) const {
+  int any = pending();
+  comm.allreduce_max(&any, 1);
   return any;
 }
 

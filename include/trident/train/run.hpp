@@ -1,5 +1,6 @@
-// trident/train/run.hpp — the step loop of `trident train`: data, resume, evaluation,
-// metrics, checkpoints and the progress line.
+// trident/train/run.hpp — the step loop of `trident train`: data, then one step after the
+// other over a few objects with one job each (train/checkpointer.hpp: resume and saves;
+// train/run_parts.hpp: metrics log, evaluator, progress line, stop policy).
 // defines: trident::train::run_training, shard_role
 #pragma once
 

@@ -1,13 +1,13 @@
 // trident/train/signals.hpp — a graceful stop on SIGUSR1 or SIGTERM: the handler only sets
 // a flag; at each step boundary every rank reduces the flags over the world
-// (MPI_Allreduce MAX), so all ranks stop after the same step, write a checkpoint of it
+// (an allreduce MAX), so all ranks stop after the same step, write a checkpoint of it
 // and return normally (exit 0). Slurm's `--signal=B:USR1@<s>`, `scancel --signal=USR1`,
 // a preempting scheduler's SIGTERM and Open MPI's mpirun (which forwards SIGUSR1 and
 // SIGTERM to its ranks) all arrive this way; see jobscripts/.
 // defines: trident::train::StopSignals
 #pragma once
 
-#include <mpi.h>
+#include "trident/parallel/comm.hpp"
 
 namespace trident::train {
 
@@ -30,8 +30,8 @@ class StopSignals {
   // Not collective.
   static int pending();
   // Collective over comm: the largest signal number any rank has received (0: none), the
-  // same answer on every rank. One MPI_Allreduce of one int.
-  int agree(MPI_Comm comm) const;
+  // same answer on every rank. One allreduce of one int (counted, under the watchdog).
+  int agree(parallel::Comm& comm) const;
 
   static const char* name(int sig);  // "SIGTERM", "SIGUSR1", else "signal"
 };

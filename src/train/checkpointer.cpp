@@ -1,0 +1,175 @@
+// Where a run starts and when it saves (see trident/train/checkpointer.hpp).
+#include "trident/train/checkpointer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "trident/core/log.hpp"
+#include "trident/io/checkpoint.hpp"
+#include "trident/io/weights.hpp"
+#include "trident/parallel/agree.hpp"
+#include "trident/train/run.hpp"
+
+namespace trident::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The checkpoint to resume from (same answer on every rank), or none.
+std::optional<std::string> resume_path(const Config& cfg, parallel::ParallelState& ps) {
+  const std::string& r = cfg.io.resume;
+  if (r == "none") return std::nullopt;
+  if (r != "auto") {
+    TRIDENT_CHECK(fs::exists(r), "io.resume: checkpoint '", r, "' not found");
+    return r;
+  }
+  std::string found;
+  if (ps.world_rank == 0) {
+    auto latest = io::find_latest_checkpoint(cfg.io.out_dir + "/checkpoints");
+    if (latest) found = *latest;
+  }
+  std::int64_t n = std::int64_t(found.size());
+  ps.world.broadcast(&n, sizeof n, 0);
+  found.resize(std::size_t(n));
+  ps.world.broadcast(found.data(), n, 0);
+  if (found.empty()) return std::nullopt;
+  return found;
+}
+
+// "52.1 MB in 0.41 s, 127 MB/s": a file's size over the time its read or write took.
+std::string rate(const std::string& path, double seconds) {
+  std::error_code ec;
+  const double mb = double(fs::file_size(path, ec)) / 1e6;
+  if (ec) return str(seconds, " s");
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.1f MB in %.2f s, %.0f MB/s", mb, seconds,
+                mb / std::max(seconds, 1e-9));
+  return buf;
+}
+
+// The rank's AdamW moments in host memory as checkpoints hold them (the full local layout):
+// a ZeRO-1 rank's shards gathered into host buffers (fill) and scattered back (commit);
+// otherwise host mirrors of the moments (no copy on a host backend).
+class HostMoments {
+ public:
+  HostMoments(DeviceMemory* mem, AdamW& opt, GradSync& sync, std::int64_t n, bool fill)
+      : opt_(opt), sync_(sync) {
+    if (sync.zero()) {
+      m_full_ = FloatBuffer(std::size_t(n));
+      v_full_ = FloatBuffer(std::size_t(n));
+      if (fill) {
+        sync.gather_full(opt.exp_avg(), m_full_.data());
+        sync.gather_full(opt.exp_avg_sq(), v_full_.data());
+      }
+      return;
+    }
+    m_own_.emplace(mem, opt.exp_avg(), n, fill);
+    v_own_.emplace(mem, opt.exp_avg_sq(), n, fill);
+  }
+  float* m() { return m_own_ ? m_own_->data() : m_full_.data(); }
+  float* v() { return v_own_ ? v_own_->data() : v_full_.data(); }
+  void commit() {
+    if (!sync_.zero()) {
+      m_own_->commit();
+      v_own_->commit();
+      return;
+    }
+    sync_.scatter_full(m_full_.data(), opt_.exp_avg());
+    sync_.scatter_full(v_full_.data(), opt_.exp_avg_sq());
+  }
+
+ private:
+  AdamW& opt_;
+  GradSync& sync_;
+  FloatBuffer m_full_, v_full_;               // ZeRO-1
+  std::optional<HostMirror> m_own_, v_own_;  // otherwise
+};
+
+}  // namespace
+
+Checkpointer::Checkpointer(Trainer& trainer)
+    : tr_(trainer),
+      cfg_(trainer.config()),
+      role_(shard_role(trainer.state())),
+      dir_(trainer.config().io.out_dir + "/checkpoints") {}
+
+std::string Checkpointer::path_of(std::int64_t step) const {
+  return io::checkpoint_path(dir_, step);
+}
+
+std::int64_t Checkpointer::start() {
+  parallel::ParallelState& ps = tr_.state();
+  model::GptChunk& model = tr_.model();
+  parallel::agree(MPI_COMM_WORLD, [&] { resume_ = resume_path(cfg_, ps); });
+  std::int64_t start = 0;
+  double read_s = 0;  // the checkpoint's read, for the log line (make bench reads it)
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (resume_) {
+      // Parameters and moments come through host memory (HostMirror, HostMoments).
+      HostMirror params(model.memory(), model.params(), model.num_params(), false);
+      HostMoments moments(model.memory(), tr_.optimizer(), tr_.grad_sync(), model.num_params(),
+                          false);
+      io::CheckpointState st =
+          io::read_checkpoint(*resume_, MPI_COMM_WORLD, cfg_.model, model.specs(),
+                              params.data(), moments.m(), moments.v(), role_);
+      params.commit();
+      moments.commit();
+      TRIDENT_CHECK(st.seed == std::uint64_t(cfg_.train.seed), *resume_, ": written with seed ",
+                    st.seed, ", the deck has train.seed = ", cfg_.train.seed,
+                    " (the data order would differ)");
+      start = st.step;
+      tr_.optimizer().set_steps_taken(st.optimizer_steps);
+      read_s = seconds_since(t0);
+    } else if (!cfg_.io.init_weights.empty()) {
+      HostMirror params(model.memory(), model.params(), model.num_params(), false);
+      io::read_weights(cfg_.io.init_weights, MPI_COMM_WORLD, cfg_.model, model.specs(),
+                       params.data(), role_);
+      params.commit();
+    } else {
+      model.init_weights(std::uint64_t(cfg_.train.seed));
+    }
+  });
+  if (resume_) {
+    last_saved_ = start;
+    log::info("resuming from ", *resume_, " at step ", start, " (", rate(*resume_, read_s), ")");
+  }
+  return start;
+}
+
+bool Checkpointer::due(std::int64_t step) const {
+  return step == cfg_.train.steps ||
+         (cfg_.io.checkpoint_every > 0 && step % cfg_.io.checkpoint_every == 0);
+}
+
+void Checkpointer::ensure_saved(std::int64_t step) {
+  if (last_saved_ != step) save(step);
+}
+
+void Checkpointer::save(std::int64_t step) {
+  model::GptChunk& model = tr_.model();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::int64_t G = cfg_.train.global_batch_size;
+  io::CheckpointState st{step, step * G, std::uint64_t(cfg_.train.seed), to_toml(cfg_),
+                         tr_.optimizer().steps_taken()};
+  last_saved_ = step;
+  // The file is layout-independent: ZeRO-1 shards are gathered (HostMoments).
+  HostMirror params(model.memory(), model.params(), model.num_params(), true);
+  HostMoments moments(model.memory(), tr_.optimizer(), tr_.grad_sync(), model.num_params(), true);
+  const std::string path =
+      io::write_checkpoint(dir_, MPI_COMM_WORLD, cfg_.model, model.specs(), st, params.data(),
+                           moments.m(), moments.v(), role_);
+  if (tr_.state().world_rank == 0) {
+    log::info("checkpoint ", path, " (", rate(path, seconds_since(t0)), ")");
+    io::prune_checkpoints(dir_, int(cfg_.io.keep_checkpoints));
+  }
+}
+
+}  // namespace trident::train
