@@ -38,33 +38,32 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
   TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
-  B_ = micro_batch;
-  T_ = cfg.seq_len;
-  C_ = cfg.d_model;
-  NH_ = cfg.n_head / tp;
+  TRIDENT_CHECK(!sequence_parallel || (std::int64_t(micro_batch) * cfg.seq_len) % tp == 0,
+                "parallel.sequence_parallel: micro_batch_size * seq_len = ",
+                std::int64_t(micro_batch) * cfg.seq_len, " tokens must be divisible by parallel.tp = ",
+                tp);
+  dims_ = chunk_dims(cfg, tp, micro_batch, sequence_parallel);
+  B_ = int(dims_.B);
+  T_ = int(dims_.T);
+  C_ = int(dims_.C);
+  NH_ = int(dims_.NH);
+  C3_ = int(dims_.C3);
+  F_ = int(dims_.F);
+  F1_ = int(dims_.F1);
+  Vl_ = int(dims_.Vl);
+  Nr_ = int(dims_.Nr);
   llama_ = cfg.llama();
   if (llama_) {
-    // [q | k | v] columns of this rank: its query heads, then its kv heads (split over TP),
-    // or every kv head (n_kv_head < tp: replicated) of which its query heads read one.
-    const int hd = cfg.head_dim(), kv = cfg.kv_heads();
+    // Its query heads read one kv head each: its own (split over TP), or one of all of them
+    // (n_kv_head < tp: replicated), the first at kv_head0_.
+    const int kv = cfg.kv_heads();
     const bool kv_split = kv >= tp;
-    kv_cols_ = (kv_split ? kv / tp : kv) * hd;
+    kv_cols_ = int(dims_.kv_cols);
     kv_heads_ = kv_split ? kv / tp : 1;
     kv_head0_ = kv_split ? 0 : tp_rank * NH_ / (cfg.n_head / kv);  // its first query head's
-    C3_ = C_ / tp + 2 * kv_cols_;
-    F_ = cfg.d_ff() / tp;
-    F1_ = 2 * F_;  // gate | up
-  } else {
-    C3_ = 3 * C_ / tp;
-    F_ = F1_ = 4 * C_ / tp;
   }
-  Vl_ = vocab_per_rank(cfg.vocab_size, tp);
   vocab_start_ = Vl_ * tp_rank;
   v_valid_ = std::max(0, std::min(cfg.vocab_size - vocab_start_, Vl_));
-  TRIDENT_CHECK(!tpm_.sequence_parallel() || (std::int64_t(B_) * T_) % tp == 0,
-                "parallel.sequence_parallel: micro_batch_size * seq_len = ", B_ * T_,
-                " tokens must be divisible by parallel.tp = ", tp);
-  Nr_ = int(tpm_.local_rows(std::int64_t(B_) * T_));
 
   specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
@@ -106,8 +105,11 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
   if (recompute_ == Recompute::selective) {
-    selective_store_ = buffer(selective_size());
-    selective_inner_ = selective_store_.data();
+    Carver count;
+    carve_recomputed(dims_, count, selective_);
+    selective_store_ = buffer(count.used);
+    Carver bind{selective_store_.data()};
+    carve_recomputed(dims_, bind, selective_);
   }
   ln_discard_ = buffer(2 * std::int64_t(C_));
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
@@ -220,49 +222,93 @@ void GptChunk::init_weights(std::uint64_t seed) {
 
 void GptChunk::zero_grads() { zero(grads_); }
 
-std::int64_t GptChunk::layer_store_size() const {
-  const std::int64_t N = std::int64_t(B_) * T_;
-  const std::int64_t Ca = C_ / ps_.tp.size();
-  const std::int64_t Nr = Nr_;
-  const std::int64_t all =
-      N * (C_ + C3_ + Ca + C_ + F1_ + F_) + Nr * (4 + C_) + std::int64_t(B_) * NH_ * T_;
-  return recompute_ == Recompute::selective ? all - selective_size() : all;
+ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel) {
+  ChunkDims d;
+  d.B = micro_batch;
+  d.T = cfg.seq_len;
+  d.C = cfg.d_model;
+  d.N = d.B * d.T;
+  d.Nr = sequence_parallel ? d.N / tp : d.N;
+  d.NH = cfg.n_head / tp;
+  d.Ca = d.C / tp;
+  d.Vl = vocab_per_rank(cfg.vocab_size, tp);
+  d.F = cfg.d_ff() / tp;
+  if (cfg.llama()) {
+    // [q | k | v] columns of this rank: its query heads, then its kv heads (split over TP),
+    // or every kv head (n_kv_head < tp: replicated).
+    const int kv = cfg.kv_heads();
+    d.kv_cols = std::int64_t(kv >= tp ? kv / tp : kv) * cfg.head_dim();
+    d.C3 = d.Ca + 2 * d.kv_cols;
+    d.F1 = 2 * d.F;  // gate | up
+  } else {
+    d.kv_cols = d.Ca;
+    d.C3 = 3 * d.Ca;
+    d.F1 = d.F;
+  }
+  return d;
 }
 
-std::int64_t GptChunk::selective_size() const {
-  const std::int64_t N = std::int64_t(B_) * T_;
-  return N * (C_ / ps_.tp.size()) + std::int64_t(B_) * NH_ * T_ + N * F_;
+void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la) {
+  la = LayerActivations{};
+  la.atty = take(d.N * d.Ca);
+  la.lse = take(d.B * d.NH * d.T);
+  la.fch_gelu = take(d.N * d.F);
+}
+
+void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
+                 const LayerActivations* shared) {
+  la.ln1 = take(d.N * d.C);
+  la.ln1_mean = take(d.Nr);
+  la.ln1_rstd = take(d.Nr);
+  la.qkv = take(d.N * d.C3);
+  la.atty = shared ? shared->atty : take(d.N * d.Ca);
+  la.lse = shared ? shared->lse : take(d.B * d.NH * d.T);
+  la.res2 = take(d.Nr * d.C);
+  la.ln2 = take(d.N * d.C);
+  la.ln2_mean = take(d.Nr);
+  la.ln2_rstd = take(d.Nr);
+  la.fch = take(d.N * d.F1);
+  la.fch_gelu = shared ? shared->fch_gelu : take(d.N * d.F);
+}
+
+void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g) {
+  g.dmlp = take(d.N * d.C);
+  g.dfch = take(d.N * d.F1);
+  g.dln2 = take(d.Nr * d.C);
+  g.dattn = take(d.N * d.C);
+  g.dqkv = take(d.N * d.C3);
+  g.dln1 = take(d.Nr * d.C);
+}
+
+std::int64_t layer_floats(const ChunkDims& d, bool selective) {
+  Carver count;
+  LayerActivations la{}, shared{};
+  carve_layer(d, count, la, selective ? &shared : nullptr);
+  return count.used;
+}
+
+std::int64_t recomputed_floats(const ChunkDims& d) {
+  Carver count;
+  LayerActivations la;
+  carve_recomputed(d, count, la);
+  return count.used;
+}
+
+std::int64_t grad_stash_floats(const ChunkDims& d) {
+  Carver count;
+  LayerGradStash g{};
+  carve_grad_stash(d, count, g);
+  return count.used;
 }
 
 void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views,
                            int count) const {
-  const std::int64_t N = std::int64_t(B_) * T_, Nr = Nr_;
-  const std::int64_t Ca = C_ / ps_.tp.size();
-  store = buffer(layer_store_size() * count);
-  views.resize(count);
-  float* p = store.data();
-  auto take = [&p](std::int64_t n) {
-    float* r = p;
-    p += n;
-    return r;
-  };
+  views.resize(std::size_t(count));
   // Selective recompute: every layer's atty, lse and fch_gelu are the one shared copy.
-  float* inner = selective_inner_;
-  const bool shared = inner != nullptr;
-  for (auto& la : views) {
-    la.ln1 = take(N * C_);
-    la.ln1_mean = take(Nr);
-    la.ln1_rstd = take(Nr);
-    la.qkv = take(N * C3_);
-    la.atty = shared ? inner : take(N * Ca);
-    la.lse = shared ? inner + N * Ca : take(std::int64_t(B_) * NH_ * T_);
-    la.res2 = take(Nr * C_);
-    la.ln2 = take(N * C_);
-    la.ln2_mean = take(Nr);
-    la.ln2_rstd = take(Nr);
-    la.fch = take(N * F1_);
-    la.fch_gelu = shared ? inner + N * Ca + std::int64_t(B_) * NH_ * T_ : take(N * F_);
-  }
+  const LayerActivations* shared = recompute_ == Recompute::selective ? &selective_ : nullptr;
+  store = buffer(layer_floats(dims_, shared != nullptr) * count);
+  Carver take{store.data()};
+  for (auto& la : views) carve_layer(dims_, take, la, shared);
 }
 
 std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
@@ -277,24 +323,10 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
   a->dinput = buffer(NrC);
   if (recompute_ != Recompute::full) bind_layers(a->store, a->layers, L);
   if (split_backward) {
-    const std::int64_t Nr = Nr_;
-    const std::int64_t per_layer = N * (2 * C_ + F1_ + C3_) + 2 * Nr * C_;  // LayerGradStash
-    a->grad_store = buffer(std::max<std::int64_t>(1, per_layer * L));
-    float* q = a->grad_store.data();
-    auto take = [&q](std::int64_t k) {
-      float* r = q;
-      q += k;
-      return r;
-    };
     a->grad_stash.resize(std::size_t(L));
-    for (LayerGradStash& g : a->grad_stash) {
-      g.dmlp = take(N * C_);
-      g.dfch = take(N * F1_);
-      g.dln2 = take(Nr * C_);
-      g.dattn = take(N * C_);
-      g.dqkv = take(N * C3_);
-      g.dln1 = take(Nr * C_);
-    }
+    a->grad_store = buffer(std::max<std::int64_t>(1, grad_stash_floats(dims_) * L));
+    Carver take{a->grad_store.data()};
+    for (LayerGradStash& g : a->grad_stash) carve_grad_stash(dims_, take, g);
   }
   if (head) {
     a->lnf = buffer(N * C_);

@@ -1,5 +1,6 @@
-// Predicted peak bytes of one rank (see trident/model/memory.hpp). Each term repeats the size
-// arithmetic of the allocation it stands for; the comments name it.
+// Predicted peak bytes of one rank (see trident/model/memory.hpp). The activations count
+// GptChunk's own carving (chunk_dims, carve_layer, carve_grad_stash); the other terms repeat
+// the size arithmetic of the allocation they stand for, and the comments name it.
 #include "trident/model/memory.hpp"
 
 #include <algorithm>
@@ -41,16 +42,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   const int L = chunks.empty() ? 0 : chunks[0].last_layer - chunks[0].first_layer;
 
   // GptChunk's dimensions (its constructor).
-  const std::int64_t B = lay.micro_batch, T = cfg.seq_len, C = cfg.d_model;
-  const std::int64_t N = B * T, NH = cfg.n_head / lay.tp, Ca = C / lay.tp,
-                     Vl = vocab_per_rank(cfg.vocab_size, lay.tp);
-  // Llama: q | k | v columns with this rank's kv heads (all of them when replicated), the MLP
-  // at ffn_hidden / tp with its first product twice as wide (gate | up).
-  const std::int64_t kv = cfg.kv_heads(), hd = cfg.head_dim();
-  const std::int64_t C3 = cfg.llama() ? Ca + 2 * (kv >= lay.tp ? kv / lay.tp : kv) * hd
-                                      : 3 * C / lay.tp;
-  const std::int64_t F = cfg.d_ff() / lay.tp, F1 = cfg.llama() ? 2 * F : F;
-  const std::int64_t Nr = lay.sequence_parallel ? N / lay.tp : N;
+  const ChunkDims d = chunk_dims(cfg, lay.tp, lay.micro_batch, lay.sequence_parallel);
+  const std::int64_t N = d.N, Nr = d.Nr, C = d.C, C3 = d.C3, F = d.F, F1 = d.F1, Vl = d.Vl;
 
   // params_, grads_; ZeRO-1: GradSync's shard_grads_ and AdamW's moments over the shard.
   const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
@@ -58,17 +51,15 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
   e.optimizer = 2 * shard * kFloat;
 
-  // One layer's stash (GptChunk::layer_store_size): ln1, qkv, atty, ln2, fch, fch_gelu over
-  // all rows; res2 and the LayerNorm statistics over this rank's rows; the attention LSE.
-  const std::int64_t layer_store = N * (C + C3 + Ca + C + F1 + F) + Nr * (4 + C) + B * NH * T;
-  // GptChunk::make_activations: boundary buffers, the layers' stash, the zero-bubble
-  // gradient stash, the head's LayerNorm.
+  // GptChunk::make_activations: boundary buffers, the layers' stash (carve_layer), the
+  // zero-bubble gradient stash (carve_grad_stash), the head's LayerNorm.
+  const std::int64_t layer_store = layer_floats(d, false);
   std::int64_t per_mb = Nr * C * (3 + std::max(1, L));
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
-  const std::int64_t inner = N * Ca + B * NH * T + N * F;
+  const std::int64_t inner = recomputed_floats(d);
   if (lay.recompute == Recompute::none) per_mb += L * layer_store;
-  if (lay.recompute == Recompute::selective) per_mb += L * (layer_store - inner);
-  if (lay.split_backward) per_mb += std::max<std::int64_t>(1, L * (N * (2 * C + F1 + C3) + 2 * Nr * C));
+  if (lay.recompute == Recompute::selective) per_mb += L * layer_floats(d, true);
+  if (lay.split_backward) per_mb += std::max<std::int64_t>(1, L * grad_stash_floats(d));
   if (head) per_mb += N * C + 2 * Nr;
   e.activations_per_microbatch = per_mb * kFloat;
   e.activations = std::max(1, lay.peak_stash) * per_mb * kFloat;

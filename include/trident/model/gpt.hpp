@@ -77,6 +77,42 @@ struct LayerGradStash {
   float* dln1;   // [Nr,C]    at the ln_1 output
 };
 
+// The sizes a rank's chunks are allocated by, for one microbatch: B micro_batch, T seq_len,
+// C d_model, N = B*T, Nr residual-stream rows here (N, or N/tp under SP), NH heads here,
+// Ca = C/tp this rank's attention columns, C3 its q|k|v columns, F its MLP columns and F1
+// the MLP's first product's (F; Llama's gate | up: 2F), Vl its vocabulary rows (padded).
+// Llama: kv_cols, the k (and v) columns of its qkv rows (its kv heads, or all of them when
+// n_kv_head < tp replicates them). GptChunk carves its buffers by these and predict_memory
+// (model/memory.hpp) counts the same carving.
+struct ChunkDims {
+  std::int64_t B = 0, T = 0, C = 0, N = 0, Nr = 0, NH = 0, Ca = 0, C3 = 0, F = 0, F1 = 0,
+               Vl = 0, kv_cols = 0;
+};
+ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel);
+
+// Views into one buffer from one layout run twice: once counting (no base: null views) to
+// size the buffer, then binding; so each size is written once.
+struct Carver {
+  float* base = nullptr;
+  std::int64_t used = 0;
+  float* operator()(std::int64_t n) {
+    float* r = base ? base + used : nullptr;
+    used += n;
+    return r;
+  }
+};
+// One layer's activations, carved in LayerActivations' order; with `shared` (selective
+// recompute) its atty, lse and fch_gelu are shared's, the one copy all layers reuse.
+void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
+                 const LayerActivations* shared = nullptr);
+// What selective recompute recomputes, carved: atty, lse and fch_gelu (the rest null).
+void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la);
+void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g);
+// The floats of each carving.
+std::int64_t layer_floats(const ChunkDims& d, bool selective);
+std::int64_t recomputed_floats(const ChunkDims& d);
+std::int64_t grad_stash_floats(const ChunkDims& d);
+
 // Activations of one microbatch in flight through one chunk (the pipeline stashes several).
 struct ChunkActivations {
   FloatBuffer input;                     // [Nr,C] embedding output, or received from the previous stage
@@ -207,14 +243,12 @@ class GptChunk {
   float* at(float* base, Role role, int local_layer = -1) const;
   // The same, or null when the model has no such tensor (Llama's biases).
   float* at_or_null(float* base, Role role, int local_layer = -1) const;
+  // count layers' activations carved into one store (views: one per layer).
   void bind_layers(FloatBuffer& store, std::vector<LayerActivations>& views, int count) const;
   FloatBuffer buffer(std::int64_t n) const;        // n floats of the backend's memory, zeroed
   void zero(FloatBuffer& b) const;
   // The tokens a kernel may read: `host` itself on a host backend, else its copy in `device`.
   const std::int32_t* stage_tokens(IntBuffer& device, const std::int32_t* host) const;
-  std::int64_t layer_store_size() const;
-  // Selective recompute: the floats of one layer's atty, lse and fch_gelu (kept once, shared).
-  std::int64_t selective_size() const;
 
   void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
@@ -251,6 +285,7 @@ class GptChunk {
   parallel::ParallelState& ps_;
   ops::Ops& ops_;
   parallel::TpMappings tpm_;
+  ChunkDims dims_;
   int B_, T_, C_, NH_, C3_, F_, Vl_, vocab_start_, v_valid_;
   int F1_;  // the MLP's first product's columns: F (GPT-2's c_fc), 2F (Llama's gate | up)
   bool llama_ = false;
@@ -281,7 +316,7 @@ class GptChunk {
   FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   FloatBuffer selective_store_;  // selective recompute: one layer's atty, lse, fch_gelu
-  float* selective_inner_ = nullptr;  // selective_store_.data() (for the const bind_layers)
+  LayerActivations selective_;   // its views (atty, lse, fch_gelu)
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
   // Generation (made on first use): per layer the keys then the values of every position so
   // far, [T, kv width] each; one token's activations; its id on the device.
