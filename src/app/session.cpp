@@ -48,9 +48,9 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     // A malformed test fault (TRIDENT_FAULT, core/fault.hpp) fails here, agreed.
     fault::validate();
     ops::BackendOptions backend;
-    backend.device = c.runtime.device;
+    backend.device = c.runtime.device.word();  // ops names its backends by word
     backend.threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(node.size);
-    backend.precision = ops::parse_precision(c.runtime.precision);
+    backend.precision = c.runtime.precision.get();
     backend.local_rank = node.rank;
     backend.local_size = node.size;
     s.ops = ops::make_ops(backend);
@@ -60,7 +60,7 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
       parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp});
   // Device buffers reach MPI directly when it is CUDA-aware ("cuda" only: the guarded test
   // backend always stages), else through host memory.
-  const bool gpu = s.cfg.runtime.device == "cuda";
+  const bool gpu = s.cfg.runtime.device == train::RuntimeDevice::cuda;
   s.ps.use_device_memory(s.ops->memory(), gpu && parallel::mpi_cuda_aware());
   return s;
 }

@@ -152,49 +152,6 @@ void write_numeric(hid_t obj, const std::string& name, hid_t file_type, hid_t me
   check(H5Awrite(a, mem_type, v), obj, "cannot write attribute '" + name + "'");
 }
 
-// Broadcasts rank 0's error message (empty: none) and throws it on every rank. Over the
-// whole world it is an AgreedError: rank 0 alone prints it and every rank exits cleanly
-// (a plain Error would make each rank print it and abort the job).
-void agree_on_error(std::string err, MPI_Comm comm) {
-  if (comm != MPI_COMM_NULL) {
-    int n = int(err.size());
-    MPI_Bcast(&n, 1, MPI_INT, 0, comm);
-    err.resize(std::size_t(n));
-    if (n > 0) MPI_Bcast(err.data(), n, MPI_CHAR, 0, comm);
-  }
-  if (err.empty()) return;
-  int same = MPI_UNEQUAL;
-  if (comm != MPI_COMM_NULL) MPI_Comm_compare(comm, MPI_COMM_WORLD, &same);
-  if (same == MPI_IDENT || same == MPI_CONGRUENT) throw parallel::AgreedError(err);
-  throw Error(err);
-}
-
-// Collective over comm (MPI_COMM_NULL: this process alone): every rank passes its error
-// ("" when it has none); if any rank has one, every rank throws the lowest failing rank's.
-// A failure that HDF5 reports on some ranks only (a full disk fails the MPI-IO aggregators'
-// writes) would otherwise leave the others waiting in the next collective call.
-void agree_on_errors(const std::string& err, MPI_Comm comm) {
-  if (comm == MPI_COMM_NULL) {
-    if (!err.empty()) throw Error(err);
-    return;
-  }
-  int rank = 0, first = INT_MAX;
-  MPI_Comm_rank(comm, &rank);
-  if (!err.empty()) first = rank;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX) return;
-  std::string msg = rank == first ? err : std::string();
-  int n = int(msg.size());
-  MPI_Bcast(&n, 1, MPI_INT, first, comm);
-  msg.resize(std::size_t(n));
-  MPI_Bcast(msg.data(), n, MPI_CHAR, first, comm);
-  if (first != 0) msg = "[rank " + std::to_string(first) + "] " + msg;
-  int same = MPI_UNEQUAL;
-  MPI_Comm_compare(comm, MPI_COMM_WORLD, &same);
-  if (same == MPI_IDENT || same == MPI_CONGRUENT) throw parallel::AgreedError(msg);
-  throw Error(msg);
-}
-
 // fsync(2) of a file or directory; best effort (some file systems refuse directories).
 void sync_path(const char* path, int flags) {
   int fd = ::open(path, flags);
@@ -233,7 +190,7 @@ void File::flush() {
   std::string err;
   if (H5Fflush(id(), H5F_SCOPE_GLOBAL) < 0)
     err = str(path_, ": cannot flush the HDF5 file (disk full?)", hdf5_detail());
-  agree_on_errors(err, comm_);
+  parallel::agree_on_errors(err, comm_);
 }
 
 void File::close() {
@@ -243,7 +200,7 @@ void File::close() {
   if (id_.close() < 0)
     err = str(path_, ": cannot close the HDF5 file (disk full, or objects still open?)",
               hdf5_detail());
-  agree_on_errors(err, comm_);
+  parallel::agree_on_errors(err, comm_);
 }
 
 File open_file(const std::string& path, Mode mode, bool file_locking) {
@@ -278,23 +235,21 @@ File open_file_parallel(const std::string& path, MPI_Comm comm, Mode mode) {
   return f;
 }
 
-std::string file_name(hid_t obj) {
-  ssize_t n = H5Fget_name(obj, nullptr, 0);
-  if (n <= 0) return "<hdf5>";
+namespace {
+// A name HDF5 hands out in two calls (its length, then the text): H5Fget_name, H5Iget_name.
+std::string hdf5_name(hid_t obj, ssize_t (*get)(hid_t, char*, size_t), const char* none) {
+  const ssize_t n = get(obj, nullptr, 0);
+  if (n <= 0) return none;
   std::string s(std::size_t(n) + 1, '\0');
-  H5Fget_name(obj, s.data(), s.size());
+  get(obj, s.data(), s.size());
   s.resize(std::size_t(n));
   return s;
 }
+}  // namespace
 
-std::string object_name(hid_t obj) {
-  ssize_t n = H5Iget_name(obj, nullptr, 0);
-  if (n <= 0) return "/";
-  std::string s(std::size_t(n) + 1, '\0');
-  H5Iget_name(obj, s.data(), s.size());
-  s.resize(std::size_t(n));
-  return s;
-}
+std::string file_name(hid_t obj) { return hdf5_name(obj, H5Fget_name, "<hdf5>"); }
+
+std::string object_name(hid_t obj) { return hdf5_name(obj, H5Iget_name, "/"); }
 
 std::string shape_str(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
@@ -477,7 +432,7 @@ void make_parent_dir(const std::string& path, MPI_Comm comm) {
     if (!parent.empty()) fs::create_directories(parent, ec);
     if (ec) err = str(parent.string(), ": cannot create the directory: ", ec.message());
   }
-  agree_on_error(err, comm);  // also the barrier: nobody opens before the directory exists
+  parallel::agree_on_root_error(err, comm);  // also the barrier: nobody opens before the directory exists
 }
 
 void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm) {
@@ -505,7 +460,7 @@ void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm) {
                   human(avail), " free (disk full?)");
     }
   }
-  agree_on_errors(err, comm);
+  parallel::agree_on_errors(err, comm);
 }
 
 void commit_file(const std::string& tmp_path, const std::string& final_path, MPI_Comm comm) {
@@ -524,7 +479,7 @@ void commit_file(const std::string& tmp_path, const std::string& final_path, MPI
       sync_path(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
     }
   }
-  agree_on_error(err, comm);
+  parallel::agree_on_root_error(err, comm);
 }
 
 }  // namespace trident::io::h5

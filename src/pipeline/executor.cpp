@@ -199,12 +199,6 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
     }
   }
   wait_sends();
-  // The tied embedding: wte's gradient from the first stage's lookup and the last stage's
-  // LM head, summed so that both copies take the same optimizer step (once per step, also
-  // with several chunks per rank).
-  const model::ShardSpec* wte = chunk_.tied_embedding();
-  if (ps_.shape.pp > 1 && ps_.embedding.size() > 1 && wte)
-    ps_.embedding.allreduce_sum(chunk_.grads() + wte->offset, wte->local_numel());  // staged
   return loss;
 }
 

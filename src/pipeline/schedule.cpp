@@ -18,12 +18,6 @@ std::string Action::str() const {
   return s;
 }
 
-const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names{"naive", "gpipe", "1f1b",
-                                              "interleaved-1f1b", "looped-bfs", "zb-h1"};
-  return names;
-}
-
 namespace {
 
 constexpr ActionType F = ActionType::F, B = ActionType::B, W = ActionType::W;
@@ -127,37 +121,73 @@ std::vector<Action> zb_h1_stage(int pp, int stage, int m) {
 
 }  // namespace
 
+const std::vector<ScheduleKind>& schedule_kinds() {
+  // clang-format off
+  static const std::vector<ScheduleKind> kinds = {
+      // name               chunks  whole groups  one rank's actions
+      {"naive",            false, false, [](int, int, int, int m) { return naive_stage(m); }},
+      {"gpipe",            false, false, [](int, int, int, int m) { return gpipe_stage(m); }},
+      {"1f1b",             false, false, [](int pp, int, int r, int m) { return one_f_one_b_stage(pp, r, m); }},
+      // vpp = 1 is Megatron without a virtual pipeline: plain 1F1B.
+      {"interleaved-1f1b", true,  true,  [](int pp, int vpp, int r, int m) {
+         return vpp == 1 ? one_f_one_b_stage(pp, r, m) : interleaved_stage(pp, vpp, r, m); }},
+      {"looped-bfs",       true,  false, [](int, int vpp, int, int m) { return looped_bfs_stage(vpp, m); }},
+      {"zb-h1",            false, false, [](int pp, int, int r, int m) { return zb_h1_stage(pp, r, m); }},
+  };
+  // clang-format on
+  return kinds;
+}
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const ScheduleKind& k : schedule_kinds()) n.push_back(k.name);
+    return n;
+  }();
+  return names;
+}
+
+const ScheduleKind* find_schedule(const std::string& name) {
+  for (const ScheduleKind& k : schedule_kinds())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> multi_chunk_schedule_names() {
+  std::vector<std::string> n;
+  for (const ScheduleKind& k : schedule_kinds())
+    if (k.multi_chunk) n.push_back(k.name);
+  return n;
+}
+
+ScheduleMisfit ScheduleKind::misfit(int pp, int vpp, int m) const {
+  if (vpp > 1 && !multi_chunk) return ScheduleMisfit::chunks;
+  // Megatron's grouping of pp microbatches per chunk needs whole groups.
+  if (m > 0 && vpp > 1 && whole_groups && m % pp != 0) return ScheduleMisfit::microbatches;
+  return ScheduleMisfit::none;
+}
+
 Schedule make_schedule(const std::string& name, int pp, int vpp, int m) {
-  TRIDENT_CHECK(std::find(schedule_names().begin(), schedule_names().end(), name) !=
-                    schedule_names().end(),
-                "unknown schedule '", name,
-                "' (expected naive, gpipe, 1f1b, interleaved-1f1b, looped-bfs or zb-h1)");
+  const ScheduleKind* kind = find_schedule(name);
+  TRIDENT_CHECK(kind, "unknown schedule '", name, "' (expected ", join_or(schedule_names()), ")");
   TRIDENT_CHECK(pp >= 1 && vpp >= 1 && m >= 1, "schedule ", name, ": pp, vpp and microbatches "
                 "must be positive (got ", pp, ", ", vpp, ", ", m, ")");
-  const bool multi_chunk = name == "interleaved-1f1b" || name == "looped-bfs";
-  TRIDENT_CHECK(vpp == 1 || multi_chunk, "schedule ", name, " places one chunk per rank, so "
-                "vpp must be 1 (got vpp = ", vpp, "); vpp > 1 needs interleaved-1f1b or "
-                "looped-bfs");
-  // Megatron's grouping of pp microbatches per chunk needs whole groups.
-  TRIDENT_CHECK(name != "interleaved-1f1b" || vpp == 1 || m % pp == 0, "schedule ", name,
-                " with vpp = ", vpp, " needs microbatches divisible by pp (got ", m,
-                " microbatches, pp = ", pp, ")");
+  const ScheduleMisfit misfit = kind->misfit(pp, vpp, m);
+  TRIDENT_CHECK(misfit != ScheduleMisfit::chunks, "schedule ", name, " places one chunk per rank, "
+                "so vpp must be 1 (got vpp = ", vpp, "); vpp > 1 needs ",
+                join_or(multi_chunk_schedule_names()));
+  TRIDENT_CHECK(misfit != ScheduleMisfit::microbatches, "schedule ", name, " with vpp = ", vpp,
+                " needs microbatches divisible by pp (got ", m, " microbatches, pp = ", pp, ")");
   Schedule s{name, pp, vpp, m, {}};
-  for (int r = 0; r < pp; ++r) {
-    if (name == "naive")
-      s.stages.push_back(naive_stage(m));
-    else if (name == "gpipe")
-      s.stages.push_back(gpipe_stage(m));
-    else if (name == "1f1b" || (name == "interleaved-1f1b" && vpp == 1))
-      s.stages.push_back(one_f_one_b_stage(pp, r, m));  // Megatron without a virtual pipeline
-    else if (name == "interleaved-1f1b")
-      s.stages.push_back(interleaved_stage(pp, vpp, r, m));
-    else if (name == "looped-bfs")
-      s.stages.push_back(looped_bfs_stage(vpp, m));
-    else
-      s.stages.push_back(zb_h1_stage(pp, r, m));
-  }
+  for (int r = 0; r < pp; ++r) s.stages.push_back(kind->stage(pp, vpp, r, m));
   return s;
+}
+
+std::string join_or(const std::vector<std::string>& words, const char* quote) {
+  std::string out;
+  for (std::size_t i = 0; i < words.size(); ++i)
+    out += std::string(i ? (i + 1 == words.size() ? " or " : ", ") : "") + quote + words[i] + quote;
+  return out;
 }
 
 bool splits_weight_grad(const Schedule& s) {

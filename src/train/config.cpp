@@ -1,7 +1,7 @@
 // The input deck: a table of every key (FORMAT.md's order), TOML in through toml++, overrides,
 // validation with one-line messages, and the resolved deck back out as TOML.
 // defines: trident::train::load_config, parse_config, to_toml, resolve_world,
-//          microbatches_per_rank, Config::operator==
+//          microbatches_per_rank, Config::operator== (from the key table)
 //
 // How a deck is read: parse the text (syntax errors carry line:column) -> assign each key
 // through the key table, checking its TOML type -> apply the `--set` overrides through the
@@ -24,50 +24,22 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 #include <variant>
 
 #include "trident/core/error.hpp"
+#include "trident/pipeline/schedule.hpp"
 #include "trident/train/data_loader.hpp"
 
 namespace trident::train {
-
-bool Config::Parallel::operator==(const Parallel& o) const {
-  return tp == o.tp && pp == o.pp && dp == o.dp && vpp == o.vpp && schedule == o.schedule &&
-         micro_batch_size == o.micro_batch_size && sequence_parallel == o.sequence_parallel &&
-         zero_stage == o.zero_stage && grad_bucket_mb == o.grad_bucket_mb &&
-         recompute == o.recompute;
-}
-bool Config::Train::operator==(const Train& o) const {
-  return steps == o.steps && global_batch_size == o.global_batch_size && lr == o.lr &&
-         min_lr == o.min_lr && warmup_steps == o.warmup_steps &&
-         weight_decay == o.weight_decay && beta1 == o.beta1 && beta2 == o.beta2 &&
-         eps == o.eps && grad_clip == o.grad_clip && seed == o.seed &&
-         eval_every == o.eval_every && eval_batches == o.eval_batches &&
-         on_nonfinite == o.on_nonfinite;
-}
-bool Config::Data::operator==(const Data& o) const {
-  return train == o.train && valid == o.valid;
-}
-bool Config::IO::operator==(const IO& o) const {
-  return out_dir == o.out_dir && checkpoint_every == o.checkpoint_every &&
-         keep_checkpoints == o.keep_checkpoints && resume == o.resume &&
-         init_weights == o.init_weights && trace_step == o.trace_step;
-}
-bool Config::Runtime::operator==(const Runtime& o) const {
-  return device == o.device && precision == o.precision && threads == o.threads &&
-         watchdog_s == o.watchdog_s;
-}
-bool Config::operator==(const Config& o) const {
-  return model == o.model && parallel == o.parallel && train == o.train && data == o.data &&
-         io == o.io && runtime == o.runtime;
-}
 
 namespace {
 
 // ---------------------------------------------------------------------------------------
 // The key table: one row per deck key, in FORMAT.md's order.
 
-using Field = std::variant<int*, std::int64_t*, double*, bool*, std::string*>;
+// ChoiceKey*: a key whose value is one of a few words (Choice<E>).
+using Field = std::variant<int*, std::int64_t*, double*, bool*, std::string*, ChoiceKey*>;
 
 struct KeyDef {
   const char* section;
@@ -156,6 +128,11 @@ const KeyDef* find_key(const std::string& section, const std::string& name) {
   for (const KeyDef& k : key_table())
     if (section == k.section && name == k.name) return &k;
   return nullptr;
+}
+
+const KeyDef* find_key_full(const std::string& key) {
+  const std::size_t dot = key.find('.');
+  return find_key(key.substr(0, dot), key.substr(dot + 1));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -259,6 +236,7 @@ std::string field_value(const Field& f) {
     std::string operator()(double* p) const { return toml_float(*p); }
     std::string operator()(bool* p) const { return *p ? "true" : "false"; }
     std::string operator()(std::string* p) const { return toml_string(*p); }
+    std::string operator()(ChoiceKey* c) const { return toml_string(c->current()); }
   };
   return std::visit(Visitor{}, f);
 }
@@ -270,6 +248,7 @@ const char* expected_name(const Field& f) {
     const char* operator()(double*) const { return "a number"; }
     const char* operator()(bool*) const { return "a boolean (true or false)"; }
     const char* operator()(std::string*) const { return "a string"; }
+    const char* operator()(ChoiceKey*) const { return "a string"; }
   };
   return std::visit(Visitor{}, f);
 }
@@ -393,9 +372,14 @@ class Loader {
       if (t.size() == 1 && t.contains("v")) parsed = std::move(t);
     } catch (const toml::parse_error&) {
     }
-    if (std::holds_alternative<std::string*>(f) &&
-        !(parsed && (parsed->get("v")->is_string() || parsed->get("v")->is_array()))) {
-      *std::get<std::string*>(f) = value;  // unquoted text for a string key
+    const bool text = std::holds_alternative<std::string*>(f) ||
+                      std::holds_alternative<ChoiceKey*>(f);
+    if (text && !(parsed && (parsed->get("v")->is_string() || parsed->get("v")->is_array()))) {
+      // unquoted text for a string key
+      if (auto* p = std::get_if<std::string*>(&f))
+        **p = value;
+      else
+        set_choice(def->full(), *std::get<ChoiceKey*>(f), value);
       origin_[def->full()] = where;
       return;
     }
@@ -451,8 +435,23 @@ class Loader {
     } else if (auto* ps = std::get_if<std::string*>(&f)) {
       if (!node.is_string()) wrong();
       **ps = node.as_string()->get();
+    } else if (auto* pc = std::get_if<ChoiceKey*>(&f)) {
+      if (!node.is_string()) wrong();
+      set_choice(key, **pc, node.as_string()->get());
     }
     origin_[key] = where;
+  }
+
+  // A word that is not one of the choice's is refused by validate(), in its turn among the
+  // rules (need_choice), so that errors come in the same order whatever the key's type.
+  void set_choice(const std::string& key, ChoiceKey& c, const std::string& word) {
+    const std::vector<std::string> words = c.choices();
+    if (std::find(words.begin(), words.end(), word) == words.end()) {
+      bad_word_[key] = word;
+      return;
+    }
+    bad_word_.erase(key);
+    c.choose(word);
   }
 
   // Where a key was set: its line in the file, the file's --set, or just the file (default).
@@ -471,6 +470,12 @@ class Loader {
   }
   void need_finite(double v, const std::string& key) const {
     if (!std::isfinite(v)) fail(where(key), ": ", key, ": must be finite, got ", toml_float(v));
+  }
+  void need_choice(const std::string& key) const {
+    auto it = bad_word_.find(key);
+    if (it == bad_word_.end()) return;
+    Config c = cfg_;
+    need_one_of(it->second, key, std::get<ChoiceKey*>(find_key_full(key)->field(c))->choices());
   }
   void need_one_of(const std::string& v, const std::string& key,
                    const std::vector<std::string>& allowed) const {
@@ -529,16 +534,17 @@ class Loader {
     need(p.pp >= 1, "parallel.pp", ">= 1", p.pp);
     need(p.dp >= 0, "parallel.dp", ">= 0 (0: world size / (tp * pp))", p.dp);
     need(p.vpp >= 1, "parallel.vpp", ">= 1", p.vpp);
-    need_one_of(p.schedule, "parallel.schedule", kSchedules);
+    need_one_of(p.schedule, "parallel.schedule", pipeline::schedule_names());
     need(p.micro_batch_size >= 1, "parallel.micro_batch_size", ">= 1", p.micro_batch_size);
     need(p.zero_stage == 0 || p.zero_stage == 1, "parallel.zero_stage", "0 or 1", p.zero_stage);
     need_finite(p.grad_bucket_mb, "parallel.grad_bucket_mb");
     need(p.grad_bucket_mb > 0, "parallel.grad_bucket_mb", "> 0", toml_float(p.grad_bucket_mb));
-    need_one_of(p.recompute, "parallel.recompute", {"none", "selective", "full"});
-    if (p.vpp > 1 && p.schedule != "interleaved-1f1b" && p.schedule != "looped-bfs")
+    need_choice("parallel.recompute");
+    if (pipeline::find_schedule(p.schedule)->misfit(p.pp, p.vpp, 0) ==
+        pipeline::ScheduleMisfit::chunks)
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,
-           " needs parallel.schedule = \"interleaved-1f1b\" or \"looped-bfs\", got ",
-           toml_string(p.schedule));
+           " needs parallel.schedule = ", pipeline::join_or(pipeline::multi_chunk_schedule_names(), "\""),
+           ", got ", toml_string(p.schedule));
     // Chunks of one rank pass activations to each other through the pipeline's ring.
     if (p.vpp > 1 && p.pp < 2)
       fail(where("parallel.vpp", "parallel.pp"), ": parallel.vpp = ", p.vpp,
@@ -601,7 +607,7 @@ class Loader {
     need(t.seed >= 0, "train.seed", ">= 0", t.seed);
     need(t.eval_every >= 0, "train.eval_every", ">= 0 (0: never)", t.eval_every);
     need(t.eval_batches >= 1, "train.eval_batches", ">= 1", t.eval_batches);
-    need_one_of(t.on_nonfinite, "train.on_nonfinite", {"abort", "skip"});
+    need_choice("train.on_nonfinite");
 
     // [io]
     need(!c.io.out_dir.empty(), "io.out_dir", "a directory", "\"\"");
@@ -615,12 +621,12 @@ class Loader {
            " must be <= train.steps = ", t.steps);
 
     // [runtime]
-    need_one_of(c.runtime.device, "runtime.device", {"cpu", "cuda", "cpu-guarded"});
-    need_one_of(c.runtime.precision, "runtime.precision", {"fp32", "tf32", "bf16"});
-    if (c.runtime.precision != "fp32" && c.runtime.device != "cuda")
+    need_choice("runtime.device");
+    need_choice("runtime.precision");
+    if (c.runtime.precision != ops::Precision::fp32 && c.runtime.device != RuntimeDevice::cuda)
       fail(where("runtime.precision", "runtime.device"), ": runtime.precision = ",
-           toml_string(c.runtime.precision), " needs runtime.device = \"cuda\", got ",
-           toml_string(c.runtime.device));
+           toml_string(c.runtime.precision.word()), " needs runtime.device = \"cuda\", got ",
+           toml_string(c.runtime.device.word()));
     need(c.runtime.threads >= 0, "runtime.threads", ">= 0 (0: cores / ranks on this node)",
          c.runtime.threads);
     need_finite(c.runtime.watchdog_s, "runtime.watchdog_s");
@@ -631,6 +637,7 @@ class Loader {
   std::string source_;
   Config cfg_;
   std::map<std::string, std::string> origin_;  // key -> where it was set
+  std::map<std::string, std::string> bad_word_;  // choice key -> a word it does not know
 };
 
 }  // namespace
@@ -677,6 +684,29 @@ std::string to_toml(const Config& cfg) {
   return out;
 }
 
+bool Config::operator==(const Config& o) const {
+  // [model] compares as a model (ModelConfig: resolved sizes, so n_kv_head 0 and n_head are
+  // the same); every other key through the key table.
+  if (model != o.model) return false;
+  Config a = *this, b = o;  // the key table hands out pointers into a mutable Config
+  for (const KeyDef& k : key_table()) {
+    if (std::string(k.section) == "model") continue;
+    const Field fa = k.field(a), fb = k.field(b);
+    const bool same = std::visit(
+        [&](const auto& pa) {
+          using P = std::decay_t<decltype(pa)>;
+          const P& pb = std::get<P>(fb);
+          if constexpr (std::is_same_v<P, ChoiceKey*>)
+            return pa->current() == pb->current();
+          else
+            return *pa == *pb;
+        },
+        fa);
+    if (!same) return false;
+  }
+  return true;
+}
+
 void resolve_world(Config& cfg, int world_size) {
   Config::Parallel& p = cfg.parallel;
   const std::string& src = cfg.source;
@@ -699,8 +729,9 @@ void resolve_world(Config& cfg, int world_size) {
          " * ", p.dp, " = ", per_step);
   // Megatron's interleaved schedule takes the microbatches in groups of pp per chunk.
   const std::int64_t m = cfg.train.global_batch_size / per_step;
-  if (p.schedule == "interleaved-1f1b" && p.vpp > 1 && m % p.pp != 0)
-    fail(src, ": parallel.schedule = \"interleaved-1f1b\" with parallel.vpp = ", p.vpp,
+  const pipeline::ScheduleKind* kind = pipeline::find_schedule(p.schedule);
+  if (kind && kind->misfit(p.pp, p.vpp, int(m)) == pipeline::ScheduleMisfit::microbatches)
+    fail(src, ": parallel.schedule = ", toml_string(p.schedule), " with parallel.vpp = ", p.vpp,
          " needs the microbatches per rank (train.global_batch_size / (parallel.micro_batch_size"
          " * parallel.dp) = ", m, ") divisible by parallel.pp = ", p.pp);
 }

@@ -146,6 +146,13 @@ void GradSync::ready(std::int64_t offset, std::int64_t count) {
   MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
 }
 
+void GradSync::reduce_tied_embedding(model::GptChunk& chunk, parallel::ParallelState& ps) {
+  const model::ShardSpec* tied = chunk.tied_embedding();
+  if (ps.shape.pp <= 1 || ps.embedding.size() <= 1 || !tied) return;
+  // Staged through host memory by the Comm where needed.
+  ps.embedding.allreduce_sum(chunk.grads() + tied->offset, tied->local_numel());
+}
+
 void GradSync::finish() {
   last_early_ = 0;
   for (std::size_t i = 0; i < buckets_.size(); ++i) {

@@ -107,13 +107,13 @@ void ProgressLine::print(std::int64_t step, const StepStats& st, double tokens_p
 // ---- StopPolicy ----------------------------------------------------------------------------
 
 StopPolicy::StopPolicy(const Config& cfg)
-    : skip_non_finite_(cfg.train.on_nonfinite == "skip"), steps_(cfg.train.steps) {}
+    : non_finite_(cfg.train.on_nonfinite.get()), steps_(cfg.train.steps) {}
 
 void StopPolicy::on_non_finite(std::int64_t step, const StepStats& st, Checkpointer& checkpoints,
                                MetricsLog& metrics) const {
   const std::string what = str("step ", step, ": the loss (", st.loss, ") or the gradient norm (",
                                st.grad_norm, ") is not finite");
-  if (skip_non_finite_) {
+  if (non_finite_ == NonFinite::skip) {
     log::warn(what, "; skipped, the weights are those of step ", step - 1,
               " (train.on_nonfinite = \"skip\")");
     return;

@@ -1,7 +1,6 @@
 // One optimizer step of one rank (see trident/train/trainer.hpp).
 #include "trident/train/trainer.hpp"
 
-#include <mpi.h>
 
 #include <cmath>
 #include <cstdio>
@@ -27,12 +26,9 @@ std::vector<model::StageLayout> stage_layout(const Config& cfg,
 Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
     : cfg_(cfg), ps_(ps), ops_(ops), rss_at_start_(resident_bytes()) {
   TRIDENT_CHECK(cfg.model.vocab_size > 0, "model.vocab_size is 0 and no dataset gave one");
-  const auto recompute =
-      cfg.parallel.recompute == "full"        ? model::Recompute::full
-      : cfg.parallel.recompute == "selective" ? model::Recompute::selective
-                                              : model::Recompute::none;
   model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
-                                             cfg.parallel.micro_batch_size, recompute,
+                                             cfg.parallel.micro_batch_size,
+                                             cfg.parallel.recompute.get(),
                                              cfg.parallel.sequence_parallel);
   sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
                                      cfg.parallel.zero_stage == 1);
@@ -47,7 +43,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.pp_rank = ps.coord.pp, lay.tp_rank = ps.coord.tp;
   lay.micro_batch = cfg.parallel.micro_batch_size;
   lay.sequence_parallel = cfg.parallel.sequence_parallel;
-  lay.recompute = recompute;
+  lay.recompute = cfg.parallel.recompute.get();
   lay.zero1 = cfg.parallel.zero_stage == 1;
   lay.host_memory = ops.memory() == nullptr;
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
@@ -159,6 +155,7 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
       },
       loss_scale);
+  GradSync::reduce_tied_embedding(*model_, ps_);
   model_->reduce_sequence_parallel_grads();
   // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
   if (sync_->active()) sync_->finish();
@@ -171,8 +168,9 @@ void Trainer::gather_gradients() {
 
 void Trainer::report_startup() {
   // Rank 0 reports the maximum over ranks (stages and TP ranks differ).
-  std::int64_t mine[2] = {model_->num_params(), optimizer_->state_bytes()}, most[2];
-  MPI_Allreduce(mine, most, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  const std::int64_t mine[2] = {model_->num_params(), optimizer_->state_bytes()};
+  double most[2] = {double(mine[0]), double(mine[1])};  // below 2^53: exact as doubles
+  ps_.world.allreduce_max(most, 2);
   const int m = microbatches_per_rank(cfg_);
   const auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
                                              cfg_.parallel.vpp, m);

@@ -5,7 +5,9 @@
 // described by one ShardSpec table (each logical tensor once: a rank holding both the
 // embedding and the head chunk keeps one wte), so the optimizer, checkpoints and gradient
 // dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
-// defines: trident::model::GptChunk, ChunkActivations, LayerActivations, Recompute
+// defines: trident::model::GptChunk, ChunkActivations, LayerActivations, LayerGradStash,
+//          ChunkDims, chunk_dims, Carver, carve_layer, carve_recomputed, carve_grad_stash,
+//          layer_floats, recomputed_floats, grad_stash_floats
 //
 // model.arch = "llama": the same class with Llama blocks (model/llama.cpp): the same TP
 // layers, mappings, pipeline chunks, activations and ShardSpec table; only the block's
@@ -41,14 +43,6 @@
 #include "trident/parallel/tp_mappings.hpp"
 
 namespace trident::model {
-
-// What a block's backward recomputes instead of keeping from its forward:
-//   none       everything kept
-//   selective  the attention core (its output and LSE, from the kept q, k, v) and the GELU
-//              output (from the kept c_fc output): 1 + 4/tp of ~15 channel-widths per token,
-//              for one flash attention forward and one GELU per layer (Megatron's choice)
-//   full       only each block's input kept; its whole forward runs again in the backward
-enum class Recompute { none, selective, full };
 
 // What one transformer block keeps from its forward for its backward.
 struct LayerActivations {

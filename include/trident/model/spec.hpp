@@ -2,8 +2,8 @@
 // place that knows how a logical tensor maps onto this rank's shard and onto the rank's
 // flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
 // ranges and the grad-norm "count each parameter once" rule all read it.
-// defines: trident::model::ModelConfig, llama_ffn_hidden, Split, Init, Role, Place, Extent,
-//          RoleRow, RoleTable, model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts,
+// defines: trident::model::ModelConfig, llama_ffn_hidden, Recompute, Split, Init, Role, Place,
+//          Extent, RoleRow, RoleTable, model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts,
 //          gpt_param_specs, param_specs, for_each_local_element
 #pragma once
 
@@ -48,6 +48,14 @@ struct ModelConfig {
   }
   bool operator!=(const ModelConfig& o) const { return !(*this == o); }
 };
+
+// What a block's backward recomputes instead of keeping from its forward:
+//   none       everything kept
+//   selective  the attention core (its output and LSE, from the kept q, k, v) and the GELU
+//              output (from the kept c_fc output): 1 + 4/tp of ~15 channel-widths per token,
+//              for one flash attention forward and one GELU per layer (Megatron's choice)
+//   full       only each block's input kept; its whole forward runs again in the backward
+enum class Recompute { none, selective, full };
 
 // How tensor parallelism splits a parameter along split_dim.
 enum class Split {

@@ -65,7 +65,7 @@ class Executor {
     int peer;
     int buffer;  // index into send_device_ or send_host_
   };
-  int vstage(int chunk) const { return chunk * pp_ + stage_; }
+  int vstage(int chunk) const { return virtual_stage(stage_, chunk, pp_); }
   bool first_vstage(int chunk) const { return vstage(chunk) == 0; }
   bool last_vstage(int chunk) const { return vstage(chunk) == pp_ * schedule_.vpp - 1; }
   int tag(int mb, int receiver_vstage, int dir) const;

@@ -21,7 +21,9 @@
 //   zb-h1             zero bubble H1 (Qi et al. 2023): B computes only the input gradient and
 //                     W the weight gradient; 1F1B order, stage r defers its first r W's so
 //                     the backwards reach the first stage sooner, and the W's fill the tail.
-// defines: trident::pipeline::ActionType, Action, Schedule, make_schedule, schedule_names,
+// defines: trident::pipeline::ActionType, Action, Schedule, ScheduleKind, ScheduleMisfit,
+//          schedule_kinds, find_schedule, multi_chunk_schedule_names, join_or,
+//          make_schedule, schedule_names,
 //          virtual_stage, splits_weight_grad, peak_activations, format_actions, parse_actions
 #pragma once
 
@@ -52,12 +54,33 @@ struct Schedule {
   std::vector<std::vector<Action>> stages;  // [pp rank] -> ordered actions
 };
 
-// The schedule names FORMAT.md accepts.
+// Why a schedule cannot run a layout (ScheduleKind::misfit).
+enum class ScheduleMisfit {
+  none,
+  chunks,        // vpp > 1, and the schedule places one chunk per rank
+  microbatches,  // vpp > 1 takes the microbatches in groups of pp: m % pp != 0
+};
+
+// The registry of schedules: each with its generator and the layouts it accepts. The deck
+// (train/config) and make_schedule both ask it, so each rule lives here only.
+struct ScheduleKind {
+  const char* name;   // as the deck names it (parallel.schedule)
+  bool multi_chunk;   // accepts vpp > 1 chunks per rank
+  bool whole_groups;  // with vpp > 1, microbatches in whole groups of pp
+  std::vector<Action> (*stage)(int pp, int vpp, int rank, int microbatches);
+  // m = 0: the microbatches are not known yet (the deck alone); their rule is not checked.
+  ScheduleMisfit misfit(int pp, int vpp, int microbatches) const;
+};
+const std::vector<ScheduleKind>& schedule_kinds();  // FORMAT.md's order
+const ScheduleKind* find_schedule(const std::string& name);  // null: unknown
+// The schedule names FORMAT.md accepts, and those that accept vpp > 1.
 const std::vector<std::string>& schedule_names();
+std::vector<std::string> multi_chunk_schedule_names();
+// "a, b or c", each word between `quote`s.
+std::string join_or(const std::vector<std::string>& words, const char* quote = "");
 
 // Builds `name` for pp ranks, vpp chunks per rank and m microbatches; an Error names the
-// schedule and the constraint that fails (vpp > 1 only for interleaved-1f1b and looped-bfs;
-// interleaved-1f1b with vpp > 1 needs m % pp == 0).
+// schedule and the constraint that fails (ScheduleKind::misfit).
 Schedule make_schedule(const std::string& name, int pp, int vpp, int microbatches);
 
 // Virtual stage of chunk `chunk` on pipeline rank `pp_rank` (round-robin placement).

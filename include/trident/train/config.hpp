@@ -2,7 +2,7 @@
 // key with its default, loading with `--set section.key=value` overrides, validation, and the
 // resolved deck as TOML text (stored in every checkpoint).
 // defines: trident::train::Config, load_config, parse_config, to_toml, resolve_world,
-//          microbatches_per_rank, kSchedules
+//          microbatches_per_rank, kSchedules, Choice, NonFinite, RuntimeDevice
 //
 // The deck is validated from its text alone (no files opened, no communication), so every
 // rank reaches the same verdict. Every error is a trident::Error with one line that names
@@ -13,16 +13,109 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "trident/core/error.hpp"
 #include "trident/model/spec.hpp"
+#include "trident/ops/ops.hpp"
+#include "trident/pipeline/schedule.hpp"
 
 namespace trident::train {
 
-// The pipeline schedules a deck may name (parallel.schedule).
-inline const std::vector<std::string> kSchedules = {
-    "naive", "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1"};
+// The pipeline schedules a deck may name (parallel.schedule): the registry's names.
+inline const std::vector<std::string>& kSchedules = pipeline::schedule_names();
+
+// train.on_nonfinite: a step whose loss or gradient norm is not finite.
+enum class NonFinite { abort, skip };
+// runtime.device
+enum class RuntimeDevice { cpu, cuda, cpu_guarded };
+
+// The words of each choice a deck key makes, in FORMAT.md's order (one overload per enum).
+using RecomputeWords = std::vector<std::pair<model::Recompute, const char*>>;
+inline const RecomputeWords& choice_words(model::Recompute) {
+  static const RecomputeWords w = {{model::Recompute::none, "none"},
+                                   {model::Recompute::selective, "selective"},
+                                   {model::Recompute::full, "full"}};
+  return w;
+}
+inline const std::vector<std::pair<NonFinite, const char*>>& choice_words(NonFinite) {
+  static const std::vector<std::pair<NonFinite, const char*>> w = {{NonFinite::abort, "abort"},
+                                                                   {NonFinite::skip, "skip"}};
+  return w;
+}
+inline const std::vector<std::pair<RuntimeDevice, const char*>>& choice_words(RuntimeDevice) {
+  static const std::vector<std::pair<RuntimeDevice, const char*>> w = {
+      {RuntimeDevice::cpu, "cpu"}, {RuntimeDevice::cuda, "cuda"},
+      {RuntimeDevice::cpu_guarded, "cpu-guarded"}};
+  return w;
+}
+inline const std::vector<std::pair<ops::Precision, const char*>>& choice_words(ops::Precision) {
+  static const std::vector<std::pair<ops::Precision, const char*>> w = {
+      {ops::Precision::fp32, "fp32"}, {ops::Precision::tf32, "tf32"},
+      {ops::Precision::bf16, "bf16"}};
+  return w;
+}
+
+// What the deck loader sees of any Choice<E>: its words.
+class ChoiceKey {
+ public:
+  virtual ~ChoiceKey() = default;
+  virtual std::vector<std::string> choices() const = 0;
+  virtual std::string current() const = 0;
+  virtual void choose(const std::string& word) = 0;  // one of choices()
+};
+
+// A deck key that names one of a few choices: its word is parsed once, when the deck is
+// read (the loader refuses any other word, naming the key), and code uses the enum E
+// (get(), or == E::x); the word comes back for files and messages (word(), <<).
+template <class E>
+class Choice : public ChoiceKey {
+ public:
+  Choice(E value) : value_(value) {}  // NOLINT: a default is written as its enum
+  Choice(const std::string& word) : value_(parse(word)) {}  // NOLINT
+  Choice(const char* word) : value_(parse(word)) {}         // NOLINT
+
+  E get() const { return value_; }
+  const char* word() const {
+    for (const auto& [e, w] : choice_words(E{}))
+      if (e == value_) return w;
+    return "?";
+  }
+  static std::vector<std::string> words() {
+    std::vector<std::string> out;
+    for (const auto& [e, w] : choice_words(E{})) out.push_back(w);
+    return out;
+  }
+  static std::optional<E> find(const std::string& word) {
+    for (const auto& [e, w] : choice_words(E{}))
+      if (word == w) return e;
+    return std::nullopt;
+  }
+
+  std::vector<std::string> choices() const override { return words(); }
+  std::string current() const override { return word(); }
+  void choose(const std::string& word) override { value_ = parse(word); }
+
+  bool operator==(const Choice& o) const { return value_ == o.value_; }
+  bool operator!=(const Choice& o) const { return value_ != o.value_; }
+  bool operator==(E e) const { return value_ == e; }
+  bool operator!=(E e) const { return value_ != e; }
+  // Against a word: for tests and tools that read decks as text, not for code paths.
+  friend bool operator==(const Choice& c, const char* word) { return std::string(c.word()) == word; }
+  friend std::ostream& operator<<(std::ostream& os, const Choice& c) { return os << c.word(); }
+
+ private:
+  static E parse(const std::string& word) {
+    const std::optional<E> e = find(word);
+    if (!e) fail("'", word, "' is not one of the expected words");
+    return *e;
+  }
+  E value_;
+};
 
 struct Config {
   model::ModelConfig model;  // [model]; vocab_size 0: take it from the token dataset
@@ -37,8 +130,7 @@ struct Config {
     bool sequence_parallel = false;
     int zero_stage = 0;             // 0 | 1
     double grad_bucket_mb = 25.0;   // DP gradient buckets (MiB), overlapped with the backward
-    std::string recompute = "none";  // none | selective | full
-    bool operator==(const Parallel& o) const;
+    Choice<model::Recompute> recompute = model::Recompute::none;
   } parallel;
 
   struct Train {
@@ -57,14 +149,12 @@ struct Config {
     std::int64_t eval_batches = 4;
     // A non-finite loss or gradient norm: "abort" (checkpoint the last good step, exit
     // non-zero) or "skip" (leave the weights as they are, count the step in the metrics).
-    std::string on_nonfinite = "abort";
-    bool operator==(const Train& o) const;
+    Choice<NonFinite> on_nonfinite = NonFinite::abort;
   } train;
 
   struct Data {
     std::string train;  // token dataset (HDF5)
     std::string valid;
-    bool operator==(const Data& o) const;
   } data;
 
   struct IO {
@@ -74,22 +164,21 @@ struct Config {
     std::string resume = "auto";  // "auto" | "none" | path to a checkpoint
     std::string init_weights;     // weights file to start from ("" = fresh init)
     std::int64_t trace_step = 0;  // write <out_dir>/trace/rank-<r>.json of this step; 0: off
-    bool operator==(const IO& o) const;
   } io;
 
   struct Runtime {
-    std::string device = "cpu";      // cpu | cuda | cpu-guarded (tests: see ops/cpu/guarded_ops.cpp)
-    std::string precision = "fp32";  // fp32 | tf32 | bf16 (the last two need cuda)
+    // cpu | cuda | cpu-guarded (tests: see ops/cpu/guarded_ops.cpp)
+    Choice<RuntimeDevice> device = RuntimeDevice::cpu;
+    Choice<ops::Precision> precision = ops::Precision::fp32;  // tf32 and bf16 need cuda
     int threads = 0;                 // 0: cores / ranks on this node
     double watchdog_s = 0;           // a pipeline wait longer than this aborts the job; 0: off
-    bool operator==(const Runtime& o) const;
   } runtime;
 
   // Where the deck came from (a file path, or the name given to parse_config); used in the
   // messages of later checks (resolve_world). Not a deck key, not compared, not written.
   std::string source;
 
-  bool operator==(const Config& o) const;  // every deck key (not `source`)
+  bool operator==(const Config& o) const;  // every deck key (not `source`); [model] as a model
   bool operator!=(const Config& o) const { return !(*this == o); }
 };
 

@@ -73,6 +73,11 @@ class GradSync {
   // received one more microbatch's gradient. Starts the buckets this completes, and tests
   // the ones in flight (Open MPI progresses non-blocking collectives inside MPI calls).
   void ready(std::int64_t offset, std::int64_t count);
+  // After the last backward: wte's gradient from the first stage's lookup and the last
+  // stage's LM head, summed over the embedding group so that both copies take the same
+  // optimizer step (once per step, also with several chunks per rank; no-op at pp = 1).
+  // Collective over ps.embedding; before the sequence-parallel reduction and finish().
+  static void reduce_tied_embedding(model::GptChunk& chunk, parallel::ParallelState& ps);
   // After the last backward (and the tied-wte and sequence-parallel reductions): starts
   // the remaining buckets and waits for all. Then the reduced gradients are in the
   // chunk's buffer (segments' offsets) or, under ZeRO-1, in shard_grads() (their shards).

@@ -85,7 +85,7 @@ class StopPolicy {
 
  private:
   StopSignals signals_;
-  bool skip_non_finite_;  // train.on_nonfinite = "skip" (else "abort")
+  NonFinite non_finite_;
   std::int64_t steps_;
 };
 
