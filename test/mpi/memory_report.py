@@ -42,8 +42,15 @@ out_dir = "out"
 threads = 1
 """
 
-LINE = re.compile(r"memory: rank 0 measured peak ([0-9.]+) MiB \(predicted ([0-9.]+) MiB\); "
-                  r"activations ([0-9.]+) MiB \(predicted ([0-9.]+) MiB\)")
+SIZE = r"([0-9.]+ [KMG]iB)"
+LINE = re.compile(rf"memory: rank 0 measured peak {SIZE} \(predicted {SIZE}\); "
+                  rf"activations {SIZE} \(predicted {SIZE}\)")
+
+
+def mib(size):
+    """'12.5 MiB' (or KiB, GiB, as trident picks the unit) in MiB."""
+    value, unit = size.split()
+    return float(value) * {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}[unit]
 
 
 def run(np_, *args):
@@ -89,7 +96,7 @@ def main():
         if not m:
             fails.append(f"{name} T={T}: no 'memory: rank 0 measured peak' line in:\n{out}")
             continue
-        peak, pred, act, act_pred = map(float, m.groups())
+        peak, pred, act, act_pred = map(mib, m.groups())
         rel = abs(peak - pred) / pred
         print(f"{name:6s} T={T:4d} B={mbs}: measured peak {peak:7.1f} MiB, predicted "
               f"{pred:7.1f} MiB ({rel:+.1%}); activations {act:6.1f} MiB, predicted "
