@@ -2,7 +2,8 @@
 """Pipeline bubbles on this machine, measured against the simulator (bench/bench.py calls
 run_pipeline; also runs alone: /usr/bin/python3 bench/pipeline_bench.py --build build).
 
-pp = 2 ranks, one thread each, m = 8 microbatches of 1 sequence, the bench model; for gpipe,
+pp = 2 ranks (BENCH_PIPELINE_PP or --pp: another count), one thread each, m = 8 microbatches
+of 1 sequence, the bench model; for gpipe,
 1f1b and zb-h1 `trident train` runs STEPS steps with io.trace_step = STEPS (a warm step) and
 tools/plot_pipeline.py reads the two traces: the measured idle fraction of each stage is the
 time of the step (first action's start to last action's end over both ranks) it spent
@@ -14,6 +15,10 @@ Reading the table: the simulator assumes uniform stages, B = 2F (zb-h1: B = W = 
 communication. Here the last stage's F also runs the LM head's forward and backward
 (vocabulary 4096), so the stages are unequal and the lighter first stage waits; the cores
 are shared with other work, so the figures move from run to run (the table prints the load).
+--compare OTHER_BUILD runs the same with OTHER_BUILD's trident first and prints each
+schedule's mean measured idle fraction before (OTHER_BUILD) and after (--build): e.g. the
+build before receives were posted ahead of their actions (pipeline/lower.hpp), at
+--pp 4.
 BENCH_PIPELINE_WATCHDOG_S > 0 runs with the watchdog, whose waits sleep between polls instead
 of spinning (Open MPI's MPI_Wait spins, taking a core from the other rank when they share).
 """
@@ -29,7 +34,7 @@ PLOT = os.path.join(SRC, "tools", "plot_pipeline.py")
 PYTHON = os.environ.get("PYTHON", "/usr/bin/python3")
 
 MODEL = dict(vocab_size=4096, seq_len=128, n_layer=4, n_head=4, d_model=256)
-PP, M, MBS = 2, 8, 1
+PP, M, MBS = int(os.environ.get("BENCH_PIPELINE_PP", "2")), 8, 1
 STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "3"))
 SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 WATCHDOG_S = float(os.environ.get("BENCH_PIPELINE_WATCHDOG_S", "0"))
@@ -46,6 +51,10 @@ def random_tokens(path, vocab):
         f.attrs["tokenizer"] = "sentencepiece"
         f["tokenizer/model"] = np.zeros(1, np.uint8)  # never decoded by training
     return path
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
 
 
 def simulate(trident, sched):
@@ -116,35 +125,59 @@ def print_table(rows):
         print(f"  (1-minute load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)")
     except OSError:
         pass
-    print("  schedule  step (ms)  busy s0 / s1 (ms)  measured idle s0 / s1   bubble  |"
-          "  simulated idle s0 / s1   bubble")
+    stages = " / ".join(f"s{i}" for i in range(PP))
+    print(f"  schedule  step (ms)  busy {stages} (ms)  measured idle {stages}   bubble  |"
+          f"  simulated idle {stages}   bubble")
     for r in rows:
         if "error" in r:
             print(f"  {r['schedule']:<8}  {r['error']}")
             continue
         mi, si = r["measured_idle"], r["simulated_idle"]
-        bz = r["busy_ms"]
-        print(f"  {r['schedule']:<8}  {r['step_span_ms']:9.1f}  {bz[0]:7.1f} / {bz[1]:7.1f}"
-              f"  {mi[0]:8.3f} / {mi[1]:.3f}"
-              f"       {r['measured_bubble']:.3f}  |  {si[0]:9.3f} / {si[1]:.3f}"
+        bz = " / ".join(f"{b:7.1f}" for b in r["busy_ms"])
+        print(f"  {r['schedule']:<8}  {r['step_span_ms']:9.1f}  {bz}"
+              f"  {' / '.join(f'{x:.3f}' for x in mi)}"
+              f"       {r['measured_bubble']:.3f}  |  {' / '.join(f'{x:.3f}' for x in si)}"
               f"        {r['simulated_bubble']:.3f}")
 
 
+def print_compare(before, after):
+    print(f"\n  measured idle, mean over the {PP} stages: before -> after")
+    for b, a in zip(before, after):
+        if "error" in b or "error" in a:
+            print(f"  {a['schedule']:<8}  {b.get('error') or a.get('error')}")
+            continue
+        print(f"  {a['schedule']:<8}  {mean(b['measured_idle']):.3f} -> "
+              f"{mean(a['measured_idle']):.3f}   (simulated {mean(a['simulated_idle']):.3f})")
+
+
 def main():
+    global PP
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(SRC, "build"))
+    ap.add_argument("--pp", type=int, default=PP)
+    ap.add_argument("--compare", help="another build to measure first (before -> after)")
     a = ap.parse_args()
+    PP = a.pp
     build = os.path.abspath(a.build)
     work = os.path.join(build, "bench-work")
     os.makedirs(work, exist_ok=True)
+    before = None
+    if a.compare:
+        other = os.path.abspath(a.compare)
+        before_work = os.path.join(work, "before")
+        os.makedirs(before_work, exist_ok=True)
+        before = run_pipeline(other, before_work, dict(os.environ))
+        print_table(before)
     rows = run_pipeline(build, work, dict(os.environ))
     print_table(rows)
+    if before:
+        print_compare(before, rows)
     out = os.environ.get("OUT") or work
     path = os.path.join(out, "pipeline-results.json")
     with open(path, "w") as f:
-        json.dump(rows, f, indent=2)
+        json.dump(rows if before is None else {"before": before, "after": rows}, f, indent=2)
     print(f"results: {path}")
-    return 1 if any("error" in r for r in rows) else 0
+    return 1 if any("error" in r for r in rows + (before or [])) else 0
 
 
 if __name__ == "__main__":

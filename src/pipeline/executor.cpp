@@ -1,15 +1,14 @@
 // The schedule executor (see trident/pipeline/executor.hpp).
 //
-// Point-to-point protocol over the pp communicator: an activation of microbatch mb entering
-// virtual stage v carries tag 2 * (mb * V + v), the gradient leaving v + 1 for v carries
-// 2 * (mb * V + v) + 1 (V = pp * vpp virtual stages), so every (microbatch, chunk,
-// direction) has its own tag on every link, including the wrap from the last rank to the
-// first between chunks. Receives are posted when the action that needs them starts; sends
-// are non-blocking from a buffer of their own (a copy of the slot's output or input
-// gradient; buffers are recycled as sends complete) and waited for only at the end of the
-// step. That is the simulator's model (blocking receives, buffered sends), so any schedule
-// it accepts cannot deadlock here. Every wait goes through
-// parallel::wait, so the watchdog (runtime.watchdog_s) names the action that hangs.
+// It walks its rank's lowered list (lower.hpp): a receive is posted (irecv into a buffer of
+// its own) where the lowering put it, ahead of its consumer, and waited for when the
+// consumer starts; each tag belongs to one (microbatch, chunk, direction) on its link, so
+// posting order does not matter to MPI's matching. Sends are non-blocking from a buffer of
+// their own (a copy of the slot's output or input gradient; buffers are recycled as sends
+// complete) and waited for only at the end of the step. That is the simulator's model
+// (blocking receives, buffered sends), so any schedule it accepts cannot deadlock here.
+// Every wait goes through parallel::wait, so the watchdog (runtime.watchdog_s) names the
+// action that hangs.
 #include "trident/pipeline/executor.hpp"
 
 #include <algorithm>
@@ -21,29 +20,16 @@
 namespace trident::pipeline {
 
 Executor::Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule schedule)
-    : chunk_(chunk),
-      ps_(ps),
-      schedule_(std::move(schedule)),
-      stage_(ps.coord.pp),
-      pp_(ps.shape.pp) {
-  TRIDENT_CHECK(schedule_.pp == ps.shape.pp, "schedule for pp = ", schedule_.pp,
+    : chunk_(chunk), ps_(ps), lowered_(lower(schedule)), stage_(ps.coord.pp) {
+  TRIDENT_CHECK(schedule.pp == ps.shape.pp, "schedule for pp = ", schedule.pp,
                 " on a grid with pp = ", ps.shape.pp);
-  TRIDENT_CHECK(schedule_.vpp == chunk_.num_chunks(), "schedule for vpp = ", schedule_.vpp,
+  TRIDENT_CHECK(schedule.vpp == chunk_.num_chunks(), "schedule for vpp = ", schedule.vpp,
                 " on a model with ", chunk_.num_chunks(), " chunks per pipeline rank");
-  const int slots = std::max(1, peak_activations(schedule_.stages.at(stage_)));
-  const bool split = splits_weight_grad(schedule_);  // B: input gradients; W: the weights'
+  const int slots = std::max(1, peak_activations(schedule.stages.at(stage_)));
+  const bool split = splits_weight_grad(schedule);  // B: input gradients; W: the weights'
   for (int i = 0; i < slots; ++i) pool_.push_back(chunk_.make_activations(-1, split));
   const parallel::DeviceStaging* staging = ps_.pp.staging();
-  if (staging && chunk_.memory()) {
-    if (staging->mpi_takes_device())
-      send_memory_ = chunk_.memory();
-    else
-      recv_stage_ = PinnedBuffer(chunk_.memory(), std::size_t(chunk_.boundary_numel()));
-  }
-}
-
-int Executor::tag(int mb, int receiver_vstage, int dir) const {
-  return 2 * (mb * pp_ * schedule_.vpp + receiver_vstage) + dir;
+  if (staging && chunk_.memory() && staging->mpi_takes_device()) send_memory_ = chunk_.memory();
 }
 
 void Executor::record(const Action& a, const char* cat, std::string name, double t0, int peer,
@@ -61,18 +47,53 @@ void Executor::record(const Action& a, const char* cat, std::string name, double
   trace_.push_back(std::move(e));
 }
 
-void Executor::receive(float* data, int from, int tag, const Action& a, const char* what) {
+int Executor::take_buffer(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host,
+                          std::vector<int>& free) {
+  if (free.empty()) {  // only while the first steps find the peak in flight
+    const std::size_t n = std::size_t(chunk_.boundary_numel());
+    if (send_memory_)
+      device.emplace_back(n, send_memory_);
+    else
+      host.emplace_back(chunk_.memory(), n);
+    free.push_back(int(send_memory_ ? device.size() : host.size()) - 1);
+  }
+  const int b = free.back();
+  free.pop_back();
+  return b;
+}
+
+float* Executor::buffer_data(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host,
+                             int b) {
+  return send_memory_ ? device[std::size_t(b)].data() : host[std::size_t(b)].data();
+}
+
+void Executor::post_receive(const Op& op) {
+  const int b = take_buffer(recv_device_, recv_host_, free_recv_buffers_);
+  float* landing = buffer_data(recv_device_, recv_host_, b);
+  receives_.push_back({ps_.pp.irecv(landing, chunk_.boundary_numel(), op.peer, op.tag), op, b});
+}
+
+void Executor::take_receive(const Action& a, float* data) {
+  auto it = std::find_if(receives_.begin(), receives_.end(),
+                         [&](const Posted& p) { return p.op.action == a; });
+  if (it == receives_.end()) return;  // the first virtual stage's F, the last one's B
+  const Posted posted = *it;
+  receives_.erase(it);
+  const char* what = posted.op.payload == Payload::activation ? "activation" : "gradient";
   const double t0 = tracing_ ? trace_now_us() : 0;
-  const std::int64_t n = chunk_.boundary_numel();
-  float* landing = recv_stage_.empty() ? data : recv_stage_.data();
-  MPI_Request r = ps_.pp.irecv(landing, n, from, tag);
+  MPI_Request r = posted.request;
   parallel::wait(r, [&] {
     return str("rank ", ps_.world_rank, " (pp rank ", stage_, ") in ", a.str(), " waits for the ",
-               what, " from pp rank ", from, " on communicator ", ps_.pp.name());
+               what, " from pp rank ", posted.op.peer, " on communicator ", ps_.pp.name());
   });
-  if (landing != data)
+  const float* landing = buffer_data(recv_device_, recv_host_, posted.buffer);
+  const std::int64_t n = chunk_.boundary_numel();
+  if (send_memory_)
+    chunk_.ops().copy(data, landing, n);  // device to device
+  else
     copy_to_device(chunk_.memory(), data, landing, std::size_t(n) * sizeof(float));
-  record(a, "wait", "wait " + a.str(), t0, from, what);
+  free_recv_buffers_.push_back(posted.buffer);
+  record(a, "wait", "wait " + a.str(), t0, posted.op.peer, what);
 }
 
 void Executor::reap_sends() {
@@ -88,24 +109,16 @@ void Executor::reap_sends() {
   }
 }
 
-void Executor::send(const float* data, int to, int tag, const Action& a) {
+void Executor::send(const Op& op, const float* data) {
   reap_sends();
   const std::int64_t n = chunk_.boundary_numel();
-  if (free_send_buffers_.empty()) {  // only while the first steps find the peak in flight
-    if (send_memory_)
-      send_device_.emplace_back(std::size_t(n), send_memory_);
-    else
-      send_host_.emplace_back(chunk_.memory(), std::size_t(n));
-    free_send_buffers_.push_back(int(send_memory_ ? send_device_.size() : send_host_.size()) - 1);
-  }
-  const int b = free_send_buffers_.back();
-  free_send_buffers_.pop_back();
-  float* buf = send_memory_ ? send_device_[std::size_t(b)].data() : send_host_[std::size_t(b)].data();
+  const int b = take_buffer(send_device_, send_host_, free_send_buffers_);
+  float* buf = buffer_data(send_device_, send_host_, b);
   if (send_memory_)
     chunk_.ops().copy(buf, data, n);  // device to device (isend waits for the copy)
   else
     copy_to_host(chunk_.memory(), buf, data, std::size_t(n) * sizeof(float));
-  sends_.push_back({ps_.pp.isend(buf, n, to, tag), a, to, b});
+  sends_.push_back({ps_.pp.isend(buf, n, op.peer, op.tag), op.action, op.peer, b});
 }
 
 void Executor::wait_sends() {
@@ -128,21 +141,10 @@ void Executor::wait_sends() {
   sends_.clear();
 }
 
-void Executor::forward_one(int slot, const MicrobatchTokens& t, const Action& a,
-                           float loss_scale, bool with_backward, double& loss) {
-  model::ChunkActivations& act = *pool_[slot];
-  const int v = vstage(a.chunk);
-  if (!first_vstage(a.chunk))
-    receive(act.input.data(), (stage_ - 1 + pp_) % pp_, tag(a.mb, v, 0), a, "activation");
-  const double t0 = tracing_ ? trace_now_us() : 0;
-  loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, loss_scale, with_backward);
-  record(a, "F", a.str(), t0, -1, "");  // ends before the send: a receiver starts after it
-  if (!last_vstage(a.chunk)) send(chunk_.output(act), (stage_ + 1) % pp_, tag(a.mb, v + 1, 0), a);
-}
-
 double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float loss_scale) {
-  const int vpp = schedule_.vpp;
-  std::vector<int> slot_of(std::size_t(schedule_.microbatches) * vpp, -1);  // [mb * vpp + chunk]
+  const Schedule& schedule = lowered_.schedule;
+  const int vpp = schedule.vpp;
+  std::vector<int> slot_of(std::size_t(schedule.microbatches) * vpp, -1);  // [mb * vpp + chunk]
   std::vector<int> free_slots;
   for (int i = int(pool_.size()) - 1; i >= 0; --i) free_slots.push_back(i);
   double loss = 0;
@@ -150,14 +152,27 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
   int live = 0;
   trace_.clear();
   executed_.clear();
-  const bool split = splits_weight_grad(schedule_);
+  const bool split = splits_weight_grad(schedule);
   auto key = [vpp](const Action& a) { return std::size_t(a.mb) * vpp + a.chunk; };
   auto release = [&](const Action& a) {
     free_slots.push_back(slot_of[key(a)]);
     slot_of[key(a)] = -1;
     --live;
   };
-  for (const Action& a : schedule_.stages[stage_]) {
+  const std::vector<Op>& ops = lowered_.ranks[stage_];
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const Action& a = op.action;
+    if (op.kind == OpKind::recv) {
+      post_receive(op);
+      continue;
+    }
+    if (op.kind == OpKind::send) {
+      model::ChunkActivations& act = *pool_[slot_of[key(a)]];
+      send(op, a.type == ActionType::F ? chunk_.output(act) : act.dinput.data());
+      if (a.type == ActionType::B && !split) release(a);  // the message is copied: done
+      continue;
+    }
     const MicrobatchTokens t = tokens(a.mb);
     executed_.push_back(a);
     switch (a.type) {
@@ -167,23 +182,23 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         slot_of[key(a)] = free_slots.back();
         free_slots.pop_back();
         peak_live_ = std::max(peak_live_, ++live);
-        forward_one(slot_of[key(a)], t, a, loss_scale, true, loss);
+        model::ChunkActivations& act = *pool_[slot_of[key(a)]];
+        take_receive(a, act.input.data());
+        const double t0 = tracing_ ? trace_now_us() : 0;
+        loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, loss_scale, true);
+        record(a, "F", a.str(), t0, -1, "");  // ends before the send: a receiver starts after it
         break;
       }
       case ActionType::B: {
         TRIDENT_CHECK(slot_of[key(a)] >= 0, "executor: stage ", stage_, " action ", a.str(),
                       " before its forward");
-        const int slot = slot_of[key(a)];
-        const int v = vstage(a.chunk);
-        model::ChunkActivations& act = *pool_[slot];
-        if (!last_vstage(a.chunk))
-          receive(act.doutput.data(), (stage_ + 1) % pp_, tag(a.mb, v, 1), a, "gradient");
+        model::ChunkActivations& act = *pool_[slot_of[key(a)]];
+        take_receive(a, act.doutput.data());
         const double t0 = tracing_ ? trace_now_us() : 0;
         chunk_.backward(a.chunk, act, t.inputs, !split);
         record(a, "B", a.str(), t0, -1, "");
-        if (!first_vstage(a.chunk))
-          send(act.dinput.data(), (stage_ - 1 + pp_) % pp_, tag(a.mb, v - 1, 1), a);
-        if (!split) release(a);
+        const bool sends = i + 1 < ops.size() && ops[i + 1].kind == OpKind::send;
+        if (!split && !sends) release(a);  // else after its send
         break;
       }
       case ActionType::W: {
@@ -205,13 +220,31 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
 double Executor::forward_only(const std::function<MicrobatchTokens(int)>& tokens,
                               int microbatches) {
   // Each microbatch through the chunks in order (a topological order of the virtual stages
-  // on every rank, so blocking receives cannot deadlock).
+  // on every rank, so blocking receives cannot deadlock), lowered as a training step is.
+  const Schedule& train = lowered_.schedule;
+  Schedule eval{"forward-only", train.pp, train.vpp, microbatches, {}};
+  for (int r = 0; r < train.pp; ++r) {
+    eval.stages.emplace_back();
+    for (int mb = 0; mb < microbatches; ++mb)
+      for (int c = 0; c < train.vpp; ++c) eval.stages.back().push_back({ActionType::F, mb, c});
+  }
   double loss = 0;
   const bool tracing = tracing_;
   tracing_ = false;  // a trace shows the training step
-  for (int mb = 0; mb < microbatches; ++mb)
-    for (int c = 0; c < schedule_.vpp; ++c)
-      forward_one(0, tokens(mb), Action{ActionType::F, mb, c}, 0.0f, false, loss);
+  model::ChunkActivations& act = *pool_[0];  // one microbatch at a time
+  const LoweredSchedule lowered = lower(eval);
+  for (const Op& op : lowered.ranks[stage_]) {
+    const Action& a = op.action;
+    if (op.kind == OpKind::recv) {
+      post_receive(op);
+    } else if (op.kind == OpKind::send) {
+      send(op, chunk_.output(act));
+    } else {
+      const MicrobatchTokens t = tokens(a.mb);
+      take_receive(a, act.input.data());
+      loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, 0.0f, false);
+    }
+  }
   wait_sends();
   tracing_ = tracing;
   return loss;

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "trident/core/error.hpp"
+#include "trident/pipeline/lower.hpp"
 
 namespace trident::pipeline {
 
@@ -150,37 +151,48 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   const ActionIndex vidx{vstages, s.microbatches};
   std::vector<int> finish(vidx.size(), -1);
 
+  // The lowered lists (lower.hpp): a compute action waits for its receive, whose message
+  // leaves when the sender's send op runs (buffered sends, blocking receives).
+  const LoweredSchedule low = lower(s);
+  std::vector<int> sent(std::size_t(2 * s.microbatches * vstages), -1);  // [tag] -> slot
+  const ActionIndex idx{s.vpp, s.microbatches};
+  std::vector<std::vector<int>> recv_tag(s.pp, std::vector<int>(idx.size(), -1));
+
   Simulation sim;
   sim.start.resize(s.pp);
-  std::vector<std::size_t> next(s.pp, 0);
+  std::vector<std::size_t> next(s.pp, 0), next_op(s.pp, 0);
   std::vector<int> free_at(s.pp, 0), busy(s.pp, 0);
   std::size_t remaining = 0;
-  for (const auto& st : s.stages) remaining += st.size();
-  // Start times depend only on each rank's previous action and the dependencies, so the
-  // order in which ranks are visited does not change the result.
+  for (const auto& ops : low.ranks) remaining += ops.size();
+  // Start times depend only on each rank's previous action and its receives, so the order
+  // in which ranks are visited does not change the result.
   while (remaining > 0) {
     bool progress = false;
     for (int r = 0; r < s.pp; ++r) {
-      if (next[r] == s.stages[r].size()) continue;
-      const Action& a = s.stages[r][next[r]];
-      const int v = virtual_stage(r, a.chunk, s.pp);
-      int ready = free_at[r];
-      bool met = true;
-      for (const Dep& d : deps_of(a, v, vstages)) {
-        const int done = finish[vidx(d.type, d.v, a.mb)];
-        if (done < 0) {
-          met = false;
-          break;
+      if (next_op[r] == low.ranks[r].size()) continue;
+      const Op& op = low.ranks[r][next_op[r]];
+      if (op.kind == OpKind::recv) {
+        recv_tag[r][idx(op.action)] = op.tag;
+      } else if (op.kind == OpKind::send) {
+        sent[std::size_t(op.tag)] = free_at[r];  // right after the action that produced it
+      } else {
+        const Action& a = op.action;
+        int ready = free_at[r];
+        if (const int tag = recv_tag[r][idx(a)]; tag >= 0) {
+          const int at = sent[std::size_t(tag)];
+          if (at < 0) continue;  // not sent yet
+          const int producer = (a.type == ActionType::F ? -1 : 1) +
+                               virtual_stage(r, a.chunk, s.pp);
+          ready = std::max(ready, at + (producer % s.pp == r ? 0 : costs.comm));
         }
-        ready = std::max(ready, done + (d.v % s.pp == r ? 0 : costs.comm));
+        const int c = cost_of(a, costs, split);
+        sim.start[r].push_back(ready);
+        finish[vidx(a.type, virtual_stage(r, a.chunk, s.pp), a.mb)] = ready + c;
+        free_at[r] = ready + c;
+        busy[r] += c;
+        ++next[r];
       }
-      if (!met) continue;
-      const int c = cost_of(a, costs, split);
-      sim.start[r].push_back(ready);
-      finish[vidx(a.type, v, a.mb)] = ready + c;
-      free_at[r] = ready + c;
-      busy[r] += c;
-      ++next[r];
+      ++next_op[r];
       --remaining;
       progress = true;
     }

@@ -1,10 +1,9 @@
-// trident/pipeline/executor.hpp — runs one rank's Actions of a Schedule on its model
-// chunks. It only dispatches and checks invariants; schedules decide the order.
-// Virtual stages exchange activations and their gradients with non-blocking point-to-point
-// MPI over the pp communicator (host buffers: the CPU backend's). With vpp chunks per rank,
-// chunk c of pp rank r is virtual stage v = c * pp + r; its forward input comes from v - 1
-// on pp rank (r - 1) mod pp and its output goes to v + 1 on (r + 1) mod pp (from the last
-// rank back to the first between chunks); gradients go the other way.
+// trident/pipeline/executor.hpp — runs one rank's list of a lowered Schedule (lower.hpp:
+// compute actions, sends and early-posted receives) on its model chunks. It only
+// dispatches and checks invariants; schedules decide the order and the lowering the
+// messages (peers, tags, where each receive is posted). Virtual stages exchange
+// activations and their gradients with non-blocking point-to-point MPI over the pp
+// communicator (host buffers: the CPU backend's).
 // defines: trident::pipeline::MicrobatchTokens, Executor
 #pragma once
 
@@ -19,6 +18,7 @@
 #include "trident/core/trace.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/comm.hpp"
+#include "trident/pipeline/lower.hpp"
 #include "trident/pipeline/schedule.hpp"
 
 namespace trident::pipeline {
@@ -50,7 +50,8 @@ class Executor {
   // Forwards only (evaluation): the loss sum of every microbatch, no gradients.
   double forward_only(const std::function<MicrobatchTokens(int mb)>& tokens, int microbatches);
 
-  const Schedule& schedule() const { return schedule_; }
+  const Schedule& schedule() const { return lowered_.schedule; }
+  const LoweredSchedule& lowered() const { return lowered_; }
   int activation_slots() const { return int(pool_.size()); }
   // Most (microbatch, chunk) activations the last run() held at once (counted at run time,
   // to hold against the simulator's peak_activations).
@@ -65,23 +66,28 @@ class Executor {
     int peer;
     int buffer;  // index into send_device_ or send_host_
   };
-  int vstage(int chunk) const { return virtual_stage(stage_, chunk, pp_); }
-  bool first_vstage(int chunk) const { return vstage(chunk) == 0; }
-  bool last_vstage(int chunk) const { return vstage(chunk) == pp_ * schedule_.vpp - 1; }
-  int tag(int mb, int receiver_vstage, int dir) const;
-  void receive(float* data, int from, int tag, const Action& a, const char* what);
-  void send(const float* data, int to, int tag, const Action& a);
+  struct Posted {  // a receive in flight, for the compute action that consumes it
+    MPI_Request request;
+    Op op;
+    int buffer;  // index into recv_device_ or recv_host_
+  };
+  // A buffer of one boundary message: device memory when MPI takes it, else host memory.
+  int take_buffer(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host,
+                  std::vector<int>& free);
+  float* buffer_data(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host, int b);
+  void post_receive(const Op& op);
+  // Waits for the receive `a` consumes, if one was posted for it, and moves it into `data`.
+  void take_receive(const Action& a, float* data);
+  void send(const Op& op, const float* data);
   void reap_sends();
   void wait_sends();
-  void forward_one(int slot, const MicrobatchTokens& t, const Action& a, float loss_scale,
-                   bool with_backward, double& loss);
   void record(const Action& a, const char* cat, std::string name, double t0, int peer,
               const char* what);
 
   model::GptChunk& chunk_;
   parallel::ParallelState& ps_;
-  Schedule schedule_;
-  int stage_, pp_;
+  LoweredSchedule lowered_;
+  int stage_;
   int peak_live_ = 0;
   std::int64_t step_ = 1;
   bool tracing_ = false;
@@ -92,14 +98,16 @@ class Executor {
   // again as soon as its action is done: waiting for a send to complete before reusing its
   // slot would make a rank wait on its peer's progress, a dependency the schedules (and
   // the simulator, which treats sends as buffered) do not have, and can deadlock.
-  // Device memory: the buffers are device memory when MPI is CUDA-aware, host memory (and
-  // the copy a download) when it is not; receives then land in recv_stage_ and are uploaded.
-  std::vector<FloatBuffer> send_device_;  // device memory (MPI takes it)
-  std::vector<PinnedBuffer> send_host_;   // host memory (pinned where the backend has a device)
-  std::vector<int> free_send_buffers_;
-  DeviceMemory* send_memory_ = nullptr;  // set: sends leave from send_device_
-  PinnedBuffer recv_stage_;
+  // Receives land in buffers of their own too (posted before their action has a slot) and
+  // are moved into the slot when the action starts. Buffers are recycled as messages
+  // complete. Device memory: the buffers are device memory when MPI is CUDA-aware, host
+  // memory (and the copies a download / upload) when it is not.
+  std::vector<FloatBuffer> send_device_, recv_device_;  // device memory (MPI takes it)
+  std::vector<PinnedBuffer> send_host_, recv_host_;     // host memory (pinned with a device)
+  std::vector<int> free_send_buffers_, free_recv_buffers_;
+  DeviceMemory* send_memory_ = nullptr;  // set: messages go through device buffers
   std::vector<Pending> sends_;
+  std::vector<Posted> receives_;
 };
 
 }  // namespace trident::pipeline

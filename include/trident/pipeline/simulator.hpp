@@ -3,7 +3,10 @@
 // virtual stage of (rank, chunk) (virtual_stage in schedule.hpp):
 //   F(mb, v) after F(mb, v-1);  B(mb, v) after F(mb, v) and B(mb, v+1);  W(mb, v) after
 //   B(mb, v).
-// It validates the schedule and measures it. Validation, in this order:
+// It runs the schedule's lowered lists (lower.hpp), as the executor does: a compute action
+// waits for its receive, whose message leaves when its sender's send op runs (buffered
+// sends, blocking receives). It validates the schedule and measures it. Validation, in this
+// order:
 //   - shape: one list per pp rank, actions in range;
 //   - each F, B (and W, when the schedule has any) exactly once per (mb, chunk) per rank;
 //   - on each rank, F before B before W of the same (mb, chunk);
