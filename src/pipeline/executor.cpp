@@ -96,6 +96,14 @@ void Executor::take_receive(const Action& a, float* data) {
   record(a, "wait", "wait " + a.str(), t0, posted.op.peer, what);
 }
 
+void Executor::progress() {
+  for (Posted& p : receives_) {
+    int done = 0;  // a finished request becomes MPI_REQUEST_NULL; its wait returns at once
+    MPI_Test(&p.request, &done, MPI_STATUS_IGNORE);
+  }
+  reap_sends();
+}
+
 void Executor::reap_sends() {
   for (std::size_t i = 0; i < sends_.size();) {
     int done = 0;
@@ -212,6 +220,7 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         break;
       }
     }
+    progress();
   }
   wait_sends();
   return loss;

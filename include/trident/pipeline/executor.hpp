@@ -79,6 +79,9 @@ class Executor {
   // Waits for the receive `a` consumes, if one was posted for it, and moves it into `data`.
   void take_receive(const Action& a, float* data);
   void send(const Op& op, const float* data);
+  // Tests the receives and sends in flight: MPI moves a message (a large one's rendezvous)
+  // only inside MPI calls, so each action's end lets the transfers behind it proceed.
+  void progress();
   void reap_sends();
   void wait_sends();
   void record(const Action& a, const char* cat, std::string name, double t0, int peer,
