@@ -8,20 +8,30 @@
 
 namespace trident {
 
-void copy_to_host(DeviceMemory* mem, void* host_dst, const void* src, std::size_t bytes) {
+namespace {
+
+// One copy between host memory and `dst` (to_device) or `src`: the backend's transfer when
+// that side is device memory `mem` holds, else a plain memcpy.
+void copy_across(DeviceMemory* mem, void* dst, const void* src, std::size_t bytes,
+                 bool to_device) {
   if (bytes == 0) return;
-  if (holds_device(mem, src))
-    mem->to_host(host_dst, src, bytes);
-  else if (host_dst != src)
-    std::memcpy(host_dst, src, bytes);
+  if (!holds_device(mem, to_device ? static_cast<const void*>(dst) : src)) {
+    if (dst != src) std::memcpy(dst, src, bytes);
+  } else if (to_device) {
+    mem->to_device(dst, src, bytes);
+  } else {
+    mem->to_host(dst, src, bytes);
+  }
+}
+
+}  // namespace
+
+void copy_to_host(DeviceMemory* mem, void* host_dst, const void* src, std::size_t bytes) {
+  copy_across(mem, host_dst, src, bytes, false);
 }
 
 void copy_to_device(DeviceMemory* mem, void* dst, const void* host_src, std::size_t bytes) {
-  if (bytes == 0) return;
-  if (holds_device(mem, dst))
-    mem->to_device(dst, host_src, bytes);
-  else if (dst != host_src)
-    std::memcpy(dst, host_src, bytes);
+  copy_across(mem, dst, host_src, bytes, true);
 }
 
 PinnedBuffer::PinnedBuffer(DeviceMemory* mem, std::size_t n) : mem_(mem), size_(n) {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
+#include <utility>
 
 #include "trident/core/error.hpp"
 #include "trident/core/log.hpp"
@@ -47,26 +48,31 @@ std::uint64_t entries_checksum(const std::int64_t* v, std::int64_t n, std::int64
   return s;
 }
 
+// The file and memory dataspaces of the 1-D range [at, at + n) of ds.
+struct Range1d {
+  h5::Hid file, mem;
+};
+Range1d range_1d(hid_t ds, std::int64_t at, std::int64_t n) {
+  h5::Hid fspace(H5Dget_space(ds));
+  hsize_t s = hsize_t(at), c = hsize_t(n);
+  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
+  return {std::move(fspace), h5::Hid(H5Screate_simple(1, &c, nullptr))};
+}
+
 // 1-D ranges of int64 (mem_type NATIVE_UINT64 for the uint64 checksums, bit for bit).
 void read_i64(hid_t ds, std::int64_t at, std::int64_t n, std::int64_t* out, const std::string& what,
               hid_t mem_type = H5T_NATIVE_INT64) {
   if (n <= 0) return;
-  h5::Hid fspace(H5Dget_space(ds));
-  hsize_t s = hsize_t(at), c = hsize_t(n);
-  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
-  h5::Hid mspace(H5Screate_simple(1, &c, nullptr));
-  if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, out) < 0)
+  const Range1d r = range_1d(ds, at, n);
+  if (H5Dread(ds, mem_type, r.mem, r.file, H5P_DEFAULT, out) < 0)
     fail(what, ": cannot read ", h5::object_name(ds), "[", at, ":", at + n, "]");
 }
 
 void write_i64(hid_t ds, std::int64_t at, std::int64_t n, const std::int64_t* v,
                const std::string& what, hid_t mem_type = H5T_NATIVE_INT64) {
   if (n <= 0) return;
-  h5::Hid fspace(H5Dget_space(ds));
-  hsize_t s = hsize_t(at), c = hsize_t(n);
-  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
-  h5::Hid mspace(H5Screate_simple(1, &c, nullptr));
-  if (H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, v) < 0)
+  const Range1d r = range_1d(ds, at, n);
+  if (H5Dwrite(ds, mem_type, r.mem, r.file, H5P_DEFAULT, v) < 0)
     fail(what, ": cannot write ", h5::object_name(ds), " (disk full?)");
 }
 
