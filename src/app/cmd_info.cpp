@@ -10,6 +10,7 @@
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/grid.hpp"
+#include "trident/pipeline/lower.hpp"
 #include "trident/pipeline/simulator.hpp"
 
 namespace trident::app {
@@ -47,6 +48,14 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
        << ", \"actions\": [";
   for (std::size_t i = 0; i < s.stages.size(); ++i)
     json << (i ? ", " : "") << "\"" << pipeline::format_actions(s.stages[i]) << "\"";
+  json << "], \"lowered\": [";  // what each rank runs: its actions, sends and receives
+  const pipeline::LoweredSchedule low = pipeline::lower(s);
+  for (std::size_t r = 0; r < low.ranks.size(); ++r) {
+    json << (r ? ", " : "") << "\"";
+    for (std::size_t i = 0; i < low.ranks[r].size(); ++i)
+      json << (i ? " | " : "") << low.ranks[r][i].str();
+    json << "\"";
+  }
   json << "]}";
   if (log::rank() == 0) std::fputs(pipeline::format_timeline(s, sim).c_str(), stdout);
   log::info(json.str());
