@@ -162,12 +162,6 @@ void GptChunk::read_grads(float* host) const {
   copy_to_host(ops_.memory(), host, grads_.data(), std::size_t(num_params_) * sizeof(float));
 }
 
-const ShardSpec& GptChunk::spec(const std::string& name) const {
-  for (const auto& s : specs_)
-    if (s.name == name) return s;
-  fail("parameter '", name, "' is not held by this pipeline stage");
-}
-
 const ShardSpec* GptChunk::find(Role role, int local_layer) const {
   const int i = role_index_[std::size_t(1 + local_layer) * kRoleCount + std::size_t(role)];
   return i < 0 ? nullptr : &specs_[std::size_t(i)];

@@ -140,7 +140,6 @@ class GptChunk {
   int num_chunks() const { return int(chunks_.size()); }
   const StageLayout& chunk(int c) const { return chunks_.at(std::size_t(c)); }
   const std::vector<ShardSpec>& specs() const { return specs_; }
-  const ShardSpec& spec(const std::string& name) const;
   // The tensor of `role` (of rank-local layer `local_layer` for a block's role, -1 for the
   // others); null when this rank holds none.
   const ShardSpec* find(Role role, int local_layer = -1) const;
