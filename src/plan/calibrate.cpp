@@ -1,0 +1,266 @@
+// Measuring a machine (see trident/plan/calibrate.hpp). Each figure is timed on every rank at
+// once after a barrier, repeated until it has run min_seconds, and averaged over the ranks
+// (the pace training sees when all ranks compute together).
+#include "trident/plan/calibrate.hpp"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "trident/core/buffer.hpp"
+#include "trident/core/error.hpp"
+#include "trident/parallel/comm.hpp"
+
+namespace trident::plan {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Device backends run asynchronously: reading one float back waits for the queue.
+void sync(ops::Ops& ops, const float* any) {
+  if (DeviceMemory* m = ops.memory()) {
+    float x;
+    m->to_host(&x, any, sizeof x);
+  }
+}
+
+// Calls of fn that take about `seconds` on the slowest rank of comm: batches of 1, 2, 4, ...
+// calls, every rank the same (fn may be a collective), until one takes that long.
+template <typename Fn>
+int calls_for(MPI_Comm comm, double seconds, Fn fn) {
+  for (int calls = 1;; calls *= 2) {
+    const double t0 = now();
+    for (int i = 0; i < calls; ++i) fn();
+    double t = now() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+    if (t >= seconds || calls >= (1 << 20)) return calls;
+  }
+}
+
+// Seconds per call of fn, every rank starting together: a warm-up that also sets the count,
+// then five timed rounds of that count (about min_s / 5 each); the median round (a busy
+// moment on a shared machine spoils one round, not the figure), averaged over the ranks.
+template <typename Fn>
+double timed(MPI_Comm comm, ops::Ops& ops, const float* any, double min_s, Fn fn) {
+  const int calls = calls_for(comm, min_s / 5, [&] {
+    fn();
+    sync(ops, any);
+  });
+  std::vector<double> rounds;
+  for (int r = 0; r < 5; ++r) {
+    MPI_Barrier(comm);
+    const double t0 = now();
+    for (int i = 0; i < calls; ++i) fn();
+    sync(ops, any);
+    rounds.push_back((now() - t0) / calls);
+  }
+  std::sort(rounds.begin(), rounds.end());
+  double per = rounds[2], sum = 0;
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  MPI_Allreduce(&per, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
+  return sum / size;
+}
+
+struct LinearDims {
+  std::int64_t in, out;
+};
+
+std::vector<LinearDims> linears(const model::ModelConfig& cfg, int tp) {
+  const std::int64_t C = cfg.d_model, kv = cfg.kv_heads(), hd = cfg.head_dim();
+  const std::int64_t C3 = cfg.llama() ? C / tp + 2 * (kv >= tp ? kv / tp : kv) * hd : 3 * C / tp;
+  const std::int64_t F = cfg.d_ff() / tp, F1 = cfg.llama() ? 2 * F : F;
+  return {{C, C3}, {C / tp, C}, {C, F1}, {F, C}, {C, model::vocab_per_rank(cfg.vocab_size, tp)}};
+}
+
+// Allreduce seconds of `n` floats over comm: five rounds of a fixed count (about
+// min_s / 5 each), the slowest rank's time of each, the median round.
+double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s) {
+  std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
+  auto once = [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), int(n), MPI_FLOAT, MPI_SUM, comm); };
+  const int calls = calls_for(comm, min_s / 5, once);
+  std::vector<double> rounds;
+  for (int r = 0; r < 5; ++r) {
+    MPI_Barrier(comm);
+    const double t0 = now();
+    for (int i = 0; i < calls; ++i) once();
+    double per = (now() - t0) / calls;
+    MPI_Allreduce(MPI_IN_PLACE, &per, 1, MPI_DOUBLE, MPI_MAX, comm);
+    rounds.push_back(per);
+  }
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[2];
+}
+
+// alpha and beta of a ring allreduce over p ranks from a small and a large message:
+// t(S) = 2(p-1) alpha + 2(p-1)/p S / beta.
+Link fit_link(MPI_Comm comm, double min_s) {
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  const std::int64_t small = 1, large = 1 << 22;  // floats: 4 B and 16 MiB
+  const double ts = allreduce_time(comm, small, min_s), tl = allreduce_time(comm, large, min_s);
+  Link l;
+  l.alpha_s = ts / (2.0 * (p - 1));
+  const double bytes = 2.0 * (p - 1) / p * double(large) * 4.0;
+  l.bytes_per_s = bytes / std::max(tl - ts, 1e-9);
+  return l;
+}
+
+}  // namespace
+
+std::vector<std::array<std::int64_t, 3>> linear_shapes(const model::ModelConfig& cfg, int tp,
+                                                       int micro_batch) {
+  const std::int64_t n = std::int64_t(micro_batch) * cfg.seq_len;
+  std::vector<std::array<std::int64_t, 3>> out;
+  for (const LinearDims& d : linears(cfg, tp)) {
+    out.push_back({n, d.out, d.in});
+    out.push_back({n, d.in, d.out});
+    out.push_back({d.in, d.out, n});
+  }
+  return out;
+}
+
+Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
+  const model::ModelConfig& cfg = opt.model;
+  TRIDENT_CHECK(cfg.vocab_size > 0, "calibrate: the model needs model.vocab_size > 0");
+  MPI_Comm world = MPI_COMM_WORLD;
+  int world_size = 1, rank = 0;
+  MPI_Comm_size(world, &world_size);
+  MPI_Comm_rank(world, &rank);
+  DeviceMemory* mem = ops.memory();
+  Machine m;
+
+  // Matrix products: each shape once, the largest buffers sized for all.
+  std::set<std::array<std::int64_t, 3>> shapes;
+  for (int tp : opt.tps)
+    for (int b : opt.micro_batches)
+      for (const auto& s : linear_shapes(cfg, tp, b)) shapes.insert(s);
+  std::int64_t a_max = 1, b_max = 1, c_max = 1;
+  for (const auto& s : shapes) {
+    a_max = std::max(a_max, s[0] * s[2]);
+    b_max = std::max(b_max, s[2] * s[1]);
+    c_max = std::max(c_max, s[0] * s[1]);
+  }
+  {
+    FloatBuffer A(std::size_t(a_max), mem), B(std::size_t(b_max), mem), Cm(std::size_t(c_max), mem);
+    ops.fill(A.data(), 0.01f, a_max);
+    ops.fill(B.data(), 0.02f, b_max);
+    ops.fill(Cm.data(), 0.0f, c_max);
+    double best = 0;
+    for (const auto& s : shapes) {
+      const int M = int(s[0]), N = int(s[1]), K = int(s[2]);
+      const double t = timed(world, ops, Cm.data(), opt.min_seconds, [&] {
+        ops.gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, Cm.data(), N);
+      });
+      GemmRate g{s[0], s[1], s[2], 2.0 * double(M) * N * K / t};
+      m.gemms.push_back(g);
+      best = std::max(best, g.flops_per_s);
+    }
+    m.gemm_flops = best;
+    m.peak_flops = best;  // no published peak for a CPU: the best product measured
+  }
+
+  // The attention core at the model's shape (tp = the first given, micro-batch the largest).
+  {
+    const int tp = opt.tps.front(), b = *std::max_element(opt.micro_batches.begin(),
+                                                          opt.micro_batches.end());
+    const int T = cfg.seq_len, nh = cfg.n_head / tp, hd = cfg.head_dim(), c = nh * hd;
+    const std::int64_t rows = std::int64_t(b) * T;
+    FloatBuffer qkv(std::size_t(rows * 3 * c), mem), dqkv(std::size_t(rows * 3 * c), mem),
+        out(std::size_t(rows * c), mem), dout(std::size_t(rows * c), mem),
+        lse(std::size_t(std::int64_t(b) * nh * T), mem);
+    ops.fill(qkv.data(), 0.01f, rows * 3 * c);
+    ops.fill(dout.data(), 0.01f, rows * c);
+    const ops::Ops::AttentionShape s = ops::attention_shape_qkv(b, T, c, nh);
+    const float *q = qkv.data(), *k = q + c, *v = q + 2 * c;
+    const double tf = timed(world, ops, out.data(), opt.min_seconds,
+                            [&] { ops.attention_forward(out.data(), lse.data(), q, k, v, s); });
+    const double tb = timed(world, ops, dqkv.data(), opt.min_seconds, [&] {
+      ops.attention_backward(dqkv.data(), dqkv.data() + c, dqkv.data() + 2 * c, dout.data(),
+                             out.data(), lse.data(), q, k, v, s);
+    });
+    // plan/cost.cpp's convention: forward 2 b NH T^2 hd, backward 2.5 x that.
+    const double flops = 2.0 * double(b) * nh * double(T) * T * hd;
+    m.attention_flops = 3.5 * flops / (tf + tb);
+  }
+
+  // Memory-bound kernels: LayerNorm forward and backward over [n, C], GELU over [n, 4C].
+  {
+    const int n = int(std::int64_t(*std::max_element(opt.micro_batches.begin(),
+                                                     opt.micro_batches.end())) * cfg.seq_len);
+    const int C = cfg.d_model;
+    const std::int64_t F = 4 * std::int64_t(C), big = std::int64_t(n) * F;
+    FloatBuffer x(std::size_t(big), mem), y(std::size_t(big), mem), dy(std::size_t(big), mem),
+        dx(std::size_t(big), mem), w(std::size_t(C), mem), bb(std::size_t(C), mem),
+        dw(std::size_t(C), mem), db(std::size_t(C), mem), mean(std::size_t(n), mem),
+        rstd(std::size_t(n), mem);
+    for (FloatBuffer* f : {&x, &dy, &w, &bb}) ops.fill(f->data(), 0.5f, std::int64_t(f->size()));
+    const double t = timed(world, ops, dx.data(), opt.min_seconds, [&] {
+      ops.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bb.data(), n, C);
+      ops.layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                             mean.data(), rstd.data(), n, C);
+      ops.gelu_forward(y.data(), x.data(), big);
+      ops.gelu_backward(dx.data(), x.data(), dy.data(), big);
+    });
+    // Bytes each kernel reads and writes: LayerNorm 2C forward, 4C backward (dx +=);
+    // GELU 2F forward, 3F backward.
+    const double bytes = 4.0 * double(n) * double(6 * C + 5 * F);
+    m.kernel_bytes_per_s = bytes / t;
+  }
+
+  // Links: the ranks of this node; one rank per node between nodes.
+  MPI_Comm local, across;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  int local_size = 1, local_rank = 0;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_split(world, local_rank, rank, &across);
+  int nodes = 1;
+  MPI_Comm_size(across, &nodes);
+  int min_local = local_size;
+  MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, world);
+  m.ranks_per_node = local_size;
+  if (min_local >= 2) {
+    m.intra = fit_link(local, opt.min_seconds);
+  } else {
+    // One rank per node: nothing to measure inside a node; a memory copy stands in.
+    m.intra.alpha_s = 1e-6;
+    m.intra.bytes_per_s = m.kernel_bytes_per_s;
+  }
+  // Between nodes: the communicator of each node's local rank r (all measure at once, as
+  // in training); without a second node the figures inside the node stand in.
+  int nodes_min = nodes;
+  MPI_Allreduce(MPI_IN_PLACE, &nodes_min, 1, MPI_INT, MPI_MIN, world);
+  m.inter = nodes_min >= 2 ? fit_link(across, opt.min_seconds) : m.intra;
+  MPI_Comm_free(&across);
+  MPI_Comm_free(&local);
+
+  // Memory per rank: the device's arena, or this node's memory shared by its ranks.
+  if (mem) {
+    m.memory_gib = double(mem->capacity()) / 1073741824.0;
+  } else {
+    const double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+    m.memory_gib = bytes / local_size / 1073741824.0;
+  }
+  // Every rank must write the same file: rank 0's figures.
+  double nums[8] = {m.gemm_flops, m.peak_flops, m.attention_flops, m.kernel_bytes_per_s,
+                    m.intra.alpha_s, m.intra.bytes_per_s, m.inter.alpha_s, m.inter.bytes_per_s};
+  MPI_Bcast(nums, 8, MPI_DOUBLE, 0, world);
+  m.gemm_flops = nums[0], m.peak_flops = nums[1], m.attention_flops = nums[2];
+  m.kernel_bytes_per_s = nums[3];
+  m.intra = {nums[4], nums[5]};
+  m.inter = {nums[6], nums[7]};
+  MPI_Bcast(&m.memory_gib, 1, MPI_DOUBLE, 0, world);
+  MPI_Bcast(&m.ranks_per_node, 1, MPI_INT, 0, world);
+  return m;
+}
+
+}  // namespace trident::plan
