@@ -13,7 +13,9 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/model/gpt.hpp"
 #include "trident/parallel/comm.hpp"
+#include "trident/plan/cost.hpp"
 
 namespace trident::plan {
 
@@ -214,6 +216,39 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     // GELU 2F forward, 3F backward.
     const double bytes = 4.0 * double(n) * double(6 * C + 5 * F);
     m.kernel_bytes_per_s = bytes / t;
+  }
+
+  // One whole transformer block (the model's own code: GptChunk, tp 1, a middle chunk) forward
+  // and backward at each micro-batch size. What it takes beyond the cost model's products and
+  // attention at the rates just measured is the memory-bound part: kernel_bytes_per_s becomes
+  // the rate that makes the model's block time the measured one (the median over the sizes),
+  // so the kernels between the products (bias gradients, copies, residuals) are counted.
+  {
+    parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, world_size});
+    model::ModelConfig one = cfg;
+    one.n_layer = 1;
+    model::StageLayout mid;
+    mid.first_layer = 0, mid.last_layer = 1, mid.has_embedding = false, mid.has_head = false;
+    std::vector<double> rates;
+    for (int b : opt.micro_batches) {
+      model::GptChunk chunk(one, mid, ps, ops, b);
+      chunk.init_weights(1);
+      auto a = chunk.make_activations(0);
+      const std::int64_t rows = std::int64_t(b) * cfg.seq_len * cfg.d_model;
+      ops.fill(a->input.data(), 0.1f, rows);
+      ops.fill(a->doutput.data(), 0.01f, rows);
+      const double t = timed(world, ops, a->dinput.data(), opt.min_seconds, [&] {
+        chunk.forward(0, *a, nullptr, nullptr, 1.0f);
+        chunk.backward(0, *a, nullptr);
+      });
+      const BlockCost bc = block_cost(cfg, 1, b, m);
+      const double rest = t - bc.matmul_s - bc.attention_s;
+      if (rest > 0) rates.push_back(bc.kernel_bytes / rest);
+    }
+    if (!rates.empty()) {
+      std::sort(rates.begin(), rates.end());
+      m.kernel_bytes_per_s = rates[rates.size() / 2];
+    }
   }
 
   // Links: the ranks of this node; one rank per node between nodes.

@@ -52,6 +52,17 @@ struct Shapes {
   std::int64_t n, C, C3, Ca, F, F1, NH, hd, Vl, T, b;
 };
 
+Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch) {
+  Shapes s{};
+  s.b = micro_batch, s.T = cfg.seq_len, s.n = s.b * s.T, s.C = cfg.d_model;
+  s.Ca = s.C / tp, s.NH = cfg.n_head / tp, s.hd = cfg.head_dim();
+  const std::int64_t kv = cfg.kv_heads();
+  s.C3 = cfg.llama() ? s.Ca + 2 * (kv >= tp ? kv / tp : kv) * s.hd : 3 * s.C / tp;
+  s.F = cfg.d_ff() / tp, s.F1 = cfg.llama() ? 2 * s.F : s.F;
+  s.Vl = model::vocab_per_rank(cfg.vocab_size, tp);
+  return s;
+}
+
 double gemm_s(const Machine& m, std::int64_t M, std::int64_t N, std::int64_t K) {
   return 2.0 * double(M) * double(N) * double(K) / m.gemm_rate(M, N, K);
 }
@@ -66,23 +77,38 @@ Linear linear(const Machine& m, std::int64_t n, std::int64_t in, std::int64_t ou
   return {gemm_s(m, n, out, in), gemm_s(m, n, in, out), gemm_s(m, in, out, n)};
 }
 
-ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers, bool emb,
-                     bool head, const Layout& lay, const Machine& mc, const Link& tp_link) {
-  ChunkCost c;
+// One block's parts: its products (forward, input and weight gradients), the attention
+// core, and the bytes of its memory-bound kernels in the forward (the backward moves twice).
+struct BlockParts {
+  double mm_fwd, mm_dx, mm_dw, att_fwd, att_bwd, elem_fwd_bytes;
+};
+BlockParts block_parts(const Shapes& s, const Machine& mc) {
   const Linear qkv = linear(mc, s.n, s.C, s.C3), proj = linear(mc, s.n, s.Ca, s.C),
                fc = linear(mc, s.n, s.C, s.F1), fc2 = linear(mc, s.n, s.F, s.C);
   // The attention core, causal (half the T x T products): forward 2 b NH T^2 hd; the
   // backward 2.5 x that (it recomputes the probabilities).
   const double att_f = 2.0 * double(s.b * s.NH) * double(s.T * s.T) * double(s.hd);
-  const double att_fwd = att_f / mc.attention_flops, att_bwd = 2.5 * att_f / mc.attention_flops;
-  // Memory-bound kernels of a block per token row: two norms (read, write C), bias and
-  // residual adds, the GELU / SwiGLU (read F1, write F), the rotary embedding on q, k.
-  const double elem_fwd =
-      double(s.n) * kFloat * double(10 * s.C + s.C3 + 2 * s.F1 + s.F) / mc.kernel_bytes_per_s;
+  BlockParts p;
+  p.mm_fwd = qkv.fwd + proj.fwd + fc.fwd + fc2.fwd;
+  p.mm_dx = qkv.dx + proj.dx + fc.dx + fc2.dx;
+  p.mm_dw = qkv.dw + proj.dw + fc.dw + fc2.dw;
+  p.att_fwd = att_f / mc.attention_flops;
+  p.att_bwd = 2.5 * att_f / mc.attention_flops;
+  // Memory-bound kernels per token row: two norms (read, write C), bias and residual adds,
+  // the GELU / SwiGLU (read F1, write F), the rotary embedding on q, k.
+  p.elem_fwd_bytes = double(s.n) * kFloat * double(10 * s.C + s.C3 + 2 * s.F1 + s.F);
+  return p;
+}
+
+ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers, bool emb,
+                     bool head, const Layout& lay, const Machine& mc, const Link& tp_link) {
+  ChunkCost c;
+  const BlockParts bp = block_parts(s, mc);
+  const double att_fwd = bp.att_fwd, elem_fwd = bp.elem_fwd_bytes / mc.kernel_bytes_per_s;
   const double gelu_fwd = double(s.n) * kFloat * double(s.F1 + s.F) / mc.kernel_bytes_per_s;
-  const double layer_f = qkv.fwd + proj.fwd + fc.fwd + fc2.fwd + att_fwd + elem_fwd;
-  const double layer_dx = qkv.dx + proj.dx + fc.dx + fc2.dx + att_bwd + 2 * elem_fwd;
-  const double layer_dw = qkv.dw + proj.dw + fc.dw + fc2.dw;
+  const double layer_f = bp.mm_fwd + att_fwd + elem_fwd;
+  const double layer_dx = bp.mm_dx + bp.att_bwd + 2 * elem_fwd;
+  const double layer_dw = bp.mm_dw;
   // TP per block: two row-parallel outputs forward, two column-parallel inputs backward,
   // [n, C] floats each (sequence parallelism: a reduce-scatter + all-gather pair instead,
   // the same bytes and twice the messages).
@@ -120,6 +146,11 @@ ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers,
 }
 
 }  // namespace
+
+BlockCost block_cost(const model::ModelConfig& cfg, int tp, int micro_batch, const Machine& mc) {
+  const BlockParts p = block_parts(shapes(cfg, tp, micro_batch), mc);
+  return {p.mm_fwd + p.mm_dx + p.mm_dw, p.att_fwd + p.att_bwd, 3 * p.elem_fwd_bytes};
+}
 
 double model_flops_per_step(const model::ModelConfig& cfg, std::int64_t global_batch) {
   const double C = cfg.d_model, T = cfg.seq_len, L = cfg.n_layer, V = cfg.vocab_size;
@@ -166,13 +197,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   const Link& dp_link = lay.tp * lay.dp > R ? mc.inter : mc.intra;
   const Link& pp_link = lay.tp * lay.dp * lay.pp > R ? mc.inter : mc.intra;
 
-  Shapes s{};
-  s.b = lay.micro_batch, s.T = cfg.seq_len, s.n = s.b * s.T, s.C = cfg.d_model;
-  s.Ca = s.C / lay.tp, s.NH = cfg.n_head / lay.tp, s.hd = cfg.head_dim();
-  const std::int64_t kv = cfg.kv_heads();
-  s.C3 = cfg.llama() ? s.Ca + 2 * (kv >= lay.tp ? kv / lay.tp : kv) * s.hd : 3 * s.C / lay.tp;
-  s.F = cfg.d_ff() / lay.tp, s.F1 = cfg.llama() ? 2 * s.F : s.F;
-  s.Vl = model::vocab_per_rank(cfg.vocab_size, lay.tp);
+  const Shapes s = shapes(cfg, lay.tp, lay.micro_batch);
 
   // The slowest chunk sets every action's time (the pipeline runs at its pace).
   const int stages = lay.pp * lay.vpp, L = cfg.n_layer / stages;

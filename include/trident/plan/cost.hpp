@@ -15,7 +15,8 @@
 //   optimizer AdamW, the grad norm and zeroing at kernel_bytes_per_s
 // Ranks are placed as the grid places them (tp fastest, then dp, then pp; DESIGN.md, grid
 // order), so a group spans nodes when its stride times its size exceeds ranks_per_node.
-// defines: trident::plan::Layout, StepPrediction, predict, model_flops_per_step
+// defines: trident::plan::Layout, StepPrediction, predict, BlockCost, block_cost,
+//          model_flops_per_step
 #pragma once
 
 #include <cstdint>
@@ -68,6 +69,15 @@ struct StepPrediction {
 // counts, as in predict_memory). An Error when the schedule cannot be made.
 StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
                        const Layout& layout, const Machine& machine, bool host_memory);
+
+// One transformer block's forward and backward (no recomputation, no TP collectives) of one
+// microbatch as the cost model sees it: matrix products and attention in seconds on
+// `machine`, and the bytes its memory-bound kernels move (seconds: / kernel_bytes_per_s).
+struct BlockCost {
+  double matmul_s = 0, attention_s = 0, kernel_bytes = 0;
+};
+BlockCost block_cost(const model::ModelConfig& cfg, int tp, int micro_batch,
+                     const Machine& machine);
 
 // Model FLOPs of one step: 3 x (2 x matrix-product weights + the head's 2 C V + attention's
 // 4 T C per layer, causal counted whole) per token: the numerator of MFU.
