@@ -167,10 +167,10 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
     else if (std::regex_search(line, g, mem_re))
       m.peak_mib = std::stod(g[1]);
   }
-  TRIDENT_CHECK(!times.empty(), "plan --validate: layout ", l.str(),
+  TRIDENT_CHECK(!times.empty() || a.validate_steps == 1, "plan --validate: layout ", l.str(),
                 ": no step lines after the first in the output of `", cmd, "`");
   std::sort(times.begin(), times.end());
-  m.step_s = times[times.size() / 2];
+  m.step_s = times.empty() ? 0.0 : times[times.size() / 2];
   m.steps = int(times.size());
   return m;
 }
@@ -219,9 +219,6 @@ int run_plan(const PlanArgs& a) {
     TRIDENT_CHECK(a.validate == 0 || world_size == 1,
                   "plan --validate starts `trident train` itself (--launcher): run plan without "
                   "mpirun, got a world of ", world_size, " ranks");
-    TRIDENT_CHECK(a.validate == 0 || a.validate_steps >= 2,
-                  "plan: --validate-steps must be >= 2 (the first step is not timed), got ",
-                  a.validate_steps);
     machine = plan::load_machine(a.machine);
     deck = load_deck_with_vocab(a.deck);
     opt.nodes = a.nodes;
@@ -305,7 +302,7 @@ int run_plan(const PlanArgs& a) {
       const plan::StepPrediction& p = ranked[i];
       const Measured m = measure(exe, a, deck, p.layout, int(i + 1), world);
       const double pred_mib = double(p.rank0_peak_bytes) / 1048576.0;
-      const double e_t = p.step_s / m.step_s - 1, e_m = m.peak_mib > 0 ? pred_mib / m.peak_mib - 1 : 0;
+      const double e_t = m.step_s > 0 ? p.step_s / m.step_s - 1 : 0, e_m = m.peak_mib > 0 ? pred_mib / m.peak_mib - 1 : 0;
       pred.push_back(p.step_s);
       meas.push_back(m.step_s);
       v.push_back({{"rank", i + 1}, {"layout", p.layout.str()}, {"predicted_step_s", p.step_s},
@@ -318,11 +315,12 @@ int run_plan(const PlanArgs& a) {
         std::fflush(stdout);
       }
     }
-    const double rho = pred.size() > 1 ? spearman(pred, meas) : 1.0;
+    // --validate-steps 1 measures memory only (the first step is never timed).
+    const double rho = pred.size() > 1 && a.validate_steps > 1 ? spearman(pred, meas) : 0.0;
     if (a.json) {
       j["validation"] = v;
       j["spearman"] = rho;
-    } else {
+    } else if (a.validate_steps > 1) {
       std::printf("Spearman rank correlation of predicted and measured step time: %.3f\n", rho);
     }
   }

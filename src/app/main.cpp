@@ -164,7 +164,7 @@ int run(int argc, char** argv) {
       ->check(kNonNegative);
   plan->add_flag("--spread", plan_args.spread,
                  "validate layouts spread over the ranking instead of the best");
-  plan->add_option("--validate-steps", plan_args.validate_steps, "steps per validation run")
+  plan->add_option("--validate-steps", plan_args.validate_steps, "steps per validation run (1: peak memory only; default 4)")
       ->check(kPositive);
   plan->add_option("--launcher", plan_args.launcher,
                    "command that starts N ranks, {np} replaced (default mpirun --oversubscribe -np {np})");

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -48,8 +49,10 @@ int calls_for(MPI_Comm comm, double seconds, Fn fn) {
 }
 
 // Seconds per call of fn, every rank starting together: a warm-up that also sets the count,
-// then five timed rounds of that count (about min_s / 5 each); the median round (a busy
-// moment on a shared machine spoils one round, not the figure), averaged over the ranks.
+// then five timed rounds of that count (about min_s / 5 each), averaged over the rounds and
+// the ranks. The mean, not the median: a training step sees this machine's share of the cores
+// over time, preemptions included, and so must the figure (a median keeps the rounds no
+// other process interrupted, and on a shared machine predicts steps too fast).
 template <typename Fn>
 double timed(MPI_Comm comm, ops::Ops& ops, const float* any, double min_s, Fn fn) {
   const int calls = calls_for(comm, min_s / 5, [&] {
@@ -64,8 +67,7 @@ double timed(MPI_Comm comm, ops::Ops& ops, const float* any, double min_s, Fn fn
     sync(ops, any);
     rounds.push_back((now() - t0) / calls);
   }
-  std::sort(rounds.begin(), rounds.end());
-  double per = rounds[2], sum = 0;
+  double per = (rounds[0] + rounds[1] + rounds[2] + rounds[3] + rounds[4]) / 5, sum = 0;
   int size = 1;
   MPI_Comm_size(comm, &size);
   MPI_Allreduce(&per, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
@@ -84,10 +86,17 @@ std::vector<LinearDims> linears(const model::ModelConfig& cfg, int tp) {
 }
 
 // Allreduce seconds of `n` floats over comm: five rounds of a fixed count (about
-// min_s / 5 each), the slowest rank's time of each, the median round.
-double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s) {
+// min_s / 5 each), the slowest rank's time of each, their mean (as in timed()). With `work`, each
+// allreduce follows a call of it (a layer's product, as in tensor parallelism) and the time
+// of `work` alone is taken off: what the collective adds where ranks arrive unevenly (on a
+// shared or oversubscribed machine, a rank descheduled by the others).
+double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s,
+                      const std::function<void()>& work = {}) {
   std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
-  auto once = [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), int(n), MPI_FLOAT, MPI_SUM, comm); };
+  auto once = [&] {
+    if (work) work();
+    MPI_Allreduce(MPI_IN_PLACE, buf.data(), int(n), MPI_FLOAT, MPI_SUM, comm);
+  };
   const int calls = calls_for(comm, min_s / 5, once);
   std::vector<double> rounds;
   for (int r = 0; r < 5; ++r) {
@@ -96,23 +105,34 @@ double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s) {
     for (int i = 0; i < calls; ++i) once();
     double per = (now() - t0) / calls;
     MPI_Allreduce(MPI_IN_PLACE, &per, 1, MPI_DOUBLE, MPI_MAX, comm);
+    if (work) {
+      MPI_Barrier(comm);
+      const double t1 = now();
+      for (int i = 0; i < calls; ++i) work();
+      double alone = (now() - t1) / calls;
+      MPI_Allreduce(MPI_IN_PLACE, &alone, 1, MPI_DOUBLE, MPI_SUM, comm);
+      int size = 1;
+      MPI_Comm_size(comm, &size);
+      per = std::max(per - alone / size, 0.0);
+    }
     rounds.push_back(per);
   }
-  std::sort(rounds.begin(), rounds.end());
-  return rounds[2];
+  return (rounds[0] + rounds[1] + rounds[2] + rounds[3] + rounds[4]) / 5;
 }
 
 // alpha and beta of a ring allreduce over p ranks from a small and a large message:
-// t(S) = 2(p-1) alpha + 2(p-1)/p S / beta.
-Link fit_link(MPI_Comm comm, double min_s) {
+// t(S) = 2(p-1) alpha + 2(p-1)/p S / beta. The small one after `work` (see allreduce_time):
+// alpha is the latency a collective costs between layers, not in a tight loop.
+Link fit_link(MPI_Comm comm, double min_s, const std::function<void()>& work) {
   int p = 1;
   MPI_Comm_size(comm, &p);
   const std::int64_t small = 1, large = 1 << 22;  // floats: 4 B and 16 MiB
-  const double ts = allreduce_time(comm, small, min_s), tl = allreduce_time(comm, large, min_s);
+  const double ts = allreduce_time(comm, small, min_s, work),
+               tl = allreduce_time(comm, large, min_s);
   Link l;
   l.alpha_s = ts / (2.0 * (p - 1));
   const double bytes = 2.0 * (p - 1) / p * double(large) * 4.0;
-  l.bytes_per_s = bytes / std::max(tl - ts, 1e-9);
+  l.bytes_per_s = bytes / std::max(tl - std::min(ts, tl / 2), 1e-9);
   return l;
 }
 
@@ -252,6 +272,15 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   }
 
   // Links: the ranks of this node; one rank per node between nodes.
+  // The product between collectives: the model's q|k|v forward at tp 1, micro-batch 1.
+  const int wn = cfg.seq_len, wk = cfg.d_model, wm = 3 * cfg.d_model;
+  FloatBuffer wa(std::size_t(wn) * wk, mem), wb(std::size_t(wk) * wm, mem), wc(std::size_t(wn) * wm, mem);
+  ops.fill(wa.data(), 0.01f, std::int64_t(wn) * wk);
+  ops.fill(wb.data(), 0.01f, std::int64_t(wk) * wm);
+  const std::function<void()> work = [&] {
+    ops.gemm(false, false, wn, wm, wk, 1.0f, wa.data(), wk, wb.data(), wm, 0.0f, wc.data(), wm);
+    sync(ops, wc.data());
+  };
   MPI_Comm local, across;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   int local_size = 1, local_rank = 0;
@@ -264,7 +293,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, world);
   m.ranks_per_node = local_size;
   if (min_local >= 2) {
-    m.intra = fit_link(local, opt.min_seconds);
+    m.intra = fit_link(local, opt.min_seconds, work);
   } else {
     // One rank per node: nothing to measure inside a node; a memory copy stands in.
     m.intra.alpha_s = 1e-6;
@@ -274,7 +303,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   // in training); without a second node the figures inside the node stand in.
   int nodes_min = nodes;
   MPI_Allreduce(MPI_IN_PLACE, &nodes_min, 1, MPI_INT, MPI_MIN, world);
-  m.inter = nodes_min >= 2 ? fit_link(across, opt.min_seconds) : m.intra;
+  m.inter = nodes_min >= 2 ? fit_link(across, opt.min_seconds, work) : m.intra;
   MPI_Comm_free(&across);
   MPI_Comm_free(&local);
 
