@@ -16,8 +16,15 @@ std::int64_t MemoryEstimate::peak() const {
 }
 
 std::string format_bytes(std::int64_t bytes) {
+  // A unit per size, so that a tiny model's report does not read "0.0 MiB".
+  const double b = double(bytes);
   char s[32];
-  std::snprintf(s, sizeof s, "%.1f MiB", double(bytes) / 1048576.0);
+  if (b >= 1024.0 * 1048576.0)
+    std::snprintf(s, sizeof s, "%.2f GiB", b / (1024.0 * 1048576.0));
+  else if (b >= 1048576.0)
+    std::snprintf(s, sizeof s, "%.1f MiB", b / 1048576.0);
+  else
+    std::snprintf(s, sizeof s, "%.1f KiB", b / 1024.0);
   return s;
 }
 

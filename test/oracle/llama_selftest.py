@@ -131,22 +131,11 @@ def check_config(tag, cfg, seed):
             fails.check(got is not None and np.asarray(got).dtype == np.float64
                         and float(got) == getattr(cfg, k),
                         f"{tag}: root attribute {k} = {got!r}, expected float64 {getattr(cfg, k)}")
-        names = set()
-        f["model"].visit(lambda n: names.add(n) if isinstance(f["model"][n], h5py.Dataset) else None)
-        fails.check(names == set(table), f"{tag}: /model names differ from FORMAT.md: extra "
-                    f"{sorted(names - set(table))}, missing {sorted(set(table) - names)}")
-        for n, shape in table.items():
-            if n in f["model"]:
-                ds = f["model"][n]
-                fails.check(ds.shape == shape and ds.dtype == np.float32,
-                            f"{tag}: /model/{n} is {ds.dtype} {ds.shape}, expected float32 {shape}")
+        oc.check_model_group(f, table, fails, tag)
     fails.check(list(table) == list(tt.param_shapes(cfg)), f"{tag}: param_shapes order != table")
 
     # 2. round trip
-    cfg2, model2 = tt.load_weights(wpath, dtype=torch.float64)
-    fails.check(cfg2 == cfg, f"{tag}: load_weights config {cfg2} != {cfg}")
-    for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
-        fails.check(torch.equal(a.double(), b), f"{tag}: weights round trip: {n} differs")
+    model2 = oc.check_round_trip(tt, torch, model, wpath, cfg, fails, tag)
 
     # 3. loss against the NumPy forward
     rng = np.random.default_rng(seed)

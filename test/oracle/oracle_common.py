@@ -1,7 +1,8 @@
 """Shared plumbing of the oracle drivers: environment, importing torch and tools/trident_torch.py,
 running the trident binary with a clear message when it fails, and comparison tables.
 
-defines: SKIP, setup, out_dir, run_trident, compare_tensors, Failures
+defines: SKIP, setup, out_dir, run_trident, compare_tensors, Failures, check_model_group,
+check_round_trip
 """
 
 import os
@@ -115,3 +116,29 @@ def compare_tensors(np, got, want, rel_tol, failures, what, scale=None):
             failures.add(f"{what} {name}: max|d| = {d:.3e} is {ratio:.2e} of max|ref| = {s:.3e} "
                          f"(tolerance {rel_tol:g})" + ("" if finite else "; non-finite values"))
     return worst
+
+
+def check_model_group(f, table, fails, tag):
+    """A weights file's /model (an open h5py File) holds exactly FORMAT.md's table
+    (name -> shape), every dataset float32."""
+    import h5py
+    import numpy as np
+    names = set()
+    f["model"].visit(lambda n: names.add(n) if isinstance(f["model"][n], h5py.Dataset) else None)
+    fails.check(names == set(table), f"{tag}: /model names differ from FORMAT.md: extra "
+                f"{sorted(names - set(table))}, missing {sorted(set(table) - names)}")
+    for n, shape in table.items():
+        if n in f["model"]:
+            ds = f["model"][n]
+            fails.check(ds.shape == shape and ds.dtype == np.float32,
+                        f"{tag}: /model/{n} is {ds.dtype} {ds.shape}, expected float32 {shape}")
+
+
+def check_round_trip(tt, torch, model, wpath, cfg, fails, tag):
+    """tools/trident_torch.py reads back what it wrote: the same config and every weight
+    bit for bit. Returns the float64 model it loaded."""
+    cfg2, model2 = tt.load_weights(wpath, dtype=torch.float64)
+    fails.check(cfg2 == cfg, f"{tag}: load_weights config {cfg2} != {cfg}")
+    for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
+        fails.check(torch.equal(a.double(), b), f"{tag}: weights round trip: {n} differs")
+    return model2

@@ -105,22 +105,11 @@ with h5py.File(wpath, "r") as f:
         got = f.attrs.get(k)
         fails.check(got is not None and np.issubdtype(np.asarray(got).dtype, np.integer)
                     and int(got) == v, f"weights: root attribute {k} = {got!r}, expected integer {v}")
-    names = set()
-    f["model"].visit(lambda n: names.add(n) if isinstance(f["model"][n], h5py.Dataset) else None)
-    fails.check(names == set(table), f"weights: /model names differ from FORMAT.md: extra "
-                f"{sorted(names - set(table))}, missing {sorted(set(table) - names)}")
-    for n, shape in table.items():
-        if n in f["model"]:
-            ds = f["model"][n]
-            fails.check(ds.shape == shape and ds.dtype == np.float32,
-                        f"weights: /model/{n} is {ds.dtype} {ds.shape}, expected float32 {shape}")
+    oc.check_model_group(f, table, fails, "weights")
     fails.check(list(table) == list(tt.param_shapes(cfg)), "param_shapes order != FORMAT.md's table")
 
 # 2. round trips
-cfg2, model2 = tt.load_weights(wpath, dtype=torch.float64)
-fails.check(cfg2 == cfg, f"load_weights: config {cfg2} != {cfg}")
-for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
-    fails.check(torch.equal(a.double(), b), f"weights round trip: {n} differs")
+model2 = oc.check_round_trip(tt, torch, model, wpath, cfg, fails, "weights")
 
 rng = np.random.default_rng(7)
 inputs = rng.integers(0, 37, size=(3, 7))

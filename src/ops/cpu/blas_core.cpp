@@ -66,12 +66,13 @@ std::string blas_core_advice() {
 }
 
 std::string blas_core_report() {
+  // No parentheses: the report sits inside the backend's own "cpu (...)".
   std::string how = "chosen by OpenBLAS";
   if (std::getenv(kBlasCoreAutoEnv))
-    how = "OPENBLAS_CORETYPE chosen by trident: OpenBLAS fell back to a generic core";
+    how = "set by trident, as OpenBLAS fell back to a generic core";
   else if (user_chose_core())
-    how = "OPENBLAS_CORETYPE set in the environment";
-  return "OpenBLAS " + core_name() + " kernels (" + how + ")";
+    how = "set by OPENBLAS_CORETYPE in the environment";
+  return "OpenBLAS " + core_name() + " kernels " + how;
 }
 
 }  // namespace trident::ops
