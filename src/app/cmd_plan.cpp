@@ -156,7 +156,7 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
   }
   const double tokens = double(deck.train.global_batch_size) * deck.model.seq_len;
   static const std::regex step_re(R"(step\s+(\d+)/\d+ \|.*\| (\d+) tok/s)");
-  static const std::regex mem_re(R"(memory: rank 0 measured peak ([0-9.]+) MiB)");
+  static const std::regex mem_re(R"(memory: rank 0 measured peak ([0-9.]+) (KiB|MiB|GiB))");
   std::vector<double> times;
   Measured m;
   std::istringstream lines(output);
@@ -165,7 +165,7 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
     if (std::regex_search(line, g, step_re) && std::stoi(g[1]) > 1 && std::stod(g[2]) > 0)
       times.push_back(tokens / std::stod(g[2]));
     else if (std::regex_search(line, g, mem_re))
-      m.peak_mib = std::stod(g[1]);
+      m.peak_mib = std::stod(g[1]) * (g[2] == "KiB" ? 1.0 / 1024 : g[2] == "GiB" ? 1024.0 : 1.0);
   }
   TRIDENT_CHECK(!times.empty() || a.validate_steps == 1, "plan --validate: layout ", l.str(),
                 ": no step lines after the first in the output of `", cmd, "`");
@@ -381,9 +381,12 @@ int run_calibrate(const CalibrateArgs& a) {
     }
     std::filesystem::rename(tmp, a.out);
     std::printf("calibrate: wrote %s: GEMM up to %.3g FLOP/s, attention %.3g FLOP/s, kernels "
-                "%.3g B/s; intra alpha %.3g s beta %.3g B/s; inter alpha %.3g s beta %.3g B/s\n",
+                "%.3g B/s; intra allreduce alpha %.3g s beta %.3g B/s, p2p %.3g s %.3g B/s; "
+                "inter allreduce alpha %.3g s beta %.3g B/s, p2p %.3g s %.3g B/s\n",
                 a.out.c_str(), m.gemm_flops, m.attention_flops, m.kernel_bytes_per_s,
-                m.intra.alpha_s, m.intra.bytes_per_s, m.inter.alpha_s, m.inter.bytes_per_s);
+                m.intra.alpha_s, m.intra.bytes_per_s, m.intra.p2p_alpha_s,
+                m.intra.p2p_bytes_per_s, m.inter.alpha_s, m.inter.bytes_per_s,
+                m.inter.p2p_alpha_s, m.inter.p2p_bytes_per_s);
   }
   return 0;
 }

@@ -120,6 +120,34 @@ double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s,
   return (rounds[0] + rounds[1] + rounds[2] + rounds[3] + rounds[4]) / 5;
 }
 
+// One-way seconds of a message of `n` floats between ranks 0 and 1 of comm (the others wait):
+// round trips in a fixed count (about min_s), halved; the mean of three rounds.
+double pingpong_time(MPI_Comm comm, std::int64_t n, double min_s) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
+  auto trip = [&] {
+    if (rank == 0) {
+      MPI_Send(buf.data(), int(n), MPI_FLOAT, 1, 7, comm);
+      MPI_Recv(buf.data(), int(n), MPI_FLOAT, 1, 7, comm, MPI_STATUS_IGNORE);
+    } else if (rank == 1) {
+      MPI_Recv(buf.data(), int(n), MPI_FLOAT, 0, 7, comm, MPI_STATUS_IGNORE);
+      MPI_Send(buf.data(), int(n), MPI_FLOAT, 0, 7, comm);
+    }
+  };
+  const int calls = calls_for(comm, min_s / 3, trip);
+  double total = 0;
+  for (int r = 0; r < 3; ++r) {
+    MPI_Barrier(comm);
+    const double t0 = now();
+    for (int i = 0; i < calls; ++i) trip();
+    double per = (now() - t0) / calls / 2;
+    MPI_Allreduce(MPI_IN_PLACE, &per, 1, MPI_DOUBLE, MPI_MAX, comm);
+    total += per;
+  }
+  return total / 3;
+}
+
 // alpha and beta of a ring allreduce over p ranks from a small and a large message:
 // t(S) = 2(p-1) alpha + 2(p-1)/p S / beta. The small one after `work` (see allreduce_time):
 // alpha is the latency a collective costs between layers, not in a tight loop.
@@ -133,6 +161,11 @@ Link fit_link(MPI_Comm comm, double min_s, const std::function<void()>& work) {
   l.alpha_s = ts / (2.0 * (p - 1));
   const double bytes = 2.0 * (p - 1) / p * double(large) * 4.0;
   l.bytes_per_s = bytes / std::max(tl - std::min(ts, tl / 2), 1e-9);
+  // Point-to-point: ranks 0 and 1 of comm exchange a message back and forth (a pipeline's
+  // send and its peer's receive); one way is half the round trip.
+  const double ps = pingpong_time(comm, small, min_s), pl = pingpong_time(comm, large, min_s);
+  l.p2p_alpha_s = ps;
+  l.p2p_bytes_per_s = double(large) * 4.0 / std::max(pl - std::min(ps, pl / 2), 1e-9);
   return l;
 }
 
@@ -296,8 +329,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     m.intra = fit_link(local, opt.min_seconds, work);
   } else {
     // One rank per node: nothing to measure inside a node; a memory copy stands in.
-    m.intra.alpha_s = 1e-6;
-    m.intra.bytes_per_s = m.kernel_bytes_per_s;
+    m.intra = {1e-6, m.kernel_bytes_per_s, 1e-6, m.kernel_bytes_per_s};
   }
   // Between nodes: the communicator of each node's local rank r (all measure at once, as
   // in training); without a second node the figures inside the node stand in.
@@ -315,13 +347,15 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     m.memory_gib = bytes / local_size / 1073741824.0;
   }
   // Every rank must write the same file: rank 0's figures.
-  double nums[8] = {m.gemm_flops, m.peak_flops, m.attention_flops, m.kernel_bytes_per_s,
-                    m.intra.alpha_s, m.intra.bytes_per_s, m.inter.alpha_s, m.inter.bytes_per_s};
-  MPI_Bcast(nums, 8, MPI_DOUBLE, 0, world);
+  double nums[12] = {m.gemm_flops,          m.peak_flops,          m.attention_flops,
+                     m.kernel_bytes_per_s,  m.intra.alpha_s,       m.intra.bytes_per_s,
+                     m.inter.alpha_s,       m.inter.bytes_per_s,   m.intra.p2p_alpha_s,
+                     m.intra.p2p_bytes_per_s, m.inter.p2p_alpha_s, m.inter.p2p_bytes_per_s};
+  MPI_Bcast(nums, 12, MPI_DOUBLE, 0, world);
   m.gemm_flops = nums[0], m.peak_flops = nums[1], m.attention_flops = nums[2];
   m.kernel_bytes_per_s = nums[3];
-  m.intra = {nums[4], nums[5]};
-  m.inter = {nums[6], nums[7]};
+  m.intra = {nums[4], nums[5], nums[8], nums[9]};
+  m.inter = {nums[6], nums[7], nums[10], nums[11]};
   MPI_Bcast(&m.memory_gib, 1, MPI_DOUBLE, 0, world);
   MPI_Bcast(&m.ranks_per_node, 1, MPI_INT, 0, world);
   return m;

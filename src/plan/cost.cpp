@@ -208,7 +208,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   }
   // The boundary tensor a stage sends: Nr x C floats.
   const double boundary = double(lay.sequence_parallel ? s.n / lay.tp : s.n) * double(s.C) * kFloat;
-  const double p2p = lay.pp > 1 ? pp_link.time(boundary) : 0.0;
+  const double p2p = lay.pp > 1 ? pp_link.p2p_time(boundary) : 0.0;
 
   // The simulator counts in integer slots: 1/2000 of the slowest action.
   const double f_s = worst.f + worst.f_tp, b_s = worst.b() + worst.b_tp;

@@ -68,10 +68,17 @@ void only_keys(const toml::table& t, const std::string& prefix, const std::set<s
 
 Link link(const toml::table& root, const char* name, const std::string& source) {
   const toml::table& t = section(root, name, source);
-  only_keys(t, name, {"alpha_s", "bytes_per_s"}, source);
+  only_keys(t, name, {"alpha_s", "bytes_per_s", "p2p_alpha_s", "p2p_bytes_per_s"}, source);
   Link l;
   l.alpha_s = number(t, name, "alpha_s", source, true);
   l.bytes_per_s = number(t, name, "bytes_per_s", source);
+  const bool a = t.contains("p2p_alpha_s"), b = t.contains("p2p_bytes_per_s");
+  TRIDENT_CHECK(a == b, source, ": [", name, "] needs both p2p_alpha_s and p2p_bytes_per_s, or "
+                "neither");
+  if (a) {
+    l.p2p_alpha_s = number(t, name, "p2p_alpha_s", source, true);
+    l.p2p_bytes_per_s = number(t, name, "p2p_bytes_per_s", source);
+  }
   return l;
 }
 
@@ -143,9 +150,14 @@ std::string machine_toml(const Machine& m, const std::string& header) {
   for (const GemmRate& g : m.gemms)
     o << "\n[[compute.gemm]]\nm = " << g.m << "\nn = " << g.n << "\nk = " << g.k
       << "\nflops_per_s = " << g.flops_per_s << "\n";
-  o << "\n[intra]\nalpha_s = " << m.intra.alpha_s << "\nbytes_per_s = " << m.intra.bytes_per_s
-    << "\n\n[inter]\nalpha_s = " << m.inter.alpha_s << "\nbytes_per_s = " << m.inter.bytes_per_s
-    << "\n";
+  for (const auto& [name, l] : {std::pair<const char*, const Link*>{"intra", &m.intra},
+                                {"inter", &m.inter}}) {
+    o << "\n[" << name << "]\nalpha_s = " << l->alpha_s << "\nbytes_per_s = " << l->bytes_per_s
+      << "\n";
+    if (l->p2p_bytes_per_s > 0)
+      o << "p2p_alpha_s = " << l->p2p_alpha_s << "\np2p_bytes_per_s = " << l->p2p_bytes_per_s
+        << "\n";
+  }
   return o.str();
 }
 

@@ -7,7 +7,9 @@
 //              (the attention core, forward and backward), kernel_bytes_per_s (memory-bound
 //              kernels: norms, GELU, softmax, AdamW), [[compute.gemm]] measured shapes
 //   [intra], [inter]  links inside a node / between nodes: alpha_s (latency per message
-//              or ring step), bytes_per_s (bus bandwidth per rank, nccl-tests' "busbw")
+//              or ring step), bytes_per_s (bus bandwidth per rank, nccl-tests' "busbw") of
+//              the collectives; optionally p2p_alpha_s, p2p_bytes_per_s of one send
+//              (pipeline stages), else the collective figures
 // Every figure must be present, finite and > 0 (alpha_s >= 0); a file that is not says
 // which key, in one line.
 // defines: trident::plan::Link, GemmRate, Machine, load_machine, parse_machine, machine_toml
@@ -22,8 +24,13 @@ namespace trident::plan {
 struct Link {
   double alpha_s = 0;     // seconds per message (per step of a ring)
   double bytes_per_s = 0; // bus bandwidth per rank
-  // Time of a message of `bytes` (one hop).
-  double time(double bytes) const { return alpha_s + bytes / bytes_per_s; }
+  // Point-to-point (pipeline sends), when measured apart (0: the collective figures).
+  double p2p_alpha_s = 0, p2p_bytes_per_s = 0;
+  // Time of one point-to-point message of `bytes`.
+  double p2p_time(double bytes) const {
+    return p2p_bytes_per_s > 0 ? p2p_alpha_s + bytes / p2p_bytes_per_s
+                               : alpha_s + bytes / bytes_per_s;
+  }
 };
 
 // A measured matrix product: C[m,n] = A[m,k] B[k,n] at `flops_per_s`.

@@ -58,7 +58,12 @@ TEST(Machine, ParsesAndRoundTrips) {
   const Machine m = parse_machine(kMachine, "m.toml");
   EXPECT_EQ(m.ranks_per_node, 4);
   EXPECT_DOUBLE_EQ(m.inter.bytes_per_s, 1e8);
-  const Machine again = parse_machine(machine_toml(m), "again");
+  Machine with_p2p = m;
+  with_p2p.inter.p2p_alpha_s = 2e-5, with_p2p.inter.p2p_bytes_per_s = 3e8;
+  const Machine again = parse_machine(machine_toml(with_p2p), "again");
+  EXPECT_DOUBLE_EQ(again.inter.p2p_bytes_per_s, 3e8);
+  EXPECT_DOUBLE_EQ(again.inter.p2p_time(3e8), 1 + 2e-5);
+  EXPECT_DOUBLE_EQ(again.intra.p2p_time(1e9), 1 + 1e-5);  // the collective figures
   EXPECT_DOUBLE_EQ(again.gemm_flops, m.gemm_flops);
   EXPECT_DOUBLE_EQ(again.intra.alpha_s, m.intra.alpha_s);
 }
@@ -74,6 +79,8 @@ TEST(Machine, BadFiguresAreOneClearError) {
             "m.toml: missing section [inter]");
   EXPECT_EQ(error_of(replace(kMachine, "memory_gib = 1", "memory_gb = 1")),
             "m.toml:4:13: unknown key 'machine.memory_gb'");
+  EXPECT_EQ(error_of(replace(kMachine, "bytes_per_s = 1e9", "bytes_per_s = 1e9\np2p_alpha_s = 0")),
+            "m.toml: [intra] needs both p2p_alpha_s and p2p_bytes_per_s, or neither");
   EXPECT_EQ(error_of(replace(kMachine, "bytes_per_s = 1e9", "bytes_per_s = nan")),
             "m.toml:12:15: intra.bytes_per_s: must be > 0, got nan");
 }
