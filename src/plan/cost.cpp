@@ -221,10 +221,14 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   costs.w = slots(worst.w);
   costs.comm = p2p > 0 ? int(std::lround(p2p / unit)) : 0;
   const pipeline::Simulation sim = pipeline::simulate(sched, costs);
-  const double makespan = sim.makespan * unit;
   const double per_stage = double(p.microbatches) * lay.vpp;
   p.compute_s = per_stage * (worst.f + worst.b());
   p.tp_comm_s = per_stage * (worst.f_tp + worst.b_tp);
+  // Ranks sharing cores (solo_speedup > 1): while some wait, the others run faster, so the
+  // schedule's critical path shrinks by up to that factor, never below a rank's own work.
+  const double makespan =
+      std::max(sim.makespan * unit / mc.solo_speedup,
+               mc.solo_speedup > 1 ? p.compute_s + p.tp_comm_s : 0.0);
   p.bubble_s = std::max(0.0, makespan - p.compute_s - p.tp_comm_s);
   p.bubble_fraction = sim.bubble_fraction;
 

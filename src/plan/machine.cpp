@@ -107,7 +107,14 @@ Machine parse_machine(const std::string& text, const std::string& source) {
   m.peak_flops = number(mt, "machine", "peak_flops", source);
 
   const toml::table& ct = section(root, "compute", source);
-  only_keys(ct, "compute", {"gemm_flops", "attention_flops", "kernel_bytes_per_s", "gemm"}, source);
+  only_keys(ct, "compute",
+            {"gemm_flops", "attention_flops", "kernel_bytes_per_s", "solo_speedup", "gemm"},
+            source);
+  if (ct.contains("solo_speedup")) {
+    m.solo_speedup = number(ct, "compute", "solo_speedup", source);
+    TRIDENT_CHECK(m.solo_speedup >= 1, where(source, *ct.get("solo_speedup")),
+                  ": compute.solo_speedup: must be >= 1, got ", m.solo_speedup);
+  }
   m.gemm_flops = number(ct, "compute", "gemm_flops", source);
   m.attention_flops = number(ct, "compute", "attention_flops", source);
   m.kernel_bytes_per_s = number(ct, "compute", "kernel_bytes_per_s", source);
@@ -146,7 +153,8 @@ std::string machine_toml(const Machine& m, const std::string& header) {
   o << "[machine]\nname = \"" << m.name << "\"\nranks_per_node = " << m.ranks_per_node
     << "\nmemory_gib = " << m.memory_gib << "\npeak_flops = " << m.peak_flops
     << "\n\n[compute]\ngemm_flops = " << m.gemm_flops << "\nattention_flops = "
-    << m.attention_flops << "\nkernel_bytes_per_s = " << m.kernel_bytes_per_s << "\n";
+    << m.attention_flops << "\nkernel_bytes_per_s = " << m.kernel_bytes_per_s
+    << "\nsolo_speedup = " << m.solo_speedup << "\n";
   for (const GemmRate& g : m.gemms)
     o << "\n[[compute.gemm]]\nm = " << g.m << "\nn = " << g.n << "\nk = " << g.k
       << "\nflops_per_s = " << g.flops_per_s << "\n";

@@ -5,7 +5,9 @@
 //              divides by)
 //   [compute]  gemm_flops (sustained matrix-product rate at large shapes), attention_flops
 //              (the attention core, forward and backward), kernel_bytes_per_s (memory-bound
-//              kernels: norms, GELU, softmax, AdamW), [[compute.gemm]] measured shapes
+//              kernels: norms, GELU, softmax, AdamW), [[compute.gemm]] measured shapes,
+//              solo_speedup (optional, default 1: how much faster one rank computes while
+//              the other ranks of its node wait; > 1 where ranks share cores)
 //   [intra], [inter]  links inside a node / between nodes: alpha_s (latency per message
 //              or ring step), bytes_per_s (bus bandwidth per rank, nccl-tests' "busbw") of
 //              the collectives; optionally p2p_alpha_s, p2p_bytes_per_s of one send
@@ -48,6 +50,7 @@ struct Machine {
   double gemm_flops = 0;
   double attention_flops = 0;
   double kernel_bytes_per_s = 0;
+  double solo_speedup = 1;
   std::vector<GemmRate> gemms;  // measured shapes (calibrate); may be empty
   Link intra, inter;
 

@@ -203,6 +203,21 @@ TEST(Plan, PipelineBubbleShrinksWithMicrobatches) {
   EXPECT_NEAR(few.bubble_fraction, 3.0 / 7.0, 0.08);
 }
 
+TEST(Plan, SharedCoresShrinkTheBubbleNotTheWork) {
+  const model::ModelConfig cfg = tiny();
+  Machine m = parse_machine(kMachine, "m.toml");
+  Layout l;
+  l.pp = 2, l.dp = 1, l.micro_batch = 1, l.schedule = "naive";
+  const StepPrediction dedicated = predict(cfg, 4, l, m, true);
+  EXPECT_GT(dedicated.bubble_s, 0.3 * dedicated.step_s);  // naive: one stage at a time
+  m.solo_speedup = 2;  // a waiting rank gives its core to the other
+  const StepPrediction shared = predict(cfg, 4, l, m, true);
+  EXPECT_LT(shared.step_s, dedicated.step_s);
+  EXPECT_GE(shared.step_s, shared.compute_s);
+  m.solo_speedup = 100;  // never below the rank's own work
+  EXPECT_NEAR(predict(cfg, 4, l, m, true).bubble_s, 0.0, 1e-9);
+}
+
 TEST(Calibrate, ShapesAreTheCostModels) {
   const auto s = linear_shapes(tiny(), 2, 4);
   ASSERT_EQ(s.size(), 15u);
