@@ -122,6 +122,7 @@ std::string quote(const std::string& s) {
 
 struct Measured {
   double step_s = 0;  // median over the steps after the first
+  double fastest_s = 0;  // the fastest of them
   double peak_mib = 0;
   int steps = 0;
 };
@@ -171,6 +172,7 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
                 ": no step lines after the first in the output of `", cmd, "`");
   std::sort(times.begin(), times.end());
   m.step_s = times.empty() ? 0.0 : times[times.size() / 2];
+  m.fastest_s = times.empty() ? 0.0 : times.front();
   m.steps = int(times.size());
   return m;
 }
@@ -306,7 +308,8 @@ int run_plan(const PlanArgs& a) {
       pred.push_back(p.step_s);
       meas.push_back(m.step_s);
       v.push_back({{"rank", i + 1}, {"layout", p.layout.str()}, {"predicted_step_s", p.step_s},
-                   {"measured_step_s", m.step_s}, {"timed_steps", m.steps},
+                   {"measured_step_s", m.step_s}, {"fastest_step_s", m.fastest_s},
+                   {"timed_steps", m.steps},
                    {"predicted_rank0_peak_mib", pred_mib}, {"measured_rank0_peak_mib", m.peak_mib}});
       if (!a.json) {
         std::printf("%4zu  %-52s %8.4g s %8.4g s %+6.1f%% %8.1f MiB %8.1f MiB %+6.1f%%\n", i + 1,
@@ -341,6 +344,7 @@ int run_calibrate(const CalibrateArgs& a) {
     else deck.model.vocab_size = 50304;  // GPT-2's, padded: shapes of a default model
     opt.model = deck.model;
     opt.min_seconds = a.min_seconds;
+    opt.best = a.best;
     opt.tps.clear();
     for (int tp = 1; tp <= world; ++tp)
       if (world % tp == 0 && deck.model.n_head % tp == 0) opt.tps.push_back(tp);

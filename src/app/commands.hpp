@@ -71,6 +71,7 @@ struct CalibrateArgs {
   DeckArgs deck;  // optional: the model whose shapes to measure
   std::string out, name;
   double min_seconds = 0.05;
+  bool best = false;  // fastest round of each figure, not the mean
 };
 int run_calibrate(const CalibrateArgs& args);
 // Threads per rank when runtime.threads = 0: the cores this rank may use, shared with the

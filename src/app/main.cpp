@@ -177,6 +177,8 @@ int run(int argc, char** argv) {
   cal->add_option("--name", cal_args.name, "machine.name to write");
   cal->add_option("--min-seconds", cal_args.min_seconds, "time per measurement (default 0.05)")
       ->check(kPositive);
+  cal->add_flag("--best", cal_args.best,
+                "each figure from its fastest round (an undisturbed machine), not the mean");
 
   // CLI11 would report "a subcommand is required" for a misspelt one; name it instead.
   if (argc > 1 && argv[1][0] != '-') {

@@ -35,6 +35,15 @@ void sync(ops::Ops& ops, const float* any) {
   }
 }
 
+// The figure of five rounds: their mean (the machine as a long step sees it, preemptions
+// included) or, with best, the fastest (the machine undisturbed).
+double summarize(const std::vector<double>& rounds, bool best) {
+  if (best) return *std::min_element(rounds.begin(), rounds.end());
+  double sum = 0;
+  for (double r : rounds) sum += r;
+  return sum / double(rounds.size());
+}
+
 // Calls of fn that take about `seconds` on the slowest rank of comm: batches of 1, 2, 4, ...
 // calls, every rank the same (fn may be a collective), until one takes that long.
 template <typename Fn>
@@ -54,7 +63,7 @@ int calls_for(MPI_Comm comm, double seconds, Fn fn) {
 // over time, preemptions included, and so must the figure (a median keeps the rounds no
 // other process interrupted, and on a shared machine predicts steps too fast).
 template <typename Fn>
-double timed(MPI_Comm comm, ops::Ops& ops, const float* any, double min_s, Fn fn) {
+double timed(MPI_Comm comm, ops::Ops& ops, const float* any, double min_s, bool best, Fn fn) {
   const int calls = calls_for(comm, min_s / 5, [&] {
     fn();
     sync(ops, any);
@@ -67,7 +76,7 @@ double timed(MPI_Comm comm, ops::Ops& ops, const float* any, double min_s, Fn fn
     sync(ops, any);
     rounds.push_back((now() - t0) / calls);
   }
-  double per = (rounds[0] + rounds[1] + rounds[2] + rounds[3] + rounds[4]) / 5, sum = 0;
+  double per = summarize(rounds, best), sum = 0;
   int size = 1;
   MPI_Comm_size(comm, &size);
   MPI_Allreduce(&per, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
@@ -90,7 +99,7 @@ std::vector<LinearDims> linears(const model::ModelConfig& cfg, int tp) {
 // allreduce follows a call of it (a layer's product, as in tensor parallelism) and the time
 // of `work` alone is taken off: what the collective adds where ranks arrive unevenly (on a
 // shared or oversubscribed machine, a rank descheduled by the others).
-double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s,
+double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s, bool best,
                       const std::function<void()>& work = {}) {
   std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
   auto once = [&] {
@@ -117,12 +126,12 @@ double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s,
     }
     rounds.push_back(per);
   }
-  return (rounds[0] + rounds[1] + rounds[2] + rounds[3] + rounds[4]) / 5;
+  return summarize(rounds, best);
 }
 
 // One-way seconds of a message of `n` floats between ranks 0 and 1 of comm (the others wait):
 // round trips in a fixed count (about min_s), halved; the mean of three rounds.
-double pingpong_time(MPI_Comm comm, std::int64_t n, double min_s) {
+double pingpong_time(MPI_Comm comm, std::int64_t n, double min_s, bool best) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
@@ -136,34 +145,35 @@ double pingpong_time(MPI_Comm comm, std::int64_t n, double min_s) {
     }
   };
   const int calls = calls_for(comm, min_s / 3, trip);
-  double total = 0;
+  std::vector<double> rounds;
   for (int r = 0; r < 3; ++r) {
     MPI_Barrier(comm);
     const double t0 = now();
     for (int i = 0; i < calls; ++i) trip();
     double per = (now() - t0) / calls / 2;
     MPI_Allreduce(MPI_IN_PLACE, &per, 1, MPI_DOUBLE, MPI_MAX, comm);
-    total += per;
+    rounds.push_back(per);
   }
-  return total / 3;
+  return summarize(rounds, best);
 }
 
 // alpha and beta of a ring allreduce over p ranks from a small and a large message:
 // t(S) = 2(p-1) alpha + 2(p-1)/p S / beta. The small one after `work` (see allreduce_time):
 // alpha is the latency a collective costs between layers, not in a tight loop.
-Link fit_link(MPI_Comm comm, double min_s, const std::function<void()>& work) {
+Link fit_link(MPI_Comm comm, double min_s, bool best, const std::function<void()>& work) {
   int p = 1;
   MPI_Comm_size(comm, &p);
   const std::int64_t small = 1, large = 1 << 22;  // floats: 4 B and 16 MiB
-  const double ts = allreduce_time(comm, small, min_s, work),
-               tl = allreduce_time(comm, large, min_s);
+  const double ts = allreduce_time(comm, small, min_s, best, work),
+               tl = allreduce_time(comm, large, min_s, best);
   Link l;
   l.alpha_s = ts / (2.0 * (p - 1));
   const double bytes = 2.0 * (p - 1) / p * double(large) * 4.0;
   l.bytes_per_s = bytes / std::max(tl - std::min(ts, tl / 2), 1e-9);
   // Point-to-point: ranks 0 and 1 of comm exchange a message back and forth (a pipeline's
   // send and its peer's receive); one way is half the round trip.
-  const double ps = pingpong_time(comm, small, min_s), pl = pingpong_time(comm, large, min_s);
+  const double ps = pingpong_time(comm, small, min_s, best),
+               pl = pingpong_time(comm, large, min_s, best);
   l.p2p_alpha_s = ps;
   l.p2p_bytes_per_s = double(large) * 4.0 / std::max(pl - std::min(ps, pl / 2), 1e-9);
   return l;
@@ -212,7 +222,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     double best = 0;
     for (const auto& s : shapes) {
       const int M = int(s[0]), N = int(s[1]), K = int(s[2]);
-      const double t = timed(world, ops, Cm.data(), opt.min_seconds, [&] {
+      const double t = timed(world, ops, Cm.data(), opt.min_seconds, opt.best, [&] {
         ops.gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, Cm.data(), N);
       });
       GemmRate g{s[0], s[1], s[2], 2.0 * double(M) * N * K / t};
@@ -236,7 +246,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     int node_rank = 0, node_size = 1;
     MPI_Comm_rank(node_comm, &node_rank);
     MPI_Comm_size(node_comm, &node_size);
-    const double together = timed(world, ops, Cm.data(), opt.min_seconds, product);
+    const double together = timed(world, ops, Cm.data(), opt.min_seconds, opt.best, product);
     double alone = together;
     if (node_size > 1) {
       // Rank 0 of the node repeats the product for min_s; the rest wait at the barrier.
@@ -255,7 +265,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
         }
         MPI_Barrier(node_comm);
       }
-      if (node_rank == 0) alone = (rounds[0] + rounds[1] + rounds[2] + rounds[3] + rounds[4]) / 5;
+      if (node_rank == 0) alone = summarize(rounds, opt.best);
       MPI_Bcast(&alone, 1, MPI_DOUBLE, 0, node_comm);
     }
     MPI_Comm_free(&node_comm);
@@ -275,9 +285,9 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     ops.fill(dout.data(), 0.01f, rows * c);
     const ops::Ops::AttentionShape s = ops::attention_shape_qkv(b, T, c, nh);
     const float *q = qkv.data(), *k = q + c, *v = q + 2 * c;
-    const double tf = timed(world, ops, out.data(), opt.min_seconds,
+    const double tf = timed(world, ops, out.data(), opt.min_seconds, opt.best,
                             [&] { ops.attention_forward(out.data(), lse.data(), q, k, v, s); });
-    const double tb = timed(world, ops, dqkv.data(), opt.min_seconds, [&] {
+    const double tb = timed(world, ops, dqkv.data(), opt.min_seconds, opt.best, [&] {
       ops.attention_backward(dqkv.data(), dqkv.data() + c, dqkv.data() + 2 * c, dout.data(),
                              out.data(), lse.data(), q, k, v, s);
     });
@@ -297,7 +307,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
         dw(std::size_t(C), mem), db(std::size_t(C), mem), mean(std::size_t(n), mem),
         rstd(std::size_t(n), mem);
     for (FloatBuffer* f : {&x, &dy, &w, &bb}) ops.fill(f->data(), 0.5f, std::int64_t(f->size()));
-    const double t = timed(world, ops, dx.data(), opt.min_seconds, [&] {
+    const double t = timed(world, ops, dx.data(), opt.min_seconds, opt.best, [&] {
       ops.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bb.data(), n, C);
       ops.layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
                              mean.data(), rstd.data(), n, C);
@@ -329,7 +339,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
       const std::int64_t rows = std::int64_t(b) * cfg.seq_len * cfg.d_model;
       ops.fill(a->input.data(), 0.1f, rows);
       ops.fill(a->doutput.data(), 0.01f, rows);
-      const double t = timed(world, ops, a->dinput.data(), opt.min_seconds, [&] {
+      const double t = timed(world, ops, a->dinput.data(), opt.min_seconds, opt.best, [&] {
         chunk.forward(0, *a, nullptr, nullptr, 1.0f);
         chunk.backward(0, *a, nullptr);
       });
@@ -365,7 +375,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, world);
   m.ranks_per_node = local_size;
   if (min_local >= 2) {
-    m.intra = fit_link(local, opt.min_seconds, work);
+    m.intra = fit_link(local, opt.min_seconds, opt.best, work);
   } else {
     // One rank per node: nothing to measure inside a node; a memory copy stands in.
     m.intra = {1e-6, m.kernel_bytes_per_s, 1e-6, m.kernel_bytes_per_s};
@@ -374,7 +384,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   // in training); without a second node the figures inside the node stand in.
   int nodes_min = nodes;
   MPI_Allreduce(MPI_IN_PLACE, &nodes_min, 1, MPI_INT, MPI_MIN, world);
-  m.inter = nodes_min >= 2 ? fit_link(across, opt.min_seconds, work) : m.intra;
+  m.inter = nodes_min >= 2 ? fit_link(across, opt.min_seconds, opt.best, work) : m.intra;
   MPI_Comm_free(&across);
   MPI_Comm_free(&local);
 

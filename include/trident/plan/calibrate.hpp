@@ -22,6 +22,9 @@ struct CalibrateOptions {
   std::vector<int> tps{1};        // tensor-parallel degrees
   std::vector<int> micro_batches{1};
   double min_seconds = 0.02;      // each measurement repeats until it has run this long
+  // Each figure from its fastest of several rounds (the machine undisturbed) instead of their
+  // mean (the machine as a long step sees it on a shared machine, preemptions included).
+  bool best = false;
 };
 
 // The (m, n, k) of every product of the model's linears for one tp and micro-batch size:
