@@ -4,6 +4,7 @@
 // runs the chosen layouts through `trident train` (a child launcher per layout) and prints
 // predicted against measured step time and peak memory.
 // calibrate: every rank measures (plan/calibrate.hpp); rank 0 writes the machine file.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -123,43 +124,66 @@ std::string quote(const std::string& s) {
 struct Measured {
   double step_s = 0;  // median over the steps after the first
   double fastest_s = 0;  // the fastest of them
+  double cpu_step_s = 0;  // --cpu-time: CPU seconds per step per rank
   double peak_mib = 0;
   int steps = 0;
 };
 
+// CPU seconds (user + system) of this process's children that have been waited for.
+double children_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_CHILDREN, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 Measured measure(const std::string& exe, const PlanArgs& a, const train::Config& deck,
                  const plan::Layout& l, int index, int world) {
   const std::string out_dir = deck.io.out_dir + "/plan-validate/" + std::to_string(index);
-  std::filesystem::remove_all(out_dir);
   std::string launcher = a.launcher;
   const std::size_t at = launcher.find("{np}");
   if (at != std::string::npos) launcher.replace(at, 4, std::to_string(world));
-  std::string cmd = launcher + " " + quote(exe) + " train " + quote(a.deck.deck);
-  std::vector<std::string> sets = a.deck.overrides;
-  for (const std::string& s :
-       {str("parallel.tp=", l.tp), str("parallel.pp=", l.pp), str("parallel.dp=", l.dp),
-        str("parallel.vpp=", l.vpp), str("parallel.schedule=", l.schedule),
-        str("parallel.micro_batch_size=", l.micro_batch),
-        str("parallel.recompute=", plan::recompute_name(l.recompute)),
-        str("parallel.sequence_parallel=", l.sequence_parallel ? "true" : "false"),
-        str("parallel.zero_stage=", l.zero1 ? 1 : 0), str("train.steps=", a.validate_steps),
-        std::string("train.warmup_steps=0"), std::string("train.eval_every=0"),
-        std::string("io.resume=none"), std::string("io.checkpoint_every=0"),
-        std::string("io.trace_step=0"), "io.out_dir=" + out_dir})
-    sets.push_back(s);
-  for (const std::string& s : sets) cmd += " --set " + quote(s);
+  // The command that trains `steps` steps of the layout; its output and CPU seconds.
+  auto train = [&](int steps, std::string& output, double& cpu_s) {
+    std::filesystem::remove_all(out_dir);
+    std::string cmd = launcher + " " + quote(exe) + " train " + quote(a.deck.deck);
+    std::vector<std::string> sets = a.deck.overrides;
+    for (const std::string& s :
+         {str("parallel.tp=", l.tp), str("parallel.pp=", l.pp), str("parallel.dp=", l.dp),
+          str("parallel.vpp=", l.vpp), str("parallel.schedule=", l.schedule),
+          str("parallel.micro_batch_size=", l.micro_batch),
+          str("parallel.recompute=", plan::recompute_name(l.recompute)),
+          str("parallel.sequence_parallel=", l.sequence_parallel ? "true" : "false"),
+          str("parallel.zero_stage=", l.zero1 ? 1 : 0), str("train.steps=", steps),
+          std::string("train.warmup_steps=0"), std::string("train.eval_every=0"),
+          std::string("io.resume=none"), std::string("io.checkpoint_every=0"),
+          std::string("io.trace_step=0"), "io.out_dir=" + out_dir})
+      sets.push_back(s);
+    for (const std::string& s : sets) cmd += " --set " + quote(s);
+    const double cpu0 = children_cpu_s();
+    const int rc = run_child(cmd, output);
+    cpu_s = children_cpu_s() - cpu0;
+    if (rc != 0) {
+      std::string tail = output.size() > 600 ? output.substr(output.size() - 600) : output;
+      std::replace(tail.begin(), tail.end(), '\n', ' ');
+      fail("plan --validate: layout ", l.str(), ": `", cmd, "` exited ", rc, ": ", tail);
+    }
+  };
   std::string output;
-  const int rc = run_child(cmd, output);
-  if (rc != 0) {
-    std::string tail = output.size() > 600 ? output.substr(output.size() - 600) : output;
-    std::replace(tail.begin(), tail.end(), '\n', ' ');
-    fail("plan --validate: layout ", l.str(), ": `", cmd, "` exited ", rc, ": ", tail);
+  double cpu_s = 0;
+  train(a.validate_steps, output, cpu_s);
+  Measured m;
+  if (a.cpu_time) {
+    // What the steps beyond the first two cost in CPU seconds, per rank.
+    std::string short_output;
+    double short_cpu = 0;
+    train(2, short_output, short_cpu);
+    m.cpu_step_s = (cpu_s - short_cpu) / double(a.validate_steps - 2) / double(world);
   }
   const double tokens = double(deck.train.global_batch_size) * deck.model.seq_len;
   static const std::regex step_re(R"(step\s+(\d+)/\d+ \|.*\| (\d+) tok/s)");
   static const std::regex mem_re(R"(memory: rank 0 measured peak ([0-9.]+) (KiB|MiB|GiB))");
   std::vector<double> times;
-  Measured m;
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
     std::smatch g;
@@ -169,7 +193,7 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
       m.peak_mib = std::stod(g[1]) * (g[2] == "KiB" ? 1.0 / 1024 : g[2] == "GiB" ? 1024.0 : 1.0);
   }
   TRIDENT_CHECK(!times.empty() || a.validate_steps == 1, "plan --validate: layout ", l.str(),
-                ": no step lines after the first in the output of `", cmd, "`");
+                ": no step lines after the first in the output of `trident train`");
   std::sort(times.begin(), times.end());
   m.step_s = times.empty() ? 0.0 : times[times.size() / 2];
   m.fastest_s = times.empty() ? 0.0 : times.front();
@@ -218,6 +242,9 @@ int run_plan(const PlanArgs& a) {
     TRIDENT_CHECK(a.nodes >= 1, "plan: --nodes must be >= 1, got ", a.nodes);
     TRIDENT_CHECK(a.ranks_per_node >= 0, "plan: --ranks-per-node must be >= 1, got ",
                   a.ranks_per_node);
+    TRIDENT_CHECK(!a.cpu_time || a.validate_steps >= 3,
+                  "plan --cpu-time: --validate-steps must be >= 3 (the steps after the second are "
+                  "measured), got ", a.validate_steps);
     TRIDENT_CHECK(a.validate == 0 || world_size == 1,
                   "plan --validate starts `trident train` itself (--launcher): run plan without "
                   "mpirun, got a world of ", world_size, " ranks");
@@ -296,24 +323,29 @@ int run_plan(const PlanArgs& a) {
     std::vector<double> pred, meas;
     nlohmann::json v = nlohmann::json::array();
     if (!a.json)
-      std::printf("\nvalidation (%d steps each, median step time of steps 2..%d; peak memory "
-                  "of world rank 0):\n%4s  %-52s %10s %10s %7s %12s %12s %7s\n",
-                  a.validate_steps, a.validate_steps, "#", "layout", "pred step", "measured",
-                  "error", "pred peak", "measured", "error");
+      std::printf("\nvalidation (%d steps each; measured step: %s; peak memory of world rank "
+                  "0):\n%4s  %-52s %10s %10s %7s %12s %12s %7s\n",
+                  a.validate_steps,
+                  a.cpu_time ? "CPU seconds per rank of the steps after the second"
+                             : "median wall time of the steps after the first",
+                  "#", "layout", "pred step", "measured", "error", "pred peak", "measured",
+                  "error");
     for (std::size_t i : picks) {
       const plan::StepPrediction& p = ranked[i];
       const Measured m = measure(exe, a, deck, p.layout, int(i + 1), world);
       const double pred_mib = double(p.rank0_peak_bytes) / 1048576.0;
-      const double e_t = m.step_s > 0 ? p.step_s / m.step_s - 1 : 0, e_m = m.peak_mib > 0 ? pred_mib / m.peak_mib - 1 : 0;
+      const double measured = a.cpu_time ? m.cpu_step_s : m.step_s;
+      const double e_t = measured > 0 ? p.step_s / measured - 1 : 0, e_m = m.peak_mib > 0 ? pred_mib / m.peak_mib - 1 : 0;
       pred.push_back(p.step_s);
-      meas.push_back(m.step_s);
+      meas.push_back(measured);
       v.push_back({{"rank", i + 1}, {"layout", p.layout.str()}, {"predicted_step_s", p.step_s},
                    {"measured_step_s", m.step_s}, {"fastest_step_s", m.fastest_s},
+                   {"cpu_step_s", m.cpu_step_s},
                    {"timed_steps", m.steps},
                    {"predicted_rank0_peak_mib", pred_mib}, {"measured_rank0_peak_mib", m.peak_mib}});
       if (!a.json) {
         std::printf("%4zu  %-52s %8.4g s %8.4g s %+6.1f%% %8.1f MiB %8.1f MiB %+6.1f%%\n", i + 1,
-                    p.layout.str().c_str(), p.step_s, m.step_s, 100 * e_t, pred_mib, m.peak_mib,
+                    p.layout.str().c_str(), p.step_s, measured, 100 * e_t, pred_mib, m.peak_mib,
                     100 * e_m);
         std::fflush(stdout);
       }
@@ -345,6 +377,7 @@ int run_calibrate(const CalibrateArgs& a) {
     opt.model = deck.model;
     opt.min_seconds = a.min_seconds;
     opt.best = a.best;
+    opt.cpu_time = a.cpu_time;
     opt.tps.clear();
     for (int tp = 1; tp <= world; ++tp)
       if (world % tp == 0 && deck.model.n_head % tp == 0) opt.tps.push_back(tp);

@@ -64,6 +64,7 @@ struct PlanArgs {
   int validate = 0;                   // layouts to run through `trident train`
   bool spread = false;                // validate layouts spread over the ranking, not the top
   int validate_steps = 4;
+  bool cpu_time = false;              // measure CPU seconds per step per rank (shared machines)
   std::string launcher = "mpirun --oversubscribe -np {np}";
 };
 int run_plan(const PlanArgs& args);
@@ -72,6 +73,7 @@ struct CalibrateArgs {
   std::string out, name;
   double min_seconds = 0.05;
   bool best = false;  // fastest round of each figure, not the mean
+  bool cpu_time = false;  // one rank: time in its CPU seconds
 };
 int run_calibrate(const CalibrateArgs& args);
 // Threads per rank when runtime.threads = 0: the cores this rank may use, shared with the

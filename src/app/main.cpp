@@ -166,6 +166,8 @@ int run(int argc, char** argv) {
                  "validate layouts spread over the ranking instead of the best");
   plan->add_option("--validate-steps", plan_args.validate_steps, "steps per validation run (1: peak memory only; default 4)")
       ->check(kPositive);
+  plan->add_flag("--cpu-time", plan_args.cpu_time,
+                 "validate in CPU seconds per step per rank (a shared machine; calibrate --cpu-time)");
   plan->add_option("--launcher", plan_args.launcher,
                    "command that starts N ranks, {np} replaced (default mpirun --oversubscribe -np {np})");
 
@@ -179,6 +181,8 @@ int run(int argc, char** argv) {
       ->check(kPositive);
   cal->add_flag("--best", cal_args.best,
                 "each figure from its fastest round (an undisturbed machine), not the mean");
+  cal->add_flag("--cpu-time", cal_args.cpu_time,
+                "one rank: time in the process's CPU seconds (a machine shared with other work)");
 
   // CLI11 would report "a subcommand is required" for a misspelt one; name it instead.
   if (argc > 1 && argv[1][0] != '-') {

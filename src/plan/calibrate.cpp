@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <set>
@@ -22,7 +23,16 @@ namespace trident::plan {
 
 namespace {
 
+// The clock every figure is timed with: wall time, or with CalibrateOptions::cpu_time this
+// process's CPU time (set once by calibrate(), which is not reentrant).
+bool g_cpu_clock = false;
+
 double now() {
+  if (g_cpu_clock) {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  }
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
@@ -201,6 +211,9 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   MPI_Comm_size(world, &world_size);
   MPI_Comm_rank(world, &rank);
   DeviceMemory* mem = ops.memory();
+  TRIDENT_CHECK(!opt.cpu_time || !mem, "calibrate --cpu-time measures CPU ranks (each process's ",
+                "CPU time), not a device backend");
+  g_cpu_clock = opt.cpu_time;
   Machine m;
 
   // Matrix products: each shape once, the largest buffers sized for all.

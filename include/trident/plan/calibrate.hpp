@@ -25,6 +25,9 @@ struct CalibrateOptions {
   // Each figure from its fastest of several rounds (the machine undisturbed) instead of their
   // mean (the machine as a long step sees it on a shared machine, preemptions included).
   bool best = false;
+  // Time in this process's CPU seconds, not wall seconds (one rank, CPU backend): on a machine
+  // shared with other work, what the rank's own steps cost, whatever else runs.
+  bool cpu_time = false;
 };
 
 // The (m, n, k) of every product of the model's linears for one tp and micro-batch size:
