@@ -174,7 +174,9 @@ Link fit_link(MPI_Comm comm, double min_s, bool best, const std::function<void()
   int p = 1;
   MPI_Comm_size(comm, &p);
   const std::int64_t small = 1, large = 1 << 22;  // floats: 4 B and 16 MiB
-  const double ts = allreduce_time(comm, small, min_s, best, work),
+  // The latency sets what every TP collective costs and varies most on a shared machine: at
+  // least half a second of it.
+  const double ts = allreduce_time(comm, small, std::max(min_s, 0.5), best, work),
                tl = allreduce_time(comm, large, min_s, best);
   Link l;
   l.alpha_s = ts / (2.0 * (p - 1));
