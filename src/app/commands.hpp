@@ -54,4 +54,30 @@ int run_export(const std::string& checkpoint, const std::string& out);
 int run_grid(int tp, int pp, int dp);
 int run_schedule(const std::string& name, int pp, int microbatches, int vpp);
 
+// `trident plan` (plan/planner.hpp) and `trident calibrate` (plan/calibrate.hpp).
+struct PlanArgs {
+  DeckArgs deck;
+  int nodes = 1, ranks_per_node = 0;  // 0: the machine file's
+  std::string machine = "machine.toml";
+  bool json = false;
+  int top = 10;                       // rows shown; 0: all
+  int validate = 0;                   // layouts to run through `trident train`
+  bool spread = false;                // validate layouts spread over the ranking, not the top
+  int validate_steps = 4;
+  bool cpu_time = false;              // measure CPU seconds per step per rank (shared machines)
+  std::string launcher = "mpirun --oversubscribe -np {np}";
+};
+int run_plan(const PlanArgs& args);
+struct CalibrateArgs {
+  DeckArgs deck;  // optional: the model whose shapes to measure
+  std::string out, name;
+  double min_seconds = 0.05;
+  bool best = false;  // fastest round of each figure, not the mean
+  bool cpu_time = false;  // one rank: time in its CPU seconds
+};
+int run_calibrate(const CalibrateArgs& args);
+// Threads per rank when runtime.threads = 0: the cores this rank may use, shared with the
+// node's other ranks.
+int default_threads(int local_ranks);
+
 }  // namespace trident::app

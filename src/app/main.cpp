@@ -148,6 +148,42 @@ int run(int argc, char** argv) {
   schedule->add_option("--microbatches", microbatches)->check(kPositive);
   schedule->add_option("--vpp", vpp)->check(kPositive);
 
+  PlanArgs plan_args;
+  auto* plan = app.add_subcommand("plan", "rank every layout of the deck by predicted step time");
+  plan->add_option("deck", plan_args.deck.deck, "input deck (TOML)")->required();
+  plan->add_option("--set", plan_args.deck.overrides, "override a deck key")->take_all();
+  plan->add_option("--nodes", plan_args.nodes, "nodes (default 1)")->check(kPositive);
+  plan->add_option("--ranks-per-node", plan_args.ranks_per_node,
+                   "ranks per node (default: the machine file's)")->check(kPositive);
+  plan->add_option("--machine", plan_args.machine, "machine file (default machine.toml)");
+  plan->add_flag("--json", plan_args.json, "print JSON");
+  plan->add_option("--top", plan_args.top, "layouts shown (0: all; default 10)")
+      ->check(kNonNegative);
+  plan->add_option("--validate", plan_args.validate,
+                   "run this many layouts through `trident train` and compare")
+      ->check(kNonNegative);
+  plan->add_flag("--spread", plan_args.spread,
+                 "validate layouts spread over the ranking instead of the best");
+  plan->add_option("--validate-steps", plan_args.validate_steps, "steps per validation run (1: peak memory only; default 4)")
+      ->check(kPositive);
+  plan->add_flag("--cpu-time", plan_args.cpu_time,
+                 "validate in CPU seconds per step per rank (a shared machine; calibrate --cpu-time)");
+  plan->add_option("--launcher", plan_args.launcher,
+                   "command that starts N ranks, {np} replaced (default mpirun --oversubscribe -np {np})");
+
+  CalibrateArgs cal_args;
+  auto* cal = app.add_subcommand("calibrate", "measure this machine into a machine file");
+  cal->add_option("deck", cal_args.deck.deck, "input deck whose model shapes to measure");
+  cal->add_option("--set", cal_args.deck.overrides, "override a deck key")->take_all();
+  cal->add_option("--out", cal_args.out, "machine file to write")->required();
+  cal->add_option("--name", cal_args.name, "machine.name to write");
+  cal->add_option("--min-seconds", cal_args.min_seconds, "time per measurement (default 0.05)")
+      ->check(kPositive);
+  cal->add_flag("--best", cal_args.best,
+                "each figure from its fastest round (an undisturbed machine), not the mean");
+  cal->add_flag("--cpu-time", cal_args.cpu_time,
+                "one rank: time in the process's CPU seconds (a machine shared with other work)");
+
   // CLI11 would report "a subcommand is required" for a misspelt one; name it instead.
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
@@ -182,6 +218,8 @@ int run(int argc, char** argv) {
   if (*exp) return run_export(export_checkpoint, export_out);
   if (*grid) return run_grid(tp, pp, dp);
   if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp);
+  if (*plan) return run_plan(plan_args);
+  if (*cal) return run_calibrate(cal_args);
   return 1;
 }
 

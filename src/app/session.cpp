@@ -15,8 +15,6 @@
 
 namespace trident::app {
 
-namespace {
-
 // Threads per rank: the cores this rank may run on, shared with the node's other ranks
 // when they are not bound apart (ranks x threads never exceed the cores).
 int default_threads(int local_ranks) {
@@ -26,8 +24,6 @@ int default_threads(int local_ranks) {
   const int online = int(sysconf(_SC_NPROCESSORS_ONLN));
   return std::max(1, std::min(allowed, online / std::max(1, local_ranks)));
 }
-
-}  // namespace
 
 Session open_session(const DeckArgs& args, const std::string& vocab_from) {
   Session s;

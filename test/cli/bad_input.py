@@ -243,7 +243,71 @@ def c_grad_no_targets(d):
     return ["grad", deck, "--weights", w, "--batch", b, "--out", "grad.h5"]
 
 
+# --- trident plan and calibrate (issue 21) ---------------------------------------------------
+
+MACHINE = """[machine]
+name = "test"
+ranks_per_node = 2
+memory_gib = 1
+peak_flops = 1e11
+[compute]
+gemm_flops = 5e10
+attention_flops = 2e10
+kernel_bytes_per_s = 1e10
+[intra]
+alpha_s = 1e-5
+bytes_per_s = 1e9
+[inter]
+alpha_s = 1e-4
+bytes_per_s = 1e8
+"""
+
+
+def write_machine(d, text=MACHINE):
+    with open(os.path.join(d, "machine.toml"), "w") as f:
+        f.write(text)
+    return "machine.toml"
+
+
+def c_plan_machine_missing(d):
+    return ["plan", write_deck(os.path.join(d, "deck.toml")), "--machine", "no_machine.toml"]
+
+
+def c_plan_machine_negative(d):
+    m = write_machine(d, MACHINE.replace("bytes_per_s = 1e8", "bytes_per_s = -1e8"))
+    return ["plan", write_deck(os.path.join(d, "deck.toml")), "--machine", m]
+
+
+def c_plan_machine_incomplete(d):
+    m = write_machine(d, MACHINE.replace("attention_flops = 2e10\n", ""))
+    return ["plan", write_deck(os.path.join(d, "deck.toml")), "--machine", m]
+
+
+def c_plan_nothing_fits(d):
+    # 1 GiB per rank against a 48-layer d_model 2048 model (~2.4 G parameters, 16 B each).
+    m = write_machine(d)
+    deck = write_deck(os.path.join(d, "deck.toml"),
+                      model={"n_layer": 48, "d_model": 2048, "n_head": 16, "seq_len": 64})
+    return ["plan", deck, "--machine", m]
+
+
+def c_plan_nodes_zero(d):
+    return ["plan", write_deck(os.path.join(d, "deck.toml")), "--machine", write_machine(d),
+            "--nodes", "0"]
+
+
+def c_calibrate_without_out(d):
+    return ["calibrate", write_deck(os.path.join(d, "deck.toml"))]
+
+
 CASES = [
+    ("plan_machine_missing", c_plan_machine_missing, ["no_machine.toml", "calibrate"]),
+    ("plan_machine_negative", c_plan_machine_negative, ["machine.toml:15", "inter.bytes_per_s", "> 0"]),
+    ("plan_machine_incomplete", c_plan_machine_incomplete, ["machine.toml", "compute.attention_flops"]),
+    ("plan_nothing_fits", c_plan_nothing_fits, ["deck.toml", "no layout fits", "the smallest",
+                                                "mostly optimizer"]),
+    ("plan_nodes_zero", c_plan_nodes_zero, ["--nodes"]),
+    ("calibrate_without_out", c_calibrate_without_out, ["--out"]),
     ("no_deck_argument", c_no_deck, ["deck"]),
     ("deck_missing", c_deck_missing, ["no_such_deck.toml"]),
     ("toml_syntax_error", c_toml_syntax, ["syntax.toml:2:"]),

@@ -1,0 +1,40 @@
+// trident/plan/planner.hpp — every layout a deck's model may train in on nodes x ranks, each
+// predicted (plan/cost.hpp) and ranked: fastest fitting layout first, then those that do not
+// fit, smallest peak first.
+// defines: trident::plan::PlanOptions, enumerate_layouts, make_plan, layout_deck_lines,
+//          memory_dominant
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trident/plan/cost.hpp"
+#include "trident/plan/machine.hpp"
+#include "trident/train/config.hpp"
+
+namespace trident::plan {
+
+struct PlanOptions {
+  int nodes = 1;
+  int ranks_per_node = 1;
+  bool host_memory = true;  // CPU ranks (runtime.device = "cpu")
+};
+
+// The layouts `trident train` accepts for the deck's model and global batch on
+// nodes * ranks_per_node ranks (the deck's own validation decides): tp dividing the heads,
+// pp * vpp the layers, every schedule, micro-batch sizes that are powers of two (and the
+// deck's), each recomputation, sequence parallelism where tp > 1, ZeRO-1 where dp > 1.
+std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptions& opt);
+
+// Predicts every layout and ranks them (see above). cfg.model.vocab_size must be > 0.
+std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& machine,
+                                      const PlanOptions& opt);
+
+// The deck with `layout` in its [parallel] section (dp explicit).
+train::Config with_layout(const train::Config& deck, const Layout& layout);
+// The [parallel] lines of `layout`, as a deck would hold them.
+std::string layout_deck_lines(const Layout& layout);
+// "weights" | "gradients" | "optimizer" | "activations" | "scratch": the largest term.
+std::string memory_dominant(const model::MemoryEstimate& e);
+
+}  // namespace trident::plan

@@ -1,0 +1,275 @@
+// The cost model of one layout (see trident/plan/cost.hpp). Shapes follow GptChunk's legend
+// (model/gpt.hpp): n = B*T token rows, C = d_model, C3 = this rank's q|k|v columns, F = the
+// MLP's columns on this rank (F1 = 2F for Llama's gate|up), Vl = vocabulary rows per rank.
+#include "trident/plan/cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "trident/core/error.hpp"
+#include "trident/pipeline/schedule.hpp"
+#include "trident/pipeline/simulator.hpp"
+
+namespace trident::plan {
+
+const char* recompute_name(model::Recompute r) {
+  return r == model::Recompute::full ? "full"
+         : r == model::Recompute::selective ? "selective"
+                                            : "none";
+}
+
+std::string Layout::str() const {
+  return trident::str("tp", tp, " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
+                      micro_batch, " rc:", recompute_name(recompute), " sp:",
+                      sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0);
+}
+
+namespace {
+
+constexpr double kFloat = 4.0;
+
+// A ring allreduce of `bytes` over p ranks: 2(p-1) steps of bytes/p each.
+double allreduce_s(int p, double bytes, const Link& l) {
+  if (p <= 1) return 0;
+  return 2.0 * (p - 1) * l.alpha_s + 2.0 * (p - 1) / p * bytes / l.bytes_per_s;
+}
+// A reduce-scatter or an all-gather: half an allreduce.
+double half_allreduce_s(int p, double bytes, const Link& l) {
+  if (p <= 1) return 0;
+  return double(p - 1) * l.alpha_s + double(p - 1) / p * bytes / l.bytes_per_s;
+}
+
+// Seconds of one microbatch through one chunk.
+struct ChunkCost {
+  double f = 0, f_tp = 0;         // forward compute, its TP collectives
+  double b_input = 0, w = 0;      // backward: input gradients (+ recompute), weight gradients
+  double b_tp = 0;                // the backward's TP collectives
+  double b() const { return b_input + w; }
+  double total() const { return f + f_tp + b() + b_tp; }
+};
+
+struct Shapes {
+  std::int64_t n, C, C3, Ca, F, F1, NH, hd, Vl, T, b;
+};
+
+Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch) {
+  Shapes s{};
+  s.b = micro_batch, s.T = cfg.seq_len, s.n = s.b * s.T, s.C = cfg.d_model;
+  s.Ca = s.C / tp, s.NH = cfg.n_head / tp, s.hd = cfg.head_dim();
+  const std::int64_t kv = cfg.kv_heads();
+  s.C3 = cfg.llama() ? s.Ca + 2 * (kv >= tp ? kv / tp : kv) * s.hd : 3 * s.C / tp;
+  s.F = cfg.d_ff() / tp, s.F1 = cfg.llama() ? 2 * s.F : s.F;
+  s.Vl = model::vocab_per_rank(cfg.vocab_size, tp);
+  return s;
+}
+
+double gemm_s(const Machine& m, std::int64_t M, std::int64_t N, std::int64_t K) {
+  return 2.0 * double(M) * double(N) * double(K) / m.gemm_rate(M, N, K);
+}
+
+// A linear layer y[n,out] = x[n,in] w[in,out] (ops::linear_forward): the forward product
+// (n, out, in), the backward's dx = dy w^T (n, in, out) and dw = x^T dy (in, out, n), each
+// as (m, n, k) of C[m,n] = A[m,k] B[k,n], the shapes `trident calibrate` measures.
+struct Linear {
+  double fwd, dx, dw;
+};
+Linear linear(const Machine& m, std::int64_t n, std::int64_t in, std::int64_t out) {
+  return {gemm_s(m, n, out, in), gemm_s(m, n, in, out), gemm_s(m, in, out, n)};
+}
+
+// One block's parts: its products (forward, input and weight gradients), the attention
+// core, and the bytes of its memory-bound kernels in the forward (the backward moves twice).
+struct BlockParts {
+  double mm_fwd, mm_dx, mm_dw, att_fwd, att_bwd, elem_fwd_bytes;
+};
+BlockParts block_parts(const Shapes& s, const Machine& mc) {
+  const Linear qkv = linear(mc, s.n, s.C, s.C3), proj = linear(mc, s.n, s.Ca, s.C),
+               fc = linear(mc, s.n, s.C, s.F1), fc2 = linear(mc, s.n, s.F, s.C);
+  // The attention core, causal (half the T x T products): forward 2 b NH T^2 hd; the
+  // backward 2.5 x that (it recomputes the probabilities).
+  const double att_f = 2.0 * double(s.b * s.NH) * double(s.T * s.T) * double(s.hd);
+  BlockParts p;
+  p.mm_fwd = qkv.fwd + proj.fwd + fc.fwd + fc2.fwd;
+  p.mm_dx = qkv.dx + proj.dx + fc.dx + fc2.dx;
+  p.mm_dw = qkv.dw + proj.dw + fc.dw + fc2.dw;
+  p.att_fwd = att_f / mc.attention_flops;
+  p.att_bwd = 2.5 * att_f / mc.attention_flops;
+  // Memory-bound kernels per token row: two norms (read, write C), bias and residual adds,
+  // the GELU / SwiGLU (read F1, write F), the rotary embedding on q, k.
+  p.elem_fwd_bytes = double(s.n) * kFloat * double(10 * s.C + s.C3 + 2 * s.F1 + s.F);
+  return p;
+}
+
+ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers, bool emb,
+                     bool head, const Layout& lay, const Machine& mc, const Link& tp_link) {
+  ChunkCost c;
+  const BlockParts bp = block_parts(s, mc);
+  const double att_fwd = bp.att_fwd, elem_fwd = bp.elem_fwd_bytes / mc.kernel_bytes_per_s;
+  const double gelu_fwd = double(s.n) * kFloat * double(s.F1 + s.F) / mc.kernel_bytes_per_s;
+  const double layer_f = bp.mm_fwd + att_fwd + elem_fwd;
+  const double layer_dx = bp.mm_dx + bp.att_bwd + 2 * elem_fwd;
+  const double layer_dw = bp.mm_dw;
+  // TP per block: two row-parallel outputs forward, two column-parallel inputs backward,
+  // [n, C] floats each (sequence parallelism: a reduce-scatter + all-gather pair instead,
+  // the same bytes and twice the messages).
+  const double act_bytes = double(s.n * s.C) * kFloat;
+  double ar = allreduce_s(lay.tp, act_bytes, tp_link);
+  if (lay.sequence_parallel && lay.tp > 1) ar += 2.0 * (lay.tp - 1) * tp_link.alpha_s;
+  c.f = layers * layer_f;
+  c.f_tp = layers * 2 * ar;
+  c.b_input = layers * layer_dx;
+  c.w = layers * layer_dw;
+  c.b_tp = layers * 2 * ar;
+  if (lay.recompute == model::Recompute::full) {
+    c.b_input += layers * layer_f;
+    c.b_tp += layers * 2 * ar;
+  } else if (lay.recompute == model::Recompute::selective) {
+    c.b_input += layers * (att_fwd + gelu_fwd);
+  }
+  if (emb) {
+    c.f += double(s.n * s.C) * 3 * kFloat / mc.kernel_bytes_per_s;
+    c.w += double(s.n * s.C) * 3 * kFloat / mc.kernel_bytes_per_s;
+    c.f_tp += allreduce_s(lay.tp, act_bytes, tp_link);  // the vocab-parallel lookup leaves
+  }
+  if (head) {
+    // The head runs its own backward inside the forward (model/gpt.hpp): logits, the
+    // cross-entropy's passes over them, the input and weight gradients.
+    const Linear lm = linear(mc, s.n, s.C, s.Vl);
+    c.f += lm.fwd + lm.dx + lm.dw +
+           double(s.n * s.Vl) * 4 * kFloat / mc.kernel_bytes_per_s +
+           double(s.n * s.C) * 4 * kFloat / mc.kernel_bytes_per_s;
+    c.f_tp += allreduce_s(lay.tp, act_bytes, tp_link) +
+              3 * allreduce_s(lay.tp, double(s.n) * kFloat, tp_link);
+  }
+  (void)cfg;
+  return c;
+}
+
+}  // namespace
+
+BlockCost block_cost(const model::ModelConfig& cfg, int tp, int micro_batch, const Machine& mc) {
+  const BlockParts p = block_parts(shapes(cfg, tp, micro_batch), mc);
+  return {p.mm_fwd + p.mm_dx + p.mm_dw, p.att_fwd + p.att_bwd, 3 * p.elem_fwd_bytes};
+}
+
+double model_flops_per_step(const model::ModelConfig& cfg, std::int64_t global_batch) {
+  const double C = cfg.d_model, T = cfg.seq_len, L = cfg.n_layer, V = cfg.vocab_size;
+  const double C3 = cfg.llama() ? C + 2.0 * cfg.kv_heads() * cfg.head_dim() : 3 * C;
+  const double F = cfg.d_ff(), F1 = cfg.llama() ? 2 * F : F;
+  const double per_token = 2 * L * (C * C3 + C * C + C * F1 + F * C) + 2 * C * V + 4 * L * T * C;
+  return 3 * per_token * double(global_batch) * T;
+}
+
+StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
+                       const Layout& lay, const Machine& mc, bool host_memory) {
+  StepPrediction p;
+  p.layout = lay;
+  const std::int64_t per_step = std::int64_t(lay.micro_batch) * lay.dp;
+  TRIDENT_CHECK(global_batch % per_step == 0, "plan: global batch ", global_batch,
+                " does not split into microbatches of ", lay.micro_batch, " on ", lay.dp,
+                " data-parallel ranks");
+  p.microbatches = int(global_batch / per_step);
+  const pipeline::Schedule sched =
+      pipeline::make_schedule(lay.schedule, lay.pp, lay.vpp, p.microbatches);
+  const bool split = pipeline::splits_weight_grad(sched);
+
+  // Memory: every pipeline stage (their stashes and chunks differ); the largest.
+  for (int r = 0; r < lay.pp; ++r) {
+    model::MemoryLayout ml;
+    ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp;
+    ml.pp_rank = r, ml.tp_rank = 0;
+    ml.micro_batch = lay.micro_batch;
+    ml.sequence_parallel = lay.sequence_parallel;
+    ml.recompute = lay.recompute;
+    ml.zero1 = lay.zero1;
+    ml.peak_stash = pipeline::peak_activations(sched.stages[std::size_t(r)]);
+    ml.split_backward = split;
+    ml.host_memory = host_memory;
+    const model::MemoryEstimate e = model::predict_memory(cfg, ml);
+    if (r == 0) p.rank0_peak_bytes = e.peak();
+    if (r == 0 || e.peak() > p.memory.peak()) p.memory = e, p.memory_pp_rank = r;
+  }
+  p.fits = p.memory.peak() <= mc.memory_bytes();
+
+  // Links by the grid order (tp fastest, then dp, then pp).
+  const int R = mc.ranks_per_node;
+  const Link& tp_link = lay.tp > R ? mc.inter : mc.intra;
+  const Link& dp_link = lay.tp * lay.dp > R ? mc.inter : mc.intra;
+  const Link& pp_link = lay.tp * lay.dp * lay.pp > R ? mc.inter : mc.intra;
+
+  const Shapes s = shapes(cfg, lay.tp, lay.micro_batch);
+
+  // The slowest chunk sets every action's time (the pipeline runs at its pace).
+  const int stages = lay.pp * lay.vpp, L = cfg.n_layer / stages;
+  ChunkCost worst;
+  for (int v : {0, stages - 1, std::min(1, stages - 1)}) {
+    const ChunkCost c = chunk_cost(cfg, s, L, v == 0, v == stages - 1, lay, mc, tp_link);
+    if (c.total() > worst.total()) worst = c;
+  }
+  // The boundary tensor a stage sends: Nr x C floats.
+  const double boundary = double(lay.sequence_parallel ? s.n / lay.tp : s.n) * double(s.C) * kFloat;
+  const double p2p = lay.pp > 1 ? pp_link.p2p_time(boundary) : 0.0;
+
+  // The simulator counts in integer slots: 1/2000 of the slowest action.
+  const double f_s = worst.f + worst.f_tp, b_s = worst.b() + worst.b_tp;
+  const double unit = std::max({f_s, b_s, 1e-12}) / 2000.0;
+  auto slots = [unit](double t) { return std::max(1, int(std::lround(t / unit))); };
+  pipeline::Costs costs;
+  costs.f = slots(f_s);
+  costs.b = slots(b_s);
+  costs.b_split = slots(worst.b_input + worst.b_tp);
+  costs.w = slots(worst.w);
+  costs.comm = p2p > 0 ? int(std::lround(p2p / unit)) : 0;
+  const pipeline::Simulation sim = pipeline::simulate(sched, costs);
+  const double per_stage = double(p.microbatches) * lay.vpp;
+  p.compute_s = per_stage * (worst.f + worst.b());
+  p.tp_comm_s = per_stage * (worst.f_tp + worst.b_tp);
+  // Ranks sharing cores (solo_speedup > 1): while some wait, the others run faster, so the
+  // schedule's critical path shrinks by up to that factor, never below a rank's own work.
+  const double makespan =
+      std::max(sim.makespan * unit / mc.solo_speedup,
+               mc.solo_speedup > 1 ? p.compute_s + p.tp_comm_s : 0.0);
+  p.bubble_s = std::max(0.0, makespan - p.compute_s - p.tp_comm_s);
+  p.bubble_fraction = sim.bubble_fraction;
+
+  // DP: the rank's gradients in buckets (parallel.grad_bucket_mb, 25 MiB by default).
+  const double grad_bytes = double(p.memory.weights);
+  const double buckets = std::max(1.0, std::ceil(grad_bytes / (25.0 * 1048576.0)));
+  double reduce = 0, gather = 0;
+  if (lay.dp > 1) {
+    if (lay.zero1) {
+      reduce = half_allreduce_s(lay.dp, grad_bytes, dp_link) +
+               (buckets - 1) * (lay.dp - 1) * dp_link.alpha_s;
+      gather = half_allreduce_s(lay.dp, grad_bytes, dp_link) +
+               (buckets - 1) * (lay.dp - 1) * dp_link.alpha_s;
+    } else {
+      reduce = allreduce_s(lay.dp, grad_bytes, dp_link) +
+               (buckets - 1) * 2 * (lay.dp - 1) * dp_link.alpha_s;
+    }
+  }
+  // The buckets start during the last microbatch's backward on this stage.
+  const double window = lay.vpp * (worst.b() + worst.b_tp);
+  p.dp_exposed_s = (reduce > 0 ? std::max(reduce - window, reduce / buckets) : 0.0) + gather;
+  // GPT-2's tied embedding: its gradient summed between the first and the last stage.
+  if (lay.pp > 1 && cfg.tied())
+    p.embed_sync_s = allreduce_s(2, double(s.Vl) * double(s.C) * kFloat, pp_link);
+  // AdamW reads p, g, m, v and writes p, m, v over its shard; the norm reads the gradients,
+  // zeroing writes them.
+  const double params = grad_bytes / kFloat;
+  const double shard = lay.zero1 && lay.dp > 1 ? params / lay.dp : params;
+  p.optimizer_s = (7 * shard + 2 * params) * kFloat / mc.kernel_bytes_per_s;
+
+  p.step_s = makespan + p.dp_exposed_s + p.embed_sync_s + p.optimizer_s;
+  p.tokens_per_s = double(global_batch) * cfg.seq_len / p.step_s;
+  p.model_flops = model_flops_per_step(cfg, global_batch);
+  const double ranks = double(lay.tp) * lay.pp * lay.dp;
+  p.mfu = p.model_flops / (p.step_s * ranks * mc.peak_flops);
+  const std::pair<double, const char*> parts[] = {
+      {p.compute_s, "compute"},       {p.tp_comm_s, "tp comm"},
+      {p.bubble_s, "bubble"},         {p.dp_exposed_s, "dp comm"},
+      {p.embed_sync_s, "embedding sync"}, {p.optimizer_s, "optimizer"}};
+  p.dominant = std::max_element(std::begin(parts), std::end(parts))->second;
+  return p;
+}
+
+}  // namespace trident::plan

@@ -1,0 +1,121 @@
+// Enumerating and ranking layouts (see trident/plan/planner.hpp).
+#include "trident/plan/planner.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <set>
+
+#include "trident/core/error.hpp"
+
+namespace trident::plan {
+
+namespace {
+
+std::vector<int> divisors(std::int64_t n) {
+  std::vector<int> d;
+  for (std::int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(int(i));
+  return d;
+}
+
+}  // namespace
+
+train::Config with_layout(const train::Config& deck, const Layout& l) {
+  train::Config c = deck;
+  c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
+  c.parallel.schedule = l.schedule;
+  c.parallel.micro_batch_size = l.micro_batch;
+  c.parallel.recompute = recompute_name(l.recompute);
+  c.parallel.sequence_parallel = l.sequence_parallel;
+  c.parallel.zero_stage = l.zero1 ? 1 : 0;
+  return c;
+}
+
+std::string layout_deck_lines(const Layout& l) {
+  return str("[parallel]\ntp = ", l.tp, "\npp = ", l.pp, "\ndp = ", l.dp, "\nvpp = ", l.vpp,
+             "\nschedule = \"", l.schedule, "\"\nmicro_batch_size = ", l.micro_batch,
+             "\nsequence_parallel = ", l.sequence_parallel ? "true" : "false",
+             "\nzero_stage = ", l.zero1 ? 1 : 0, "\nrecompute = \"",
+             recompute_name(l.recompute), "\"\n");
+}
+
+std::string memory_dominant(const model::MemoryEstimate& e) {
+  const std::pair<std::int64_t, const char*> parts[] = {
+      {e.weights, "weights"},         {e.gradients, "gradients"}, {e.optimizer, "optimizer"},
+      {std::max(e.activations, e.staging), "activations"}, {e.scratch, "scratch"}};
+  return std::max_element(std::begin(parts), std::end(parts))->second;
+}
+
+std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptions& opt) {
+  const int world = opt.nodes * opt.ranks_per_node;
+  const std::int64_t G = deck.train.global_batch_size;
+  const model::ModelConfig& m = deck.model;
+  std::vector<Layout> out;
+  for (int tp : divisors(world)) {
+    if (m.n_head % tp) continue;
+    for (int pp : divisors(world / tp)) {
+      if (m.n_layer % pp) continue;
+      const int dp = world / (tp * pp);
+      if (G % dp) continue;
+      std::set<int> mbs_set{deck.parallel.micro_batch_size};
+      for (int b = 1; b <= G / dp; b *= 2) mbs_set.insert(b);
+      std::vector<std::pair<int, std::string>> scheds;  // (vpp, schedule)
+      if (pp == 1) {
+        scheds.push_back({1, "1f1b"});
+      } else {
+        for (const char* s : {"naive", "gpipe", "1f1b", "zb-h1"}) scheds.push_back({1, s});
+        for (int v = 2; v <= 8; ++v)
+          if ((m.n_layer / pp) % v == 0)
+            for (const char* s : {"interleaved-1f1b", "looped-bfs"}) scheds.push_back({v, s});
+      }
+      for (int mbs : mbs_set) {
+        if ((G / dp) % mbs) continue;
+        for (const auto& [vpp, sched] : scheds)
+          for (auto rc : {model::Recompute::none, model::Recompute::selective,
+                          model::Recompute::full})
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              for (bool zero : {false, true}) {
+                if (zero && dp == 1) continue;
+                Layout l;
+                l.tp = tp, l.pp = pp, l.dp = dp, l.vpp = vpp, l.schedule = sched;
+                l.micro_batch = mbs, l.recompute = rc, l.sequence_parallel = sp, l.zero1 = zero;
+                // The deck's own validation decides what `trident train` would accept.
+                try {
+                  train::Config c = train::parse_config(train::to_toml(with_layout(deck, l)),
+                                                        deck.source);
+                  train::resolve_world(c, world);
+                } catch (const Error&) {
+                  continue;
+                }
+                out.push_back(l);
+              }
+            }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& machine,
+                                      const PlanOptions& opt) {
+  TRIDENT_CHECK(deck.model.vocab_size > 0, deck.source, ": plan needs model.vocab_size");
+  Machine mc = machine;
+  mc.ranks_per_node = opt.ranks_per_node;
+  std::vector<StepPrediction> out;
+  for (const Layout& l : enumerate_layouts(deck, opt)) {
+    try {
+      out.push_back(predict(deck.model, deck.train.global_batch_size, l, mc, opt.host_memory));
+    } catch (const Error&) {
+      // A schedule that cannot be made for this microbatch count: not a layout.
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const StepPrediction& a, const StepPrediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits) return a.step_s < b.step_s;
+    return a.memory.peak() < b.memory.peak();
+  });
+  return out;
+}
+
+}  // namespace trident::plan

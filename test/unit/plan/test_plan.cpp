@@ -1,0 +1,231 @@
+// The planner: machine files (validation), the cost model against Megatron-LM's published
+// weak-scaling table, and the ranked enumeration. Pure arithmetic, no MPI: ~1 s.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "trident/core/error.hpp"
+#include "trident/plan/calibrate.hpp"
+#include "trident/plan/planner.hpp"
+
+namespace trident::plan {
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const std::string kMachine = R"([machine]
+name = "test"
+ranks_per_node = 4
+memory_gib = 1
+peak_flops = 1e11
+[compute]
+gemm_flops = 5e10
+attention_flops = 2e10
+kernel_bytes_per_s = 1e10
+[intra]
+alpha_s = 1e-5
+bytes_per_s = 1e9
+[inter]
+alpha_s = 1e-4
+bytes_per_s = 1e8
+)";
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_machine(text, "m.toml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string replace(std::string s, const std::string& a, const std::string& b) {
+  const auto at = s.find(a);
+  EXPECT_NE(at, std::string::npos) << a;
+  return s.replace(at, a.size(), b);
+}
+
+TEST(Machine, ParsesAndRoundTrips) {
+  const Machine m = parse_machine(kMachine, "m.toml");
+  EXPECT_EQ(m.ranks_per_node, 4);
+  EXPECT_DOUBLE_EQ(m.inter.bytes_per_s, 1e8);
+  Machine with_p2p = m;
+  with_p2p.inter.p2p_alpha_s = 2e-5, with_p2p.inter.p2p_bytes_per_s = 3e8;
+  const Machine again = parse_machine(machine_toml(with_p2p), "again");
+  EXPECT_DOUBLE_EQ(again.inter.p2p_bytes_per_s, 3e8);
+  EXPECT_DOUBLE_EQ(again.inter.p2p_time(3e8), 1 + 2e-5);
+  EXPECT_DOUBLE_EQ(again.intra.p2p_time(1e9), 1 + 1e-5);  // the collective figures
+  EXPECT_DOUBLE_EQ(again.gemm_flops, m.gemm_flops);
+  EXPECT_DOUBLE_EQ(again.intra.alpha_s, m.intra.alpha_s);
+}
+
+TEST(Machine, BadFiguresAreOneClearError) {
+  EXPECT_EQ(error_of(replace(kMachine, "gemm_flops = 5e10\n", "")),
+            "m.toml: missing compute.gemm_flops (see docs/FORMAT.md, \"Machine files\")");
+  EXPECT_EQ(error_of(replace(kMachine, "gemm_flops = 5e10", "gemm_flops = -5e10")),
+            "m.toml:7:14: compute.gemm_flops: must be > 0, got -5e+10");
+  EXPECT_EQ(error_of(replace(kMachine, "alpha_s = 1e-5", "alpha_s = \"fast\"")),
+            "m.toml:11:11: intra.alpha_s: expected a number");
+  EXPECT_EQ(error_of(replace(kMachine, "[inter]\nalpha_s = 1e-4\nbytes_per_s = 1e8\n", "")),
+            "m.toml: missing section [inter]");
+  EXPECT_EQ(error_of(replace(kMachine, "memory_gib = 1", "memory_gb = 1")),
+            "m.toml:4:13: unknown key 'machine.memory_gb'");
+  EXPECT_EQ(error_of(replace(kMachine, "bytes_per_s = 1e9", "bytes_per_s = 1e9\np2p_alpha_s = 0")),
+            "m.toml: [intra] needs both p2p_alpha_s and p2p_bytes_per_s, or neither");
+  EXPECT_EQ(error_of(replace(kMachine, "bytes_per_s = 1e9", "bytes_per_s = nan")),
+            "m.toml:12:15: intra.bytes_per_s: must be > 0, got nan");
+}
+
+TEST(Machine, ShippedFilesLoad) {
+  for (const char* f : {"a100-80gb-dgx.toml", "h100-sxm-dgx.toml", "h200-sxm-node.toml"}) {
+    const Machine m = load_machine(std::string(TRIDENT_SOURCE_DIR) + "/machines/" + f);
+    EXPECT_EQ(m.ranks_per_node, 8) << f;
+    EXPECT_GT(m.peak_flops, m.gemm_flops) << f;
+  }
+}
+
+TEST(Machine, GemmRateTakesTheMeasuredShape) {
+  Machine m = parse_machine(kMachine, "m.toml");
+  m.gemms.push_back({512, 768, 256, 3e10});
+  EXPECT_DOUBLE_EQ(m.gemm_rate(512, 768, 256), 3e10);
+  EXPECT_DOUBLE_EQ(m.gemm_rate(512, 768, 300), 3e10);  // near: within 2x
+  EXPECT_DOUBLE_EQ(m.gemm_rate(4096, 4096, 4096), 5e10);  // far: the large-shape rate
+}
+
+// Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+// Megatron-LM"), Table 1: GPT models of 1.7B to 1T parameters on 32 to 3072 A100s (vocabulary
+// 51200, sequence 2048), with the tensor- and pipeline-parallel sizes and batch they used and
+// the TFLOP/s per GPU they achieved. Their FLOP count includes full activation recomputation:
+// 96 B s l h^2 (1 + s / 6h + V / 16 l h). Micro-batch size 1 with the 1F1B schedule (the
+// table does not list them; the paper's scaling runs use small micro-batches).
+struct MegatronRow {
+  double billions;
+  int heads, hidden, layers, tp, pp, gpus, batch;
+  double tflops;
+};
+const MegatronRow kTable1[] = {
+    {1.7, 24, 2304, 24, 1, 1, 32, 512, 137},       {3.6, 32, 3072, 30, 2, 1, 64, 512, 138},
+    {7.5, 32, 4096, 36, 4, 1, 128, 512, 142},      {18.4, 48, 6144, 40, 8, 1, 256, 1024, 135},
+    {39.1, 64, 8192, 48, 8, 2, 512, 1536, 138},    {76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140},
+    {145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148}, {310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155},
+    {529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163}, {1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163},
+};
+
+TEST(Megatron, Table1FromTheA100MachineFile) {
+  const Machine a100 = load_machine(std::string(TRIDENT_SOURCE_DIR) + "/machines/a100-80gb-dgx.toml");
+  int within = 0;
+  std::printf("%8s %4s %4s %6s %10s %10s %7s  %s\n", "params", "tp", "pp", "gpus", "published",
+              "predicted", "ratio", "dominant");
+  for (const MegatronRow& r : kTable1) {
+    model::ModelConfig cfg;
+    cfg.vocab_size = 51200, cfg.seq_len = 2048, cfg.n_layer = r.layers;
+    cfg.n_head = r.heads, cfg.d_model = r.hidden;
+    Layout l;
+    l.tp = r.tp, l.pp = r.pp, l.dp = r.gpus / (r.tp * r.pp);
+    l.micro_batch = 1, l.recompute = model::Recompute::full;
+    const StepPrediction p = predict(cfg, r.batch, l, a100, false);
+    const double B = r.batch, s = 2048, L = r.layers, h = r.hidden, V = 51200;
+    const double flops = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h));
+    const double tflops = flops / (p.step_s * r.gpus) / 1e12;
+    const double ratio = tflops / r.tflops;
+    within += std::fabs(ratio - 1) <= 0.20;
+    std::printf("%7.1fB %4d %4d %6d %10.0f %10.1f %7.3f  %s\n", r.billions, r.tp, r.pp, r.gpus,
+                r.tflops, tflops, ratio, p.dominant.c_str());
+  }
+  EXPECT_GE(within, 7) << "rows within 20% of the published TFLOP/s per GPU";
+}
+
+model::ModelConfig tiny() {
+  model::ModelConfig m;
+  m.vocab_size = 256, m.seq_len = 64, m.n_layer = 4, m.n_head = 4, m.d_model = 64;
+  return m;
+}
+
+TEST(Plan, EveryLayoutIsValidAndTheBestComesFirst) {
+  train::Config deck = train::parse_config(
+      "[model]\nvocab_size = 256\nseq_len = 64\nn_layer = 4\nn_head = 4\nd_model = 64\n"
+      "[train]\nglobal_batch_size = 8\n", "deck.toml");
+  Machine m = parse_machine(kMachine, "m.toml");
+  PlanOptions opt;
+  opt.ranks_per_node = 4;
+  const std::vector<Layout> all = enumerate_layouts(deck, opt);
+  std::set<std::string> seen;
+  for (const Layout& l : all) {
+    EXPECT_EQ(l.tp * l.pp * l.dp, 4) << l.str();
+    EXPECT_EQ(deck.model.n_layer % (l.pp * l.vpp), 0) << l.str();
+    EXPECT_TRUE(seen.insert(l.str()).second) << "twice: " << l.str();
+  }
+  EXPECT_GT(all.size(), 100u);
+  const std::vector<StepPrediction> plan = make_plan(deck, m, opt);
+  ASSERT_FALSE(plan.empty());
+  for (std::size_t i = 1; i < plan.size(); ++i)
+    if (plan[i].fits && plan[i - 1].fits) EXPECT_LE(plan[i - 1].step_s, plan[i].step_s);
+  // A slower link between nodes: the same ranks on 4 nodes of 1 never beat 1 node of 4.
+  PlanOptions spread = opt;
+  spread.nodes = 4, spread.ranks_per_node = 1;
+  EXPECT_GE(make_plan(deck, m, spread).front().step_s, plan.front().step_s);
+}
+
+TEST(Plan, MemoryIsTheStartupReportsPrediction) {
+  const model::ModelConfig cfg = tiny();
+  Machine m = parse_machine(kMachine, "m.toml");
+  Layout l;
+  l.pp = 2, l.dp = 1, l.micro_batch = 2, l.schedule = "gpipe";
+  const StepPrediction p = predict(cfg, 8, l, m, true);
+  model::MemoryLayout ml;
+  ml.pp = 2, ml.pp_rank = 0, ml.micro_batch = 2, ml.peak_stash = 4;  // gpipe: all 4 in flight
+  EXPECT_EQ(p.rank0_peak_bytes, model::predict_memory(cfg, ml).peak());
+  // Full recomputation trades memory for time.
+  Layout rc = l;
+  rc.recompute = model::Recompute::full;
+  const StepPrediction q = predict(cfg, 8, rc, m, true);
+  EXPECT_LT(q.memory.activations, p.memory.activations);
+  EXPECT_GT(q.compute_s, p.compute_s);
+}
+
+TEST(Plan, PipelineBubbleShrinksWithMicrobatches) {
+  const model::ModelConfig cfg = tiny();
+  Machine m = parse_machine(kMachine, "m.toml");
+  Layout l;
+  l.pp = 4, l.dp = 1, l.micro_batch = 1;
+  const StepPrediction few = predict(cfg, 4, l, m, true), many = predict(cfg, 32, l, m, true);
+  EXPECT_GT(few.bubble_fraction, many.bubble_fraction);
+  // 1F1B with equal f and b: (p-1)/(m+p-1) = 3/7 at m = 4 (TP-free, p2p adds a little).
+  EXPECT_NEAR(few.bubble_fraction, 3.0 / 7.0, 0.08);
+}
+
+TEST(Plan, SharedCoresShrinkTheBubbleNotTheWork) {
+  const model::ModelConfig cfg = tiny();
+  Machine m = parse_machine(kMachine, "m.toml");
+  Layout l;
+  l.pp = 2, l.dp = 1, l.micro_batch = 1, l.schedule = "naive";
+  const StepPrediction dedicated = predict(cfg, 4, l, m, true);
+  EXPECT_GT(dedicated.bubble_s, 0.3 * dedicated.step_s);  // naive: one stage at a time
+  m.solo_speedup = 2;  // a waiting rank gives its core to the other
+  const StepPrediction shared = predict(cfg, 4, l, m, true);
+  EXPECT_LT(shared.step_s, dedicated.step_s);
+  EXPECT_GE(shared.step_s, shared.compute_s);
+  m.solo_speedup = 100;  // never below the rank's own work
+  EXPECT_NEAR(predict(cfg, 4, l, m, true).bubble_s, 0.0, 1e-9);
+}
+
+TEST(Calibrate, ShapesAreTheCostModels) {
+  const auto s = linear_shapes(tiny(), 2, 4);
+  ASSERT_EQ(s.size(), 15u);
+  // q|k|v at tp 2: forward (n, 3C/2, C), input gradient (n, C, 3C/2), weight (C, 3C/2, n).
+  EXPECT_EQ(s[0], (std::array<std::int64_t, 3>{256, 96, 64}));
+  EXPECT_EQ(s[1], (std::array<std::int64_t, 3>{256, 64, 96}));
+  EXPECT_EQ(s[2], (std::array<std::int64_t, 3>{64, 96, 256}));
+}
+
+}  // namespace
+}  // namespace trident::plan
