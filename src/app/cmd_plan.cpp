@@ -389,13 +389,7 @@ int run_calibrate(const CalibrateArgs& a) {
                   deck.parallel.micro_batch_size) == opt.micro_batches.end())
       opt.micro_batches.push_back(deck.parallel.micro_batch_size);
     const parallel::NodeRanks node = parallel::node_ranks();
-    ops::BackendOptions backend;
-    backend.device = deck.runtime.device;
-    backend.threads = deck.runtime.threads > 0 ? deck.runtime.threads : default_threads(node.size);
-    backend.precision = ops::parse_precision(deck.runtime.precision);
-    backend.local_rank = node.rank;
-    backend.local_size = node.size;
-    ops = ops::make_ops(backend);
+    ops = ops::make_ops(backend_options(deck, node));
     // The file must be writable before minutes of measuring.
     if (log::rank() == 0) {
       std::ofstream probe(a.out, std::ios::app);

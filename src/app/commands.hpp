@@ -32,6 +32,9 @@ struct Session {
 // leaves it 0 ("" when there is none).
 Session open_session(const DeckArgs& args, const std::string& vocab_from);
 
+// The kernel backend a deck asks for on this node (runtime.device, threads, precision).
+ops::BackendOptions backend_options(const train::Config& c, const parallel::NodeRanks& node);
+
 int run_train(const DeckArgs& args);
 int run_grad(const DeckArgs& args, const std::string& weights, const std::string& batch,
              const std::string& out);

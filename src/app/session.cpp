@@ -25,6 +25,16 @@ int default_threads(int local_ranks) {
   return std::max(1, std::min(allowed, online / std::max(1, local_ranks)));
 }
 
+ops::BackendOptions backend_options(const train::Config& c, const parallel::NodeRanks& node) {
+  ops::BackendOptions backend;
+  backend.device = c.runtime.device.word();  // ops names its backends by word
+  backend.threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(node.size);
+  backend.precision = c.runtime.precision.get();
+  backend.local_rank = node.rank;
+  backend.local_size = node.size;
+  return backend;
+}
+
 Session open_session(const DeckArgs& args, const std::string& vocab_from) {
   Session s;
   const parallel::NodeRanks node = parallel::node_ranks();
@@ -43,13 +53,7 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from) {
     train::resolve_world(c, world);
     // A malformed test fault (TRIDENT_FAULT, core/fault.hpp) fails here, agreed.
     fault::validate();
-    ops::BackendOptions backend;
-    backend.device = c.runtime.device.word();  // ops names its backends by word
-    backend.threads = c.runtime.threads > 0 ? c.runtime.threads : default_threads(node.size);
-    backend.precision = c.runtime.precision.get();
-    backend.local_rank = node.rank;
-    backend.local_size = node.size;
-    s.ops = ops::make_ops(backend);
+    s.ops = ops::make_ops(backend_options(c, node));
   });
   parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);
   s.ps = parallel::make_parallel_state(
