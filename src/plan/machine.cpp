@@ -140,7 +140,7 @@ Machine parse_machine(const std::string& text, const std::string& source) {
 Machine load_machine(const std::string& path) {
   std::ifstream in(path);
   TRIDENT_CHECK(in, path, ": cannot read the machine file (write one with `trident calibrate ",
-                "--out ", path, "`, or pass --machine with one of machines/*.toml)");
+                "--out ", path, "`, or pass --machine with one of input/machines/*.toml)");
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_machine(ss.str(), path);

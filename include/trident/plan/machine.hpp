@@ -1,6 +1,6 @@
 // trident/plan/machine.hpp — a machine as the planner sees it (docs/FORMAT.md, "Machine
 // files"): what one rank computes per second and what its links cost, read from a TOML file
-// that `trident calibrate` writes or that ships in machines/ from published figures.
+// that `trident calibrate` writes or that ships in input/machines/ from published figures.
 //   [machine]  name, ranks_per_node, memory_gib (per rank), peak_flops (per rank: what MFU
 //              divides by)
 //   [compute]  gemm_flops (sustained matrix-product rate at large shapes), attention_flops

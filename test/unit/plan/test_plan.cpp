@@ -87,7 +87,7 @@ TEST(Machine, BadFiguresAreOneClearError) {
 
 TEST(Machine, ShippedFilesLoad) {
   for (const char* f : {"a100-80gb-dgx.toml", "h100-sxm-dgx.toml", "h200-sxm-node.toml"}) {
-    const Machine m = load_machine(std::string(TRIDENT_SOURCE_DIR) + "/machines/" + f);
+    const Machine m = load_machine(std::string(TRIDENT_SOURCE_DIR) + "/input/machines/" + f);
     EXPECT_EQ(m.ranks_per_node, 8) << f;
     EXPECT_GT(m.peak_flops, m.gemm_flops) << f;
   }
@@ -121,7 +121,7 @@ const MegatronRow kTable1[] = {
 };
 
 TEST(Megatron, Table1FromTheA100MachineFile) {
-  const Machine a100 = load_machine(std::string(TRIDENT_SOURCE_DIR) + "/machines/a100-80gb-dgx.toml");
+  const Machine a100 = load_machine(std::string(TRIDENT_SOURCE_DIR) + "/input/machines/a100-80gb-dgx.toml");
   int within = 0;
   std::printf("%8s %4s %4s %6s %10s %10s %7s  %s\n", "params", "tp", "pp", "gpus", "published",
               "predicted", "ratio", "dominant");
