@@ -4,7 +4,8 @@
 2×2×2 with ZeRO-1 (8 ranks) and 1×2×1 (2 ranks) gives the uninterrupted run's losses of
 steps 6-10 to 1e-5 relative, and its final weights to 1e-5 relative (max|Δ| / max|w| per
 tensor; the attention key biases, whose gradient is zero in exact arithmetic, are held to
-staying at rounding noise instead); resuming at 2×2×2 itself gives them bitwise. Clipping is active (grad_clip 0.5).
+staying at rounding noise instead); resuming at 2×2×2 itself gives them bitwise. Clipping is
+active (grad_clip 0.5).
 Then the reverse direction: a ZeRO-1 checkpoint (2×2×2) resumed serially.
 h5py reads the checkpoint and finds FORMAT.md's names, shapes and attributes.
 """

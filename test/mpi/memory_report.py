@@ -7,7 +7,8 @@ the same tokens per microbatch (T = 512, micro_batch_size 8; T = 2048, micro_bat
 serial at both, tp 2 at 2048, pp 2 at 512; and a Llama (one kv head, replicated) at tp 2,
 T = 512. The measured peak within 10% of the prediction,
 and the serial run's measured activation part at T = 2048 within 15% of that at T = 512
-(a T x T attention stash would add 4 x 2048^2 floats per layer, +128 MiB, at 2048). One step
+(a T x T attention stash would add 4 x 2048^2 floats per sequence and layer, +256 MiB, at
+2048 with 2 sequences). One step
 each, a 2-layer d_model 256 model on generated text (byte tokenizer). ~25 s on 2 cores.
 
 What the prediction leaves out is the libraries' working memory, allocated on first use after
