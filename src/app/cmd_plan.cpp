@@ -413,11 +413,12 @@ int run_calibrate(const CalibrateArgs& a) {
     std::filesystem::rename(tmp, a.out);
     std::printf("calibrate: wrote %s: GEMM up to %.3g FLOP/s, attention %.3g FLOP/s, kernels "
                 "%.3g B/s; intra allreduce alpha %.3g s beta %.3g B/s, p2p %.3g s %.3g B/s; "
-                "inter allreduce alpha %.3g s beta %.3g B/s, p2p %.3g s %.3g B/s\n",
+                "inter allreduce alpha %.3g s beta %.3g B/s, p2p %.3g s %.3g B/s; libraries' "
+                "working memory %.1f MiB\n",
                 a.out.c_str(), m.gemm_flops, m.attention_flops, m.kernel_bytes_per_s,
                 m.intra.alpha_s, m.intra.bytes_per_s, m.intra.p2p_alpha_s,
                 m.intra.p2p_bytes_per_s, m.inter.alpha_s, m.inter.bytes_per_s,
-                m.inter.p2p_alpha_s, m.inter.p2p_bytes_per_s);
+                m.inter.p2p_alpha_s, m.inter.p2p_bytes_per_s, m.library_mib);
   }
   return 0;
 }

@@ -13,7 +13,7 @@ constexpr std::int64_t kFloat = sizeof(float);
 }
 
 std::int64_t MemoryEstimate::peak() const {
-  return weights + gradients + optimizer + scratch + std::max(activations, staging);
+  return weights + gradients + optimizer + scratch + std::max(activations, staging) + libraries;
 }
 
 std::string format_bytes(std::int64_t bytes) {
@@ -34,6 +34,7 @@ std::string MemoryEstimate::describe() const {
                   " + gradients " + format_bytes(gradients) + " + optimizer " +
                   format_bytes(optimizer) + " + activations " + format_bytes(activations) +
                   " + scratch " + format_bytes(scratch);
+  if (libraries > 0) d += " + libraries " + format_bytes(libraries);
   if (staging > activations) d += " (start-up staging " + format_bytes(staging) + " > activations)";
   return d;
 }

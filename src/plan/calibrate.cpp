@@ -3,6 +3,7 @@
 // (the pace training sees when all ranks compute together).
 #include "trident/plan/calibrate.hpp"
 
+#include <malloc.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/core/memory_usage.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/plan/cost.hpp"
@@ -217,6 +219,9 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
                 "CPU time), not a device backend");
   g_cpu_clock = opt.cpu_time;
   Machine m;
+  // The libraries' working memory (host ranks): what stays resident after the products and
+  // collectives below at the model's shapes, once this function's own buffers are freed.
+  const std::int64_t resident_before = resident_bytes();
 
   // Matrix products: each shape once, the largest buffers sized for all.
   std::set<std::array<std::int64_t, 3>> shapes;
@@ -410,6 +415,10 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     const double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
     m.memory_gib = bytes / local_size / 1073741824.0;
   }
+  if (!mem) {
+    malloc_trim(0);  // freed buffers back to the system: what remains is the libraries'
+    m.library_mib = double(std::max<std::int64_t>(0, resident_bytes() - resident_before)) / 1048576.0;
+  }
   // Every rank must write the same file: rank 0's figures.
   MPI_Bcast(&m.solo_speedup, 1, MPI_DOUBLE, 0, world);
   double nums[12] = {m.gemm_flops,          m.peak_flops,          m.attention_flops,
@@ -422,6 +431,7 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   m.intra = {nums[4], nums[5], nums[8], nums[9]};
   m.inter = {nums[6], nums[7], nums[10], nums[11]};
   MPI_Bcast(&m.memory_gib, 1, MPI_DOUBLE, 0, world);
+  MPI_Bcast(&m.library_mib, 1, MPI_DOUBLE, 0, world);
   MPI_Bcast(&m.ranks_per_node, 1, MPI_INT, 0, world);
   return m;
 }

@@ -185,7 +185,8 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.peak_stash = pipeline::peak_activations(sched.stages[std::size_t(r)]);
     ml.split_backward = split;
     ml.host_memory = host_memory;
-    const model::MemoryEstimate e = model::predict_memory(cfg, ml);
+    model::MemoryEstimate e = model::predict_memory(cfg, ml);
+    if (host_memory) e.libraries = mc.library_bytes();
     if (r == 0) p.rank0_peak_bytes = e.peak();
     if (r == 0 || e.peak() > p.memory.peak()) p.memory = e, p.memory_pp_rank = r;
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -96,7 +97,8 @@ Machine parse_machine(const std::string& text, const std::string& source) {
   Machine m;
   m.source = source;
   const toml::table& mt = section(root, "machine", source);
-  only_keys(mt, "machine", {"name", "ranks_per_node", "memory_gib", "peak_flops"}, source);
+  only_keys(mt, "machine", {"name", "ranks_per_node", "memory_gib", "peak_flops", "library_mib"},
+            source);
   m.name = mt["name"].value_or(std::string(source));
   const toml::node* rpn = mt.get("ranks_per_node");
   TRIDENT_CHECK(rpn, source, ": missing machine.ranks_per_node");
@@ -105,6 +107,12 @@ Machine parse_machine(const std::string& text, const std::string& source) {
   m.ranks_per_node = int(rpn->value<std::int64_t>().value());
   m.memory_gib = number(mt, "machine", "memory_gib", source);
   m.peak_flops = number(mt, "machine", "peak_flops", source);
+  if (const toml::node* lib = mt.get("library_mib")) {
+    const std::optional<double> v = lib->value<double>();
+    TRIDENT_CHECK(v && std::isfinite(*v) && *v >= 0, where(source, *lib),
+                  ": machine.library_mib: expected a number >= 0 (MiB)");
+    m.library_mib = *v;
+  }
 
   const toml::table& ct = section(root, "compute", source);
   only_keys(ct, "compute",
@@ -152,6 +160,7 @@ std::string machine_toml(const Machine& m, const std::string& header) {
   if (!header.empty()) o << header;
   o << "[machine]\nname = \"" << m.name << "\"\nranks_per_node = " << m.ranks_per_node
     << "\nmemory_gib = " << m.memory_gib << "\npeak_flops = " << m.peak_flops
+    << "\nlibrary_mib = " << m.library_mib
     << "\n\n[compute]\ngemm_flops = " << m.gemm_flops << "\nattention_flops = "
     << m.attention_flops << "\nkernel_bytes_per_s = " << m.kernel_bytes_per_s
     << "\nsolo_speedup = " << m.solo_speedup << "\n";

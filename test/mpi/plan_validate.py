@@ -2,13 +2,16 @@
 calibration made in the test. Two tests, one script:
 
 `plan_validate.py memory` (mpi.plan_memory, in `make test`): peak memory. World rank 0's
-measured RSS high-water mark (`trident train`, one step) against the planner's prediction (the
-start-up report's model::predict_memory) for 9 layouts of two models on 2 ranks: six spread
+measured RSS high-water mark (`trident train`, one step) against the planner's prediction for
+9 layouts of two models on 2 ranks: six spread
 over the ranking of a 4-layer d_model 128 model (T = 256, global batch 8: dp, pp with every
 schedule, tp, micro-batch sizes, recomputation) and three of a 2-layer d_model 256 model at
-T = 512. Within 10% + 12 MiB: what the process touches after start-up outside the model
-(OpenBLAS and MPI buffers, the dataset reader: ~4-12 MiB here) is not in the prediction, so
-small layouts carry that constant (mpi.memory_report holds 10% on layouts of ~0.5 GiB and more).
+T = 512. The prediction is the start-up report's (model::predict_memory) plus the libraries'
+working memory that `trident calibrate` measured (machine.library_mib: what stays resident
+after its products and collectives, ~3 MiB here). Within 10% + 8 MiB: what neither counts,
+chiefly the temporary buffers of MPI's non-blocking collectives under data parallelism (the
+gradient buckets in flight; measured 4-10 MiB here at dp 2), rides on the 8 MiB
+(mpi.memory_report holds 10% alone on layouts of ~0.5 GiB and more).
 
 `plan_validate.py time` (mpi.plan_validate, label `timing`: not in `make test`, run by
 `make test-timing`): step time. `trident calibrate --cpu-time` (mpirun -np 2), then `trident
@@ -48,7 +51,7 @@ OUT = os.path.join(os.environ.get("TRIDENT_TEST_OUT", "/tmp"), NAME)
 TIME_TOL = 0.25        # the median error over the six layouts
 TIME_TOL_EACH = 0.40   # each layout (see the docstring: the model is ~20% optimistic here)
 SPEARMAN_MIN = 0.8
-MEM_REL, MEM_ABS_MIB = 0.10, 12.0
+MEM_REL, MEM_ABS_MIB = 0.10, 8.0
 ATTEMPTS = 2
 STEPS = 8
 

@@ -39,8 +39,12 @@ struct MemoryLayout {
 struct MemoryEstimate {
   std::int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, scratch = 0,
                staging = 0;
+  // Memory the libraries touch during a step beyond trident's own buffers (OpenBLAS's packing
+  // buffers, MPI's for collectives): not known from the deck, so predict_memory leaves it 0;
+  // `trident plan` fills it from the machine file (calibrate measures it).
+  std::int64_t libraries = 0;
   std::int64_t activations_per_microbatch = 0;
-  // weights + gradients + optimizer + scratch + max(activations, staging)
+  // weights + gradients + optimizer + scratch + max(activations, staging) + libraries
   std::int64_t peak() const;
   // One line: "peak 812.0 MiB = weights 124.4 MiB + gradients ..."
   std::string describe() const;

@@ -47,6 +47,9 @@ struct Machine {
   int ranks_per_node = 1;
   double memory_gib = 0;
   double peak_flops = 0;
+  // Host memory per rank the libraries touch in a step beyond trident's buffers (CPU ranks;
+  // calibrate measures it; optional, 0 in the shipped GPU files: a device's arena is exact).
+  double library_mib = 0;
   double gemm_flops = 0;
   double attention_flops = 0;
   double kernel_bytes_per_s = 0;
@@ -55,6 +58,7 @@ struct Machine {
   Link intra, inter;
 
   std::int64_t memory_bytes() const { return std::int64_t(memory_gib * 1073741824.0); }
+  std::int64_t library_bytes() const { return std::int64_t(library_mib * 1048576.0); }
   // The rate of a product of this shape: the measured entry of the same shape, else the
   // entry with the nearest flop count within 2x whose smallest side is within 2x, else
   // gemm_flops.

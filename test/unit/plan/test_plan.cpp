@@ -66,9 +66,15 @@ TEST(Machine, ParsesAndRoundTrips) {
   EXPECT_DOUBLE_EQ(again.intra.p2p_time(1e9), 1 + 1e-5);  // the collective figures
   EXPECT_DOUBLE_EQ(again.gemm_flops, m.gemm_flops);
   EXPECT_DOUBLE_EQ(again.intra.alpha_s, m.intra.alpha_s);
+  EXPECT_DOUBLE_EQ(m.library_mib, 0);  // optional
+  Machine with_lib = m;
+  with_lib.library_mib = 6.5;
+  EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").library_mib, 6.5);
 }
 
 TEST(Machine, BadFiguresAreOneClearError) {
+  EXPECT_EQ(error_of(replace(kMachine, "peak_flops = 1e11", "peak_flops = 1e11\nlibrary_mib = -2")),
+            "m.toml:6:15: machine.library_mib: expected a number >= 0 (MiB)");
   EXPECT_EQ(error_of(replace(kMachine, "gemm_flops = 5e10\n", "")),
             "m.toml: missing compute.gemm_flops (see docs/FORMAT.md, \"Machine files\")");
   EXPECT_EQ(error_of(replace(kMachine, "gemm_flops = 5e10", "gemm_flops = -5e10")),
@@ -184,6 +190,11 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   model::MemoryLayout ml;
   ml.pp = 2, ml.pp_rank = 0, ml.micro_batch = 2, ml.peak_stash = 4;  // gpipe: all 4 in flight
   EXPECT_EQ(p.rank0_peak_bytes, model::predict_memory(cfg, ml).peak());
+  // Plus the libraries' working memory on host ranks (the machine file's), not on a device.
+  m.library_mib = 3;
+  EXPECT_EQ(predict(cfg, 8, l, m, true).rank0_peak_bytes, p.rank0_peak_bytes + 3 * 1048576);
+  EXPECT_EQ(predict(cfg, 8, l, m, false).rank0_peak_bytes, p.rank0_peak_bytes);
+  m.library_mib = 0;
   // Full recomputation trades memory for time.
   Layout rc = l;
   rc.recompute = model::Recompute::full;
