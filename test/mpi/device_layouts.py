@@ -8,7 +8,8 @@ TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
   cuda         the GPU (skipped, exit 77, when none is visible). Ranks share the GPU. fp32
                products: gradients within 1e-4 of the CPU's (max|d|/max|g| per tensor), losses
                within 1e-4 relative; bf16 (TRIDENT_TEST_PRECISION=bf16, or the bf16 case
-               below): 20 steps within 1% of the fp32 CPU loss curve.
+               below): 20 steps within 1% of the fp32 CPU loss curve, and the arena's peak
+               below fp32's by the bf16 stash's predicted saving.
 Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
 parallelism; pp 2 under 1f1b, zb-h1 and interleaved-1f1b (vpp 2); dp 2 with ZeRO-1;
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
@@ -154,6 +155,27 @@ def main():
         bf20, = t.train(1, "bf16-20", sets=[*twenty, *device_sets("bf16")])
         rel = float(np.max(np.abs(bf20 - cpu20) / np.abs(cpu20)))
         t.check(rel <= 0.01, f"bf16: 20 losses within 1% of the fp32 CPU curve ({rel:.2e})")
+
+    # ---- bf16 on a GPU: the stash at 2 bytes, measured by the arena's high-water mark ------
+    # bf16 keeps each layer's large activations as bf16 (GptChunk::bf16_storage). Two steps
+    # of 4 microbatches of 8 under gpipe (all 4 stashes alive at once) make the stash most of
+    # the peak; the measured peak must fall by what predict_memory says bf16 saves (4
+    # microbatches x 4 layers x half the large tensors, less one layer's fp32 working copy:
+    # ~1.7 MiB) within 15% (the bf16 GEMM inputs' scratch, which the prediction leaves out,
+    # and the report's 0.1 MiB rounding).
+    if DEVICE == "cuda":
+        two = ["train.steps=2", "io.checkpoint_every=0", "train.eval_every=0",
+               'parallel.schedule="gpipe"', "parallel.micro_batch_size=8",
+               "train.global_batch_size=32"]
+        mem = {}
+        for p in ("fp32", "bf16"):
+            t.train(1, f"mem-{p}", sets=[*two, *device_sets(p)])
+            mem[p] = lc.memory_report(t.last_stdout)
+        measured = mem["fp32"]["measured"] - mem["bf16"]["measured"]
+        predicted = mem["fp32"]["predicted"] - mem["bf16"]["predicted"]
+        t.check(predicted > 0 and abs(measured - predicted) <= 0.15 * predicted,
+                f"bf16 stash: the arena's peak {mem['bf16']['measured']} B against fp32's "
+                f"{mem['fp32']['measured']} B: {measured} B less (predicted {predicted} B less)")
     t.finish()
     return 0
 
