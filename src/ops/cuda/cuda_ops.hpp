@@ -19,11 +19,13 @@
 //         inputs to TF32 inside the GEMM; no extra memory or passes.
 //   bf16  inputs converted to packed bf16 in scratch (round to nearest even), then
 //         cublasGemmEx bf16 x bf16 -> fp32 with fp32 accumulation (CUBLAS_COMPUTE_32F), and
-//         fp32 outputs. Chosen over bf16 activations because the interface, the model, the
-//         optimizer state and every other kernel stay fp32 (no second copy of the weights, no
-//         loss scaling, nothing changes outside ops/cuda), at the cost of one conversion pass
-//         over both inputs per product (estimated, not measured: ~15% of a GPT-2-size GEMM; caching the
-//         bf16 weights between calls is the next step).
+//         fp32 outputs. The kernels' interface stays fp32; what is stored as bf16 is the
+//         model's stash (GptChunk::bf16_storage: each layer's large activations, packed with
+//         to_bf16 after the layer's forward and unpacked with from_bf16 into one fp32 layer
+//         before its backward), which halves the activation memory. Weights, gradients and
+//         the optimizer stay fp32 (no loss scaling). Not done: GEMMs reading the stored bf16
+//         directly (each product still converts its fp32 inputs in scratch; ~15% of a
+//         GPT-2-size GEMM, estimated) and a cached bf16 copy of the weights.
 // Attention's per-head products (strided-batched, read in place from qkv) have no packed
 // copy to convert, so under bf16 they use CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS rounds the
 // fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
