@@ -62,7 +62,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   memory_estimate_ = model::predict_memory(cfg.model, lay);
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
             lay.peak_stash, " microbatch-chunks of ",
-            model::format_bytes(memory_estimate_.activations_per_microbatch), ")");
+            model::format_bytes(memory_estimate_.activations_per_microbatch),
+            lay.bf16_activations ? ", the layers' stash in bf16)" : ")");
 }
 
 std::int64_t Trainer::measured_peak_bytes() const {

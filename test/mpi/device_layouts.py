@@ -8,7 +8,7 @@ TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
   cuda         the GPU (skipped, exit 77, when none is visible). Ranks share the GPU. fp32
                products: gradients within 1e-4 of the CPU's (max|d|/max|g| per tensor), losses
                within 1e-4 relative; bf16 (TRIDENT_TEST_PRECISION=bf16, or the bf16 case
-               below): 20 steps within 1% of the fp32 CPU loss curve, and the arena's peak
+               below): 20 steps within 1e-3 of the fp32 CPU loss curve, and the arena's peak
                below fp32's by the bf16 stash's predicted saving.
 Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
 parallelism; pp 2 under 1f1b, zb-h1 and interleaved-1f1b (vpp 2); dp 2 with ZeRO-1;
@@ -91,8 +91,10 @@ def main():
     ]
     # Each layout on the CPU and on the device (reductions are ordered by the layout, so the
     # reference is the CPU in the same layout).
+    cpu_curves = {}
     for lname, np_, sets in layouts:
         ref_loss, = t.train(np_, f"cpu-{lname}", sets=sets)
+        cpu_curves[lname] = ref_loss
         got_loss, = t.train(np_, f"dev-{lname}", sets=[*sets, *device_sets()])
         curve(f"train {lname}", got_loss, ref_loss, 1e-4)
         same(f"weights after 6 steps {lname}",
@@ -148,13 +150,25 @@ def main():
             t.check(rel <= 1e-6, f"{lname}: host-staged MPI against the default "
                     f"({'direct' if said else 'also staged: MPI is not CUDA-aware'}): {rel:.2e}")
 
-    # ---- bf16 on a GPU: 20 steps within 1% of the fp32 CPU curve ---------------------------
+    # ---- bf16 on a GPU: loss curves against the fp32 CPU's ----------------------------------
+    # bf16 rounds the products' inputs and the stash (each layer's large activations) to 8
+    # significant bits. Measured on the CUDA stand-in (emulate/train.sh), 20 serial steps:
+    # 7.6e-5 with an fp32 stash, 8.9e-5 with the bf16 one; an H200 gave 1.6e-4 (fp32 stash).
+    # 1e-3 leaves room for the GPU's own rounding and still fails a stash mix-up: one stale
+    # tensor (a layer's GELU output left from another layer) moves the curve 7.4e-3. The
+    # zero-bubble split backward unpacks every layer twice (B and W), and sequence
+    # parallelism stashes rows of two sizes: both, 6 steps, against their CPU layouts.
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
         cpu20, = t.train(1, "cpu-20", sets=twenty)
         bf20, = t.train(1, "bf16-20", sets=[*twenty, *device_sets("bf16")])
         rel = float(np.max(np.abs(bf20 - cpu20) / np.abs(cpu20)))
-        t.check(rel <= 0.01, f"bf16: 20 losses within 1% of the fp32 CPU curve ({rel:.2e})")
+        t.check(rel <= 1e-3, f"bf16: 20 losses within 1e-3 of the fp32 CPU curve ({rel:.2e})")
+        for lname, np_, sets in [l for l in layouts if l[0] in ("pp2-zb", "tp2-sp")]:
+            got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
+            rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))
+            t.check(rel <= 1e-3, f"bf16 {lname}: 6 losses within 1e-3 of the fp32 CPU curve "
+                    f"({rel:.2e})")
 
     # ---- bf16 on a GPU: the stash at 2 bytes, measured by the arena's high-water mark ------
     # bf16 keeps each layer's large activations as bf16 (GptChunk::bf16_storage). Two steps
