@@ -157,14 +157,18 @@ def main():
     # 1e-3 leaves room for the GPU's own rounding and still fails a stash mix-up: one stale
     # tensor (a layer's GELU output left from another layer) moves the curve 7.4e-3. The
     # zero-bubble split backward unpacks every layer twice (B and W), and sequence
-    # parallelism stashes rows of two sizes: both, 6 steps, against their CPU layouts.
+    # parallelism stashes rows of two sizes; Llama's MLP stashes gate | up: each 6 steps
+    # against the CPU in the same layout.
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
         cpu20, = t.train(1, "cpu-20", sets=twenty)
         bf20, = t.train(1, "bf16-20", sets=[*twenty, *device_sets("bf16")])
         rel = float(np.max(np.abs(bf20 - cpu20) / np.abs(cpu20)))
         t.check(rel <= 1e-3, f"bf16: 20 losses within 1e-3 of the fp32 CPU curve ({rel:.2e})")
-        for lname, np_, sets in [l for l in layouts if l[0] in ("pp2-zb", "tp2-sp")]:
+        llama = ['model.arch="llama"', "model.n_kv_head=2"]  # SwiGLU: [gate | up] stashed
+        cpu_curves["llama"], = t.train(1, "cpu-llama", sets=llama)
+        for lname, np_, sets in [l for l in layouts if l[0] in ("pp2-zb", "tp2-sp")] + \
+                [("llama", 1, llama)]:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
             rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))
             t.check(rel <= 1e-3, f"bf16 {lname}: 6 losses within 1e-3 of the fp32 CPU curve "
