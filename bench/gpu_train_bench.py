@@ -194,6 +194,9 @@ def run_model(args, name, spec, work, data):
         r["error"] = (f"trident train exited {p.returncode}: "
                       f"{(p.stderr or p.stdout).strip()[-600:]}")
         return r
+    # trident's own memory report: the start-up prediction (under bf16 the layers' stash at 2
+    # bytes) and the arena's measured high-water mark at the end
+    r["memory"] = [ln.strip() for ln in p.stdout.splitlines() if ln.startswith("memory: rank 0")]
     times, source = step_times(os.path.join(out_dir, "metrics.h5"), p.stdout, tokens_per_step)
     r["step_time_source"] = source
     steady = times[args.warmup:]
@@ -252,6 +255,8 @@ def table(results, args):
                      f"{100 * r['mfu_vs_peak']:8.2f}% {cub} {mfu_c}")
         if "cublas_note" in r:
             lines.append(f"{'':<8} (cuBLAS: {r['cublas_note']})")
+        for ln in r.get("memory", []):
+            lines.append(f"{'':<8} {ln}")
     return "\n".join(lines) + "\n"
 
 

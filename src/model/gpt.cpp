@@ -111,6 +111,16 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     Carver bind{selective_store_.data()};
     carve_recomputed(dims_, bind, selective_);
   }
+  // runtime.precision = "bf16" on a device: the stash as bf16 (bf16_storage()). Not with
+  // recomputation: full keeps no stash, selective's would need its shared views unpacked.
+  bf16_store_ = ops_.precision() == ops::Precision::bf16 && recompute_ == Recompute::none;
+  if (bf16_store_) {
+    Carver count;
+    carve_layer(dims_, count, bf16_work_);
+    bf16_work_store_ = buffer(count.used);
+    Carver bind{bf16_work_store_.data()};
+    carve_layer(dims_, bind, bf16_work_);
+  }
   ln_discard_ = buffer(2 * std::int64_t(C_));
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
@@ -265,6 +275,34 @@ void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
   la.fch_gelu = shared ? shared->fch_gelu : take(d.N * d.F);
 }
 
+std::vector<StashedTensor> stashed_tensors(const ChunkDims& d) {
+  using LA = LayerActivations;
+  return {{&LA::ln1, d.N * d.C},  {&LA::qkv, d.N * d.C3}, {&LA::atty, d.N * d.Ca},
+          {&LA::res2, d.Nr * d.C}, {&LA::ln2, d.N * d.C},  {&LA::fch, d.N * d.F1},
+          {&LA::fch_gelu, d.N * d.F}};
+}
+
+void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
+                        std::uint16_t*& packed) {
+  la = LayerActivations{};
+  la.ln1_mean = take(d.Nr);
+  la.ln1_rstd = take(d.Nr);
+  la.lse = take(d.B * d.NH * d.T);
+  la.ln2_mean = take(d.Nr);
+  la.ln2_rstd = take(d.Nr);
+  std::int64_t bf16 = 0;
+  for (const StashedTensor& t : stashed_tensors(d)) bf16 += t.numel;
+  packed = reinterpret_cast<std::uint16_t*>(take((bf16 + 1) / 2));  // two per float
+}
+
+std::int64_t packed_layer_floats(const ChunkDims& d) {
+  Carver count;
+  LayerActivations la;
+  std::uint16_t* packed = nullptr;
+  carve_packed_layer(d, count, la, packed);
+  return count.used;
+}
+
 void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g) {
   g.dmlp = take(d.N * d.C);
   g.dfch = take(d.N * d.F1);
@@ -315,7 +353,15 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
   a->outputs = buffer(std::max(1, L) * NrC);
   a->doutput = buffer(NrC);
   a->dinput = buffer(NrC);
-  if (recompute_ != Recompute::full) bind_layers(a->store, a->layers, L);
+  if (bf16_store_) {
+    a->layers.resize(std::size_t(L));
+    a->packed.resize(std::size_t(L));
+    a->store = buffer(packed_layer_floats(dims_) * L);
+    Carver take{a->store.data()};
+    for (int l = 0; l < L; ++l) carve_packed_layer(dims_, take, a->layers[l], a->packed[l]);
+  } else if (recompute_ != Recompute::full) {
+    bind_layers(a->store, a->layers, L);
+  }
   if (split_backward) {
     a->grad_stash.resize(std::size_t(L));
     a->grad_store = buffer(std::max<std::int64_t>(1, grad_stash_floats(dims_) * L));
@@ -328,6 +374,31 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
     a->lnf_rstd = buffer(Nr_);
   }
   return a;
+}
+
+LayerActivations& GptChunk::bf16_working(const LayerActivations& kept) {
+  bf16_work_.ln1_mean = kept.ln1_mean;
+  bf16_work_.ln1_rstd = kept.ln1_rstd;
+  bf16_work_.lse = kept.lse;
+  bf16_work_.ln2_mean = kept.ln2_mean;
+  bf16_work_.ln2_rstd = kept.ln2_rstd;
+  return bf16_work_;
+}
+
+void GptChunk::pack_layer(ChunkActivations& a, int l) {
+  std::uint16_t* dst = a.packed[std::size_t(l)];
+  for (const StashedTensor& t : stashed_tensors(dims_)) {
+    ops_.to_bf16(dst, bf16_work_.*t.field, t.numel);
+    dst += t.numel;
+  }
+}
+
+void GptChunk::unpack_layer(ChunkActivations& a, int l) {
+  const std::uint16_t* src = a.packed[std::size_t(l)];
+  for (const StashedTensor& t : stashed_tensors(dims_)) {
+    ops_.from_bf16(bf16_work_.*t.field, src, t.numel);
+    src += t.numel;
+  }
 }
 
 float* GptChunk::output(ChunkActivations& a) const {
@@ -396,8 +467,11 @@ double GptChunk::forward(int chunk, ChunkActivations& a, const std::int32_t* inp
   const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
-    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
+    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
+                           : bf16_store_                   ? bf16_working(a.layers[l])
+                                                           : a.layers[l];
     block_forward(first + l, x, a.outputs.data() + l * NC, la, B_, T_);
+    if (bf16_store_) pack_layer(a, l);
   }
   a.loss_sum = st.has_head ? head_forward_backward(a, targets, loss_scale, with_backward) : 0.0;
   return a.loss_sum;
@@ -532,7 +606,11 @@ void GptChunk::block_backward_weights(int l, const float* x, LayerActivations& l
 // one-layer scratch (its output is not needed, so it lands in scratch too).
 LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, int l,
                                               const float* x) {
-  if (recompute_ == Recompute::none) return a.layers[l];
+  if (recompute_ == Recompute::none) {
+    if (!bf16_store_) return a.layers[l];
+    unpack_layer(a, l);
+    return bf16_working(a.layers[l]);
+  }
   if (recompute_ == Recompute::selective) {
     // The attention core and the GELU (Llama: SwiGLU) again, from the kept qkv (Llama's
     // already rotated) and c_fc (gate | up) output.
@@ -655,7 +733,9 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   const float* x = a.input.data();
   for (int c = 0; c < num_chunks(); ++c) {
     for (int l = 0; l < L_; ++l) {
-      LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0] : a.layers[l];
+      LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
+                             : bf16_store_ ? bf16_working(a.layers[l])  // nothing to keep
+                                           : a.layers[l];
       float* out = a.outputs.data() + l * tC;
       if (x == out) {  // the next chunk starts from the last output: move it to the input
         ops_.copy(a.input.data(), x, tC);

@@ -65,7 +65,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t per_mb = Nr * C * (3 + std::max(1, L));
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const std::int64_t inner = recomputed_floats(d);
-  if (lay.recompute == Recompute::none) per_mb += L * layer_store;
+  const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
+  if (lay.recompute == Recompute::none) per_mb += L * (bf16 ? packed_layer_floats(d) : layer_store);
   if (lay.recompute == Recompute::selective) per_mb += L * layer_floats(d, true);
   if (lay.split_backward) per_mb += std::max<std::int64_t>(1, L * grad_stash_floats(d));
   if (head) per_mb += N * C + 2 * Nr;
@@ -77,7 +78,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F + 2 * C;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
   if (head) scratch += N * Vl + 5 * N;
-  if (lay.recompute == Recompute::full) scratch += layer_store;
+  if (lay.recompute == Recompute::full || bf16) scratch += layer_store;  // one layer in fp32
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
 

@@ -46,6 +46,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.recompute = cfg.parallel.recompute.get();
   lay.zero1 = cfg.parallel.zero_stage == 1;
   lay.host_memory = ops.memory() == nullptr;
+  lay.bf16_activations = model_->bf16_storage();
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
     try {
@@ -61,7 +62,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   memory_estimate_ = model::predict_memory(cfg.model, lay);
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
             lay.peak_stash, " microbatch-chunks of ",
-            model::format_bytes(memory_estimate_.activations_per_microbatch), ")");
+            model::format_bytes(memory_estimate_.activations_per_microbatch),
+            lay.bf16_activations ? ", the layers' stash in bf16)" : ")");
 }
 
 std::int64_t Trainer::measured_peak_bytes() const {

@@ -8,7 +8,8 @@ TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
   cuda         the GPU (skipped, exit 77, when none is visible). Ranks share the GPU. fp32
                products: gradients within 1e-4 of the CPU's (max|d|/max|g| per tensor), losses
                within 1e-4 relative; bf16 (TRIDENT_TEST_PRECISION=bf16, or the bf16 case
-               below): 20 steps within 1% of the fp32 CPU loss curve.
+               below): 20 steps within 1e-3 of the fp32 CPU loss curve, and the arena's peak
+               below fp32's by the bf16 stash's predicted saving.
 Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
 parallelism; pp 2 under 1f1b, zb-h1 and interleaved-1f1b (vpp 2); dp 2 with ZeRO-1;
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
@@ -90,8 +91,10 @@ def main():
     ]
     # Each layout on the CPU and on the device (reductions are ordered by the layout, so the
     # reference is the CPU in the same layout).
+    cpu_curves = {}
     for lname, np_, sets in layouts:
         ref_loss, = t.train(np_, f"cpu-{lname}", sets=sets)
+        cpu_curves[lname] = ref_loss
         got_loss, = t.train(np_, f"dev-{lname}", sets=[*sets, *device_sets()])
         curve(f"train {lname}", got_loss, ref_loss, 1e-4)
         same(f"weights after 6 steps {lname}",
@@ -147,13 +150,50 @@ def main():
             t.check(rel <= 1e-6, f"{lname}: host-staged MPI against the default "
                     f"({'direct' if said else 'also staged: MPI is not CUDA-aware'}): {rel:.2e}")
 
-    # ---- bf16 on a GPU: 20 steps within 1% of the fp32 CPU curve ---------------------------
+    # ---- bf16 on a GPU: loss curves against the fp32 CPU's ----------------------------------
+    # bf16 rounds the products' inputs and the stash (each layer's large activations) to 8
+    # significant bits. Measured on the CUDA stand-in (emulate/train.sh), 20 serial steps:
+    # 7.6e-5 with an fp32 stash, 8.9e-5 with the bf16 one; an H200 gave 1.6e-4 (fp32 stash).
+    # 1e-3 leaves room for the GPU's own rounding and still fails a stash mix-up: one stale
+    # tensor (a layer's GELU output left from another layer) moves the curve 7.4e-3. The
+    # zero-bubble split backward unpacks every layer twice (B and W), and sequence
+    # parallelism stashes rows of two sizes; Llama's MLP stashes gate | up: each 6 steps
+    # against the CPU in the same layout.
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
         cpu20, = t.train(1, "cpu-20", sets=twenty)
         bf20, = t.train(1, "bf16-20", sets=[*twenty, *device_sets("bf16")])
         rel = float(np.max(np.abs(bf20 - cpu20) / np.abs(cpu20)))
-        t.check(rel <= 0.01, f"bf16: 20 losses within 1% of the fp32 CPU curve ({rel:.2e})")
+        t.check(rel <= 1e-3, f"bf16: 20 losses within 1e-3 of the fp32 CPU curve ({rel:.2e})")
+        llama = ['model.arch="llama"', "model.n_kv_head=2"]  # SwiGLU: [gate | up] stashed
+        cpu_curves["llama"], = t.train(1, "cpu-llama", sets=llama)
+        for lname, np_, sets in [l for l in layouts if l[0] in ("pp2-zb", "tp2-sp")] + \
+                [("llama", 1, llama)]:
+            got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
+            rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))
+            t.check(rel <= 1e-3, f"bf16 {lname}: 6 losses within 1e-3 of the fp32 CPU curve "
+                    f"({rel:.2e})")
+
+    # ---- bf16 on a GPU: the stash at 2 bytes, measured by the arena's high-water mark ------
+    # bf16 keeps each layer's large activations as bf16 (GptChunk::bf16_storage). Two steps
+    # of 4 microbatches of 8 under gpipe (all 4 stashes alive at once) make the stash most of
+    # the peak; the measured peak must fall by what predict_memory says bf16 saves (4
+    # microbatches x 4 layers x half the large tensors, less one layer's fp32 working copy:
+    # ~1.7 MiB) within 15% (the bf16 GEMM inputs' scratch, which the prediction leaves out,
+    # and the report's 0.1 MiB rounding).
+    if DEVICE == "cuda":
+        two = ["train.steps=2", "io.checkpoint_every=0", "train.eval_every=0",
+               'parallel.schedule="gpipe"', "parallel.micro_batch_size=8",
+               "train.global_batch_size=32"]
+        mem = {}
+        for p in ("fp32", "bf16"):
+            t.train(1, f"mem-{p}", sets=[*two, *device_sets(p)])
+            mem[p] = lc.memory_report(t.last_stdout)
+        measured = mem["fp32"]["measured"] - mem["bf16"]["measured"]
+        predicted = mem["fp32"]["predicted"] - mem["bf16"]["predicted"]
+        t.check(predicted > 0 and abs(measured - predicted) <= 0.15 * predicted,
+                f"bf16 stash: the arena's peak {mem['bf16']['measured']} B against fp32's "
+                f"{mem['fp32']['measured']} B: {measured} B less (predicted {predicted} B less)")
     t.finish()
     return 0
 

@@ -1,6 +1,7 @@
 """What the layout tests share: a tiny deck, a fixed batch and a token stream in a scratch
 folder, `trident` under mpirun, and comparisons against the serial run."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,19 @@ resume = "none"
 threads = 1
 watchdog_s = 120   # a hang fails the test naming the rank, the action and the peer
 """
+
+
+def memory_report(stdout):
+    """The end-of-run memory line of `trident train` (rank 0) in bytes: {"measured",
+    "predicted", "activations", "activations_predicted"}."""
+    size = r"([0-9.]+ [KMG]iB)"
+    m = re.search(rf"memory: rank 0 measured peak {size} \(predicted {size}\); "
+                  rf"activations {size} \(predicted {size}\)", stdout)
+    if not m:
+        sys.exit("FAIL: no 'memory: rank 0 measured peak' line in the output")
+    unit = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    value = [round(float(v.split()[0]) * unit[v.split()[1]]) for v in m.groups()]
+    return dict(zip(("measured", "predicted", "activations", "activations_predicted"), value))
 
 
 class LayoutTest:

@@ -102,8 +102,21 @@ void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
 // What selective recompute recomputes, carved: atty, lse and fch_gelu (the rest null).
 void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la);
 void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g);
+// bf16 storage (GptChunk::bf16_storage): a layer keeps its large tensors (ln1 qkv atty res2
+// ln2 fch fch_gelu, stashed_tensors' order) as bf16, packed in `packed`, and its per-row
+// statistics (ln*_mean, ln*_rstd, lse: log-sum-exps lose too much in bf16) as fp32. Carves
+// the statistics, then the packed bf16 (its large views stay null).
+void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
+                        std::uint16_t*& packed);
+// The large tensors of one layer with their elements, in packing order.
+struct StashedTensor {
+  float* LayerActivations::*field;
+  std::int64_t numel;
+};
+std::vector<StashedTensor> stashed_tensors(const ChunkDims& d);
 // The floats of each carving.
 std::int64_t layer_floats(const ChunkDims& d, bool selective);
+std::int64_t packed_layer_floats(const ChunkDims& d);
 std::int64_t recomputed_floats(const ChunkDims& d);
 std::int64_t grad_stash_floats(const ChunkDims& d);
 
@@ -113,6 +126,7 @@ struct ChunkActivations {
   FloatBuffer outputs;                   // [L,Nr,C] each block's output (the last is the chunk's output)
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
   std::vector<LayerActivations> layers;  // views into store
+  std::vector<std::uint16_t*> packed;    // bf16 storage: each layer's bf16 tensors (in store)
   FloatBuffer lnf;                       // [B,T,C] (last stage; all rows)
   FloatBuffer lnf_mean, lnf_rstd;        // [Nr]
   FloatBuffer doutput;                   // [Nr,C] d loss / d chunk output
@@ -148,6 +162,10 @@ class GptChunk {
   const ShardSpec* tied_embedding() const;
   std::int64_t num_params() const { return num_params_; }
   int micro_batch() const { return B_; }
+  // The layers' stash kept as bf16 (carve_packed_layer): runtime.precision = "bf16" on a
+  // device backend without recomputation. Each block's forward writes a one-layer fp32
+  // working copy, then packs it; its backward unpacks into that copy (bf16_work_).
+  bool bf16_storage() const { return bf16_store_; }
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
   // pipeline sends between stages.
   std::int64_t boundary_numel() const { return std::int64_t(Nr_) * C_; }
@@ -308,6 +326,13 @@ class GptChunk {
   FloatBuffer recompute_store_;
   FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
+  bool bf16_store_ = false;
+  FloatBuffer bf16_work_store_;    // bf16 storage: one layer's fp32 working copy
+  LayerActivations bf16_work_{};   // its views (the statistics: the stored layer's)
+  // bf16 storage: the working copy, its statistics bound to the stored layer `kept`.
+  LayerActivations& bf16_working(const LayerActivations& kept);
+  void pack_layer(ChunkActivations& a, int l);    // working copy -> a.packed[l]
+  void unpack_layer(ChunkActivations& a, int l);  // a.packed[l] -> working copy
   FloatBuffer selective_store_;  // selective recompute: one layer's atty, lse, fch_gelu
   LayerActivations selective_;   // its views (atty, lse, fch_gelu)
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use

@@ -1,12 +1,13 @@
 // trident/model/memory.hpp — the bytes one rank will hold at its peak, predicted from the
 // deck's numbers alone (pure arithmetic: no MPI, no allocation), so that `trident train` can
 // print it at start-up and a planning tool can call it for layouts it never runs. It mirrors
-// what GptChunk, the optimizer, ZeRO-1 and the pipeline executor allocate (all fp32):
+// what GptChunk, the optimizer, ZeRO-1 and the pipeline executor allocate (fp32 but for the bf16 stash):
 //   weights      the rank's parameter shards
 //   gradients    the same size again (+ the ZeRO-1 gradient shard)
 //   optimizer    AdamW's two moments (over the ZeRO-1 shard when dp > 1)
 //   activations  the schedule's peak stash (pipeline::peak_activations microbatch-chunks in
-//                flight) times one microbatch's stash; attention keeps [B,NH,T], never T x T
+//                flight) times one microbatch's stash; attention keeps [B,NH,T], never T x T;
+//                under bf16 storage the layers' large tensors count 2 bytes an element
 //   scratch      the backward's shared buffers, the head's logits, full recomputation's
 //                one-layer store, sequence parallelism's gathers
 //   staging      host memory of the start-up weight initialization (one copy of the
@@ -34,6 +35,10 @@ struct MemoryLayout {
   int peak_stash = 1;           // pipeline::peak_activations of this stage's actions (>= 1)
   bool split_backward = false;  // zero-bubble schedules: the B/W gradient stash
   bool host_memory = true;      // CPU ranks: the start-up staging shares the same memory
+  // GptChunk::bf16_storage(): runtime.precision = "bf16" on a device, recompute none: each
+  // layer's large tensors stashed at 2 bytes (carve_packed_layer), plus one layer's fp32
+  // working copy in scratch.
+  bool bf16_activations = false;
 };
 
 struct MemoryEstimate {

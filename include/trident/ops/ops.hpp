@@ -24,6 +24,17 @@
 
 namespace trident::ops {
 
+// Arithmetic of the matrix products (every other kernel is fp32 on every backend; inputs,
+// outputs and accumulation are fp32 in all three):
+//   fp32  plain fp32 products (the only one the CPU backend has);
+//   tf32  tensor-core products on inputs rounded to TF32 (10-bit mantissa);
+//   bf16  tensor-core products on inputs rounded to bfloat16 (7-bit mantissa); on a device
+//         backend the model also keeps its stash as bf16 (Ops::to_bf16, GptChunk).
+enum class Precision { fp32, tf32, bf16 };
+const char* precision_name(Precision precision);  // "fp32" | "tf32" | "bf16"
+// "fp32" | "tf32" | "bf16" -> Precision; an Error naming the word otherwise.
+Precision parse_precision(const std::string& name);
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -33,6 +44,14 @@ class Ops {
   // works on host memory (the CPU). Buffers made with it (FloatBuffer(n, ops.memory())) are
   // the backend's memory either way.
   virtual DeviceMemory* memory() { return nullptr; }
+  // The arithmetic of the matrix products (fp32 on the CPU backends).
+  virtual Precision precision() const { return Precision::fp32; }
+
+  // ---- bf16 storage (the model's stash under runtime.precision = "bf16") -------------
+  // dst[i] = the 16 bits of bfloat16(src[i]), rounded to nearest even (NaN stays NaN).
+  virtual void to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) = 0;
+  // dst[i] = the float whose high 16 bits are src[i] (exact).
+  virtual void from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) = 0;
 
   // ---- matrix products ------------------------------------------------------------
   // C[m,n] = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; row-major, leading dims
@@ -203,15 +222,6 @@ inline Ops::AttentionShape attention_shape_qkv(int b, int t, int c, int nh) {
   return s;
 }
 
-// Arithmetic of the matrix products (every other kernel is fp32 on every backend; inputs,
-// outputs and accumulation are fp32 in all three):
-//   fp32  plain fp32 products (the only one the CPU backend has);
-//   tf32  tensor-core products on inputs rounded to TF32 (10-bit mantissa);
-//   bf16  tensor-core products on inputs rounded to bfloat16 (7-bit mantissa).
-enum class Precision { fp32, tf32, bf16 };
-const char* precision_name(Precision precision);  // "fp32" | "tf32" | "bf16"
-// "fp32" | "tf32" | "bf16" -> Precision; an Error naming the word otherwise.
-Precision parse_precision(const std::string& name);
 
 // threads: OpenMP and BLAS threads this rank uses (>= 1).
 std::unique_ptr<Ops> make_cpu_ops(int threads);

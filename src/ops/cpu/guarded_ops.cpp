@@ -192,6 +192,12 @@ class GuardedOps final : public Ops {
   void copy(float* dst, const float* src, std::int64_t n) override {
     on("copy", {dst, src}), inner_->copy(dst, src, n);
   }
+  void to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) override {
+    on("to_bf16", {dst, src}), inner_->to_bf16(dst, src, n);
+  }
+  void from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) override {
+    on("from_bf16", {dst, src}), inner_->from_bf16(dst, src, n);
+  }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const AttentionShape& s) override {
     on("attention_forward", {out, lse, q, k, v}), inner_->attention_forward(out, lse, q, k, v, s);

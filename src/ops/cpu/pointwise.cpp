@@ -117,6 +117,28 @@ void CpuOps::fill(float* x, float value, std::int64_t n) {
   for (std::int64_t i = 0; i < n; i++) x[i] = value;
 }
 
+// Round to nearest even on the bits (as __float2bfloat16_rn): add 0x7fff plus the lowest kept
+// bit, truncate; a NaN keeps its sign and becomes a quiet NaN (rounding could make it inf).
+void CpuOps::to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) {
+#pragma omp parallel for num_threads(team(n)) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, &src[i], sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+      dst[i] = std::uint16_t((u >> 16) | 0x0040u);
+    else
+      dst[i] = std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+void CpuOps::from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) {
+#pragma omp parallel for num_threads(team(n)) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t u = std::uint32_t(src[i]) << 16;
+    std::memcpy(&dst[i], &u, sizeof u);
+  }
+}
+
 void CpuOps::copy(float* dst, const float* src, std::int64_t n) {
   if (n <= 0 || dst == src) return;
 #pragma omp parallel num_threads(team(n))

@@ -197,6 +197,14 @@ void CudaOps::copy(float* dst, const float* src, std::int64_t n) {
                                      cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaOps::to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) {
+  launch_to_bf16(stream_, dst, src, 1, n, n);
+}
+
+void CudaOps::from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) {
+  launch_from_bf16(stream_, dst, src, n);
+}
+
 double CudaOps::sum_squares(const float* x, std::int64_t n) {
   launch_sum_squares(stream_, sum_result_, sum_partial_, x, n);
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_result_, sum_result_, sizeof(double),

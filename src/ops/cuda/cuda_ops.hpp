@@ -19,11 +19,13 @@
 //         inputs to TF32 inside the GEMM; no extra memory or passes.
 //   bf16  inputs converted to packed bf16 in scratch (round to nearest even), then
 //         cublasGemmEx bf16 x bf16 -> fp32 with fp32 accumulation (CUBLAS_COMPUTE_32F), and
-//         fp32 outputs. Chosen over bf16 activations because the interface, the model, the
-//         optimizer state and every other kernel stay fp32 (no second copy of the weights, no
-//         loss scaling, nothing changes outside ops/cuda), at the cost of one conversion pass
-//         over both inputs per product (estimated, not measured: ~15% of a GPT-2-size GEMM; caching the
-//         bf16 weights between calls is the next step).
+//         fp32 outputs. The kernels' interface stays fp32; what is stored as bf16 is the
+//         model's stash (GptChunk::bf16_storage: each layer's large activations, packed with
+//         to_bf16 after the layer's forward and unpacked with from_bf16 into one fp32 layer
+//         before its backward), which halves the activation memory. Weights, gradients and
+//         the optimizer stay fp32 (no loss scaling). Not done: GEMMs reading the stored bf16
+//         directly (each product still converts its fp32 inputs in scratch; ~15% of a
+//         GPT-2-size GEMM, estimated) and a cached bf16 copy of the weights.
 // Attention's per-head products (strided-batched, read in place from qkv) have no packed
 // copy to convert, so under bf16 they use CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS rounds the
 // fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
@@ -53,7 +55,7 @@ class CudaOps final : public Ops {
 
   Device device() const override { return Device::cuda; }
   std::string name() const override;
-  Precision precision() const { return precision_; }
+  Precision precision() const override { return precision_; }
   cudaStream_t stream() const { return stream_; }
   DeviceMemory* memory() override { return memory_.get(); }
   CudaMemory& cuda_memory() { return *memory_; }
@@ -96,6 +98,8 @@ class CudaOps final : public Ops {
   double sum_squares(const float* x, std::int64_t n) override;
   void fill(float* x, float value, std::int64_t n) override;
   void copy(float* dst, const float* src, std::int64_t n) override;
+  void to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) override;
+  void from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) override;
 
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const AttentionShape& s) override;

@@ -105,6 +105,8 @@ void launch_bias_rows(cudaStream_t s, float* y, const float* bias, int n, int ou
 // dst[rows, cols] (packed) = bf16(src[rows, cols] with row stride ld), round to nearest even
 void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t rows,
                     std::int64_t cols, std::int64_t ld);
+// dst[n] = float(src[n] bf16), exact
+void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n);
 // *result = sum x^2 in double, deterministic (fixed grid, fixed reduction order); `partial`
 // holds sum_squares_blocks() doubles of scratch.
 void launch_sum_squares(cudaStream_t s, double* result, double* partial, const float* x,

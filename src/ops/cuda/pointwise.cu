@@ -3,7 +3,7 @@
 // loops, one element per thread per step.
 // defines: launch_gelu_forward, launch_gelu_backward, launch_swiglu_forward,
 //          launch_swiglu_backward, launch_add, launch_scale, launch_fill,
-//          launch_bias_rows, launch_to_bf16, launch_sum_squares, sum_squares_blocks,
+//          launch_bias_rows, launch_to_bf16, launch_from_bf16, launch_sum_squares, sum_squares_blocks,
 //          launch_adamw
 #include <cuda_bf16.h>
 
@@ -88,6 +88,10 @@ __global__ void bias_rows_kernel(float* y, const float* bias, std::int64_t total
 __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, std::int64_t rows,
                                std::int64_t cols, std::int64_t ld) {
   TRIDENT_GRID_STRIDE(i, rows * cols) dst[i] = __float2bfloat16_rn(src[(i / cols) * ld + i % cols]);
+}
+
+__global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, std::int64_t n) {
+  TRIDENT_GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
 }
 
 // Fixed grid and fixed reduction tree: the same sum on every call for a given n.
@@ -191,6 +195,12 @@ void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t ro
   to_bf16_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<__nv_bfloat16*>(dst), src,
                                                           rows, cols, ld);
   check_launch("to_bf16");
+}
+
+void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n) {
+  if (n <= 0) return;
+  from_bf16_kernel<<<grid_for(n), kBlock, 0, s>>>(dst, static_cast<const __nv_bfloat16*>(src), n);
+  check_launch("from_bf16");
 }
 
 int sum_squares_blocks() { return kSumBlocks; }

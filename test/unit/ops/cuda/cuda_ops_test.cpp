@@ -28,6 +28,8 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <string>
@@ -314,6 +316,28 @@ void check_elementwise(Ops& g, double, std::int64_t n) {
   EXPECT_TRUE(near(ga.host(), sum, 0.0)) << "add in place";
 }
 
+// The bf16 storage conversions (the model's stash under bf16): bit for bit the CPU's,
+// specials included (ties to even, overflow to inf, NaN kept, signed zero).
+void check_bf16(Ops& g, double, std::int64_t n) {
+  Rng r(1551u + unsigned(n));
+  FVec x = r.normal(std::size_t(n), 30.0);
+  const float special[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 3.4028235e38f,
+                           -std::numeric_limits<float>::infinity(), std::nanf(""), 1e-40f};
+  for (std::size_t i = 0; i < sizeof special / sizeof special[0] && i < x.size(); i++) x[i] = special[i];
+  std::vector<std::uint16_t> bits(x.size());
+  FVec back(x.size());
+  cpu().to_bf16(bits.data(), x.data(), n);
+  cpu().from_bf16(back.data(), bits.data(), n);
+  DevVec<float> gx(g, x), gback(g, FVec(x.size(), 777.0f));
+  DevVec<std::uint16_t> gbits(g, std::vector<std::uint16_t>(x.size(), 0x1234));
+  g.to_bf16(gbits.get(), gx.get(), n);
+  EXPECT_EQ(gbits.host(), bits) << "to_bf16";
+  DevVec<std::uint16_t> gin(g, bits);
+  g.from_bf16(gback.get(), gin.get(), n);
+  const FVec got = gback.host();
+  EXPECT_EQ(std::memcmp(got.data(), back.data(), got.size() * sizeof(float)), 0) << "from_bf16";
+}
+
 void check_sum_squares(Ops& g, double, std::int64_t n) {
   Rng r(1601u + unsigned(n));
   const FVec x = r.normal(std::size_t(n), 3.0);
@@ -525,6 +549,9 @@ std::vector<CudaCase> cases() {
   for (std::int64_t n : {7, 40001})
     cs.push_back({name_of("add_scale_fill_copy_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_elementwise(g, tol, n); }});
+  for (std::int64_t n : {1, 8, 40001})
+    cs.push_back({name_of("bf16_convert_n%lld", (long long)n), false, false,
+                  [=](Ops& g, double tol) { check_bf16(g, tol, n); }});
   for (std::int64_t n : {1, 1000, 3000017})
     cs.push_back({name_of("sum_squares_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_sum_squares(g, tol, n); }});

@@ -5,7 +5,9 @@
 // shapes. Norm as in cuda_ops_test.cpp: ||emulated - cpu||_inf <= tol ||cpu||_inf.
 // Not a CTest test; run.sh builds and runs it (about 10 s, most of it compiling).
 #include <cblas.h>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <utility>
 #include <vector>
@@ -194,6 +196,15 @@ int main() {
     cpu->add(s1.data(), a.data(), x.data(), n); launch_add(nullptr, s2.data(), a.data(), x.data(), n); cmp("  add", s2, s1, 0);
     cpu->scale(sc1.data(), -0.37f, n); launch_scale(nullptr, sc2.data(), -0.37f, n); cmp("  scale", sc2, sc1, 0);
     launch_fill(nullptr, f.data(), 2.5f, n); cmp("  fill", f, V(n, 2.5f), 0);
+  }
+  for (long n : {8L, 40001L}) {  // bf16 storage: bit for bit the CPU's conversions
+    V x = rnd(n, 30); float sp[] = {0, -0.0f, 1 + 0x1p-8f, 1 + 3 * 0x1p-8f, 3.4028235e38f, -INFINITY, NAN, 1e-40f};
+    for (int i = 0; i < 8; i++) x[i] = sp[i];
+    std::vector<std::uint16_t> b1(n), b2(n, 0x1234); V y1(n), y2(n, 7);
+    cpu->to_bf16(b1.data(), x.data(), n); cpu->from_bf16(y1.data(), b1.data(), n);
+    launch_to_bf16(nullptr, b2.data(), x.data(), 1, n, n); launch_from_bf16(nullptr, y2.data(), b1.data(), n);
+    bool ok = b1 == b2 && std::memcmp(y1.data(), y2.data(), n * sizeof(float)) == 0; bad += !ok;
+    printf("bf16 to/from n%-7ld %s\n", n, ok ? "ok  " : "BAD ");
   }
   for (long n : {1L, 1000L, 30011L}) {
     V x = rnd(n, 3); double want = cpu->sum_squares(x.data(), n);

@@ -1,0 +1,47 @@
+// predict_memory under bf16 storage (runtime.precision = "bf16" on a GPU): each layer's large
+// activations count 2 bytes an element, its per-row statistics 4, and one layer's fp32
+// working copy joins the scratch; weights, gradients and optimizer state stay fp32. The
+// expected figures are written out from the model's shapes, not from the carving functions.
+#include <gtest/gtest.h>
+
+#include "trident/model/memory.hpp"
+
+namespace trident::model {
+namespace {
+
+TEST(Memory, Bf16StorageCountsTheStashAtTwoBytes) {
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
+  MemoryLayout lay;
+  lay.micro_batch = 2;
+  lay.peak_stash = 3;
+  lay.host_memory = false;
+  const MemoryEstimate fp32 = predict_memory(cfg, lay);
+  lay.bf16_activations = true;
+  const MemoryEstimate bf16 = predict_memory(cfg, lay);
+
+  // N = B*T = 32 rows; per row ln1 C + qkv 3C + atty C + res2 C + ln2 C + fc 4C + gelu 4C
+  // = 15C = 480 large elements; statistics: 4 per row (two LayerNorms' mean and rstd) plus
+  // the log-sum-exps, B*NH*T = 128.
+  const std::int64_t large = 32 * 480, stats = 4 * 32 + 128, layers = 4;
+  EXPECT_EQ(fp32.activations_per_microbatch - bf16.activations_per_microbatch,
+            layers * large * 2);  // 4 bytes -> 2
+  EXPECT_EQ(fp32.activations - bf16.activations, 3 * layers * large * 2);
+  EXPECT_EQ(bf16.scratch - fp32.scratch, (large + stats) * 4);  // the working copy
+  EXPECT_EQ(bf16.weights, fp32.weights);
+  EXPECT_EQ(bf16.gradients, fp32.gradients);
+  EXPECT_EQ(bf16.optimizer, fp32.optimizer);
+  EXPECT_LT(bf16.peak(), fp32.peak());
+
+  // With recomputation the model keeps fp32 (GptChunk::bf16_storage): no change.
+  for (Recompute r : {Recompute::selective, Recompute::full}) {
+    lay.recompute = r;
+    lay.bf16_activations = false;
+    const std::int64_t plain = predict_memory(cfg, lay).peak();
+    lay.bf16_activations = true;
+    EXPECT_EQ(predict_memory(cfg, lay).peak(), plain);
+  }
+}
+
+}  // namespace
+}  // namespace trident::model
