@@ -12,7 +12,9 @@
 #   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
 #   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
 #      (bench/gpu_train_bench.py; trident runs as a single rank without mpirun);
-#   7. compute-sanitizer memcheck and racecheck over trident's own kernels (time-bounded).
+#   7. with PIPELINE_BEFORE (another trident), the pipeline's idle time at pp = 4 before and
+#      after on the CPU cores (bench/pipeline_bench.py --compare);
+#   8. compute-sanitizer memcheck and racecheck over trident's own kernels (time-bounded).
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
 # script ends with a table of the steps and exits 1 if any failed.
@@ -24,7 +26,8 @@
 # usage: bench/gpu_check.sh   knobs: PREBUILT, JOBS (nproc), BUILD (build-gpu), GEMM_REPS (20),
 #        STEP_REPS (5), SANITIZE (1), MEMCHECK_TIMEOUT (100 s), RACECHECK_TIMEOUT (45 s),
 #        CTEST_TIMEOUT (120 s), TRAIN_BENCH (1), TRAIN_BENCH_TIMEOUT (200 s), BUDGET_S (420 s:
-#        the steps after the build together), PYTHON (python3)
+#        the steps after the build together), PYTHON (python3), PIPELINE_BEFORE (unset),
+#        PIPELINE_TIMEOUT (120 s)
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -219,6 +222,30 @@ else
     step train_bench timeout "$t" "$python" "$src/bench/gpu_train_bench.py" --trident "$trident" \
          --cublas "$gemm" --out "$out/train_bench" --steps "${TRAIN_STEPS:-16}" \
          --timeout $(((t - 20) / 2))
+  fi
+fi
+
+# The pipeline's idle time at pp = 4, m = 8 on this machine's CPU cores (CPU backend, one
+# thread per rank: a core each, which a 2-core CI machine cannot give), this trident against
+# PIPELINE_BEFORE (another trident binary, e.g. one from before receives were posted ahead of
+# their actions): bench/pipeline_bench.py --pp 4 --compare. Needs mpirun; off unless set.
+if [ -z "${PIPELINE_BEFORE:-}" ]; then
+  skip pipeline_compare "PIPELINE_BEFORE not set"
+elif ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$trident" ]; then
+  skip pipeline_compare "no mpirun or no trident binary"
+else
+  t=$(bounded "${PIPELINE_TIMEOUT:-120}")
+  if [ "$t" -eq 0 ]; then
+    skip pipeline_compare "time budget spent"
+  else
+    mkdir -p "$out/pipeline/before" "$out/pipeline/after"
+    ln -sf "$(cd "$(dirname "$PIPELINE_BEFORE")" && pwd)/$(basename "$PIPELINE_BEFORE")" \
+       "$out/pipeline/before/trident"
+    ln -sf "$trident" "$out/pipeline/after/trident"
+    step pipeline_compare timeout "$t" env PYTHON="$python" OMPI_ALLOW_RUN_AS_ROOT=1 \
+         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+         "$python" "$src/bench/pipeline_bench.py" --pp 4 --build "$out/pipeline/after" \
+         --compare "$out/pipeline/before"
   fi
 fi
 

@@ -11,9 +11,10 @@ each rank:
     for that stage (GPipe m, 1F1B min(p - stage, m), ...);
   - data dependencies hold in wall-clock time across ranks: F(mb) on virtual stage v starts
     after F(mb) on v - 1 ended, B(mb) on v after B(mb) on v + 1 ended;
-  - every event carries mb and chunk; waits name a peer;
-  - zb-h1's W actions do real work (the weight gradients): the fastest W takes more than
-    0.2 x the fastest B.
+  - every event carries mb and chunk; waits name a peer.
+That zb-h1's W actions compute the weight gradients is held by the layout tests (zb-h1's
+gradients equal the serial run's), not here by the actions' durations: a test checks
+behaviour, never wall-clock time.
 The check distinguishes schedules (gpipe's trace does not pass for 1f1b's list).
 Then a 2-step `trident train` with io.trace_step = 2 writes step 2's trace, and
 tools/plot_pipeline.py draws it: a non-empty PNG, and its per-rank action lists equal the
@@ -106,13 +107,6 @@ def main():
     # The comparison can fail: gpipe's executed order is not 1f1b's list.
     gp = " ".join(e["name"] for e in actions_of(docs["gpipe"][0][0]))
     t.check(gp != docs["1f1b"][1]["actions"][0], "control: gpipe's trace differs from 1f1b's schedule")
-    # zb-h1 splits the backward for real: W computes the weight gradients (about half of a
-    # backward's work), so its actions take time, not just B's. The fastest of each is
-    # compared: on shared cores a preempted action only ever takes longer.
-    for stage, doc in docs["zb-h1"][0].items():
-        b = min(e["dur"] for e in actions_of(doc) if e["cat"] == "B")
-        w = min(e["dur"] for e in actions_of(doc) if e["cat"] == "W")
-        t.check(w > 0.2 * b, f"zb-h1: stage {stage} fastest W {w:.0f} us vs fastest B {b:.0f} us (> 0.2 x)")
     t.check(docs["gpipe"][0][0]["otherData"]["peak_live"] != docs["1f1b"][0][0]["otherData"]["peak_live"],
             "control: gpipe's peak stash differs from 1f1b's on stage 0")
 
