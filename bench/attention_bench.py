@@ -7,7 +7,8 @@ same threads:
   2. the whole training step at T = 2048 (1 layer, d_model 768, 12 heads, batch 1):
      `trident train`'s median step time and its peak RSS (wait4's ru_maxrss), for this build
      and, when BENCH_BEFORE_TRIDENT names another trident binary (one from before flash
-     attention), for that one too.
+     attention), for that one too; the two alternate BENCH_STEP_ROUNDS times (default 3) and
+     the medians of the runs' median step times are compared.
 Goals: memory linear in T; the step at T = 2048 >= 1.3x faster than before.
 usage: attention_bench.py --build BUILD [--json PATH]
 """
@@ -27,6 +28,7 @@ THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 LENGTHS = [512, 1024, 2048, 4096]
 STEP_T = 2048
 STEPS = int(os.environ.get("BENCH_ATTENTION_STEPS", "6"))
+ROUNDS = int(os.environ.get("BENCH_STEP_ROUNDS", "3"))
 
 
 def log(msg):
@@ -110,10 +112,21 @@ train = "train.h5"
 [runtime]
 threads = {THREADS}
 """)
-    steps = {"after": run_step(trident, work, "after", env)}
+    # The machine may be shared: before and after alternate, ROUNDS times each, and the medians
+    # are compared (with the spread printed).
+    binaries = {"after": trident}
     before = os.environ.get("BENCH_BEFORE_TRIDENT")
     if before:
-        steps["before"] = run_step(before, work, "before", env)
+        binaries["before"] = before
+    runs = {name: [] for name in binaries}
+    for _ in range(ROUNDS):
+        for name, binary in binaries.items():
+            r = run_step(binary, work, name, env)
+            if r:
+                runs[name].append(r)
+    steps = {name: (statistics.median(x[0] for x in v), max(x[1] for x in v),
+                    min(x[0] for x in v), max(x[0] for x in v))
+             for name, v in runs.items() if v}
 
     kind = next((r["torch"].get("kind") for r in rows.values() if "torch" in r), "-")
     print(f"\nPyTorch: {kind} ('math' = softmax(q k^T) v written out: this torch has no SDPA)")
@@ -134,14 +147,20 @@ threads = {THREADS}
               f"{f(fb / 2**20 if fb else None, '10.2f')} {f(nb / 2**20 if nb else None, '10.1f')}")
     print(f"\nWhole training step at T = {STEP_T} (1 layer, d_model 768, 12 heads, batch 1):")
     for name, v in steps.items():
-        if v:
-            print(f"  {name:6s}: {v[0] * 1e3:8.1f} ms/step, peak RSS {v[1] / 2**20:7.1f} MiB")
+        print(f"  {name:6s}: {v[0] * 1e3:8.1f} ms/step (median of {len(runs[name])} runs; "
+              f"{v[2] * 1e3:.0f}..{v[3] * 1e3:.0f}), peak RSS {v[1] / 2**20:7.1f} MiB")
     if steps.get("before") and steps.get("after"):
         print(f"  speed-up {steps['before'][0] / steps['after'][0]:.2f}x (goal >= 1.3x), "
               f"memory {steps['after'][1] / steps['before'][1]:.2f}x")
+        # What attention could give at most: the step if the flash forward + backward were free.
+        fl = rows.get(STEP_T, {}).get("flash", {}).get("ms")
+        if fl and steps["after"][0] * 1e3 > fl:
+            rest = steps["after"][0] - fl / 1e3
+            print(f"  the step without attention ~{rest * 1e3:.0f} ms: at most "
+                  f"{steps['before'][0] / rest:.2f}x with attention free")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"attention": rows, "step": steps, "threads": THREADS}, f, indent=1)
+            json.dump({"attention": rows, "step": steps, "step_runs": runs, "threads": THREADS}, f, indent=1)
     return 0
 
 

@@ -33,7 +33,9 @@ fi
 
 "$python" "$src/bench/bench.py" --build "$build" --sgemm "$sgemm" "${skip[@]}"
 # Long sequences (issue 18): flash attention against the T x T path and PyTorch's SDPA, and the
-# whole step at T = 2048 (BENCH_BEFORE_TRIDENT: a trident binary from before, to compare).
+# whole step at T = 2048 (BENCH_BEFORE_TRIDENT: a trident binary from before, to compare, e.g.
+# `git archive 5455ae0` built with `make build`: the last commit with the T x T path in the step;
+# BENCH_STEP_ROUNDS: how many times before and after alternate, default 3).
 if (( ${#skip[@]} == 0 )) && cmake --build "$build" --target trident_bench_attention -j "$(nproc)" >/dev/null; then
   results=${OUT:-$build/bench-work}
   mkdir -p "$results"
