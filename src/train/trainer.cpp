@@ -26,6 +26,9 @@ std::vector<model::StageLayout> stage_layout(const Config& cfg,
 Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
     : cfg_(cfg), ps_(ps), ops_(ops), rss_at_start_(resident_bytes()) {
   TRIDENT_CHECK(cfg.model.vocab_size > 0, "model.vocab_size is 0 and no dataset gave one");
+  // On a device the arena already holds the backend's own blocks (the cuBLAS workspace): its
+  // measured high-water mark counts them, so the prediction does too.
+  const std::int64_t backend_bytes = ops.memory() ? std::int64_t(ops.memory()->used()) : 0;
   model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
                                              cfg.parallel.micro_batch_size,
                                              cfg.parallel.recompute.get(),
@@ -60,6 +63,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
     }
   }
   memory_estimate_ = model::predict_memory(cfg.model, lay);
+  memory_estimate_.libraries = backend_bytes;
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
             lay.peak_stash, " microbatch-chunks of ",
             model::format_bytes(memory_estimate_.activations_per_microbatch),
