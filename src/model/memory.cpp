@@ -81,6 +81,21 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   if (lay.recompute == Recompute::full || bf16) scratch += layer_store;  // one layer in fp32
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
+  if (!lay.host_memory) {
+    // The device backend's own scratch (CudaOps::scratch: 1.25x the largest need, >= 1 MiB).
+    std::int64_t need = 0;
+    if (lay.bf16_products) {
+      // bf16 copies of both inputs of each product of a linear [N, in] -> [N, out]: forward
+      // x.W, input gradient dy.W^T, weight gradient x^T.dy.
+      auto linear = [&](std::int64_t in, std::int64_t out) {
+        need = std::max({need, 2 * (N * in + in * out), 2 * (N * out + in * out),
+                         2 * (N * in + N * out)});
+      };
+      linear(C, C3), linear(d.Ca, C), linear(C, F1), linear(F, C);
+      if (head) linear(C, Vl);
+    }
+    e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
+  }
 
   // GptChunk::init_weights draws the weights into a host vector, then copies them over.
   e.staging = lay.host_memory ? params * kFloat : 0;

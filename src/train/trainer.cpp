@@ -50,6 +50,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.zero1 = cfg.parallel.zero_stage == 1;
   lay.host_memory = ops.memory() == nullptr;
   lay.bf16_activations = model_->bf16_storage();
+  lay.bf16_products = ops.memory() && ops.precision() == ops::Precision::bf16;
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
     try {

@@ -39,6 +39,10 @@ struct MemoryLayout {
   // layer's large tensors stashed at 2 bytes (carve_packed_layer), plus one layer's fp32
   // working copy in scratch.
   bool bf16_activations = false;
+  // runtime.precision = "bf16" on a device: each matrix product converts its two fp32 inputs
+  // to bf16 in the backend's scratch, which grows to 1.25x the largest product's need
+  // (ops/cuda/cuda_ops.cpp): counted in scratch (the LM head's is the largest, ~N * Vl).
+  bool bf16_products = false;
 };
 
 struct MemoryEstimate {

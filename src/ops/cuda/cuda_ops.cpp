@@ -81,8 +81,9 @@ BumpBlock& CudaOps::scratch(std::size_t bytes) {
   if (bytes > scratch_.capacity()) {
     // Ops queued earlier may still read the old scratch: wait for them before releasing it.
     TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    const std::size_t grown =
-        aligned_bytes(std::max({bytes + bytes / 4, 2 * scratch_.capacity(), kMinScratch}));
+    // 1.25x the need, not doubling: the ops repeat every step, so it settles after the first,
+    // at a size model::predict_memory can know.
+    const std::size_t grown = aligned_bytes(std::max(bytes + bytes / 4, kMinScratch));
     memory_->release(scratch_.base());  // first: the old and new together may not fit
     scratch_ = BumpBlock();
     std::size_t size = grown;

@@ -85,9 +85,19 @@ __global__ void bias_rows_kernel(float* y, const float* bias, std::int64_t total
   TRIDENT_GRID_STRIDE(i, total) y[i] = bias[i % out];
 }
 
-__global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, std::int64_t rows,
+// Round to nearest even in integer arithmetic, the CPU backend's rule bit for bit. Not
+// __float2bfloat16_rn: on the H200 it turns every NaN into one canonical 0x7fff, where the
+// CPU keeps the sign and payload (quieted), and ops.cuda's bf16_convert failed on that.
+__device__ __forceinline__ unsigned short bf16_bits(float v) {
+  unsigned int u;
+  memcpy(&u, &v, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__global__ void to_bf16_kernel(unsigned short* dst, const float* src, std::int64_t rows,
                                std::int64_t cols, std::int64_t ld) {
-  TRIDENT_GRID_STRIDE(i, rows * cols) dst[i] = __float2bfloat16_rn(src[(i / cols) * ld + i % cols]);
+  TRIDENT_GRID_STRIDE(i, rows * cols) dst[i] = bf16_bits(src[(i / cols) * ld + i % cols]);
 }
 
 __global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, std::int64_t n) {
@@ -192,7 +202,7 @@ void launch_bias_rows(cudaStream_t s, float* y, const float* bias, int n, int ou
 void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t rows,
                     std::int64_t cols, std::int64_t ld) {
   if (rows <= 0 || cols <= 0) return;
-  to_bf16_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<__nv_bfloat16*>(dst), src,
+  to_bf16_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<unsigned short*>(dst), src,
                                                           rows, cols, ld);
   check_launch("to_bf16");
 }

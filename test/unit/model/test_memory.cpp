@@ -43,5 +43,25 @@ TEST(Memory, Bf16StorageCountsTheStashAtTwoBytes) {
   }
 }
 
+// bf16 products on a device: the backend converts both inputs of each product in its scratch,
+// which settles at 1.25x the largest need; for GPT-2 small's shapes that is the LM head's
+// input gradient, dlogits [N, V] . wte [V, C] (ops/cuda/cuda_ops.cpp, matmul.cpp).
+TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
+  ModelConfig cfg;
+  cfg.vocab_size = 50304, cfg.seq_len = 1024, cfg.n_layer = 12, cfg.n_head = 12, cfg.d_model = 768;
+  MemoryLayout lay;
+  lay.micro_batch = 8;
+  lay.host_memory = false;
+  const MemoryEstimate fp32 = predict_memory(cfg, lay);
+  lay.bf16_products = true;
+  const MemoryEstimate bf16 = predict_memory(cfg, lay);
+  const std::int64_t N = 8 * 1024, V = 50304, C = 768;
+  const std::int64_t need = 2 * (N * V + V * C);  // bytes of the two bf16 copies
+  EXPECT_EQ(bf16.scratch - fp32.scratch, need + need / 4 - (std::int64_t(1) << 20));
+  // On the CPU there is no backend scratch, whatever the flag says.
+  lay.host_memory = true;
+  EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
+}
+
 }  // namespace
 }  // namespace trident::model

@@ -1,5 +1,6 @@
 // emulate/shim/cuda_bf16.h — bfloat16 as far as trident needs it: conversion from float with
-// round to nearest even (NaN stays a quiet NaN, as __float2bfloat16_rn), and back (exact).
+// round to nearest even (NaN stays a quiet NaN with its payload; on a real GPU
+// __float2bfloat16_rn returns one canonical NaN, so trident's kernels do not use it), and back.
 #pragma once
 #include <cstdint>
 #include <cstring>
