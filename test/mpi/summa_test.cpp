@@ -1,0 +1,189 @@
+// 2D tensor parallelism's building blocks under mpirun, the whole world as one TP group of
+// q*q ranks: the row and column communicators (parallel/tp_grid2d.hpp) and the SUMMA linear
+// layer (model/summa.hpp) against the serial products computed in double on every rank, with
+// the bytes each communicator counts against summa_*_bytes' closed form.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <vector>
+
+#include "trident/model/summa.hpp"
+#include "trident/parallel/tp_grid2d.hpp"
+
+namespace par = trident::parallel;
+namespace model = trident::model;
+
+namespace {
+
+// Element (i, j) of a named global matrix: distinct, irregular, exactly representable.
+double value(int tag, int i, int j) { return double(((i * 7 + j * 13 + tag * 5) % 17) - 8) / 8.0; }
+
+struct Matrix {
+  int rows, cols;
+  std::vector<double> v;
+  Matrix(int r, int c) : rows(r), cols(c), v(std::size_t(r) * std::size_t(c), 0.0) {}
+  double& at(int i, int j) { return v[std::size_t(i) * std::size_t(cols) + std::size_t(j)]; }
+  double at(int i, int j) const { return v[std::size_t(i) * std::size_t(cols) + std::size_t(j)]; }
+};
+
+Matrix global(int tag, int rows, int cols) {
+  Matrix a(rows, cols);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) a.at(i, j) = value(tag, i, j);
+  return a;
+}
+
+// op(A) @ op(B) in double.
+Matrix product(const Matrix& a, bool ta, const Matrix& b, bool tb) {
+  const int m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols, n = tb ? b.rows : b.cols;
+  Matrix c(m, n);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int l = 0; l < k; ++l) s += (ta ? a.at(l, i) : a.at(i, l)) * (tb ? b.at(j, l) : b.at(l, j));
+      c.at(i, j) = s;
+    }
+  return c;
+}
+
+// Block (r, c) of a q x q blocking, as the float buffer a rank holds.
+std::vector<float> block(const Matrix& a, const par::Tp2dCoord& rc, int q) {
+  const int br = a.rows / q, bc = a.cols / q;
+  std::vector<float> out;
+  for (int i = 0; i < br; ++i)
+    for (int j = 0; j < bc; ++j) out.push_back(float(a.at(rc.row * br + i, rc.col * bc + j)));
+  return out;
+}
+
+void expect_block(const std::vector<float>& got, const Matrix& want, const par::Tp2dCoord& rc,
+                  int q, double offset, const char* what) {
+  const std::vector<float> w = block(want, rc, q);
+  ASSERT_EQ(got.size(), w.size()) << what;
+  for (std::size_t i = 0; i < w.size(); ++i)
+    EXPECT_NEAR(got[i], double(w[i]) + offset, 1e-5) << what << " element " << i;
+}
+
+struct WorldGrid {  // the world as one q x q TP grid
+  par::Comm world = par::Comm::world();
+  par::Tp2dGrid grid = par::make_tp2d_grid(world);
+  std::unique_ptr<trident::ops::Ops> ops = trident::ops::make_cpu_ops(1);
+};
+
+}  // namespace
+
+TEST(Tp2dGrid, RowAndColumnCommunicators) {
+  WorldGrid s;
+  const int q = s.grid.q, r = s.world.rank();
+  ASSERT_EQ(q * q, s.world.size());
+  EXPECT_EQ(s.grid.coord.row, r / q);
+  EXPECT_EQ(s.grid.coord.col, r % q);
+  EXPECT_EQ(s.grid.row.size(), q);
+  EXPECT_EQ(s.grid.col.size(), q);
+  EXPECT_EQ(s.grid.row.rank(), s.grid.coord.col);
+  EXPECT_EQ(s.grid.col.rank(), s.grid.coord.row);
+  // Members by the sum of their world ranks: row r holds r*q .. r*q+q-1, column c holds
+  // c, c+q, ..., c+(q-1)q.
+  int row_sum = r, col_sum = r;
+  s.grid.row.allreduce_max(&row_sum, 1);  // the largest member, then the sum
+  EXPECT_EQ(row_sum, s.grid.coord.row * q + q - 1);
+  std::vector<double> mine{double(r)};
+  s.grid.row.allreduce_sum(mine.data(), 1);
+  EXPECT_EQ(mine[0], q * s.grid.coord.row * q + q * (q - 1) / 2.0);
+  mine[0] = r;
+  s.grid.col.allreduce_sum(mine.data(), 1);
+  EXPECT_EQ(mine[0], q * s.grid.coord.col + q * (q - 1) / 2.0 * q);
+  s.grid.col.allreduce_max(&col_sum, 1);
+  EXPECT_EQ(col_sum, (q - 1) * q + s.grid.coord.col);
+  EXPECT_EQ(s.grid.row.name(), "tp_row");
+  EXPECT_EQ(s.grid.col.name(), "tp_col");
+}
+
+TEST(Summa, ForwardAndBackwardMatchTheSerialProducts) {
+  WorldGrid s;
+  const int q = s.grid.q;
+  const model::SummaShape shape{6 * q, 4 * q, 5 * q};  // odd block shapes: 6x4 @ 4x5
+  const Matrix x = global(1, shape.m, shape.k), w = global(2, shape.k, shape.n),
+               dy = global(3, shape.m, shape.n);
+  const auto rc = s.grid.coord;
+  model::SummaLinear lin(*s.ops, s.grid, shape);
+  std::vector<float> xb = block(x, rc, q), wb = block(w, rc, q), dyb = block(dy, rc, q);
+  std::vector<float> y(std::size_t(shape.m / q) * std::size_t(shape.n / q), -1.0f);
+  s.grid.row.reset_counters();
+  s.grid.col.reset_counters();
+
+  lin.forward(y.data(), xb.data(), wb.data());
+  expect_block(y, product(x, false, w, false), rc, q, 0.0, "Y = X W");
+  const model::SummaBytes fwd = model::summa_forward_bytes(q, shape);
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, fwd.row);
+  EXPECT_DOUBLE_EQ(s.grid.col.counters().bytes, fwd.col);
+  if (q > 1) {
+    EXPECT_DOUBLE_EQ(fwd.row, 4.0 * 6 * 4);  // one X block of 6 x 4 floats, as the root
+    EXPECT_DOUBLE_EQ(fwd.col, 4.0 * 4 * 5);
+    EXPECT_EQ(s.grid.row.counters().calls, q);
+    EXPECT_EQ(s.grid.col.counters().calls, q);
+  }
+
+  s.grid.row.reset_counters();
+  s.grid.col.reset_counters();
+  std::vector<float> dx(xb.size(), -1.0f), dw(wb.size(), 0.5f);  // dw accumulates onto 0.5
+  lin.backward(dx.data(), dw.data(), dyb.data(), xb.data(), wb.data());
+  expect_block(dx, product(dy, false, w, true), rc, q, 0.0, "dX = dY W^T");
+  expect_block(dw, product(x, true, dy, false), rc, q, 0.5, "dW += X^T dY");
+  const model::SummaBytes bwd = model::summa_backward_bytes(q, shape);
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, bwd.row);
+  EXPECT_DOUBLE_EQ(s.grid.col.counters().bytes, bwd.col);
+  if (q > 1) {
+    EXPECT_DOUBLE_EQ(bwd.row, q * 4.0 * 6 * 4);
+    EXPECT_DOUBLE_EQ(bwd.col, q * 4.0 * 4 * 5);
+  }
+
+  // Without dx (a first layer): dW alone; no W broadcasts, no dX reduce-scatter.
+  s.grid.row.reset_counters();
+  s.grid.col.reset_counters();
+  std::fill(dw.begin(), dw.end(), 0.0f);
+  lin.backward(nullptr, dw.data(), dyb.data(), xb.data(), wb.data());
+  expect_block(dw, product(x, true, dy, false), rc, q, 0.0, "dW without dX");
+  const model::SummaBytes first = model::summa_backward_bytes(q, shape, false);
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, first.row);
+  EXPECT_DOUBLE_EQ(s.grid.col.counters().bytes, first.col);
+  if (q > 1) {
+    EXPECT_DOUBLE_EQ(first.row, 4.0 * 6 * 4);
+    EXPECT_DOUBLE_EQ(first.col, (q - 1) * 4.0 * 4 * 5);
+  }
+}
+
+TEST(Summa, ChainedLayersKeepTheBlockLayout) {
+  // Y = (X W1) W2: the first layer's output blocks are the second's input blocks.
+  WorldGrid s;
+  const int q = s.grid.q;
+  const model::SummaShape first{2 * q, 3 * q, 4 * q}, second{2 * q, 4 * q, 2 * q};
+  const Matrix x = global(4, first.m, first.k), w1 = global(5, first.k, first.n),
+               w2 = global(6, second.k, second.n);
+  const auto rc = s.grid.coord;
+  model::SummaLinear l1(*s.ops, s.grid, first), l2(*s.ops, s.grid, second);
+  std::vector<float> xb = block(x, rc, q), w1b = block(w1, rc, q), w2b = block(w2, rc, q);
+  std::vector<float> h(std::size_t(2 * 4)), y(std::size_t(2 * 2));
+  l1.forward(h.data(), xb.data(), w1b.data());
+  l2.forward(y.data(), h.data(), w2b.data());
+  expect_block(y, product(product(x, false, w1, false), false, w2, false), rc, q, 0.0,
+               "(X W1) W2");
+}
+
+TEST(Summa, RejectsShapesThatDoNotSplit) {
+  WorldGrid s;
+  if (s.grid.q == 1) GTEST_SKIP() << "every shape splits over one rank";
+  EXPECT_THROW(model::SummaLinear(*s.ops, s.grid, model::SummaShape{3, 4, 4}), trident::Error);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) GTEST_FLAG_SET(brief, true);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rc = RUN_ALL_TESTS();
+  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return rc;
+}
