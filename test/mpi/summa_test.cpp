@@ -1,13 +1,15 @@
 // 2D tensor parallelism's building blocks under mpirun, the whole world as one TP group of
-// q*q ranks: the row and column communicators (parallel/tp_grid2d.hpp) and the SUMMA linear
-// layer (model/summa.hpp) against the serial products computed in double on every rank, with
-// the bytes each communicator counts against summa_*_bytes' closed form.
+// q*q ranks: the row and column communicators (parallel/tp_grid2d.hpp), the SUMMA linear
+// layer (model/summa.hpp) and the 2D LayerNorm (model/layernorm2d.hpp) against the serial
+// results computed in double on every rank, with the bytes each communicator counts against
+// their closed forms.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
 #include <vector>
 
+#include "trident/model/layernorm2d.hpp"
 #include "trident/model/summa.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 
@@ -174,6 +176,63 @@ TEST(Summa, RejectsShapesThatDoNotSplit) {
   WorldGrid s;
   if (s.grid.q == 1) GTEST_SKIP() << "every shape splits over one rank";
   EXPECT_THROW(model::SummaLinear(*s.ops, s.grid, model::SummaShape{3, 4, 4}), trident::Error);
+}
+
+TEST(LayerNorm2d, ForwardAndBackwardMatchTheSerialLayerNorm) {
+  WorldGrid s;
+  const int q = s.grid.q, m = 3 * q, c = 4 * q;
+  const double eps = 1e-5;
+  const Matrix x = global(7, m, c), dy = global(8, m, c), gb = global(9, 2, c);
+  // Serial LayerNorm and its gradients in double.
+  Matrix y(m, c), dx(m, c), dg(1, c), db(1, c);
+  for (int i = 0; i < m; ++i) {
+    double mu = 0, var = 0;
+    for (int j = 0; j < c; ++j) mu += x.at(i, j) / c;
+    for (int j = 0; j < c; ++j) var += (x.at(i, j) - mu) * (x.at(i, j) - mu) / c;
+    const double rs = 1.0 / std::sqrt(var + eps);
+    double m1 = 0, m2 = 0;
+    for (int j = 0; j < c; ++j) {
+      const double xhat = (x.at(i, j) - mu) * rs;
+      y.at(i, j) = xhat * (1.0 + gb.at(0, j)) + gb.at(1, j);
+      m1 += dy.at(i, j) * (1.0 + gb.at(0, j)) / c;
+      m2 += dy.at(i, j) * (1.0 + gb.at(0, j)) * xhat / c;
+      dg.at(0, j) += dy.at(i, j) * xhat;
+      db.at(0, j) += dy.at(i, j);
+    }
+    for (int j = 0; j < c; ++j) {
+      const double xhat = (x.at(i, j) - mu) * rs;
+      dx.at(i, j) = rs * (dy.at(i, j) * (1.0 + gb.at(0, j)) - m1 - xhat * m2);
+    }
+  }
+  const auto rc = s.grid.coord;
+  const int mb = m / q, cb = c / q;
+  std::vector<float> g(cb), b(cb);  // this grid column's gain and bias
+  for (int j = 0; j < cb; ++j) {
+    g[j] = float(1.0 + gb.at(0, rc.col * cb + j));
+    b[j] = float(gb.at(1, rc.col * cb + j));
+  }
+  model::LayerNorm2d ln(*s.ops, s.grid, m, c, float(eps));
+  std::vector<float> xb = block(x, rc, q), dyb = block(dy, rc, q), yb(xb.size()),
+                     dxb(xb.size()), mean(mb), rstd(mb), dgb(cb, 0.0f), dbb(cb, 0.0f);
+  s.grid.row.reset_counters();
+  s.grid.col.reset_counters();
+  ln.forward(yb.data(), mean.data(), rstd.data(), xb.data(), g.data(), b.data());
+  expect_block(yb, y, rc, q, 0.0, "LayerNorm y");
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, model::layernorm2d_row_bytes(q, m));
+  ln.backward(dxb.data(), dgb.data(), dbb.data(), dyb.data(), xb.data(), mean.data(),
+              rstd.data(), g.data());
+  expect_block(dxb, dx, rc, q, 0.0, "LayerNorm dx");
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, 2 * model::layernorm2d_row_bytes(q, m));
+  ln.reduce_param_grads(dgb.data(), dbb.data());
+  for (int j = 0; j < cb; ++j) {
+    EXPECT_NEAR(dgb[j], dg.at(0, rc.col * cb + j), 1e-5) << "dg " << j;
+    EXPECT_NEAR(dbb[j], db.at(0, rc.col * cb + j), 1e-5) << "db " << j;
+  }
+  EXPECT_DOUBLE_EQ(s.grid.col.counters().bytes, model::layernorm2d_param_bytes(q, c));
+  if (q > 1) {
+    EXPECT_DOUBLE_EQ(model::layernorm2d_row_bytes(q, m), 2.0 * (q - 1) / q * 16 * mb);
+    EXPECT_DOUBLE_EQ(model::layernorm2d_param_bytes(q, c), 2 * 2.0 * (q - 1) / q * 4 * cb);
+  }
 }
 
 int main(int argc, char** argv) {
