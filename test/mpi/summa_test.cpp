@@ -2,13 +2,15 @@
 // q*q ranks: the row and column communicators (parallel/tp_grid2d.hpp), the SUMMA linear
 // layer (model/summa.hpp) and the 2D LayerNorm (model/layernorm2d.hpp) against the serial
 // results computed in double on every rank, with the bytes each communicator counts against
-// their closed forms.
+// their closed forms; the attention sublayer (SUMMA c_attn, local attention with the
+// model/attention2d.hpp layout, SUMMA c_proj) against the same ops run serially.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
 #include <vector>
 
+#include "trident/model/attention2d.hpp"
 #include "trident/model/layernorm2d.hpp"
 #include "trident/model/summa.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
@@ -233,6 +235,83 @@ TEST(LayerNorm2d, ForwardAndBackwardMatchTheSerialLayerNorm) {
     EXPECT_DOUBLE_EQ(model::layernorm2d_row_bytes(q, m), 2.0 * (q - 1) / q * 16 * mb);
     EXPECT_DOUBLE_EQ(model::layernorm2d_param_bytes(q, c), 2 * 2.0 * (q - 1) / q * 4 * cb);
   }
+}
+
+namespace {
+Matrix from_floats(const std::vector<float>& v, int rows, int cols) {
+  Matrix a(rows, cols);
+  for (std::size_t i = 0; i < v.size(); ++i) a.v[i] = v[i];
+  return a;
+}
+std::vector<float> floats(const Matrix& a) { return std::vector<float>(a.v.begin(), a.v.end()); }
+}  // namespace
+
+TEST(Attention2d, QkvColumnOrderInterleavesHeadsPerGridColumn) {
+  // C = 4, q = 2: block 0 = q0 q1 k0 k1 v0 v1 (serial columns 0 1 4 5 8 9), block 1 the rest.
+  const std::vector<std::int64_t> want{0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11};
+  for (int col = 0; col < 12; ++col) EXPECT_EQ(model::qkv2d_global_column(col, 4, 2), want[col]);
+  for (int col = 0; col < 12; ++col) EXPECT_EQ(model::qkv2d_global_column(col, 4, 1), col);
+  EXPECT_THROW(model::attention2d_shape(3, 4, 8, 2, 2), trident::Error);  // 3 sequences
+  EXPECT_THROW(model::attention2d_shape(2, 4, 6, 3, 2), trident::Error);  // 3 heads
+}
+
+TEST(Attention2d, SublayerMatchesTheSerialOps) {
+  WorldGrid s;
+  const int q = s.grid.q, B = 2 * q, T = 3, NH = 2 * q, C = 4 * NH, N = B * T;
+  trident::ops::Ops& ops = *s.ops;
+  const Matrix x = global(10, N, C), wqkv = global(11, C, 3 * C), wproj = global(12, C, C),
+               dy = global(13, N, C);
+  // Serial: qkv = X Wqkv, attention, y = out Wproj, and the backward, with the same kernels.
+  std::vector<float> fx = floats(x), fwqkv = floats(wqkv), fwproj = floats(wproj),
+                     fdy = floats(dy), qkv(std::size_t(N) * 3 * C), out(std::size_t(N) * C),
+                     lse(std::size_t(B) * NH * T), y(std::size_t(N) * C), dout(out.size()),
+                     dqkv(qkv.size()), dx(fx.size()), dwqkv(fwqkv.size(), 0.0f),
+                     dwproj(fwproj.size(), 0.0f);
+  const auto shape = trident::ops::attention_shape_qkv(B, T, C, NH);
+  ops.linear_forward(qkv.data(), fx.data(), fwqkv.data(), nullptr, N, C, 3 * C);
+  ops.attention_forward(out.data(), lse.data(), qkv.data(), qkv.data() + C, qkv.data() + 2 * C,
+                        shape);
+  ops.linear_forward(y.data(), out.data(), fwproj.data(), nullptr, N, C, C);
+  ops.linear_backward(dout.data(), dwproj.data(), nullptr, fdy.data(), out.data(),
+                      fwproj.data(), N, C, C);
+  ops.attention_backward(dqkv.data(), dqkv.data() + C, dqkv.data() + 2 * C, dout.data(),
+                         out.data(), lse.data(), qkv.data(), qkv.data() + C, qkv.data() + 2 * C,
+                         shape);
+  ops.linear_backward(dx.data(), dwqkv.data(), nullptr, dqkv.data(), fx.data(), fwqkv.data(),
+                      N, C, 3 * C);
+
+  // 2D: W_qkv in the 2D column order, every matrix in blocks.
+  Matrix w2d(C, 3 * C), dw2d_want(C, 3 * C);
+  const Matrix dwqkv_serial = from_floats(dwqkv, C, 3 * C);
+  for (int i = 0; i < C; ++i)
+    for (int j = 0; j < 3 * C; ++j) {
+      const auto g = int(model::qkv2d_global_column(j, C, q));
+      w2d.at(i, j) = wqkv.at(i, g);
+      dw2d_want.at(i, j) = dwqkv_serial.at(i, g);
+    }
+  const auto rc = s.grid.coord;
+  const int mb = N / q, cb = C / q;
+  model::SummaLinear c_attn(ops, s.grid, {N, C, 3 * C}), c_proj(ops, s.grid, {N, C, C});
+  const auto local = model::attention2d_shape(B, T, C, NH, q);
+  std::vector<float> xb = block(x, rc, q), wb = block(w2d, rc, q), pb = block(wproj, rc, q),
+                     dyb = block(dy, rc, q), qkvb(std::size_t(mb) * 3 * cb),
+                     outb(std::size_t(mb) * cb), lseb(std::size_t(B / q) * (NH / q) * T),
+                     yb(outb.size()), doutb(outb.size()), dqkvb(qkvb.size()), dxb(xb.size()),
+                     dwb(wb.size(), 0.0f), dpb(pb.size(), 0.0f);
+  c_attn.forward(qkvb.data(), xb.data(), wb.data());
+  ops.attention_forward(outb.data(), lseb.data(), qkvb.data(), qkvb.data() + cb,
+                        qkvb.data() + 2 * cb, local);
+  c_proj.forward(yb.data(), outb.data(), pb.data());
+  expect_block(outb, from_floats(out, N, C), rc, q, 0.0, "attention output");
+  expect_block(yb, from_floats(y, N, C), rc, q, 0.0, "y");
+  c_proj.backward(doutb.data(), dpb.data(), dyb.data(), outb.data(), pb.data());
+  ops.attention_backward(dqkvb.data(), dqkvb.data() + cb, dqkvb.data() + 2 * cb, doutb.data(),
+                         outb.data(), lseb.data(), qkvb.data(), qkvb.data() + cb,
+                         qkvb.data() + 2 * cb, local);
+  c_attn.backward(dxb.data(), dwb.data(), dqkvb.data(), xb.data(), wb.data());
+  expect_block(dxb, from_floats(dx, N, C), rc, q, 0.0, "dX");
+  expect_block(dpb, from_floats(dwproj, C, C), rc, q, 0.0, "dW_proj");
+  expect_block(dwb, dw2d_want, rc, q, 0.0, "dW_qkv (2D column order)");
 }
 
 int main(int argc, char** argv) {
