@@ -500,8 +500,8 @@ class Loader {
            ": parallel.tp_mode = \"2d\" needs parallel.tp a perfect square q*q (4, 9, 16, ...), "
            "got ", p.tp);
     fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet: 2D "
-         "tensor parallelism has its grid and SUMMA linear layer but no model built on them; "
-         "expected \"1d\"");
+         "tensor parallelism has only its building blocks (docs/tp2d.md), no model built on "
+         "them; expected \"1d\"");
   }
 
   // model.arch and Llama's keys; a Llama key in a GPT-2 deck is an error (it would be ignored).
