@@ -3,7 +3,8 @@
 // layer (model/summa.hpp) and the 2D LayerNorm (model/layernorm2d.hpp) against the serial
 // results computed in double on every rank, with the bytes each communicator counts against
 // their closed forms; the attention sublayer (SUMMA c_attn, local attention with the
-// model/attention2d.hpp layout, SUMMA c_proj) against the same ops run serially.
+// model/attention2d.hpp layout, SUMMA c_proj) against the same ops run serially; the
+// cross-entropy over 2D logits (model/xent2d.hpp) against a serial double log-sum-exp.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,6 +14,7 @@
 #include "trident/model/attention2d.hpp"
 #include "trident/model/layernorm2d.hpp"
 #include "trident/model/summa.hpp"
+#include "trident/model/xent2d.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 
 namespace par = trident::parallel;
@@ -312,6 +314,46 @@ TEST(Attention2d, SublayerMatchesTheSerialOps) {
   expect_block(dxb, from_floats(dx, N, C), rc, q, 0.0, "dX");
   expect_block(dpb, from_floats(dwproj, C, C), rc, q, 0.0, "dW_proj");
   expect_block(dwb, dw2d_want, rc, q, 0.0, "dW_qkv (2D column order)");
+}
+
+TEST(CrossEntropy2d, LossAndGradientMatchTheSerialSoftmax) {
+  WorldGrid s;
+  const int q = s.grid.q, m = 3 * q, V = 4 * q - 1;  // the last vocabulary block is padded
+  const Matrix logits = global(14, m, V);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(m));
+  for (int i = 0; i < m; ++i) targets[std::size_t(i)] = (5 * i + 3) % V;
+  const float scale = 0.25f;
+  model::CrossEntropy2d xent(*s.ops, s.grid, m, V);
+  const int mb = m / q, vb = xent.vocab_per_block();
+  ASSERT_EQ(vb, (V + q - 1) / q);
+  const auto rc = s.grid.coord;
+  // This rank's block, padding columns filled with garbage the kernels must ignore.
+  std::vector<float> lb(std::size_t(mb) * vb, 1e3f), loss(static_cast<std::size_t>(mb));
+  for (int i = 0; i < mb; ++i)
+    for (int j = 0; j < vb && rc.col * vb + j < V; ++j)
+      lb[std::size_t(i) * vb + j] = float(logits.at(rc.row * mb + i, rc.col * vb + j));
+  const std::int32_t* my_targets = targets.data() + rc.row * mb;
+  s.grid.row.reset_counters();
+  xent.forward(loss.data(), lb.data(), my_targets);
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, model::xent2d_row_bytes(q, m));
+  xent.backward(lb.data(), my_targets, scale);
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, model::xent2d_row_bytes(q, m));
+  for (int i = 0; i < mb; ++i) {
+    const int row = rc.row * mb + i;
+    double mx = -1e30, se = 0;
+    for (int j = 0; j < V; ++j) mx = std::max(mx, logits.at(row, j));
+    for (int j = 0; j < V; ++j) se += std::exp(logits.at(row, j) - mx);
+    const int t = targets[std::size_t(row)];
+    EXPECT_NEAR(loss[std::size_t(i)], std::log(se) + mx - logits.at(row, t), 1e-5) << row;
+    for (int j = 0; j < vb; ++j) {
+      const int col = rc.col * vb + j;
+      const double want =
+          col < V ? scale * (std::exp(logits.at(row, col) - mx) / se - (col == t ? 1.0 : 0.0))
+                  : 0.0;
+      EXPECT_NEAR(lb[std::size_t(i) * vb + j], want, 1e-6) << row << ", " << col;
+    }
+  }
+  if (q > 1) EXPECT_DOUBLE_EQ(model::xent2d_row_bytes(q, m), 2.0 * (q - 1) / q * 4 * 3 * mb);
 }
 
 int main(int argc, char** argv) {
