@@ -41,6 +41,8 @@ SummaLinear::SummaLinear(ops::Ops& ops, parallel::Tp2dGrid& grid, const SummaSha
   w_panel_ = FloatBuffer(wb, ops.memory());
   stack_ = FloatBuffer(std::size_t(q) * std::max(xb, wb), ops.memory());
   dw_sum_ = FloatBuffer(wb, ops.memory());
+  ones_ = FloatBuffer(std::size_t(mb_), ops.memory());
+  ops.fill(ones_.data(), 1.0f, mb_);
 }
 
 const float* SummaLinear::broadcast_row(const float* mine, float* panel, std::int64_t n,
@@ -60,14 +62,23 @@ const float* SummaLinear::broadcast_col(const float* mine, float* panel, std::in
   return buf;
 }
 
-void SummaLinear::forward(float* y, const float* x, const float* w) {
+void SummaLinear::forward(float* y, const float* x, const float* w, const float* b) {
   const std::int64_t xb = std::int64_t(mb_) * kb_, wb = std::int64_t(kb_) * nb_;
   for (int j = 0; j < grid_.q; ++j) {
     const float* xj = broadcast_row(x, x_panel_.data(), xb, j);  // X_rj
     const float* wj = broadcast_col(w, w_panel_.data(), wb, j);  // W_jc
     ops_.gemm(false, false, mb_, nb_, kb_, 1.0f, xj, kb_, wj, nb_, j == 0 ? 0.0f : 1.0f, y, nb_);
   }
+  // y[mb, nb] += ones[mb, 1] @ b[1, nb]
+  if (b) ops_.gemm(false, false, mb_, nb_, 1, 1.0f, ones_.data(), 1, b, nb_, 1.0f, y, nb_);
 }
+
+void SummaLinear::bias_backward(float* db, const float* dy) {
+  // db[1, nb] += ones[mb, 1]^T @ dy[mb, nb]
+  ops_.gemm(true, false, 1, nb_, mb_, 1.0f, ones_.data(), 1, dy, nb_, 1.0f, db, nb_);
+}
+
+void SummaLinear::reduce_bias_grad(float* db) { grid_.col.allreduce_sum(db, nb_); }
 
 void SummaLinear::backward(float* dx, float* dw, const float* dy, const float* x,
                            const float* w) {

@@ -159,6 +159,34 @@ TEST(Summa, ForwardAndBackwardMatchTheSerialProducts) {
   }
 }
 
+TEST(Summa, BiasAddsPerColumnAndItsGradientSumsAlongTheColumn) {
+  WorldGrid s;
+  const int q = s.grid.q;
+  const model::SummaShape shape{2 * q, 3 * q, 2 * q};
+  const Matrix x = global(15, shape.m, shape.k), w = global(16, shape.k, shape.n),
+               bias = global(17, 1, shape.n), dy = global(18, shape.m, shape.n);
+  const auto rc = s.grid.coord;
+  const int nb = shape.n / q;
+  model::SummaLinear lin(*s.ops, s.grid, shape);
+  Matrix want = product(x, false, w, false), db_want(1, shape.n);
+  for (int i = 0; i < shape.m; ++i)
+    for (int j = 0; j < shape.n; ++j) {
+      want.at(i, j) += bias.at(0, j);
+      db_want.at(0, j) += dy.at(i, j);
+    }
+  std::vector<float> xb = block(x, rc, q), wb = block(w, rc, q), dyb = block(dy, rc, q),
+                     y(std::size_t(shape.m / q) * nb), b(nb), db(nb, 0.5f);
+  for (int j = 0; j < nb; ++j) b[j] = float(bias.at(0, rc.col * nb + j));
+  lin.forward(y.data(), xb.data(), wb.data(), b.data());
+  expect_block(y, want, rc, q, 0.0, "X W + b");
+  s.grid.col.reset_counters();
+  lin.bias_backward(db.data(), dyb.data());
+  lin.reduce_bias_grad(db.data());  // db += (accumulates): each of the q ranks brings its 0.5
+  for (int j = 0; j < nb; ++j)
+    EXPECT_NEAR(db[j], db_want.at(0, rc.col * nb + j) + 0.5 * q, 1e-5) << j;
+  EXPECT_DOUBLE_EQ(s.grid.col.counters().bytes, q > 1 ? 2.0 * (q - 1) / q * 4 * nb : 0.0);
+}
+
 TEST(Summa, ChainedLayersKeepTheBlockLayout) {
   // Y = (X W1) W2: the first layer's output blocks are the second's input blocks.
   WorldGrid s;

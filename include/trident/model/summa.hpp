@@ -59,13 +59,19 @@ class SummaLinear {
   const SummaShape& shape() const { return shape_; }
   int q() const { return grid_.q; }
 
-  // y[mb, nb] = block (r, c) of X W (overwritten), from x[mb, kb] and w[kb, nb].
-  // Collective over the grid.
-  void forward(float* y, const float* x, const float* w);
+  // y[mb, nb] = block (r, c) of X W (overwritten), from x[mb, kb] and w[kb, nb], plus
+  // b[nb] (this grid column's slice of the bias, the same on its q ranks; may be null) on
+  // every row. Collective over the grid.
+  void forward(float* y, const float* x, const float* w, const float* b = nullptr);
   // dx[mb, kb] = block of dY W^T (overwritten; skipped when dx is null) and
   // dw[kb, nb] += block of X^T dY, from dy[mb, nb] and the forward's x and w.
   // Collective over the grid.
   void backward(float* dx, float* dw, const float* dy, const float* x, const float* w);
+  // db[nb] += the column sums of dy[mb, nb] over this rank's rows: partial until
+  // reduce_bias_grad sums it along the grid column (once per step, like LayerNorm2d's).
+  void bias_backward(float* db, const float* dy);
+  // db[nb] summed over the grid column's q ranks (an allreduce of nb floats on `col`).
+  void reduce_bias_grad(float* db);
 
  private:
   // This rank's block when it is the root of the broadcast, else `panel` filled from it.
@@ -80,6 +86,7 @@ class SummaLinear {
   FloatBuffer w_panel_;  // [kb, nb] W_jc of another row
   FloatBuffer stack_;    // [q, max(mb*kb, kb*nb)] the backward's partials
   FloatBuffer dw_sum_;   // [kb, nb] this rank's dW block before it is added to dw
+  FloatBuffer ones_;     // [mb] of 1: the bias as a rank-1 product, its gradient as one
 };
 
 }  // namespace trident::model
