@@ -28,27 +28,12 @@ inline std::uint64_t element_hash(std::uint64_t global_index, float value) {
   return mix(mix(global_index + 0x9E3779B97F4A7C15ull) ^ bits);
 }
 
-// The shard as contiguous runs: fn(local_begin, global_begin, length) for every run of
-// elements that exists in the logical tensor (TP padding rows are never visited). The
-// tensor is viewed as [outer, extent, inner] around split_dim.
+// The shard as contiguous runs (model::for_each_local_run): fn(local_begin, global_begin,
+// length) for every run of elements that exists in the logical tensor (TP padding rows are
+// never visited).
 template <typename Fn>
 void for_each_run(const ShardSpec& s, Fn&& fn) {
-  if (s.split == model::Split::none) {
-    fn(std::int64_t(0), std::int64_t(0), s.numel());
-    return;
-  }
-  std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < s.split_dim; ++d) outer *= s.shape[d];
-  for (std::size_t d = std::size_t(s.split_dim) + 1; d < s.shape.size(); ++d) inner *= s.shape[d];
-  const std::int64_t g_extent = s.shape[s.split_dim], l_extent = s.local_shape[s.split_dim];
-  for (std::int64_t o = 0; o < outer; ++o)
-    for (const auto& b : s.blocks) {
-      if (b.count <= 0) continue;
-      // A block's rows are contiguous in both tensors when everything after split_dim is
-      // one run (inner), so the block is one run of count * inner elements.
-      fn((o * l_extent + b.local_start) * inner, (o * g_extent + b.global_start) * inner,
-         b.count * inner);
-    }
+  model::for_each_local_run(s, fn);
 }
 
 std::uint64_t shard_checksum(const ShardSpec& s, const float* shard) {
@@ -77,13 +62,25 @@ void select_shard(hid_t space, const ShardSpec& s, bool global) {
   const auto& dims = global ? s.shape : s.local_shape;
   std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
   bool any = false;
+  auto add = [&] {
+    H5Sselect_hyperslab(space, any ? H5S_SELECT_OR : H5S_SELECT_SET, start.data(), nullptr,
+                        count.data(), nullptr);
+    any = true;
+  };
   for (const auto& b : s.blocks) {
     if (b.count <= 0) continue;
     start[s.split_dim] = hsize_t(global ? b.global_start : b.local_start);
     count[s.split_dim] = hsize_t(b.count);
-    H5Sselect_hyperslab(space, any ? H5S_SELECT_OR : H5S_SELECT_SET, start.data(), nullptr,
-                        count.data(), nullptr);
-    any = true;
+    if (s.split != model::Split::block2d) {
+      add();
+      continue;
+    }
+    for (const auto& c : s.col_blocks) {  // 2D TP: a rectangle per row and column block
+      if (c.count <= 0) continue;
+      start[1] = hsize_t(global ? c.global_start : c.local_start);
+      count[1] = hsize_t(c.count);
+      add();
+    }
   }
   if (!any) H5Sselect_none(space);
 }
@@ -93,10 +90,13 @@ void check_spec(const ShardSpec& s, const ShardSpec& logical) {
                 h5::shape_str(s.shape), ", the model has ", h5::shape_str(logical.shape));
   TRIDENT_CHECK(s.shape.size() == s.local_shape.size(), "internal: ShardSpec ", s.name,
                 " has a local shape of another rank");
-  for (std::size_t i = 1; i < s.blocks.size(); ++i)
-    TRIDENT_CHECK(s.blocks[i].global_start >= s.blocks[i - 1].global_start + s.blocks[i - 1].count &&
-                      s.blocks[i].local_start >= s.blocks[i - 1].local_start + s.blocks[i - 1].count,
-                  "internal: ShardSpec ", s.name, " has blocks out of order");
+  for (const auto* blocks : {&s.blocks, &s.col_blocks})
+    for (std::size_t i = 1; i < blocks->size(); ++i) {
+      const auto &b = (*blocks)[i], &a = (*blocks)[i - 1];
+      TRIDENT_CHECK(b.global_start >= a.global_start + a.count &&
+                        b.local_start >= a.local_start + a.count,
+                    "internal: ShardSpec ", s.name, " has blocks out of order");
+    }
 }
 
 // This rank's specs by logical name (a name may repeat: see ShardRole).

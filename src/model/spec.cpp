@@ -136,9 +136,49 @@ RoleTable llama_table(bool tied) {
   return t;
 }
 
+// The blocks of `part` of `parts` along a dimension of `full` indices, and the local extent:
+// contiguous (padded up to a multiple of parts) or qkv (q, k and v thirds, each split).
+std::vector<ShardBlock> split_blocks(Split kind, std::int64_t full, int parts, int part,
+                                     std::int64_t& local_extent) {
+  if (kind == Split::qkv) {
+    const std::int64_t third = full / 3, per = third / parts;
+    local_extent = 3 * per;
+    std::vector<ShardBlock> blocks;
+    for (int b = 0; b < 3; ++b) blocks.push_back({b * third + per * part, b * per, per});
+    return blocks;
+  }
+  const std::int64_t per = (full + parts - 1) / parts, start = per * part;
+  local_extent = per;
+  return {{start, 0, std::max<std::int64_t>(0, std::min(full, start + per) - start)}};
+}
+
+// 2D TP (docs/tp2d.md) on the q x q grid, this rank at (r, c): see gpt_param_specs.
+void split_2d(ShardSpec& s, const RoleRow& row, int q, int r, int c) {
+  const Split col_kind = row.split == Split::qkv ? Split::qkv : Split::contiguous;
+  if (s.shape.size() == 1) {  // a bias or a LayerNorm's parameter: by grid column
+    s.split = col_kind;
+    s.split_dim = 0;
+    s.blocks = split_blocks(col_kind, s.shape[0], q, c, s.local_shape[0]);
+    s.tp_copy = r;
+    return;
+  }
+  s.split = Split::block2d;
+  s.split_dim = 0;
+  s.col_blocks = split_blocks(col_kind, s.shape[1], q, c, s.local_shape[1]);
+  if (row.place == Place::block) {  // a SUMMA weight: rows by grid row too
+    s.blocks = split_blocks(Split::contiguous, s.shape[0], q, r, s.local_shape[0]);
+    return;
+  }
+  // wte, wpe: every row (the vocabulary padded up to a multiple of q, as CrossEntropy2d's
+  // blocks are), the same on the grid column's q ranks.
+  s.blocks = {{0, 0, s.shape[0]}};
+  if (row.rows == Extent::vocab) s.local_shape[0] = (s.shape[0] + q - 1) / q * q;
+  s.tp_copy = r;
+}
+
 // One RoleRow made into this rank's ShardSpec (offset set later, in table order).
 ShardSpec make_spec(const ModelConfig& cfg, const RoleTable& table, const RoleRow& row,
-                    int layer, int tp_rank, int tp_size) {
+                    int layer, int tp_rank, int tp_size, int q2d) {
   ShardSpec s;
   s.name = layer >= 0 ? table.block_prefix + std::to_string(layer) + "." + row.name : row.name;
   s.shape = {extent(cfg, row.rows)};
@@ -152,26 +192,23 @@ ShardSpec make_spec(const ModelConfig& cfg, const RoleTable& table, const RoleRo
   s.role = row.role;
   s.place = row.place;
   s.norm = row.norm;
+  if (q2d > 0) {
+    split_2d(s, row, q2d, tp_rank / q2d, tp_rank % q2d);
+    return s;
+  }
+  s.tp_copy = tp_rank;  // until the tensor turns out to be split
   if (row.split == Split::none) return s;
   if (row.kv_heads && cfg.kv_heads() < tp_size) {  // every rank holds every kv head
     s.tp_grad_sum = true;
     return s;
   }
   const int dim = row.split_dim;
-  const std::int64_t full = s.shape[std::size_t(dim)];
   s.split = row.split;
   s.split_dim = dim;
-  if (row.split == Split::contiguous) {  // padded up to a multiple of tp_size
-    const std::int64_t per = (full + tp_size - 1) / tp_size;
-    const std::int64_t start = per * tp_rank;
-    const std::int64_t count = std::max<std::int64_t>(0, std::min(full, start + per) - start);
-    s.local_shape[std::size_t(dim)] = per;
-    s.blocks = {{start, 0, count}};
-  } else {  // Split::qkv: three blocks (q, k, v), each split by heads
-    const std::int64_t part = full / 3, per = part / tp_size;
-    s.local_shape[std::size_t(dim)] = 3 * per;
-    for (int b = 0; b < 3; ++b) s.blocks.push_back({b * part + per * tp_rank, b * per, per});
-  }
+  s.tp_copy = 0;
+  // contiguous: padded up to a multiple of tp_size; qkv: q, k and v each split by heads
+  s.blocks = split_blocks(row.split, s.shape[std::size_t(dim)], tp_size, tp_rank,
+                          s.local_shape[std::size_t(dim)]);
   return s;
 }
 
@@ -200,22 +237,35 @@ std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, 
 }
 
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout& stage,
-                                       int tp_rank, int tp_size, std::int64_t offset0) {
-  return gpt_param_specs(cfg, std::vector<StageLayout>{stage}, tp_rank, tp_size, offset0);
+                                       int tp_rank, int tp_size, std::int64_t offset0,
+                                       bool tp_2d) {
+  return gpt_param_specs(cfg, std::vector<StageLayout>{stage}, tp_rank, tp_size, offset0,
+                         tp_2d);
 }
 
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
                                        const std::vector<StageLayout>& chunks, int tp_rank,
-                                       int tp_size, std::int64_t offset0) {
-  return param_specs(model_roles(cfg), cfg, chunks, tp_rank, tp_size, offset0);
+                                       int tp_size, std::int64_t offset0, bool tp_2d) {
+  return param_specs(model_roles(cfg), cfg, chunks, tp_rank, tp_size, offset0, tp_2d);
 }
 
 std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cfg,
                                    const std::vector<StageLayout>& chunks, int tp_rank,
-                                   int tp_size, std::int64_t offset0) {
+                                   int tp_size, std::int64_t offset0, bool tp_2d) {
   TRIDENT_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "bad TP rank ", tp_rank);
-  TRIDENT_CHECK(cfg.n_head % tp_size == 0, "model.n_head = ", cfg.n_head,
-                " must be divisible by parallel.tp = ", tp_size);
+  int q2d = 0;  // the 2D grid's side
+  if (tp_2d) {
+    while ((q2d + 1) * (q2d + 1) <= tp_size) ++q2d;
+    TRIDENT_CHECK(q2d * q2d == tp_size, "2D tensor parallelism needs parallel.tp = q*q, got ",
+                  tp_size);
+    TRIDENT_CHECK(!cfg.llama(), "2D tensor parallelism is built for GPT-2 only");
+    TRIDENT_CHECK(cfg.n_head % q2d == 0 && cfg.d_model % q2d == 0,
+                  "model.n_head = ", cfg.n_head, " and model.d_model = ", cfg.d_model,
+                  " must be divisible by ", q2d, " (2D TP on a ", q2d, " x ", q2d, " grid)");
+  } else {
+    TRIDENT_CHECK(cfg.n_head % tp_size == 0, "model.n_head = ", cfg.n_head,
+                  " must be divisible by parallel.tp = ", tp_size);
+  }
   if (cfg.llama()) {
     TRIDENT_CHECK(cfg.d_ff() % tp_size == 0, "model.ffn_hidden = ", cfg.d_ff(),
                   " must be divisible by parallel.tp = ", tp_size);
@@ -233,7 +283,7 @@ std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cf
   }
   std::vector<ShardSpec> specs;
   auto add = [&](const RoleRow& row, int layer) {
-    specs.push_back(make_spec(cfg, table, row, layer, tp_rank, tp_size));
+    specs.push_back(make_spec(cfg, table, row, layer, tp_rank, tp_size, q2d));
   };
   // The embedding's rows, every layer's block rows, then the head's rows.
   for (const RoleRow& row : table.rows)
@@ -253,23 +303,40 @@ std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cf
   return specs;
 }
 
-void for_each_local_element(const ShardSpec& s,
-                            const std::function<void(std::int64_t, std::int64_t)>& fn) {
+void for_each_local_run(
+    const ShardSpec& s, const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& fn) {
   if (s.split == Split::none) {
-    for (std::int64_t i = 0, n = s.numel(); i < n; ++i) fn(i, i);
+    fn(0, 0, s.numel());
     return;
   }
-  // View both tensors as [outer, extent, inner] around the split dimension.
+  if (s.split == Split::block2d) {  // each row of a row block: one run per column block
+    const std::int64_t g_cols = s.shape[1], l_cols = s.local_shape[1];
+    for (const auto& rb : s.blocks)
+      for (std::int64_t i = 0; i < rb.count; ++i)
+        for (const auto& cb : s.col_blocks)
+          if (cb.count > 0)
+            fn((rb.local_start + i) * l_cols + cb.local_start,
+               (rb.global_start + i) * g_cols + cb.global_start, cb.count);
+    return;
+  }
+  // View both tensors as [outer, extent, inner] around the split dimension: a block's rows
+  // are contiguous in both when everything after split_dim is one run (inner).
   std::int64_t outer = 1, inner = 1;
   for (int d = 0; d < s.split_dim; ++d) outer *= s.shape[d];
   for (std::size_t d = s.split_dim + 1; d < s.shape.size(); ++d) inner *= s.shape[d];
   const std::int64_t g_extent = s.shape[s.split_dim], l_extent = s.local_shape[s.split_dim];
   for (std::int64_t o = 0; o < outer; ++o)
     for (const auto& blk : s.blocks)
-      for (std::int64_t j = 0; j < blk.count; ++j)
-        for (std::int64_t i = 0; i < inner; ++i)
-          fn((o * l_extent + blk.local_start + j) * inner + i,
-             (o * g_extent + blk.global_start + j) * inner + i);
+      if (blk.count > 0)
+        fn((o * l_extent + blk.local_start) * inner, (o * g_extent + blk.global_start) * inner,
+           blk.count * inner);
+}
+
+void for_each_local_element(const ShardSpec& s,
+                            const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  for_each_local_run(s, [&](std::int64_t local, std::int64_t global, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) fn(local + i, global + i);
+  });
 }
 
 }  // namespace trident::model

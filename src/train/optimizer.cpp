@@ -20,7 +20,7 @@ double AdamW::grad_norm(parallel::ParallelState& ps) const {
   double sum = 0;
   for (const Segment& seg : sync_.segments()) {
     const model::ShardSpec& s = *seg.spec;
-    if (s.tp_replicated() && ps.tp.rank() != 0) continue;
+    if (s.tp_copy != 0) continue;  // another TP rank counts the same shard
     if (s.tied_across_stages() && tied_elsewhere) continue;
     sum += ops_.sum_squares(g + seg.shard, seg.count);
   }

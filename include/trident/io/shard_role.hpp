@@ -11,7 +11,8 @@ namespace trident::io {
 // every logical element must have exactly one responsible rank. A responsible rank writes
 // the element and hashes it; every rank READS all of its shards, responsible or not.
 //   TP copies of a replicated tensor (LayerNorms, wpe, row-parallel biases): one TP rank
-//     (tp_rank 0) has write_replicated = true;
+//     (tp_rank 0) has write_replicated = true; under 2D TP a tensor split by grid column only
+//     is written by its copy 0 (ShardSpec::tp_copy, grid row 0);
 //   DP replicas: only DP replica 0 is active;
 //   the tied embedding (wte), held by the first and the last pipeline stage: the last stage
 //     (when it is not also the first) has write_tied_embedding = false.
@@ -29,6 +30,7 @@ struct ShardRole {
   bool responsible_for(const model::ShardSpec& spec) const {
     if (!active) return false;
     if (spec.tied_across_stages() && !write_tied_embedding) return false;
+    if (spec.tp_copy != 0) return false;  // another TP rank holds the same shard (copy 0)
     return spec.tp_replicated() ? write_replicated : true;
   }
 };

@@ -8,7 +8,8 @@
 //   1. create every dataset of the WHOLE model (dataset creation is collective in
 //      parallel HDF5, so a rank creates the tensors it does not hold too);
 //   2. one collective H5Dwrite/H5Dread per dataset; a rank selects the blocks of its shard
-//      along split_dim (c_attn: q, k and v; wte: minus the TP padding rows) or, holding
+//      along split_dim (c_attn: q, k and v; wte: minus the TP padding rows), under 2D TP
+//      (Split::block2d) the rectangles of its row blocks x column blocks, or, holding
 //      nothing of the tensor, an empty selection;
 //   3. checksums: each rank hashes the elements it is responsible for (ShardRole), one
 //      MPI_Allreduce sums them, and the sum becomes the dataset's `checksum` attribute

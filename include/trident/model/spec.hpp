@@ -4,7 +4,7 @@
 // ranges and the grad-norm "count each parameter once" rule all read it.
 // defines: trident::model::ModelConfig, llama_ffn_hidden, Recompute, Split, Init, Role, Place,
 //          Extent, RoleRow, RoleTable, model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts,
-//          gpt_param_specs, param_specs, for_each_local_element
+//          gpt_param_specs, param_specs, for_each_local_run, for_each_local_element
 #pragma once
 
 #include <cstdint>
@@ -62,6 +62,8 @@ enum class Split {
   none,        // replicated on every TP rank (LayerNorms, row-parallel biases, wpe)
   contiguous,  // one contiguous slice per rank (c_fc columns, c_proj rows, wte rows)
   qkv,         // c_attn: q, k and v blocks each split by heads, one slice of each per rank
+  block2d,     // 2D TP (parallel.tp_mode = "2d", docs/tp2d.md): a 2-D tensor split along both
+               // dims, rows by `blocks` and columns by `col_blocks` (split_dim is 0)
 };
 
 enum class Init { normal, zeros, ones };
@@ -141,6 +143,7 @@ struct ShardSpec {
   int split_dim = -1;                 // -1 when Split::none
   Split split = Split::none;
   std::vector<ShardBlock> blocks;     // along split_dim; empty when Split::none
+  std::vector<ShardBlock> col_blocks;  // Split::block2d only: along dim 1
   std::int64_t offset = 0;            // first element in the rank's flat buffer
   Init init = Init::normal;
   float init_std = 0.0f;
@@ -152,6 +155,11 @@ struct ShardSpec {
                            // rank's gradient covers its token rows only (summed over TP)
   bool tp_grad_sum = false;  // replicated over TP but each rank's gradient is a partial sum
                              // (Llama's k/v weights when n_kv_head < tp): summed over TP
+  // Which of the TP ranks holding this same shard this rank is: copy 0 writes and hashes it
+  // in files and counts it in the grad norm (each element once). 1D: a replicated tensor's
+  // copy is the tp_rank, a split one's 0. 2D: tensors split by grid column only (vectors,
+  // wte, wpe) are copied down the grid column, their copy being the grid row.
+  int tp_copy = 0;
 
   std::int64_t numel() const;        // logical
   std::int64_t local_numel() const;  // in the flat buffer
@@ -190,18 +198,34 @@ int vocab_per_rank(int vocab_size, int tp_size);
 // and gate, up likewise. Under TP: q, gate, up split by rows (heads / columns of the
 // MLP), o and down by columns; k and v split by kv heads when n_kv_head >= tp, else
 // replicated (every rank holds every kv head; tp_grad_sum).
+// With tp_2d (parallel.tp_mode = "2d", GPT-2 only; tp_size = q*q, tp_rank = row*q + col on
+// the grid of parallel/tp_grid2d.hpp) every tensor follows docs/tp2d.md: a block's 2-D
+// weights are Split::block2d (rows by grid row, columns by grid column; c_attn's columns
+// by q, k and v of the grid column's heads), its vectors (biases, LayerNorms) and ln_f are
+// split by grid column, wte [Vp, C/q] (vocabulary padded up to a multiple of q) and
+// wpe [T, C/q] keep every row and are split by grid column; the last three are the same
+// on the q ranks of a grid column (tp_copy = grid row).
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg, const StageLayout& stage,
-                                       int tp_rank, int tp_size, std::int64_t offset0 = 0);
+                                       int tp_rank, int tp_size, std::int64_t offset0 = 0,
+                                       bool tp_2d = false);
 // The ShardSpecs of all of a rank's chunks as one table over one flat buffer: wte (once,
 // when any chunk has the embedding or the head), wpe, every chunk's layers in chunk order
 // (ascending global layer index), then ln_f. Each logical tensor appears at most once.
 std::vector<ShardSpec> gpt_param_specs(const ModelConfig& cfg,
                                        const std::vector<StageLayout>& chunks, int tp_rank,
-                                       int tp_size, std::int64_t offset0 = 0);
+                                       int tp_size, std::int64_t offset0 = 0,
+                                       bool tp_2d = false);
 // The same from any table of rows (gpt_param_specs: model_roles(cfg)).
 std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cfg,
                                    const std::vector<StageLayout>& chunks, int tp_rank,
-                                   int tp_size, std::int64_t offset0 = 0);
+                                   int tp_size, std::int64_t offset0 = 0,
+                                   bool tp_2d = false);
+
+// Calls fn(local_begin, global_begin, length) for every contiguous run of the shard's
+// elements that exist in the logical tensor (padding rows are skipped): row-major flat
+// indices into the local shard and the logical tensor, in increasing order of both.
+void for_each_local_run(const ShardSpec& spec,
+                        const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& fn);
 
 // Calls fn(local_index, global_index) for every element of the shard that exists in the
 // logical tensor (padding rows are skipped); indices are row-major flat indices into the

@@ -92,6 +92,21 @@ TEST(Weights, ReadsTp2ShardsOfASerialFile) {
   }
 }
 
+// 2D TP (tp = 4 as 2 x 2): each rank's hyperslabs are its blocks (two split dims), wte's
+// padding row reads as zero; the ranks of grid row 1 hold copies and verify nothing.
+TEST(Weights, ReadsTp2dBlocksOfASerialFile) {
+  ScratchDir dir;
+  const auto cfg = small_model();
+  const std::string path = good_weights(dir);
+  for (int r = 0; r < 4; ++r) {
+    const auto specs =
+        trident::model::gpt_param_specs(cfg, {0, cfg.n_layer, true, true}, r, 4, 0, true);
+    std::vector<float> flat(std::size_t(flat_size(specs)), kPadding);
+    io::read_weights(path, MPI_COMM_NULL, cfg, specs, flat.data(), io::ShardRole::for_rank(r, 0, 0));
+    EXPECT_EQ(mismatches(specs, flat), 0) << "tp_rank " << r;
+  }
+}
+
 TEST(Weights, ATensorTwiceOnOneRankIsWrittenOnceAndReadTwice) {
   // pp = 1, vpp = 2: the rank's first chunk (embedding) and last chunk (head) both hold wte.
   ScratchDir dir;

@@ -193,3 +193,101 @@ TEST(Spec, RolesFromTheTableReachEveryTensorOnce) {
     EXPECT_EQ(specs.size(), want);
   }
 }
+
+// 2D TP (docs/tp2d.md) at tp = 4 (2 x 2) and q = 1: the copy-0 ranks tile every logical
+// tensor exactly once, a tensor's other copies hold the same elements at the same places,
+// and a few blocks land where the layout says (checked against its arithmetic, not the
+// code's).
+TEST(Spec, Tp2dBlocksTileEveryTensorOnceAndCopiesAgree) {
+  ModelConfig cfg{51, 16, 1, 4, 16};  // vocabulary odd: one padding row at q = 2
+  for (int tp : {1, 4}) {
+    std::vector<std::vector<ShardSpec>> per_rank;
+    for (int r = 0; r < tp; ++r)
+      per_rank.push_back(gpt_param_specs(cfg, StageLayout{0, 1, true, true}, r, tp, 0, true));
+    for (std::size_t p = 0; p < per_rank[0].size(); ++p) {
+      std::multiset<std::int64_t> seen;
+      std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> copy0;  // by grid column
+      for (int r = 0; r < tp; ++r) {
+        const auto& s = per_rank[std::size_t(r)][p];
+        std::vector<std::pair<std::int64_t, std::int64_t>> mine;
+        for_each_local_element(s, [&](std::int64_t local, std::int64_t global) {
+          EXPECT_LT(local, s.local_numel());
+          mine.push_back({local, global});
+        });
+        if (s.tp_copy == 0) {
+          for (const auto& e : mine) seen.insert(e.second);
+          copy0[r % (tp == 4 ? 2 : 1)] = mine;
+        }
+      }
+      for (int r = 0; r < tp; ++r) {  // the copies (grid rows > 0) hold what row 0 holds
+        const auto& s = per_rank[std::size_t(r)][p];
+        if (s.tp_copy == 0) continue;
+        EXPECT_EQ(s.tp_copy, r / 2) << s.name;
+        std::vector<std::pair<std::int64_t, std::int64_t>> mine;
+        for_each_local_element(s, [&](std::int64_t l, std::int64_t g) { mine.push_back({l, g}); });
+        EXPECT_EQ(mine, copy0[r % 2]) << s.name << " rank " << r;
+      }
+      const auto& s0 = per_rank[0][p];
+      ASSERT_EQ(std::int64_t(seen.size()), s0.numel()) << s0.name << " tp=" << tp;
+      EXPECT_EQ(std::int64_t(std::set<std::int64_t>(seen.begin(), seen.end()).size()), s0.numel())
+          << s0.name;
+    }
+  }
+  // Rank 3 = (1, 1) of the 2 x 2 grid.
+  const auto specs = gpt_param_specs(cfg, StageLayout{0, 1, true, true}, 3, 4, 0, true);
+  auto find = [&](const std::string& name) -> const ShardSpec& {
+    for (const auto& s : specs)
+      if (s.name == name) return s;
+    throw std::runtime_error("no " + name);
+  };
+  auto pairs = [](const ShardSpec& s) {
+    std::map<std::int64_t, std::int64_t> m;
+    for_each_local_element(s, [&](std::int64_t l, std::int64_t g) { m[l] = g; });
+    return m;
+  };
+  {  // c_attn [16, 48]: rows 8..15, columns q, k, v of heads 2..3 (8 of each third)
+    const auto& s = find("h.0.attn.c_attn.weight");
+    EXPECT_EQ(s.split, Split::block2d);
+    EXPECT_EQ(s.local_shape, (std::vector<std::int64_t>{8, 24}));
+    EXPECT_EQ(s.tp_copy, 0);
+    const auto m = pairs(s);
+    ASSERT_EQ(m.size(), 8u * 24u);
+    for (int i = 0; i < 8; ++i)
+      for (int j = 0; j < 24; ++j)
+        EXPECT_EQ(m.at(i * 24 + j), (8 + i) * 48 + (j / 8) * 16 + 8 + j % 8) << i << "," << j;
+  }
+  {  // mlp.c_proj [64, 16]: rows 32..63, columns 8..15
+    const auto m = pairs(find("h.0.mlp.c_proj.weight"));
+    ASSERT_EQ(m.size(), 32u * 8u);
+    for (int i = 0; i < 32; ++i)
+      for (int j = 0; j < 8; ++j) EXPECT_EQ(m.at(i * 8 + j), (32 + i) * 16 + 8 + j);
+  }
+  {  // wte [51, 16] as [52, 8]: every row, columns 8..15, the padding row never visited
+    const auto& s = find("wte");
+    EXPECT_EQ(s.local_shape, (std::vector<std::int64_t>{52, 8}));
+    EXPECT_EQ(s.tp_copy, 1);
+    const auto m = pairs(s);
+    ASSERT_EQ(m.size(), 51u * 8u);
+    for (int i = 0; i < 51; ++i)
+      for (int j = 0; j < 8; ++j) EXPECT_EQ(m.at(i * 8 + j), i * 16 + 8 + j);
+  }
+  {  // biases and LayerNorms by grid column: c_attn's by q, k, v; ln_1's contiguous
+    const auto b = pairs(find("h.0.attn.c_attn.bias"));
+    ASSERT_EQ(b.size(), 24u);
+    for (int j = 0; j < 24; ++j) EXPECT_EQ(b.at(j), (j / 8) * 16 + 8 + j % 8);
+    const auto& ln = find("h.0.ln_1.weight");
+    EXPECT_EQ(ln.local_shape, (std::vector<std::int64_t>{8}));
+    EXPECT_EQ(ln.tp_copy, 1);
+    EXPECT_EQ(pairs(ln).begin()->second, 8);
+    EXPECT_EQ(find("h.0.attn.c_proj.bias").local_shape, (std::vector<std::int64_t>{8}));
+  }
+  // What 2D refuses: a tp that is not a square, Llama, heads that do not split.
+  EXPECT_THROW(gpt_param_specs(cfg, StageLayout{0, 1, true, true}, 0, 2, 0, true), trident::Error);
+  ModelConfig llama = cfg;
+  llama.arch = "llama";
+  EXPECT_THROW(gpt_param_specs(llama, StageLayout{0, 1, true, true}, 0, 4, 0, true),
+               trident::Error);
+  ModelConfig odd_heads{51, 16, 1, 3, 18};
+  EXPECT_THROW(gpt_param_specs(odd_heads, StageLayout{0, 1, true, true}, 0, 4, 0, true),
+               trident::Error);
+}
