@@ -6,12 +6,14 @@
 // model/attention2d.hpp layout, SUMMA c_proj) against the same ops run serially; the
 // cross-entropy over 2D logits (model/xent2d.hpp) against a serial double log-sum-exp; the
 // embeddings and tied LM head (model/embedding2d.hpp) against serial double lookups and products;
+// a whole GPT-2 block (model/block2d.hpp) against the serial ops, forward and backward;
 // a weights file written by the grid's 2D blocks (model/spec.hpp's Split::block2d) read
 // serially and back.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -22,6 +24,7 @@
 #include "trident/core/rng.hpp"
 #include "trident/io/weights.hpp"
 #include "trident/model/attention2d.hpp"
+#include "trident/model/block2d.hpp"
 #include "trident/model/embedding2d.hpp"
 #include "trident/model/layernorm2d.hpp"
 #include "trident/model/summa.hpp"
@@ -526,6 +529,132 @@ TEST(Checkpoint2d, GridBlocksWrittenReadSeriallyAndBack) {
   EXPECT_EQ(mine, want) << "rank " << rank;
   s.world.barrier();
   if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
+}
+
+// One GPT-2 block in 2D against the same block run serially with the same kernels: the
+// output, dX and every parameter gradient (vectors after reduce_param_grads), and the
+// activations a layer keeps per rank against serial's.
+TEST(Block2d, ForwardAndBackwardMatchTheSerialBlock) {
+  WorldGrid s;
+  const int q = s.grid.q, B = 2 * q, T = 3, NH = 2 * q, C = 4 * NH, F = 4 * C, N = B * T;
+  trident::ops::Ops& ops = *s.ops;
+  auto vec = [](int tag, int n, double base) {  // a [n] parameter near `base`
+    std::vector<float> v;
+    for (int j = 0; j < n; ++j) v.push_back(float(base + value(tag, 0, j) / 4));
+    return v;
+  };
+  const Matrix x = global(30, N, C), dout = global(31, N, C);
+  Matrix wqkv = global(32, C, 3 * C), wp = global(33, C, C), wfc = global(34, C, F),
+         wfp = global(35, F, C);
+  for (Matrix* w : {&wqkv, &wp, &wfc, &wfp})
+    for (double& e : w->v) e /= 4;  // keep the attention scores and GELU inputs moderate
+  const std::vector<float> w1 = vec(36, C, 1.0), b1 = vec(37, C, 0.0), bqkv = vec(38, 3 * C, 0.0),
+                           bp = vec(39, C, 0.0), w2 = vec(40, C, 1.0), b2 = vec(41, C, 0.0),
+                           bfc = vec(42, F, 0.0), bfp = vec(43, C, 0.0);
+  // Serial, as GptChunk runs a block at tp = 1.
+  const std::size_t nc = std::size_t(N) * C;
+  std::vector<float> fx = floats(x), fwqkv = floats(wqkv), fwp = floats(wp), fwfc = floats(wfc),
+                     fwfp = floats(wfp), ln1(nc), m1(N), r1(N), qkv(3 * nc), atty(nc),
+                     lse(std::size_t(B) * NH * T), res2(nc), ln2(nc), m2(N), r2(N), fch(4 * nc),
+                     gel(4 * nc), out(nc);
+  const auto shape = trident::ops::attention_shape_qkv(B, T, C, NH);
+  ops.layernorm_forward(ln1.data(), m1.data(), r1.data(), fx.data(), w1.data(), b1.data(), N, C);
+  ops.linear_forward(qkv.data(), ln1.data(), fwqkv.data(), bqkv.data(), N, C, 3 * C);
+  ops.attention_forward(atty.data(), lse.data(), qkv.data(), qkv.data() + C, qkv.data() + 2 * C,
+                        shape);
+  ops.linear_forward(res2.data(), atty.data(), fwp.data(), bp.data(), N, C, C);
+  ops.add(res2.data(), res2.data(), fx.data(), std::int64_t(nc));
+  ops.layernorm_forward(ln2.data(), m2.data(), r2.data(), res2.data(), w2.data(), b2.data(), N, C);
+  ops.linear_forward(fch.data(), ln2.data(), fwfc.data(), bfc.data(), N, C, F);
+  ops.gelu_forward(gel.data(), fch.data(), std::int64_t(4 * nc));
+  ops.linear_forward(out.data(), gel.data(), fwfp.data(), bfp.data(), N, F, C);
+  ops.add(out.data(), out.data(), res2.data(), std::int64_t(nc));
+  std::vector<float> fdout = floats(dout), dgel(4 * nc), dfch(4 * nc), dln2(nc), dres2 = fdout,
+                     datty(nc), dqkv(3 * nc), dln1(nc), dwfp(fwfp.size()), dbfp(C), dwfc(fwfc.size()),
+                     dbfc(F), dw2(C), db2(C), dwp(fwp.size()), dbp(C), dwqkv(fwqkv.size()),
+                     dbqkv(3 * C), dw1(C), db1(C);
+  ops.linear_backward(dgel.data(), dwfp.data(), dbfp.data(), fdout.data(), gel.data(),
+                      fwfp.data(), N, F, C);
+  ops.gelu_backward(dfch.data(), fch.data(), dgel.data(), std::int64_t(4 * nc));
+  ops.linear_backward(dln2.data(), dwfc.data(), dbfc.data(), dfch.data(), ln2.data(),
+                      fwfc.data(), N, C, F);
+  ops.layernorm_backward(dres2.data(), dw2.data(), db2.data(), dln2.data(), res2.data(),
+                         w2.data(), m2.data(), r2.data(), N, C);  // dres2 = dout + ...
+  ops.linear_backward(datty.data(), dwp.data(), dbp.data(), dres2.data(), atty.data(),
+                      fwp.data(), N, C, C);
+  ops.attention_backward(dqkv.data(), dqkv.data() + C, dqkv.data() + 2 * C, datty.data(),
+                         atty.data(), lse.data(), qkv.data(), qkv.data() + C, qkv.data() + 2 * C,
+                         shape);
+  ops.linear_backward(dln1.data(), dwqkv.data(), dbqkv.data(), dqkv.data(), ln1.data(),
+                      fwqkv.data(), N, C, 3 * C);
+  std::vector<float> dx = dres2;
+  ops.layernorm_backward(dx.data(), dw1.data(), db1.data(), dln1.data(), fx.data(), w1.data(),
+                         m1.data(), r1.data(), N, C);
+
+  // 2D: c_attn's columns (weight, bias and their gradients) in attention2d.hpp's order.
+  const auto rc = s.grid.coord;
+  auto to2d = [&](const std::vector<float>& v, int rows) {  // [rows, 3C] columns reordered
+    Matrix m(rows, 3 * C);
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < 3 * C; ++j)
+        m.at(i, j) = v[std::size_t(i) * 3 * C + std::size_t(model::qkv2d_global_column(j, C, q))];
+    return m;
+  };
+  auto slice = [&](const std::vector<float>& v) {  // grid column c's part of a vector
+    const std::size_t n = v.size() / std::size_t(q);
+    return std::vector<float>(v.begin() + std::ptrdiff_t(n * std::size_t(rc.col)),
+                              v.begin() + std::ptrdiff_t(n * std::size_t(rc.col + 1)));
+  };
+  const Matrix wqkv2d = to2d(fwqkv, C), bqkv2d = to2d(bqkv, 1);
+  std::vector<float> pw1 = slice(w1), pb1 = slice(b1), pwqkv = block(wqkv2d, rc, q),
+                     pbqkv = slice(floats(bqkv2d)), pwp = block(wp, rc, q), pbp = slice(bp),
+                     pw2 = slice(w2), pb2 = slice(b2), pwfc = block(wfc, rc, q), pbfc = slice(bfc),
+                     pwfp = block(wfp, rc, q), pbfp = slice(bfp);
+  const model::Block2dParams p{pw1.data(), pb1.data(), pwqkv.data(), pbqkv.data(),
+                               pwp.data(), pbp.data(), pw2.data(),   pb2.data(),
+                               pwfc.data(), pbfc.data(), pwfp.data(), pbfp.data()};
+  std::vector<std::vector<float>> gbuf;
+  for (const auto* v : {&pw1, &pb1, &pwqkv, &pbqkv, &pwp, &pbp, &pw2, &pb2, &pwfc, &pbfc, &pwfp,
+                        &pbfp})
+    gbuf.emplace_back(v->size(), 0.0f);
+  model::Block2dGrads g{gbuf[0].data(), gbuf[1].data(), gbuf[2].data(),  gbuf[3].data(),
+                        gbuf[4].data(), gbuf[5].data(), gbuf[6].data(),  gbuf[7].data(),
+                        gbuf[8].data(), gbuf[9].data(), gbuf[10].data(), gbuf[11].data()};
+  model::Block2d blk(ops, s.grid, {B, T, C, NH});
+  model::Block2dActivations acts = blk.make_activations();
+  const std::vector<float> xb = block(x, rc, q), doutb = block(dout, rc, q);
+  std::vector<float> outb(xb.size()), dxb(xb.size());
+  blk.forward(outb.data(), xb.data(), p, acts);
+  blk.backward(dxb.data(), doutb.data(), xb.data(), p, g, acts);
+  blk.reduce_param_grads(g);
+  auto near = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << what << " element " << i;
+  };
+  near(outb, block(from_floats(out, N, C), rc, q), "out");
+  near(dxb, block(from_floats(dx, N, C), rc, q), "dX");
+  near(gbuf[2], block(to2d(dwqkv, C), rc, q), "dW c_attn");
+  near(gbuf[3], slice(floats(to2d(dbqkv, 1))), "db c_attn");
+  near(gbuf[4], block(from_floats(dwp, C, C), rc, q), "dW attn c_proj");
+  near(gbuf[5], slice(dbp), "db attn c_proj");
+  near(gbuf[8], block(from_floats(dwfc, C, F), rc, q), "dW c_fc");
+  near(gbuf[9], slice(dbfc), "db c_fc");
+  near(gbuf[10], block(from_floats(dwfp, F, C), rc, q), "dW mlp c_proj");
+  near(gbuf[11], slice(dbfp), "db mlp c_proj");
+  near(gbuf[0], slice(dw1), "ln_1 weight");
+  near(gbuf[1], slice(db1), "ln_1 bias");
+  near(gbuf[6], slice(dw2), "ln_2 weight");
+  near(gbuf[7], slice(db2), "ln_2 bias");
+  // What a layer keeps per rank: every [tokens, features] activation and the LSE are 1/q^2 of
+  // serial; the LayerNorms' row statistics (4 floats per token row) 1/q.
+  const std::int64_t serial = std::int64_t(ln1.size() + m1.size() + r1.size() + qkv.size() +
+                                           atty.size() + lse.size() + res2.size() + ln2.size() +
+                                           m2.size() + r2.size() + fch.size() + gel.size());
+  EXPECT_EQ(acts.floats(), (serial - 4 * N) / (q * q) + 4 * N / q);
+  if (s.world.rank() == 0)
+    std::printf("Block2d: activations kept per rank %lld floats, serial %lld (q = %d)\n",
+                (long long)acts.floats(), (long long)serial, q);
 }
 
 int main(int argc, char** argv) {
