@@ -7,6 +7,7 @@
 // cross-entropy over 2D logits (model/xent2d.hpp) against a serial double log-sum-exp; the
 // embeddings and tied LM head (model/embedding2d.hpp) against serial double lookups and products;
 // a whole GPT-2 block (model/block2d.hpp) against the serial ops, forward and backward;
+// the whole GPT-2 in 2D (model/gpt2d.hpp) against the serial GptChunk's loss and gradients;
 // a weights file written by the grid's 2D blocks (model/spec.hpp's Split::block2d) read
 // serially and back.
 #include <gtest/gtest.h>
@@ -26,6 +27,8 @@
 #include "trident/model/attention2d.hpp"
 #include "trident/model/block2d.hpp"
 #include "trident/model/embedding2d.hpp"
+#include "trident/model/gpt.hpp"
+#include "trident/model/gpt2d.hpp"
 #include "trident/model/layernorm2d.hpp"
 #include "trident/model/summa.hpp"
 #include "trident/model/xent2d.hpp"
@@ -655,6 +658,65 @@ TEST(Block2d, ForwardAndBackwardMatchTheSerialBlock) {
   if (s.world.rank() == 0)
     std::printf("Block2d: activations kept per rank %lld floats, serial %lld (q = %d)\n",
                 (long long)acts.floats(), (long long)serial, q);
+}
+
+// The whole GPT-2 in 2D against the serial GptChunk (every rank runs it alone: a dp-only
+// ParallelState): the same initial weights, the same loss, and every gradient element where
+// the 2D ShardSpecs place it (padding rows of wte zero).
+TEST(Gpt2d, LossAndEveryGradientMatchTheSerialChunk) {
+  WorldGrid s;
+  const int q = s.grid.q, B = 2 * q, world = s.world.size();
+  trident::model::ModelConfig cfg{51, 4, 2, 2 * q, 8 * q};  // V odd: padding at q = 2
+  const int N = B * cfg.seq_len;
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(N)), targets(inputs.size());
+  for (int i = 0; i < N; ++i) {
+    inputs[std::size_t(i)] = (7 * i + 3) % cfg.vocab_size;
+    targets[std::size_t(i)] = (11 * i + 5) % cfg.vocab_size;
+  }
+  const float scale = 1.0f / float(N);
+  const std::uint64_t seed = 1234;
+  trident::parallel::ParallelState ps =
+      trident::parallel::make_parallel_state(trident::parallel::GridShape{1, 1, world});
+  trident::model::GptChunk serial(cfg, trident::model::StageLayout{0, cfg.n_layer, true, true},
+                                  ps, *s.ops, B);
+  serial.init_weights(seed);
+  serial.zero_grads();
+  auto acts = serial.make_activations();
+  const double want_loss = serial.forward(0, *acts, inputs.data(), targets.data(), scale);
+  serial.backward(0, *acts, inputs.data());
+  std::vector<float> sp(std::size_t(serial.num_params())), sg(sp.size());
+  serial.read_params(sp.data());
+  serial.read_grads(sg.data());
+
+  model::Gpt2d m(cfg, s.grid, *s.ops, B);
+  m.init_weights(seed);
+  const double loss = m.forward_backward(inputs.data(), targets.data(), scale);
+  m.reduce_param_grads();
+  EXPECT_NEAR(loss, want_loss, 1e-5 * std::fabs(want_loss)) << "loss";
+  for (const auto& t : m.specs()) {
+    const trident::model::ShardSpec* ss = nullptr;
+    for (const auto& x : serial.specs())
+      if (x.name == t.name) ss = &x;
+    ASSERT_NE(ss, nullptr) << t.name;
+    double scale_t = 0;
+    for (std::int64_t i = 0; i < ss->numel(); ++i)
+      scale_t = std::max(scale_t, double(std::fabs(sg[std::size_t(ss->offset + i)])));
+    std::vector<char> seen(std::size_t(t.local_numel()), 0);
+    int bad = 0;
+    trident::model::for_each_local_element(t, [&](std::int64_t l, std::int64_t g) {
+      seen[std::size_t(l)] = 1;
+      const float p = m.params()[t.offset + l], pw = sp[std::size_t(ss->offset + g)];
+      const float d = m.grads()[t.offset + l], dw = sg[std::size_t(ss->offset + g)];
+      if (p != pw || std::fabs(d - dw) > 1e-4 * scale_t + 1e-4 * std::fabs(dw)) {
+        if (++bad <= 3)
+          ADD_FAILURE() << t.name << " local " << l << " global " << g << ": param " << p
+                        << " vs " << pw << ", grad " << d << " vs " << dw;
+      }
+    });
+    for (std::int64_t l = 0; l < t.local_numel(); ++l)
+      if (!seen[std::size_t(l)]) EXPECT_EQ(m.grads()[t.offset + l], 0.0f) << t.name << " padding";
+    EXPECT_EQ(bad, 0) << t.name;
+  }
 }
 
 int main(int argc, char** argv) {
