@@ -55,10 +55,13 @@ if (( ${#skip[@]} == 0 )); then
 fi
 # 2D tensor parallelism (issue 20): 1D against SUMMA on one MLP at tp = 4, d_model 512 and 1024
 # (bytes per rank measured from Comm's counters beside the closed forms; the wall time of 4
-# ranks on this machine's cores; the stash per rank). tp2d.json holds one line per d_model.
+# ranks on this machine's cores; the stash per rank), then whole GPT-2 steps (2 layers, 4 x 128
+# tokens: GptChunk at tp = 4 against model::Gpt2d on 2 x 2; bytes per step, step time, one
+# layer's activation floats per rank beside serial's). tp2d.json: two lines per d_model.
 if (( ${#skip[@]} == 0 )) && cmake --build "$build" --target trident_bench_tp2d -j "$(nproc)" >/dev/null; then
   results=${OUT:-$build/bench-work}
   mkdir -p "$results"
   mpirun -np 4 --oversubscribe --bind-to none "$build/bench/trident_bench_tp2d" --reps 5 \
+    --layers 2 --seq 128 --batch 4 --vocab 1024 \
     | tee "$results/tp2d.json"
 fi

@@ -4,8 +4,16 @@
 // the bytes each rank's communicators counted per forward+backward (measured, Comm's
 // counters) beside the closed forms, the median wall time of one forward+backward, and the
 // floats each rank keeps for the backward (the MLP's stash: input, c_fc output, GELU output).
-// It is not `trident train`: 2D TP is not wired into the model yet.
+// With --layers L (> 0) it also runs whole GPT-2 training steps (forward + backward of one
+// microbatch of --batch B sequences of --seq T tokens, vocabulary --vocab V, 8 heads):
+// 1D = GptChunk at tp = 4, 2D = model::Gpt2d on the 2 x 2 grid; per d_model one more JSON line
+// with each one's TP bytes per rank and step (Comm's counters; 2D includes the once-per-step
+// column reductions of the vectors' and embeddings' gradients), the median step time, and
+// the activation floats one layer allocates per rank (1D: layer_floats, the carving GptChunk
+// and the memory report use; 2D: Block2dActivations::floats) beside serial's.
+// It is not `trident train`: 2D TP is not wired into the training loop yet.
 // usage: mpirun -np 4 trident_bench_tp2d [--tokens N] [--reps R] [--dmodel C ...]
+//        [--layers L --seq T --batch B --vocab V]
 #include <mpi.h>
 
 #include <algorithm>
@@ -17,6 +25,8 @@
 #include <vector>
 
 #include "trident/core/buffer.hpp"
+#include "trident/model/gpt.hpp"
+#include "trident/model/gpt2d.hpp"
 #include "trident/model/summa.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 #include "trident/parallel/tp_mappings.hpp"
@@ -125,16 +135,77 @@ Result two_d(trident::ops::Ops& ops, par::Tp2dGrid& grid, int n, int c, int reps
   return res;
 }
 
+struct StepResult {
+  double bytes_1d = 0, bytes_2d = 0, seconds_1d = 0, seconds_2d = 0, loss_1d = 0, loss_2d = 0;
+  double layer_floats_1d = 0, layer_floats_2d = 0, layer_floats_serial = 0;
+};
+
+// Whole-model steps, 1D GptChunk (tp = world) against Gpt2d (q x q), the same weights.
+StepResult model_steps(trident::ops::Ops& ops, par::Tp2dGrid& grid, par::Comm& world,
+                       const model::ModelConfig& cfg, int batch, int reps) {
+  const int n = batch * cfg.seq_len;
+  std::vector<std::int32_t> in(static_cast<std::size_t>(n)), tg(in.size());
+  for (int i = 0; i < n; ++i) {
+    in[std::size_t(i)] = (7 * i + 3) % cfg.vocab_size;
+    tg[std::size_t(i)] = (11 * i + 5) % cfg.vocab_size;
+  }
+  const float scale = 1.0f / float(n);
+  StepResult r;
+  par::ParallelState ps = par::make_parallel_state(par::GridShape{world.size(), 1, 1});
+  model::GptChunk one(cfg, model::StageLayout{0, cfg.n_layer, true, true}, ps, ops, batch);
+  one.init_weights(1);
+  auto acts = one.make_activations();
+  std::vector<double> t1, t2;
+  for (int k = 0; k < reps; ++k) {
+    world.barrier();
+    ps.tp.reset_counters();
+    const double t0 = now();
+    one.zero_grads();
+    r.loss_1d = one.forward(0, *acts, in.data(), tg.data(), scale);
+    one.backward(0, *acts, in.data());
+    double t = now() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world.raw());
+    t1.push_back(t);
+    r.bytes_1d = ps.tp.counters().bytes;
+  }
+  model::Gpt2d two(cfg, grid, ops, batch);
+  two.init_weights(1);
+  for (int k = 0; k < reps; ++k) {
+    world.barrier();
+    grid.row.reset_counters();
+    grid.col.reset_counters();
+    const double t0 = now();
+    two.zero_grads();
+    r.loss_2d = two.forward_backward(in.data(), tg.data(), scale);
+    two.reduce_param_grads();
+    double t = now() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world.raw());
+    t2.push_back(t);
+    r.bytes_2d = grid.row.counters().bytes + grid.col.counters().bytes;
+  }
+  r.seconds_1d = median(t1);
+  r.seconds_2d = median(t2);
+  r.layer_floats_1d = double(model::layer_floats(model::chunk_dims(cfg, world.size(), batch, false), false));
+  r.layer_floats_serial = double(model::layer_floats(model::chunk_dims(cfg, 1, batch, false), false));
+  model::Block2d blk(ops, grid, {batch, cfg.seq_len, cfg.d_model, cfg.n_head});
+  r.layer_floats_2d = double(blk.make_activations().floats());
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  int tokens = 1024, reps = 5;
+  int tokens = 1024, reps = 5, layers = 0, seq = 64, batch = 4, vocab = 1024;
   std::vector<int> widths;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--dmodel")) widths.push_back(std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--layers")) layers = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--seq")) seq = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--vocab")) vocab = std::atoi(argv[i + 1]);
   }
   if (widths.empty()) widths = {512, 1024};
   par::Comm world = par::Comm::world();
@@ -159,6 +230,20 @@ int main(int argc, char** argv) {
           world.size(), tokens, c, reps, a.bytes_per_rank, a.closed_form, a.seconds,
           a.stash_floats, b.bytes_per_rank, b.closed_form, b.seconds, b.stash_floats,
           double(tokens) * c + 2.0 * tokens * 4 * c);
+    if (layers > 0) {
+      const model::ModelConfig cfg{vocab, seq, layers, 8, c};
+      const StepResult m = model_steps(*ops, grid, world, cfg, batch, reps);
+      if (world.rank() == 0)
+        std::printf(
+            "{\"model_step\": true, \"tp\": %d, \"d_model\": %d, \"n_layer\": %d, \"seq\": %d, "
+            "\"batch\": %d, \"vocab\": %d, \"reps\": %d, "
+            "\"1d\": {\"bytes_per_rank\": %.0f, \"seconds\": %.6f, \"loss\": %.6f, \"layer_floats\": %.0f}, "
+            "\"2d\": {\"bytes_per_rank\": %.0f, \"seconds\": %.6f, \"loss\": %.6f, \"layer_floats\": %.0f}, "
+            "\"serial_layer_floats\": %.0f}\n",
+            world.size(), c, layers, seq, batch, vocab, reps, m.bytes_1d, m.seconds_1d,
+            m.loss_1d, m.layer_floats_1d, m.bytes_2d, m.seconds_2d, m.loss_2d,
+            m.layer_floats_2d, m.layer_floats_serial);
+    }
   }
   MPI_Finalize();
   return 0;
