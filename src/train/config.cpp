@@ -488,9 +488,9 @@ class Loader {
     fail(where(key), ": ", key, ": expected ", list, ", got ", toml_string(v));
   }
 
-  // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20) has its grid and SUMMA linear
-  // layer (parallel/tp_grid2d, model/summa) but no model built on them yet, so a deck asking
-  // for it is refused here rather than trained as something else.
+  // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20) has its model (model/gpt2d) but
+  // is not wired into training yet, so a deck asking for it is refused here rather than
+  // trained as something else; first what 2D needs or will never do, one error each.
   void validate_tp_mode() const {
     const Config::Parallel& p = cfg_.parallel;
     need_one_of(p.tp_mode, "parallel.tp_mode", {"1d", "2d"});
@@ -499,9 +499,29 @@ class Loader {
       fail(where("parallel.tp_mode", "parallel.tp"),
            ": parallel.tp_mode = \"2d\" needs parallel.tp a perfect square q*q (4, 9, 16, ...), "
            "got ", p.tp);
-    fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet: 2D "
-         "tensor parallelism has only its building blocks (docs/tp2d.md), no model built on "
-         "them; expected \"1d\"");
+    // What 2D TP will not do even once wired (docs/tp2d.md), one error each.
+    if (p.sequence_parallel)
+      fail(where("parallel.tp_mode", "parallel.sequence_parallel"),
+           ": parallel.tp_mode = \"2d\" does not combine with parallel.sequence_parallel (the "
+           "grid already splits the token rows); expected parallel.sequence_parallel = false");
+    if (cfg_.model.llama())
+      fail(where("parallel.tp_mode", "model.arch"),
+           ": parallel.tp_mode = \"2d\" is built for model.arch = \"gpt2\" only, got \"llama\"");
+    if (cfg_.runtime.device == RuntimeDevice::cuda)
+      fail(where("parallel.tp_mode", "runtime.device"),
+           ": parallel.tp_mode = \"2d\" runs on the CPU backend only (its LayerNorm is host "
+           "code); expected runtime.device = \"cpu\"");
+    const int q = parallel::tp2d_side(p.tp);
+    // Each grid row takes whole sequences, each grid column whole heads and d_model / q.
+    for (const auto& [key, v] : {std::pair<const char*, int>{"parallel.micro_batch_size",
+                                                             p.micro_batch_size},
+                                 {"model.n_head", cfg_.model.n_head},
+                                 {"model.d_model", cfg_.model.d_model}})
+      if (v % q != 0)
+        fail(where("parallel.tp_mode", key), ": parallel.tp_mode = \"2d\" on a ", q, " x ", q,
+             " grid needs ", key, " divisible by ", q, ", got ", v);
+    fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet: the 2D "
+         "model is not wired into training (docs/tp2d.md); expected \"1d\"");
   }
 
   // model.arch and Llama's keys; a Llama key in a GPT-2 deck is an error (it would be ignored).
@@ -568,7 +588,7 @@ class Loader {
       fail(where("parallel.vpp", "parallel.pp"), ": parallel.vpp = ", p.vpp,
            " needs parallel.pp >= 2 (virtual stages interleave over pipeline ranks), got ",
            p.pp);
-    if (c.model.n_head % p.tp != 0)
+    if (p.tp_mode != "2d" && c.model.n_head % p.tp != 0)  // 2d: validate_tp_mode
       fail(where("model.n_head", "parallel.tp"), ": model.n_head = ", c.model.n_head,
            " is not divisible by parallel.tp = ", p.tp);
     // Llama under TP: each rank's query heads read one kv head, its own (n_kv_head split

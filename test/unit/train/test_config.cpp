@@ -523,6 +523,21 @@ TEST(ConfigErrors, Divisibility) {
                {"parallel.tp_mode = \"2d\" needs parallel.tp a perfect square", "got 2"});
   expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4"},
                {"parallel.tp_mode = \"2d\" is not supported yet", "expected \"1d\""});
+  // What 2D refuses for good, and what its grid needs divisible by q (= 2 here).
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.sequence_parallel=true"},
+               {"parallel.tp_mode = \"2d\" does not combine with parallel.sequence_parallel",
+                "expected parallel.sequence_parallel = false"});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "model.arch=\"llama\""},
+               {"parallel.tp_mode = \"2d\" is built for model.arch = \"gpt2\" only"});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "runtime.device=\"cuda\""},
+               {"parallel.tp_mode = \"2d\" runs on the CPU backend only",
+                "expected runtime.device = \"cpu\""});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.micro_batch_size=3",
+                    "train.global_batch_size=6"},
+               {"on a 2 x 2 grid needs parallel.micro_batch_size divisible by 2", "got 3"});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "model.n_head=3",
+                    "model.d_model=96"},
+               {"needs model.n_head divisible by 2", "got 3"});
 }
 
 TEST(ConfigErrors, SetSyntax) {
