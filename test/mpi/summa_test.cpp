@@ -660,53 +660,63 @@ TEST(Block2d, ForwardAndBackwardMatchTheSerialBlock) {
                 (long long)acts.floats(), (long long)serial, q);
 }
 
-// The whole GPT-2 in 2D against the serial GptChunk (every rank runs it alone: a dp-only
-// ParallelState): the same initial weights, the same loss, and every gradient element where
-// the 2D ShardSpecs place it (padding rows of wte zero).
-TEST(Gpt2d, LossAndEveryGradientMatchTheSerialChunk) {
-  WorldGrid s;
-  const int q = s.grid.q, B = 2 * q, world = s.world.size();
-  trident::model::ModelConfig cfg{51, 4, 2, 2 * q, 8 * q};  // V odd: padding at q = 2
-  const int N = B * cfg.seq_len;
-  std::vector<std::int32_t> inputs(static_cast<std::size_t>(N)), targets(inputs.size());
+// The serial GptChunk's weights, loss and gradients on this rank alone (a dp-only
+// ParallelState over the world), the reference of the Gpt2d tests.
+struct SerialRun {
+  trident::model::ModelConfig cfg;
+  std::vector<std::int32_t> inputs, targets;
+  float scale = 0;
+  double loss = 0;
+  std::vector<trident::model::ShardSpec> specs;
+  std::vector<float> params, grads;
+};
+
+SerialRun serial_run(int q, int world) {
+  SerialRun r;
+  r.cfg = trident::model::ModelConfig{51, 4, 2, 2 * q, 8 * q};  // V odd: padding at q = 2
+  const int B = 2 * q, N = B * r.cfg.seq_len;
   for (int i = 0; i < N; ++i) {
-    inputs[std::size_t(i)] = (7 * i + 3) % cfg.vocab_size;
-    targets[std::size_t(i)] = (11 * i + 5) % cfg.vocab_size;
+    r.inputs.push_back((7 * i + 3) % r.cfg.vocab_size);
+    r.targets.push_back((11 * i + 5) % r.cfg.vocab_size);
   }
-  const float scale = 1.0f / float(N);
-  const std::uint64_t seed = 1234;
+  r.scale = 1.0f / float(N);
   trident::parallel::ParallelState ps =
       trident::parallel::make_parallel_state(trident::parallel::GridShape{1, 1, world});
-  trident::model::GptChunk serial(cfg, trident::model::StageLayout{0, cfg.n_layer, true, true},
-                                  ps, *s.ops, B);
-  serial.init_weights(seed);
+  static const auto ops_owner = trident::ops::make_cpu_ops(1);  // outlives every chunk
+  trident::ops::Ops& ops = *ops_owner;
+  trident::model::GptChunk serial(r.cfg, trident::model::StageLayout{0, r.cfg.n_layer, true, true},
+                                  ps, ops, B);
+  serial.init_weights(1234);
   serial.zero_grads();
   auto acts = serial.make_activations();
-  const double want_loss = serial.forward(0, *acts, inputs.data(), targets.data(), scale);
-  serial.backward(0, *acts, inputs.data());
-  std::vector<float> sp(std::size_t(serial.num_params())), sg(sp.size());
-  serial.read_params(sp.data());
-  serial.read_grads(sg.data());
+  r.loss = serial.forward(0, *acts, r.inputs.data(), r.targets.data(), r.scale);
+  serial.backward(0, *acts, r.inputs.data());
+  r.specs = serial.specs();
+  r.params.resize(std::size_t(serial.num_params()));
+  r.grads.resize(r.params.size());
+  serial.read_params(r.params.data());
+  serial.read_grads(r.grads.data());
+  return r;
+}
 
-  model::Gpt2d m(cfg, s.grid, *s.ops, B);
-  m.init_weights(seed);
-  const double loss = m.forward_backward(inputs.data(), targets.data(), scale);
-  m.reduce_param_grads();
-  EXPECT_NEAR(loss, want_loss, 1e-5 * std::fabs(want_loss)) << "loss";
-  for (const auto& t : m.specs()) {
+// Every element of a 2D rank's tensors against the serial run's, where the specs place it:
+// the same weights, gradients within float rounding, padding rows of gradients zero.
+void expect_like_serial(const SerialRun& r, const std::vector<trident::model::ShardSpec>& specs,
+                        const float* params, const float* grads) {
+  for (const auto& t : specs) {
     const trident::model::ShardSpec* ss = nullptr;
-    for (const auto& x : serial.specs())
+    for (const auto& x : r.specs)
       if (x.name == t.name) ss = &x;
     ASSERT_NE(ss, nullptr) << t.name;
     double scale_t = 0;
     for (std::int64_t i = 0; i < ss->numel(); ++i)
-      scale_t = std::max(scale_t, double(std::fabs(sg[std::size_t(ss->offset + i)])));
+      scale_t = std::max(scale_t, double(std::fabs(r.grads[std::size_t(ss->offset + i)])));
     std::vector<char> seen(std::size_t(t.local_numel()), 0);
     int bad = 0;
     trident::model::for_each_local_element(t, [&](std::int64_t l, std::int64_t g) {
       seen[std::size_t(l)] = 1;
-      const float p = m.params()[t.offset + l], pw = sp[std::size_t(ss->offset + g)];
-      const float d = m.grads()[t.offset + l], dw = sg[std::size_t(ss->offset + g)];
+      const float p = params[t.offset + l], pw = r.params[std::size_t(ss->offset + g)];
+      const float d = grads[t.offset + l], dw = r.grads[std::size_t(ss->offset + g)];
       if (p != pw || std::fabs(d - dw) > 1e-4 * scale_t + 1e-4 * std::fabs(dw)) {
         if (++bad <= 3)
           ADD_FAILURE() << t.name << " local " << l << " global " << g << ": param " << p
@@ -714,9 +724,61 @@ TEST(Gpt2d, LossAndEveryGradientMatchTheSerialChunk) {
       }
     });
     for (std::int64_t l = 0; l < t.local_numel(); ++l)
-      if (!seen[std::size_t(l)]) EXPECT_EQ(m.grads()[t.offset + l], 0.0f) << t.name << " padding";
+      if (!seen[std::size_t(l)]) EXPECT_EQ(grads[t.offset + l], 0.0f) << t.name << " padding";
     EXPECT_EQ(bad, 0) << t.name;
   }
+}
+
+// The whole GPT-2 in 2D against the serial GptChunk: the same initial weights, the same loss,
+// and every gradient element where the 2D ShardSpecs place it (padding rows of wte zero).
+TEST(Gpt2d, LossAndEveryGradientMatchTheSerialChunk) {
+  WorldGrid s;
+  const int q = s.grid.q;
+  const SerialRun r = serial_run(q, s.world.size());
+  model::Gpt2d m(r.cfg, s.grid, *s.ops, 2 * q);
+  m.init_weights(1234);
+  const double loss = m.forward_backward(r.inputs.data(), r.targets.data(), r.scale);
+  m.reduce_param_grads();
+  EXPECT_NEAR(loss, r.loss, 1e-5 * std::fabs(r.loss)) << "loss";
+  expect_like_serial(r, m.specs(), m.params(), m.grads());
+}
+
+// 2D TP x PP: 8 ranks as two pipeline stages of a 2 x 2 grid each (world ranks 0-3 stage 0
+// with the embedding and layer 0, 4-7 stage 1 with layer 1 and the head). A stage sends its
+// [mb, cb] output block to the same grid position of the next; the tied wte's gradients
+// are summed between the two stages (as GradSync does over the embedding group).
+// Run with mpirun -np 8 --gtest_filter='Gpt2dPipeline.*' (skipped on other world sizes).
+TEST(Gpt2dPipeline, TwoStagesMatchTheSerialChunk) {
+  par::Comm world = par::Comm::world();
+  if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks (pp 2 x tp 4)";
+  const int stage = world.rank() / 4, peer = world.rank() ^ 4;
+  par::Comm tp = world.split(stage, world.rank() % 4, "tp");
+  par::Comm pair = world.split(world.rank() % 4, stage, "embedding");
+  par::Tp2dGrid grid = par::make_tp2d_grid(tp);
+  auto ops = trident::ops::make_cpu_ops(1);
+  const SerialRun r = serial_run(grid.q, world.size());
+  const trident::model::StageLayout layout{stage, stage + 1, stage == 0, stage == 1};
+  model::Gpt2d m(r.cfg, layout, grid, *ops, 2 * grid.q);
+  m.init_weights(1234);
+  auto a = m.make_activations();
+  const std::int64_t n = m.boundary_numel();
+  double loss = 0;
+  if (stage == 0) {
+    m.forward(*a, r.inputs.data(), r.targets.data(), r.scale);
+    MPI_Send(m.output(*a), int(n), MPI_FLOAT, peer, 1, world.raw());
+    MPI_Recv(a->doutput.data(), int(n), MPI_FLOAT, peer, 2, world.raw(), MPI_STATUS_IGNORE);
+    m.backward(*a);
+  } else {
+    MPI_Recv(m.input(*a), int(n), MPI_FLOAT, peer, 1, world.raw(), MPI_STATUS_IGNORE);
+    loss = m.forward(*a, r.inputs.data(), r.targets.data(), r.scale);
+    m.backward(*a);
+    MPI_Send(a->dinput.data(), int(n), MPI_FLOAT, peer, 2, world.raw());
+  }
+  m.reduce_param_grads();
+  for (const auto& t : m.specs())
+    if (t.tied_across_stages()) pair.allreduce_sum(m.grads() + t.offset, t.local_numel());
+  if (stage == 1) EXPECT_NEAR(loss, r.loss, 1e-5 * std::fabs(r.loss)) << "loss";
+  expect_like_serial(r, m.specs(), m.params(), m.grads());
 }
 
 int main(int argc, char** argv) {
