@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "trident/core/rng.hpp"
+#include "trident/io/checkpoint.hpp"
 #include "trident/io/weights.hpp"
 #include "trident/model/attention2d.hpp"
 #include "trident/model/block2d.hpp"
@@ -483,11 +484,11 @@ TEST(Embedding2d, LookupAndTiedHeadMatchTheSerialOnes) {
 
 // 2D ShardSpecs through parallel HDF5: the grid writes its blocks (a copy's poisoned values
 // must not reach the file), rank 0 reads the file as the serial layout, and the grid reads it
-// back with checksums verified.
+// back with checksums verified; a checkpoint written in 2D resumes in 1D TP and back.
 TEST(Checkpoint2d, GridBlocksWrittenReadSeriallyAndBack) {
   WorldGrid s;
   const int tp = s.world.size(), rank = s.world.rank();
-  const trident::model::ModelConfig cfg{51, 8, 2, 2, 8};  // vocabulary odd: padding at q = 2
+  const trident::model::ModelConfig cfg{51, 8, 2, 4, 8};  // vocabulary odd: padding at q = 2
   auto value_of = [](const std::string& name, std::int64_t g) {
     const std::uint64_t h = trident::rng::uniform_u64(0, trident::rng::key_of(name), std::uint64_t(g));
     return float(std::int64_t(h % 20001) - 10000) * 1e-3f;
@@ -530,6 +531,30 @@ TEST(Checkpoint2d, GridBlocksWrittenReadSeriallyAndBack) {
   trident::io::read_weights(path, s.world.raw(), cfg, specs, mine.data(), role);
   const auto want = fill(specs, false);  // padding rows read as 0, as fill leaves them
   EXPECT_EQ(mine, want) << "rank " << rank;
+
+  // A checkpoint (weights and both AdamW moments) written in 2D resumes in 1D TP over the
+  // same ranks, and one written in 1D resumes in 2D: every shard as its layout places it.
+  const auto specs1d = trident::model::gpt_param_specs(cfg, all, rank, tp);
+  const auto flat1d = fill(specs1d, false);
+  std::vector<float> p1(flat1d.size(), 5.0f), m1(p1), v1(p1);
+  trident::io::CheckpointState st;
+  st.step = 3;
+  st.config = "# test";
+  const std::string ck2d = trident::io::write_checkpoint(dir + "/from2d", s.world.raw(), cfg,
+                                                         specs, st, flat.data(), flat.data(),
+                                                         flat.data(), role);
+  trident::io::read_checkpoint(ck2d, s.world.raw(), cfg, specs1d, p1.data(), m1.data(),
+                               v1.data(), role);
+  EXPECT_EQ(p1, flat1d) << "1D weights from a 2D checkpoint, rank " << rank;
+  EXPECT_EQ(v1, flat1d) << "1D exp_avg_sq from a 2D checkpoint, rank " << rank;
+  const std::string ck1d = trident::io::write_checkpoint(dir + "/from1d", s.world.raw(), cfg,
+                                                         specs1d, st, flat1d.data(),
+                                                         flat1d.data(), flat1d.data(), role);
+  std::vector<float> p2(flat.size(), 5.0f), m2(p2), v2(p2);
+  trident::io::read_checkpoint(ck1d, s.world.raw(), cfg, specs, p2.data(), m2.data(), v2.data(),
+                               role);
+  EXPECT_EQ(p2, want) << "2D weights from a 1D checkpoint, rank " << rank;
+  EXPECT_EQ(m2, want) << "2D exp_avg from a 1D checkpoint, rank " << rank;
   s.world.barrier();
   if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
