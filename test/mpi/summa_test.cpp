@@ -766,6 +766,16 @@ TEST(Gpt2d, LossAndEveryGradientMatchTheSerialChunk) {
   m.reduce_param_grads();
   EXPECT_NEAR(loss, r.loss, 1e-5 * std::fabs(r.loss)) << "loss";
   expect_like_serial(r, m.specs(), m.params(), m.grads());
+  // The grad norm's rule (train/optimizer.cpp): each rank sums the squares of the shards it
+  // is copy 0 of, one sum over TP: the serial norm, each element counted once.
+  double mine = 0, serial = 0;
+  for (const auto& t : m.specs())
+    if (t.tp_copy == 0)
+      for (std::int64_t i = 0; i < t.local_numel(); ++i)
+        mine += double(m.grads()[t.offset + i]) * m.grads()[t.offset + i];
+  s.world.allreduce_sum(&mine, 1);
+  for (float g : r.grads) serial += double(g) * g;
+  EXPECT_NEAR(std::sqrt(mine), std::sqrt(serial), 1e-5 * std::sqrt(serial)) << "grad norm";
 }
 
 // 2D TP x PP: 8 ranks as two pipeline stages of a 2 x 2 grid each (world ranks 0-3 stage 0
@@ -803,6 +813,31 @@ TEST(Gpt2dPipeline, TwoStagesMatchTheSerialChunk) {
   for (const auto& t : m.specs())
     if (t.tied_across_stages()) pair.allreduce_sum(m.grads() + t.offset, t.local_numel());
   if (stage == 1) EXPECT_NEAR(loss, r.loss, 1e-5 * std::fabs(r.loss)) << "loss";
+  expect_like_serial(r, m.specs(), m.params(), m.grads());
+}
+
+// 2D TP x DP: 8 ranks as two data-parallel replicas of a 2 x 2 grid (world ranks 0-3 and 4-7),
+// each with half of the serial run's sequences; gradients and losses summed over the replicas
+// (each already scaled by 1 / the global tokens) give the serial ones. Same launch as
+// Gpt2dPipeline.
+TEST(Gpt2dDataParallel, TwoReplicasMatchTheSerialChunk) {
+  par::Comm world = par::Comm::world();
+  if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks (dp 2 x tp 4)";
+  const int replica = world.rank() / 4;
+  par::Comm tp = world.split(replica, world.rank() % 4, "tp");
+  par::Comm dp = world.split(world.rank() % 4, replica, "dp");
+  par::Tp2dGrid grid = par::make_tp2d_grid(tp);
+  auto ops = trident::ops::make_cpu_ops(1);
+  const SerialRun r = serial_run(grid.q, world.size());
+  const int half = grid.q;  // sequences per replica (the serial microbatch is 2q)
+  model::Gpt2d m(r.cfg, grid, *ops, half);
+  m.init_weights(1234);
+  const std::int64_t first = std::int64_t(replica) * half * r.cfg.seq_len;
+  double loss = m.forward_backward(r.inputs.data() + first, r.targets.data() + first, r.scale);
+  m.reduce_param_grads();
+  dp.allreduce_sum(m.grads(), m.num_params());
+  dp.allreduce_sum(&loss, 1);
+  EXPECT_NEAR(loss, r.loss, 1e-5 * std::fabs(r.loss)) << "loss";
   expect_like_serial(r, m.specs(), m.params(), m.grads());
 }
 
