@@ -8,6 +8,7 @@
 #include "trident/io/h5.hpp"
 #include "trident/io/tensor_io.hpp"
 #include "trident/io/weights.hpp"
+#include "trident/model/gpt2d.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/run.hpp"
 
@@ -54,11 +55,66 @@ FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std:
   return fb;
 }
 
+// parallel.tp_mode = "2d" (docs/tp2d.md): init and grad run model::Gpt2d, one pipeline
+// stage (pp = 1), micro-batches in sequence, gradients summed over DP; the files are
+// layout-independent (the 2D ShardSpecs' hyperslabs). Training does not run it yet.
+bool tp2d(const Session& s) { return s.cfg.parallel.tp_mode == "2d"; }
+
+std::unique_ptr<model::Gpt2d> make_gpt2d(Session& s, parallel::Tp2dGrid& grid) {
+  std::unique_ptr<model::Gpt2d> m;
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    TRIDENT_CHECK(s.cfg.parallel.pp == 1, s.cfg.source, ": parallel.tp_mode = \"2d\" runs one "
+                  "pipeline stage in trident init and grad for now; expected parallel.pp = 1, "
+                  "got ", s.cfg.parallel.pp);
+    m = std::make_unique<model::Gpt2d>(s.cfg.model, grid, *s.ops,
+                                       s.cfg.parallel.micro_batch_size);
+  });
+  return m;
+}
+
+int run_grad_2d(Session& s, const std::string& weights, const std::string& batch,
+                const std::string& out) {
+  parallel::Tp2dGrid grid = parallel::make_tp2d_grid(s.ps.tp);
+  auto m = make_gpt2d(s, grid);
+  const train::Config& cfg = s.cfg;
+  const int dp = s.ps.shape.dp, mbs = cfg.parallel.micro_batch_size;
+  io::Batch b;
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    b = io::read_batch(batch, cfg.model.vocab_size);
+    TRIDENT_CHECK(b.seq_len == cfg.model.seq_len, batch, ": sequences of ", b.seq_len,
+                  " tokens, the deck has model.seq_len = ", cfg.model.seq_len);
+    TRIDENT_CHECK(b.batch % (mbs * dp) == 0, batch, ": a batch of ", b.batch,
+                  " sequences does not split into microbatches of parallel.micro_batch_size = ",
+                  mbs, " over dp = ", dp);
+  });
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    io::read_weights(weights, MPI_COMM_WORLD, cfg.model, m->specs(), m->params(),
+                     train::shard_role(s.ps));
+  });
+  const int T = cfg.model.seq_len, per_replica = b.batch / dp;
+  const float scale = float(1.0 / double(std::int64_t(b.batch) * T));  // as Trainer's
+  m->zero_grads();
+  double loss = 0;
+  for (int k = 0; k < per_replica / mbs; ++k) {
+    const std::int64_t first = (std::int64_t(s.ps.coord.dp) * per_replica + k * mbs) * T;
+    loss += m->forward_backward(b.inputs.data() + first, b.targets.data() + first, scale);
+  }
+  m->reduce_param_grads();
+  s.ps.dp.allreduce_sum(m->grads(), m->num_params());  // each already scaled: the sum is the mean
+  s.ps.dp.allreduce_sum(&loss, 1);
+  loss /= double(std::int64_t(b.batch) * T);
+  io::write_grad_dump(out, MPI_COMM_WORLD, cfg.model, m->specs(), m->grads(), loss,
+                      train::shard_role(s.ps));
+  log::info("loss ", loss, " -> ", out);
+  return 0;
+}
+
 }  // namespace
 
 int run_grad(const DeckArgs& args, const std::string& weights, const std::string& batch,
              const std::string& out) {
-  Session s = open_session(args, "");
+  Session s = open_session(args, "", true);
+  if (tp2d(s)) return run_grad_2d(s, weights, batch, out);
   train::Trainer tr(s.cfg, s.ps, *s.ops);
   FixedBatch fb = load_fixed(tr, weights, batch);
   const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
@@ -98,7 +154,16 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
 }
 
 int run_init(const DeckArgs& args, const std::string& out) {
-  Session s = open_session(args, "");
+  Session s = open_session(args, "", true);
+  if (tp2d(s)) {
+    parallel::Tp2dGrid grid = parallel::make_tp2d_grid(s.ps.tp);
+    auto m = make_gpt2d(s, grid);
+    m->init_weights(std::uint64_t(s.cfg.train.seed));
+    io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, m->specs(), m->params(),
+                      train::shard_role(s.ps));
+    log::info("initialized weights (seed ", s.cfg.train.seed, ") -> ", out);
+    return 0;
+  }
   train::Trainer tr(s.cfg, s.ps, *s.ops);
   model::GptChunk& m = tr.model();
   m.init_weights(std::uint64_t(s.cfg.train.seed));

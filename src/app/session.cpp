@@ -35,13 +35,13 @@ ops::BackendOptions backend_options(const train::Config& c, const parallel::Node
   return backend;
 }
 
-Session open_session(const DeckArgs& args, const std::string& vocab_from) {
+Session open_session(const DeckArgs& args, const std::string& vocab_from, bool allow_tp2d) {
   Session s;
   const parallel::NodeRanks node = parallel::node_ranks();
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   parallel::agree(MPI_COMM_WORLD, [&] {
-    s.cfg = train::load_config(args.deck, args.overrides);
+    s.cfg = train::load_config(args.deck, args.overrides, allow_tp2d);
     train::Config& c = s.cfg;
     const std::string data = vocab_from.empty() ? c.data.train : vocab_from;
     if (c.model.vocab_size == 0) {

@@ -280,7 +280,10 @@ std::string at(const std::string& source, const toml::source_region& r) {
 
 class Loader {
  public:
-  explicit Loader(std::string source) : source_(std::move(source)) { cfg_.source = source_; }
+  explicit Loader(std::string source, bool allow_tp2d = false)
+      : source_(std::move(source)), allow_tp2d_(allow_tp2d) {
+    cfg_.source = source_;
+  }
 
   void read_text(const std::string& text) {
     toml::table root;
@@ -520,8 +523,10 @@ class Loader {
       if (v % q != 0)
         fail(where("parallel.tp_mode", key), ": parallel.tp_mode = \"2d\" on a ", q, " x ", q,
              " grid needs ", key, " divisible by ", q, ", got ", v);
-    fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet: the 2D "
-         "model is not wired into training (docs/tp2d.md); expected \"1d\"");
+    if (!allow_tp2d_)
+      fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet: the "
+           "2D model is not wired into training (docs/tp2d.md; trident init and grad take "
+           "it); expected \"1d\"");
   }
 
   // model.arch and Llama's keys; a Llama key in a GPT-2 deck is an error (it would be ignored).
@@ -674,6 +679,7 @@ class Loader {
   }
 
   std::string source_;
+  bool allow_tp2d_ = false;  // parallel.tp_mode = "2d" for the commands that run it
   Config cfg_;
   std::map<std::string, std::string> origin_;  // key -> where it was set
   std::map<std::string, std::string> bad_word_;  // choice key -> a word it does not know
@@ -682,14 +688,15 @@ class Loader {
 }  // namespace
 
 Config parse_config(const std::string& toml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides) {
-  Loader loader(source_name);
+                    const std::vector<std::string>& overrides, bool allow_tp2d) {
+  Loader loader(source_name, allow_tp2d);
   loader.read_text(toml_text);
   for (const std::string& ov : overrides) loader.apply_override(ov);
   return loader.finish();
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   bool allow_tp2d) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("input deck '", path, "' not found");
@@ -699,7 +706,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) fail("input deck '", path, "' cannot be read: ", std::strerror(errno));
-  return parse_config(text.str(), path, overrides);
+  return parse_config(text.str(), path, overrides, allow_tp2d);
 }
 
 std::string to_toml(const Config& cfg) {

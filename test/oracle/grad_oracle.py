@@ -41,6 +41,11 @@ CONFIGS = {
                    {"tp": 2}),
     "t1000_tp2_sp_h3": (dict(vocab_size=64, seq_len=1000, n_layer=1, n_head=6, d_model=24), 1, 1,
                         {"tp": 2, "sequence_parallel": True}),
+    # 2D TP (parallel.tp_mode = "2d", SUMMA on a 2 x 2 grid, docs/tp2d.md): odd vocabulary
+    # (padding to q), two microbatches of 2 sequences (one per grid row), 2 heads (one per
+    # grid column).
+    "tp4_2d": (dict(vocab_size=61, seq_len=12, n_layer=2, n_head=2, d_model=16), 4, 2,
+               {"tp": 4, "tp_mode": "2d"}),
     # Llama: n_kv_head 2 of 4, 1 (multi-query, tied head, Llama 3's theta) and n_head; odd
     # seq_len; ffn_hidden 40 and 24 (not multiples of 64) and Llama's rule (256 here).
     "llama_gqa": (dict(vocab_size=64, seq_len=15, n_layer=2, n_head=4, d_model=32, arch="llama",

@@ -187,11 +187,14 @@ struct Config {
 // `--set`), and validates. The value of an override is read as a TOML value when it parses
 // as one (`train.lr=1e-3`, `parallel.sequence_parallel=true`, `io.resume="none"`); for a
 // string key, text that is not a TOML string is taken as it is (`io.out_dir=output/x`).
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// allow_tp2d: accept parallel.tp_mode = "2d" (the commands that run the 2D model: init and
+// grad); otherwise it is refused with one error, as training does not run it yet.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   bool allow_tp2d = false);
 
 // The same, from TOML text; `source_name` names it in messages (e.g. the checkpoint file).
 Config parse_config(const std::string& toml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, bool allow_tp2d = false);
 
 // The full resolved deck: every section in FORMAT.md's order, every key, exact values
 // (floats printed to round-trip). parse_config(to_toml(c), ...) == c.
