@@ -55,18 +55,22 @@ FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std:
   return fb;
 }
 
-// parallel.tp_mode = "2d" (docs/tp2d.md): init and grad run model::Gpt2d, one pipeline
-// stage (pp = 1), micro-batches in sequence, gradients summed over DP; the files are
-// layout-independent (the 2D ShardSpecs' hyperslabs). Training does not run it yet.
+// parallel.tp_mode = "2d" (docs/tp2d.md): init and grad run model::Gpt2d, one stage per
+// pipeline rank; grad runs the microbatches GPipe-fashion (every forward, then every
+// backward; blocking sends of [B*T/q, C/q] blocks to the same grid position of the next
+// stage) and sums the gradients over DP and the tied wte's over its two stages. The files are
+// layout-independent (the 2D ShardSpecs' hyperslabs). Training does not run 2D yet: it will
+// take the pipeline executor (docs/tp2d.md, "What remains").
 bool tp2d(const Session& s) { return s.cfg.parallel.tp_mode == "2d"; }
 
 std::unique_ptr<model::Gpt2d> make_gpt2d(Session& s, parallel::Tp2dGrid& grid) {
   std::unique_ptr<model::Gpt2d> m;
   parallel::agree(MPI_COMM_WORLD, [&] {
-    TRIDENT_CHECK(s.cfg.parallel.pp == 1, s.cfg.source, ": parallel.tp_mode = \"2d\" runs one "
-                  "pipeline stage in trident init and grad for now; expected parallel.pp = 1, "
-                  "got ", s.cfg.parallel.pp);
-    m = std::make_unique<model::Gpt2d>(s.cfg.model, grid, *s.ops,
+    TRIDENT_CHECK(s.cfg.parallel.vpp == 1, s.cfg.source, ": parallel.tp_mode = \"2d\" runs one "
+                  "chunk per pipeline rank; expected parallel.vpp = 1, got ", s.cfg.parallel.vpp);
+    const model::StageLayout stage =
+        model::chunk_layouts(s.cfg.model, s.ps.shape.pp, 1, s.ps.coord.pp).front();
+    m = std::make_unique<model::Gpt2d>(s.cfg.model, stage, grid, *s.ops,
                                        s.cfg.parallel.micro_batch_size);
   });
   return m;
@@ -91,16 +95,34 @@ int run_grad_2d(Session& s, const std::string& weights, const std::string& batch
     io::read_weights(weights, MPI_COMM_WORLD, cfg.model, m->specs(), m->params(),
                      train::shard_role(s.ps));
   });
-  const int T = cfg.model.seq_len, per_replica = b.batch / dp;
+  const int T = cfg.model.seq_len, per_replica = b.batch / dp, nmb = per_replica / mbs;
   const float scale = float(1.0 / double(std::int64_t(b.batch) * T));  // as Trainer's
+  const bool first = s.ps.first_stage(), last = s.ps.last_stage();
+  const int stage = s.ps.coord.pp, n = int(m->boundary_numel());
+  MPI_Comm pp = s.ps.pp.raw();
   m->zero_grads();
+  std::vector<std::unique_ptr<model::Gpt2dActivations>> acts;
   double loss = 0;
-  for (int k = 0; k < per_replica / mbs; ++k) {
-    const std::int64_t first = (std::int64_t(s.ps.coord.dp) * per_replica + k * mbs) * T;
-    loss += m->forward_backward(b.inputs.data() + first, b.targets.data() + first, scale);
+  for (int k = 0; k < nmb; ++k) {
+    acts.push_back(m->make_activations());
+    model::Gpt2dActivations& a = *acts.back();
+    const std::int64_t at = (std::int64_t(s.ps.coord.dp) * per_replica + k * mbs) * T;
+    if (!first) MPI_Recv(m->input(a), n, MPI_FLOAT, stage - 1, k, pp, MPI_STATUS_IGNORE);
+    loss += m->forward(a, b.inputs.data() + at, b.targets.data() + at, scale);
+    if (!last) MPI_Send(m->output(a), n, MPI_FLOAT, stage + 1, k, pp);
+  }
+  for (int k = 0; k < nmb; ++k) {
+    model::Gpt2dActivations& a = *acts[std::size_t(k)];
+    if (!last) MPI_Recv(a.doutput.data(), n, MPI_FLOAT, stage + 1, nmb + k, pp, MPI_STATUS_IGNORE);
+    m->backward(a);
+    if (!first) MPI_Send(a.dinput.data(), n, MPI_FLOAT, stage - 1, nmb + k, pp);
   }
   m->reduce_param_grads();
+  if (s.ps.shape.pp > 1 && (first || last))  // the tied wte's two copies
+    for (const auto& t : m->specs())
+      if (t.tied_across_stages()) s.ps.embedding.allreduce_sum(m->grads() + t.offset, t.local_numel());
   s.ps.dp.allreduce_sum(m->grads(), m->num_params());  // each already scaled: the sum is the mean
+  s.ps.pp.allreduce_sum(&loss, 1);  // the last stage's
   s.ps.dp.allreduce_sum(&loss, 1);
   loss /= double(std::int64_t(b.batch) * T);
   io::write_grad_dump(out, MPI_COMM_WORLD, cfg.model, m->specs(), m->grads(), loss,

@@ -46,6 +46,9 @@ CONFIGS = {
     # grid column).
     "tp4_2d": (dict(vocab_size=61, seq_len=12, n_layer=2, n_head=2, d_model=16), 4, 2,
                {"tp": 4, "tp_mode": "2d"}),
+    # ... and with pp = 2 (8 ranks): one layer per stage, the tied wte on both.
+    "tp4_pp2_2d": (dict(vocab_size=61, seq_len=12, n_layer=2, n_head=2, d_model=16), 4, 2,
+                   {"tp": 4, "pp": 2, "tp_mode": "2d"}),
     # Llama: n_kv_head 2 of 4, 1 (multi-query, tied head, Llama 3's theta) and n_head; odd
     # seq_len; ffn_hidden 40 and 24 (not multiples of 64) and Llama's rule (256 here).
     "llama_gqa": (dict(vocab_size=64, seq_len=15, n_layer=2, n_head=4, d_model=32, arch="llama",
@@ -99,7 +102,7 @@ def run_config(cname, model_keys, batch, mbs, fails, seed, parallel=None):
         "runtime": {"threads": 1, "device": DEVICE},
     })
     init = os.path.join(work, "init.h5")
-    ranks = (parallel or {}).get("tp", 1)
+    ranks = (parallel or {}).get("tp", 1) * (parallel or {}).get("pp", 1)
     oc.run_trident(NAME, ["init", deck, "--out", init], work, mpi_ranks=ranks)
     check_weights_file(init, model_keys, fails, f"{cname}: trident init {init}")
     try:
