@@ -97,18 +97,13 @@ void Executor::take_receive(const Action& a, float* data) {
 }
 
 void Executor::progress() {
-  for (Posted& p : receives_) {
-    int done = 0;  // a finished request becomes MPI_REQUEST_NULL; its wait returns at once
-    MPI_Test(&p.request, &done, MPI_STATUS_IGNORE);
-  }
+  for (Posted& p : receives_) parallel::test(p.request);
   reap_sends();
 }
 
 void Executor::reap_sends() {
   for (std::size_t i = 0; i < sends_.size();) {
-    int done = 0;
-    MPI_Test(&sends_[i].request, &done, MPI_STATUS_IGNORE);
-    if (!done) {
+    if (!parallel::test(sends_[i].request)) {
       ++i;
       continue;
     }

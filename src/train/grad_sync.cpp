@@ -142,8 +142,7 @@ void GradSync::ready(std::int64_t offset, std::int64_t count) {
   for (std::size_t i = 0; i < buckets_.size(); ++i)
     if (!buckets_[i].started && buckets_[i].pending == 0) start(int(i));
   launch_landed(false);
-  int flag = 0;
-  MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
+  parallel::test_all(requests_);  // drives the collectives already started
 }
 
 void GradSync::reduce_tied_embedding(model::GptChunk& chunk, parallel::ParallelState& ps) {
@@ -234,13 +233,13 @@ double GradSync::time_alone() {
   if (!active()) return 0;
   FloatBuffer scratch(chunk_.num_params()), part(zero_ ? shard_numel_ : 1);  // host memory
   chunk_.read_grads(scratch.data());
-  MPI_Barrier(dp_.raw());
+  dp_.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (const Bucket& b : buckets_) {
     MPI_Request r = zero_ ? dp_.ireduce_scatter_sum(scratch.data() + b.offset,
                                                     part.data() + b.shard, b.counts.data(), b.n)
                           : dp_.iallreduce_sum(scratch.data() + b.offset, b.n);
-    MPI_Wait(&r, MPI_STATUS_IGNORE);
+    parallel::wait(r, [] { return std::string("the timed gradient reduction"); });
   }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return dt;
