@@ -72,10 +72,4 @@ bool test(MPI_Request& request) {
   return done != 0;
 }
 
-bool test_all(std::vector<MPI_Request>& requests) {
-  int done = 0;
-  MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
-  return done != 0;
-}
-
 }  // namespace trident::parallel
