@@ -24,6 +24,7 @@
 #include "trident/core/log.hpp"
 #include "trident/io/dataset.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/process.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/plan/calibrate.hpp"
 #include "trident/plan/planner.hpp"
@@ -236,8 +237,7 @@ int run_plan(const PlanArgs& a) {
   plan::Machine machine;
   std::vector<plan::StepPrediction> ranked;
   plan::PlanOptions opt;
-  int world_size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  const int world_size = parallel::world_size();
   parallel::agree(MPI_COMM_WORLD, [&] {
     TRIDENT_CHECK(a.nodes >= 1, "plan: --nodes must be >= 1, got ", a.nodes);
     TRIDENT_CHECK(a.ranks_per_node >= 0, "plan: --ranks-per-node must be >= 1, got ",
@@ -366,8 +366,7 @@ int run_plan(const PlanArgs& a) {
 int run_calibrate(const CalibrateArgs& a) {
   plan::CalibrateOptions opt;
   std::unique_ptr<ops::Ops> ops;
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int world = parallel::world_size();
   parallel::agree(MPI_COMM_WORLD, [&] {
     TRIDENT_CHECK(!a.out.empty(), "calibrate: --out is required");
     TRIDENT_CHECK(a.min_seconds > 0, "calibrate: --min-seconds must be > 0");
