@@ -189,6 +189,9 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.set_precision(precision);
     model::MemoryEstimate e = model::predict_memory(cfg, ml);
     e.libraries = mc.library_bytes();
+    // The DP buckets' non-blocking collectives in flight: MPI's temporaries (host ranks).
+    if (host_memory && lay.dp > 1)
+      e.libraries += std::int64_t(mc.nonblocking_temp_ratio * double(e.weights));
     if (r == 0) p.rank0_peak_bytes = e.peak();
     if (r == 0 || e.peak() > p.memory.peak()) p.memory = e, p.memory_pp_rank = r;
   }

@@ -52,6 +52,11 @@ struct Machine {
   // it), on a device the backend's own arena blocks (the cuBLAS workspace; calibrate reads
   // the arena). Optional, default 0.
   double library_mib = 0;
+  // Bytes MPI's non-blocking collectives hold per byte in flight (calibrate measures it; Open
+  // MPI's libnbc: one temporary copy of each in-place allreduce or reduce-scatter, 1.0): the
+  // DP gradient buckets, all in flight at once at the end of a step, so a CPU rank with
+  // dp > 1 holds this times its gradient bytes more. Optional, default 0.
+  double nonblocking_temp_ratio = 0;
   double gemm_flops = 0;
   double attention_flops = 0;
   double kernel_bytes_per_s = 0;

@@ -71,6 +71,9 @@ TEST(Machine, ParsesAndRoundTrips) {
   Machine with_lib = m;
   with_lib.library_mib = 6.5;
   EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").library_mib, 6.5);
+  EXPECT_DOUBLE_EQ(m.nonblocking_temp_ratio, 0);  // optional
+  with_lib.nonblocking_temp_ratio = 1;
+  EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").nonblocking_temp_ratio, 1);
 }
 
 TEST(Machine, BadFiguresAreOneClearError) {
@@ -90,6 +93,8 @@ TEST(Machine, BadFiguresAreOneClearError) {
             "m.toml: [intra] needs both p2p_alpha_s and p2p_bytes_per_s, or neither");
   EXPECT_EQ(error_of(replace(kMachine, "bytes_per_s = 1e9", "bytes_per_s = nan")),
             "m.toml:12:15: intra.bytes_per_s: must be > 0, got nan");
+  EXPECT_EQ(error_of(replace(kMachine, "peak_flops = 1e11", "peak_flops = 1e11\nnonblocking_temp_ratio = -1")),
+            "m.toml:6:26: machine.nonblocking_temp_ratio: must be >= 0, got -1");
 }
 
 TEST(Machine, ShippedFilesLoad) {
@@ -199,6 +204,16 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   EXPECT_EQ(predict(cfg, 8, l, m, false).rank0_peak_bytes,
             model::predict_memory(cfg, on_device).peak() + 3 * 1048576);
   m.library_mib = 0;
+  // MPI's temporaries of the DP buckets in flight (CPU ranks, dp > 1): ratio x gradient bytes.
+  m.nonblocking_temp_ratio = 1;
+  EXPECT_EQ(predict(cfg, 8, l, m, true).rank0_peak_bytes, p.rank0_peak_bytes);  // dp 1
+  Layout dp2;
+  dp2.dp = 2, dp2.micro_batch = 2;
+  const StepPrediction with_temp = predict(cfg, 8, dp2, m, true);
+  EXPECT_EQ(with_temp.memory.libraries, with_temp.memory.gradients);
+  m.nonblocking_temp_ratio = 0;
+  EXPECT_EQ(predict(cfg, 8, dp2, m, true).rank0_peak_bytes,
+            with_temp.rank0_peak_bytes - with_temp.memory.gradients);
   // Full recomputation trades memory for time.
   Layout rc = l;
   rc.recompute = model::Recompute::full;
