@@ -143,12 +143,13 @@ double allreduce_time(Comm& comm, std::int64_t n, double min_s, bool best,
     comm.allreduce_sum(buf.data(), n);
   };
   const int calls = calls_for(comm, min_s / 5, once);
-  std::vector<double> rounds = slowest_rounds(comm, 5, calls, once);
-  if (work) {
-    // The work alone, the ranks' mean, taken off each round.
-    const std::vector<double> alone = slowest_rounds(comm, 5, calls, work, true);
-    for (std::size_t r = 0; r < rounds.size(); ++r)
-      rounds[r] = std::max(rounds[r] - alone[r], 0.0);
+  std::vector<double> rounds;
+  for (int r = 0; r < 5; ++r) {
+    double per = slowest_rounds(comm, 1, calls, once).front();
+    // The work alone (the ranks' mean) right after, taken off: each pair of rounds sees the
+    // same load on a shared machine.
+    if (work) per = std::max(per - slowest_rounds(comm, 1, calls, work, true).front(), 0.0);
+    rounds.push_back(per);
   }
   return summarize(rounds, best);
 }
