@@ -253,6 +253,7 @@ int run_plan(const PlanArgs& a) {
     opt.nodes = a.nodes;
     opt.ranks_per_node = a.ranks_per_node > 0 ? a.ranks_per_node : machine.ranks_per_node;
     opt.host_memory = deck.runtime.device != "cuda";
+    opt.precision = deck.runtime.precision.get();
     if (log::rank() == 0) ranked = plan::make_plan(deck, machine, opt);
     TRIDENT_CHECK(log::rank() != 0 || !ranked.empty(), deck.source, ": no layout of this model (",
                   deck.model.n_layer, " layers, ", deck.model.n_head, " heads, global batch ",

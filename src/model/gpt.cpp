@@ -113,7 +113,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   // runtime.precision = "bf16" on a device: the stash as bf16 (bf16_storage()). Not with
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
-  bf16_store_ = ops_.precision() == ops::Precision::bf16 && recompute_ == Recompute::none;
+  bf16_store_ = stores_bf16(ops_.precision(), recompute_);
   if (bf16_store_) {
     Carver count;
     carve_layer(dims_, count, bf16_work_);
@@ -324,6 +324,10 @@ std::int64_t recomputed_floats(const ChunkDims& d) {
   LayerActivations la;
   carve_recomputed(d, count, la);
   return count.used;
+}
+
+bool stores_bf16(ops::Precision precision, Recompute recompute) {
+  return precision == ops::Precision::bf16 && recompute == Recompute::none;
 }
 
 std::int64_t grad_stash_floats(const ChunkDims& d) {

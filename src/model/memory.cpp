@@ -39,6 +39,11 @@ std::string MemoryEstimate::describe() const {
   return d;
 }
 
+void MemoryLayout::set_precision(ops::Precision precision) {
+  bf16_activations = stores_bf16(precision, recompute);
+  bf16_products = !host_memory && precision == ops::Precision::bf16;
+}
+
 MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   MemoryEstimate e;
   const std::vector<StageLayout> chunks = chunk_layouts(cfg, lay.pp, lay.vpp, lay.pp_rank);

@@ -49,8 +49,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.recompute = cfg.parallel.recompute.get();
   lay.zero1 = cfg.parallel.zero_stage == 1;
   lay.host_memory = ops.memory() == nullptr;
-  lay.bf16_activations = model_->bf16_storage();
-  lay.bf16_products = ops.memory() && ops.precision() == ops::Precision::bf16;
+  lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
     try {
