@@ -133,6 +133,9 @@ const std::vector<ScheduleKind>& schedule_kinds() {
          return vpp == 1 ? one_f_one_b_stage(pp, r, m) : interleaved_stage(pp, vpp, r, m); }},
       {"looped-bfs",       true,  false, [](int, int vpp, int, int m) { return looped_bfs_stage(vpp, m); }},
       {"zb-h1",            false, false, [](int pp, int, int r, int m) { return zb_h1_stage(pp, r, m); }},
+      // Asynchronous: the 1F1B order within a window; the rule is the trainer's.
+      {"pipedream-2bw",    false, false, [](int pp, int, int r, int m) { return one_f_one_b_stage(pp, r, m); },
+       WeightUpdate::delayed},
   };
   // clang-format on
   return kinds;
@@ -209,6 +212,16 @@ int peak_activations(const std::vector<Action>& actions) {
     peak = std::max(peak, int(live_set.size()));
   }
   return peak;
+}
+
+WeightUpdate weight_update_of(const std::string& name) {
+  const ScheduleKind* kind = find_schedule(name);
+  return kind ? kind->update : WeightUpdate::flush;
+}
+
+int weight_versions(const std::vector<Action>& actions, WeightUpdate update) {
+  (void)actions;  // a window's versions do not depend on its order under either rule
+  return update == WeightUpdate::delayed ? 2 : 1;
 }
 
 std::string format_actions(const std::vector<Action>& actions) {

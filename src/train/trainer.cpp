@@ -2,6 +2,7 @@
 #include "trident/train/trainer.hpp"
 
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -40,6 +41,12 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
       sync->ready(offset, count);
     });
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
+  update_ = pipeline::weight_update_of(cfg.parallel.schedule);
+  if (update_ == pipeline::WeightUpdate::delayed) {
+    const std::int64_t n = model_->num_params();
+    older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
+    swap_buffer_ = FloatBuffer(std::size_t(std::min(n, model::kVersionSwapFloats)), ops.memory());
+  }
 
   model::MemoryLayout lay;
   lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
@@ -59,10 +66,17 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
                                                  int(cfg.train.global_batch_size / per_step));
       lay.peak_stash = pipeline::peak_activations(sched.stages.at(std::size_t(ps.coord.pp)));
       lay.split_backward = pipeline::splits_weight_grad(sched);
+      lay.weight_versions = pipeline::weight_versions(sched.stages.at(std::size_t(ps.coord.pp)),
+                                                      update_);
     } catch (const std::exception&) {
       // A schedule that cannot be made is reported by the first step, with its context.
     }
   }
+  // Every command that builds a trainer says so (train, step, grad), rank 0 only.
+  if (update_ == pipeline::WeightUpdate::delayed)
+    log::info("trident: schedule ", cfg.parallel.schedule, " is asynchronous, not equivalent "
+              "to the serial run: step t computes its gradient with the weights of step t-1 "
+              "(W(t+1) = W(t) - lr * grad(W(t-1))), 2 weight versions per stage");
   memory_estimate_ = model::predict_memory(cfg.model, lay);
   memory_estimate_.libraries = backend_bytes;
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
@@ -157,16 +171,38 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
   if (fault::armed(fault::Kind::nan))
     ops_.fill(model_->grads(), std::numeric_limits<float>::quiet_NaN(), model_->num_params());
   if (sync_->active()) sync_->begin(m);  // buckets start as the last backward finishes them
+  const bool delayed = update_ == pipeline::WeightUpdate::delayed;
+  if (delayed) {  // compute with W(t-1); older_weights_ keeps W(t)
+    const std::int64_t n = model_->num_params();
+    if (!older_valid_) ops_.copy(older_weights_.data(), model_->params(), n);
+    older_valid_ = true;
+    swap_weight_versions();
+  }
   const double local = executor_for(m).run(
       [&](int mb) {
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
       },
       loss_scale);
+  // W(t) back for the optimizer; older_weights_ stays W(t), the next step's W(t-1).
+  if (delayed) ops_.copy(model_->params(), older_weights_.data(), model_->num_params());
   GradSync::reduce_tied_embedding(*model_, ps_);
   model_->reduce_sequence_parallel_grads();
   // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
   if (sync_->active()) sync_->finish();
   return reduce_loss(local, global_batch);
+}
+
+void Trainer::swap_weight_versions() {
+  float* a = model_->params();
+  float* b = older_weights_.data();
+  float* tmp = swap_buffer_.data();
+  const std::int64_t n = model_->num_params(), chunk = std::int64_t(swap_buffer_.size());
+  for (std::int64_t i = 0; i < n; i += chunk) {
+    const std::int64_t k = std::min(chunk, n - i);
+    ops_.copy(tmp, a + i, k);
+    ops_.copy(a + i, b + i, k);
+    ops_.copy(b + i, tmp, k);
+  }
 }
 
 void Trainer::gather_gradients() {

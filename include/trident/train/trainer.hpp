@@ -88,6 +88,12 @@ class Trainer {
   // <out_dir>/trace/rank-<world rank>.json and returns the path; otherwise "".
   std::string write_trace() const;
 
+  // The schedule's weight update (pipeline::WeightUpdate). Under `delayed` (PipeDream-2BW)
+  // forward_backward computes with the previous weight version W(t-1) and leaves the live
+  // one W(t) in model().params() for optimizer_step: W(t+1) = W(t) - lr * grad(W(t-1)).
+  // The first step (and the first after a resume) has no older version: W(0) = W(1).
+  pipeline::WeightUpdate weight_update() const { return update_; }
+
   // Mean loss of a global batch, forwards only.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                   std::int64_t global_batch);
@@ -96,6 +102,7 @@ class Trainer {
   pipeline::Executor& executor_for(int microbatches);
   double reduce_loss(double local_sum, std::int64_t global_batch);
   int microbatches_for(std::int64_t global_batch) const;
+  void swap_weight_versions();  // model params <-> older_weights_, through swap_buffer_
 
   Config cfg_;
   parallel::ParallelState& ps_;
@@ -110,6 +117,9 @@ class Trainer {
   std::int64_t in_use_before_stash_ = -1;  // bytes in use before the first executor
   std::int64_t step_peak_ = -1;            // high-water mark at the end of the last step
   model::MemoryEstimate memory_estimate_;
+  pipeline::WeightUpdate update_ = pipeline::WeightUpdate::flush;
+  FloatBuffer older_weights_, swap_buffer_;  // delayed: the other weight version
+  bool older_valid_ = false;                 // false until the first step copies it
 };
 
 }  // namespace trident::train

@@ -1,0 +1,138 @@
+"""oracle.pipedream — the asynchronous schedule `pipedream-2bw` against a PyTorch model of its
+update rule: `trident step` (K = 10 optimizer steps on one batch) at pp = 2 and pp = 3 against
+torch in float64 from the same float32 weights.
+
+The rule (PipeDream-2BW, Narayanan et al. 2021; docs/FORMAT.md "Asynchronous schedules"): every
+forward and backward of step t computes with the weights of step t-1, the gradient is
+accumulated over the step's m microbatches (the window) and applied once to the live weights:
+
+    W(t+1) = AdamW(W(t), clip(grad L(W(t-1))))       with W(0) = W(1) (the loaded weights)
+
+so the loss trident reports for step t is L(W(t-1)). Every stage holds two versions: the one
+the window computes with and the one it updates.
+
+Pass: the 10 losses and grad norms within 1e-5 relative of torch's, and the final weights
+(W(K+1)) within 1e-5 of the largest weight per tensor. The test cannot pass by accident: the
+synchronous rule (W(t+1) = AdamW(W(t), grad L(W(t)))) on the same data must differ from
+trident's losses by more than 100 times the tolerance (checked), and so must a rule that is
+one step staler still (grad L(W(t-2))), the kind of mistake a lost or doubled version swap makes.
+Cost: about 4 s (two `trident step` runs of 10 steps on 2 and 3 ranks, the torch reference).
+"""
+
+import copy
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as oc  # noqa: E402
+
+NAME = "oracle.pipedream"
+torch, np, h5py, tt = oc.setup(NAME)
+
+TOL = 1e-5
+K = 10
+MODEL = dict(vocab_size=64, seq_len=16, n_layer=6, n_head=2, d_model=32)
+BATCH, MBS = 4, 1  # 4 microbatches: more than pp, so 1F1B has a steady state
+TRAIN = dict(steps=K, global_batch_size=BATCH, lr=1e-3, min_lr=1e-4, warmup_steps=2,
+             weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-5, grad_clip=0.5, seed=4321)
+
+
+def reference(w0, inputs, targets, delay):
+    """Losses, norms and final weights of K AdamW steps whose gradient is computed with the
+    weights `delay` steps old (0: synchronous; 1: PipeDream-2BW), W(t) = W(0) for t < 0."""
+    _, cur = tt.load_weights(w0, dtype=torch.float64)
+    opt = tt.make_adamw(cur, TRAIN["lr"], TRAIN["beta1"], TRAIN["beta2"], TRAIN["eps"],
+                        TRAIN["weight_decay"])
+    history = [copy.deepcopy(cur.state_dict())]  # history[-1] = W(t)
+    _, probe = tt.load_weights(w0, dtype=torch.float64)
+    ti, tg = torch.from_numpy(inputs), torch.from_numpy(targets)
+    losses, norms = [], []
+    for s in range(1, K + 1):
+        probe.load_state_dict(history[max(0, len(history) - 1 - delay)])
+        probe.zero_grad(set_to_none=True)
+        loss = probe(ti, tg)
+        loss.backward()
+        for pc, pq in zip(cur.parameters(), probe.parameters()):
+            pc.grad = pq.grad.detach().clone()
+        params = list(cur.parameters())
+        if TRAIN["grad_clip"] > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, TRAIN["grad_clip"])
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        lr = tt.lr_at(s, TRAIN["lr"], TRAIN["min_lr"], TRAIN["warmup_steps"], TRAIN["steps"])
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        history.append(copy.deepcopy(cur.state_dict()))
+        losses.append(float(loss))
+        norms.append(float(norm))
+    return losses, norms, cur
+
+
+def main():
+    fails = oc.Failures(NAME)
+    work = oc.out_dir(NAME)
+    deck = os.path.join(work, "deck.toml")
+    tt.write_deck(deck, {"model": MODEL, "parallel": {"micro_batch_size": MBS},
+                         "train": TRAIN, "io": {"out_dir": os.path.join(work, "run")},
+                         "runtime": {"threads": 1}})
+    init = os.path.join(work, "init.h5")
+    oc.run_trident(NAME, ["init", deck, "--out", init], work)
+    _, model = tt.load_weights(init, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(99)
+    with torch.no_grad():  # no bias at zero, no LayerNorm at one
+        for _, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (0.05 if p.dim() == 1 else 0.005))
+    w0 = os.path.join(work, "weights.h5")
+    tt.save_weights(model, w0)
+    rng = np.random.default_rng(5)
+    inputs = rng.integers(0, MODEL["vocab_size"], size=(BATCH, MODEL["seq_len"]))
+    targets = rng.integers(0, MODEL["vocab_size"], size=(BATCH, MODEL["seq_len"]))
+    bpath = os.path.join(work, "batch.h5")
+    tt.write_batch(bpath, inputs, targets)
+
+    ref_losses, ref_norms, ref = reference(w0, inputs, targets, delay=1)
+    sync_losses, _, _ = reference(w0, inputs, targets, delay=0)
+    stale_losses, _, _ = reference(w0, inputs, targets, delay=2)
+    want = {n: p.detach().numpy() for n, p in ref.named_parameters()}
+
+    for pp in (2, 3):
+        print(f"\n=== pipedream-2bw, pp = {pp}, {BATCH // MBS} microbatches ===")
+        out = os.path.join(work, f"stepped_pp{pp}.h5")
+        log = oc.run_trident(NAME, ["step", deck, "--weights", w0, "--batch", bpath, "--steps", K,
+                                    "--out", out, "--set", f"parallel.pp={pp}",
+                                    "--set", "parallel.schedule=pipedream-2bw"], work,
+                             mpi_ranks=pp)
+        fails.check("asynchronous" in log and "not equivalent to the serial run" in log,
+                    f"pp={pp}: the start-up report does not say the run is asynchronous")
+        with h5py.File(out, "r") as f:
+            losses = np.asarray(f.attrs.get("losses", []), dtype=np.float64).reshape(-1)
+            norms = np.asarray(f.attrs.get("grad_norms", []), dtype=np.float64).reshape(-1)
+        fails.check(len(losses) == K and len(norms) == K,
+                    f"pp={pp}: {len(losses)} losses and {len(norms)} norms, expected {K}")
+        print(f"{'step':>4} {'loss':>14} {'torch 2BW':>14} {'rel':>9} {'torch sync':>14} "
+              f"{'norm':>12} {'torch':>12} {'rel':>9}")
+        for s in range(min(K, len(losses), len(norms))):
+            rl = abs(losses[s] - ref_losses[s]) / abs(ref_losses[s])
+            rn = abs(norms[s] - ref_norms[s]) / abs(ref_norms[s])
+            print(f"{s + 1:>4} {losses[s]:14.9f} {ref_losses[s]:14.9f} {rl:9.2e} "
+                  f"{sync_losses[s]:14.9f} {norms[s]:12.6e} {ref_norms[s]:12.6e} {rn:9.2e}")
+            fails.check(rl <= TOL, f"pp={pp} step {s + 1}: loss {losses[s]:.10g} vs torch "
+                        f"{ref_losses[s]:.10g} (relative {rl:.2e} > {TOL:g})")
+            fails.check(rn <= TOL, f"pp={pp} step {s + 1}: grad norm {norms[s]:.10g} vs torch "
+                        f"{ref_norms[s]:.10g} (relative {rn:.2e} > {TOL:g})")
+        # The rule is what is measured: the neighbouring rules must be told apart.
+        for what, other in (("synchronous", sync_losses), ("two-steps-stale", stale_losses)):
+            gap = max(abs(a - b) / abs(b) for a, b in zip(losses, other)) if len(losses) else 0
+            print(f"  largest relative gap to the {what} rule: {gap:.2e}")
+            fails.check(gap > 100 * TOL, f"pp={pp}: trident's losses are within {gap:.2e} of the "
+                        f"{what} rule's: the test cannot tell the rules apart")
+        _, got_model = tt.load_weights(out, dtype=torch.float64)
+        got = {n: p.detach().numpy() for n, p in got_model.named_parameters()}
+        worst = oc.compare_tensors(np, got, want, TOL, fails, f"pp={pp} weights")
+        print(f"  final weights: worst max|d|/max|w_ref| = {worst:.2e}")
+    return fails.report()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
