@@ -534,6 +534,12 @@ class Loader {
     need(p.pp >= 1, "parallel.pp", ">= 1", p.pp);
     need(p.dp >= 0, "parallel.dp", ">= 0 (0: world size / (tp * pp))", p.dp);
     need(p.vpp >= 1, "parallel.vpp", ">= 1", p.vpp);
+    // PipeDream proper (per-microbatch updates, weight stashing) is not built: say so
+    // rather than only listing the names (issue 20; docs/FORMAT.md).
+    if (p.schedule == "pipedream")
+      fail(where("parallel.schedule"), ": parallel.schedule = \"pipedream\" (per-microbatch "
+           "updates with weight stashing) is not implemented; the asynchronous schedule is "
+           "\"pipedream-2bw\"");
     need_one_of(p.schedule, "parallel.schedule", pipeline::schedule_names());
     need(p.micro_batch_size >= 1, "parallel.micro_batch_size", ">= 1", p.micro_batch_size);
     need(p.zero_stage == 0 || p.zero_stage == 1, "parallel.zero_stage", "0 or 1", p.zero_stage);

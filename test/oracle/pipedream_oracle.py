@@ -1,6 +1,7 @@
 """oracle.pipedream — the asynchronous schedule `pipedream-2bw` against a PyTorch model of its
-update rule: `trident step` (K = 10 optimizer steps on one batch) at pp = 2 and pp = 3 against
-torch in float64 from the same float32 weights.
+update rule: `trident step` (K = 10 optimizer steps on one batch) at pp = 2, pp = 3 and
+pp = 2 x dp = 2 against torch in float64 from the same float32 weights (the rule does not
+depend on the layout, so one reference serves all three).
 
 The rule (PipeDream-2BW, Narayanan et al. 2021; docs/FORMAT.md "Asynchronous schedules"): every
 forward and backward of step t computes with the weights of step t-1, the gradient is
@@ -16,7 +17,8 @@ Pass: the 10 losses and grad norms within 1e-5 relative of torch's, and the fina
 synchronous rule (W(t+1) = AdamW(W(t), grad L(W(t)))) on the same data must differ from
 trident's losses by more than 100 times the tolerance (checked), and so must a rule that is
 one step staler still (grad L(W(t-2))), the kind of mistake a lost or doubled version swap makes.
-Cost: about 4 s (two `trident step` runs of 10 steps on 2 and 3 ranks, the torch reference).
+Cost: about 25 s on 2 busy cores (three `trident step` runs of 10 steps on 2, 3 and 4 ranks,
+three torch references).
 """
 
 import copy
@@ -96,13 +98,14 @@ def main():
     stale_losses, _, _ = reference(w0, inputs, targets, delay=2)
     want = {n: p.detach().numpy() for n, p in ref.named_parameters()}
 
-    for pp in (2, 3):
-        print(f"\n=== pipedream-2bw, pp = {pp}, {BATCH // MBS} microbatches ===")
-        out = os.path.join(work, f"stepped_pp{pp}.h5")
+    for pp, dp in ((2, 1), (3, 1), (2, 2)):
+        print(f"\n=== pipedream-2bw, pp = {pp}, dp = {dp}, {BATCH // (MBS * dp)} microbatches ===")
+        out = os.path.join(work, f"stepped_pp{pp}_dp{dp}.h5")
         log = oc.run_trident(NAME, ["step", deck, "--weights", w0, "--batch", bpath, "--steps", K,
                                     "--out", out, "--set", f"parallel.pp={pp}",
+                                    "--set", f"parallel.dp={dp}",
                                     "--set", "parallel.schedule=pipedream-2bw"], work,
-                             mpi_ranks=pp)
+                             mpi_ranks=pp * dp)
         fails.check("asynchronous" in log and "not equivalent to the serial run" in log,
                     f"pp={pp}: the start-up report does not say the run is asynchronous")
         with h5py.File(out, "r") as f:

@@ -471,6 +471,10 @@ TEST(ConfigErrors, Enums) {
                {"deck.toml:2:1: parallel.schedule", "naive", "zb-h1", "\"2f2b\""});
   for (const std::string& s : kSchedules)
     EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.schedule=" + s})) << s;
+  expect_error("[parallel]\nschedule = \"pipedream\"\n",
+               {"deck.toml:2:1: parallel.schedule", "not implemented", "pipedream-2bw"});
+  expect_error("", {"parallel.schedule=pipedream-2bw", "parallel.vpp=2", "parallel.pp=2"},
+               {"parallel.vpp", "parallel.schedule", "interleaved-1f1b"});
   expect_error("", {"parallel.zero_stage=2"}, {"parallel.zero_stage", "0 or 1"});
   expect_error("", {"parallel.grad_bucket_mb=0"}, {"parallel.grad_bucket_mb", "> 0"});
   expect_error("", {"parallel.grad_bucket_mb=-1.5"}, {"parallel.grad_bucket_mb", "> 0"});
