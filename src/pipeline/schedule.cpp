@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -134,6 +135,8 @@ const std::vector<ScheduleKind>& schedule_kinds() {
       {"looped-bfs",       true,  false, [](int, int vpp, int, int m) { return looped_bfs_stage(vpp, m); }},
       {"zb-h1",            false, false, [](int pp, int, int r, int m) { return zb_h1_stage(pp, r, m); }},
       // Asynchronous: the 1F1B order within a window; the rule is the trainer's.
+      {"pipedream",        false, false, [](int pp, int, int r, int m) { return one_f_one_b_stage(pp, r, m); },
+       WeightUpdate::per_microbatch},
       {"pipedream-2bw",    false, false, [](int pp, int, int r, int m) { return one_f_one_b_stage(pp, r, m); },
        WeightUpdate::delayed},
   };
@@ -220,8 +223,23 @@ WeightUpdate weight_update_of(const std::string& name) {
 }
 
 int weight_versions(const std::vector<Action>& actions, WeightUpdate update) {
-  (void)actions;  // a window's versions do not depend on its order under either rule
-  return update == WeightUpdate::delayed ? 2 : 1;
+  if (update == WeightUpdate::flush) return 1;
+  if (update == WeightUpdate::delayed) return 2;  // whatever the order inside the window
+  std::map<int, int> version_of;  // microbatch between its F and B -> the version its F used
+  int live = 0, peak = 1;
+  auto held = [&] {
+    std::set<int> v{live};
+    for (const auto& [mb, ver] : version_of) v.insert(ver);
+    return int(v.size());
+  };
+  for (const Action& a : actions) {
+    if (a.type == ActionType::F) version_of[a.mb] = live;
+    if (a.type != ActionType::B) continue;
+    version_of.erase(a.mb);
+    ++live;  // the update after the backward
+    peak = std::max(peak, held());
+  }
+  return peak;
 }
 
 std::string format_actions(const std::vector<Action>& actions) {

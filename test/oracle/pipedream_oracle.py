@@ -39,6 +39,13 @@ TRAIN = dict(steps=K, global_batch_size=BATCH, lr=1e-3, min_lr=1e-4, warmup_step
              weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-5, grad_clip=0.5, seed=4321)
 
 
+# PipeDream proper: an untied Llama (GPT-2 ties wte across the first and last stage, which
+# pipedream refuses at pp > 1), no clipping (no global norm under per-stage updates).
+LLAMA = dict(vocab_size=64, seq_len=16, n_layer=6, n_head=2, d_model=32, arch="llama",
+             n_kv_head=1, ffn_hidden=40)
+TRAIN_PD = dict(TRAIN, grad_clip=0.0)
+
+
 def reference(w0, inputs, targets, delay):
     """Losses, norms and final weights of K AdamW steps whose gradient is computed with the
     weights `delay` steps old (0: synchronous; 1: PipeDream-2BW), W(t) = W(0) for t < 0."""
@@ -71,9 +78,114 @@ def reference(w0, inputs, targets, delay):
     return losses, norms, cur
 
 
+def stage_of(name, pp, n_layer):
+    """The pipeline stage that owns a Llama parameter (n_layer / pp layers per stage)."""
+    if name.startswith("model.embed_tokens"):
+        return 0
+    if name.startswith("model.layers."):
+        return int(name.split(".")[2]) // (n_layer // pp)
+    return pp - 1  # model.norm, lm_head
+
+
+def pipedream_reference(w0, inputs, targets, pp):
+    """PipeDream with weight stashing, stage by stage: microbatch j = (s-1) m + k of step s is
+    the j-th update of every stage; stage r computes its forward and backward with the version
+    it had when its 1F1B list reached F_k: (s-1) m + max(0, k - min(m, pp - r - 1)) updates.
+    The gradient of microbatch j is therefore that of the loss at the mixed point (each stage's
+    stashed version), which every stage then applies to its live weights."""
+    m = BATCH // MBS
+    _, cur = tt.load_weights(w0, dtype=torch.float64)
+    _, probe = tt.load_weights(w0, dtype=torch.float64)
+    opt = tt.make_adamw(cur, TRAIN_PD["lr"], TRAIN_PD["beta1"], TRAIN_PD["beta2"],
+                        TRAIN_PD["eps"], TRAIN_PD["weight_decay"])
+    snap = lambda: {n: p.detach().clone() for n, p in cur.named_parameters()}  # noqa: E731
+    history = [snap()]  # history[u]: the weights after u updates
+    ti, tg = torch.from_numpy(inputs), torch.from_numpy(targets)
+    losses = []
+    for s in range(1, K + 1):
+        lr = tt.lr_at(s, TRAIN_PD["lr"], TRAIN_PD["min_lr"], TRAIN_PD["warmup_steps"],
+                      TRAIN_PD["steps"])
+        step_losses = []
+        for k in range(m):
+            with torch.no_grad():
+                for n, p in probe.named_parameters():
+                    r = stage_of(n, pp, LLAMA["n_layer"])
+                    p.copy_(history[(s - 1) * m + max(0, k - min(m, pp - r - 1))][n])
+            probe.zero_grad(set_to_none=True)
+            loss = probe(ti[k * MBS:(k + 1) * MBS], tg[k * MBS:(k + 1) * MBS])
+            loss.backward()
+            for pc, pq in zip(cur.parameters(), probe.parameters()):
+                pc.grad = pq.grad.detach().clone()
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.step()
+            history.append(snap())
+            step_losses.append(float(loss))
+        losses.append(sum(step_losses) / m)
+    return losses, cur
+
+
+def check_pipedream(work, fails):
+    """`schedule = "pipedream"` at pp = 2 and 3 on an untied Llama against
+    pipedream_reference; each layout must also differ from the other's staleness pattern and
+    from per-microbatch updates without staleness (pp = 1)."""
+    deck = os.path.join(work, "deck-pipedream.toml")
+    tt.write_deck(deck, {"model": LLAMA, "parallel": {"micro_batch_size": MBS,
+                                                      "schedule": "pipedream"},
+                         "train": TRAIN_PD, "io": {"out_dir": os.path.join(work, "run-pd")},
+                         "runtime": {"threads": 1}})
+    init = os.path.join(work, "init-pd.h5")
+    oc.run_trident(NAME, ["init", deck, "--out", init], work)
+    _, model = tt.load_weights(init, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(98)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (0.05 if p.dim() == 1 else 0.005))
+    w0 = os.path.join(work, "weights-pd.h5")
+    tt.save_weights(model, w0)
+    rng = np.random.default_rng(6)
+    inputs = rng.integers(0, LLAMA["vocab_size"], size=(BATCH, LLAMA["seq_len"]))
+    targets = rng.integers(0, LLAMA["vocab_size"], size=(BATCH, LLAMA["seq_len"]))
+    bpath = os.path.join(work, "batch-pd.h5")
+    tt.write_batch(bpath, inputs, targets)
+    refs = {pp: pipedream_reference(w0, inputs, targets, pp) for pp in (1, 2, 3)}
+    for pp in (2, 3):
+        print(f"\n=== pipedream, pp = {pp}, {BATCH // MBS} microbatches (Llama, untied) ===")
+        out = os.path.join(work, f"pipedream_pp{pp}.h5")
+        log = oc.run_trident(NAME, ["step", deck, "--weights", w0, "--batch", bpath, "--steps", K,
+                                    "--out", out, "--set", f"parallel.pp={pp}"], work,
+                             mpi_ranks=pp)
+        fails.check("asynchronous" in log and "weight stashing" in log,
+                    f"pipedream pp={pp}: the start-up report does not say the run is asynchronous")
+        with h5py.File(out, "r") as f:
+            losses = np.asarray(f.attrs.get("losses", []), dtype=np.float64).reshape(-1)
+        ref_losses, ref = refs[pp]
+        fails.check(len(losses) == K, f"pipedream pp={pp}: {len(losses)} losses, expected {K}")
+        print(f"{'step':>4} {'loss':>14} {'torch':>14} {'rel':>9} {'torch pp=1':>14}")
+        for s in range(min(K, len(losses))):
+            rl = abs(losses[s] - ref_losses[s]) / abs(ref_losses[s])
+            print(f"{s + 1:>4} {losses[s]:14.9f} {ref_losses[s]:14.9f} {rl:9.2e} "
+                  f"{refs[1][0][s]:14.9f}")
+            fails.check(rl <= TOL, f"pipedream pp={pp} step {s + 1}: loss {losses[s]:.10g} vs "
+                        f"torch {ref_losses[s]:.10g} (relative {rl:.2e} > {TOL:g})")
+        for other in (1, 2, 3):
+            if other == pp or not len(losses):
+                continue
+            gap = max(abs(a - b) / abs(b) for a, b in zip(losses, refs[other][0]))
+            print(f"  largest relative gap to the pp={other} staleness: {gap:.2e}")
+            fails.check(gap > 100 * TOL, f"pipedream pp={pp}: within {gap:.2e} of the pp={other} "
+                        "rule's losses: the test cannot tell the staleness patterns apart")
+        _, got_model = tt.load_weights(out, dtype=torch.float64)
+        got = {n: p.detach().numpy() for n, p in got_model.named_parameters()}
+        want = {n: p.detach().numpy() for n, p in ref.named_parameters()}
+        worst = oc.compare_tensors(np, got, want, TOL, fails, f"pipedream pp={pp} weights")
+        print(f"  final weights: worst max|d|/max|w_ref| = {worst:.2e}")
+
+
 def main():
     fails = oc.Failures(NAME)
     work = oc.out_dir(NAME)
+    check_pipedream(work, fails)
     deck = os.path.join(work, "deck.toml")
     tt.write_deck(deck, {"model": MODEL, "parallel": {"micro_batch_size": MBS},
                          "train": TRAIN, "io": {"out_dir": os.path.join(work, "run")},

@@ -21,6 +21,11 @@
 //   zb-h1             zero bubble H1 (Qi et al. 2023): B computes only the input gradient and
 //                     W the weight gradient; 1F1B order, stage r defers its first r W's so
 //                     the backwards reach the first stage sooner, and the W's fill the tail.
+//   pipedream         asynchronous (Narayanan et al. 2019, PipeDream): the 1F1B order, and
+//                     each stage updates its weights after every backward (no flush inside
+//                     the step); the backward of microbatch k computes with the weight version
+//                     its forward used (weight stashing), so stage r holds up to pp - r
+//                     versions (WeightUpdate::per_microbatch).
 //   pipedream-2bw     asynchronous (Narayanan et al. 2021, PipeDream-2BW): the 1F1B order
 //                     within a window of m microbatches, gradients accumulated over the
 //                     window and one update per window, but every forward and backward of
@@ -71,6 +76,7 @@ enum class ScheduleMisfit {
 // When the weights change, relative to the gradients computed with them.
 enum class WeightUpdate {
   flush,    // synchronous: one update per step after every backward (= the serial run)
+  per_microbatch,  // PipeDream: an update after every backward, with weight stashing
   delayed,  // PipeDream-2BW: one update per step with the gradient of the previous
             // version, W(t+1) = W(t) - lr * grad(W(t-1)); two weight versions per stage
 };
@@ -115,7 +121,9 @@ int peak_activations(const std::vector<Action>& actions);
 WeightUpdate weight_update_of(const std::string& name);
 
 // Weight versions one stage holds at its peak, the live one included: 1 under a flush, 2
-// under PipeDream-2BW (the version the window computes with and the one it updates).
+// under PipeDream-2BW (the version the window computes with and the one it updates); under
+// PipeDream, walking the list: the versions of the microbatches between their F and B, and
+// the live one (each B is followed by an update that makes a new live version).
 int weight_versions(const std::vector<Action>& actions, WeightUpdate update);
 
 // "F0 F1 B0 B1" and back; parse_actions throws Error on a malformed token.
