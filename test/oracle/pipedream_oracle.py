@@ -1,24 +1,30 @@
-"""oracle.pipedream — the asynchronous schedule `pipedream-2bw` against a PyTorch model of its
-update rule: `trident step` (K = 10 optimizer steps on one batch) at pp = 2, pp = 3 and
-pp = 2 x dp = 2 against torch in float64 from the same float32 weights (the rule does not
-depend on the layout, so one reference serves all three).
+"""oracle.pipedream — the asynchronous schedules against PyTorch models of their update rules
+(docs/FORMAT.md "Asynchronous pipeline schedules"): `trident step` (K = 10 optimizer steps on
+one batch of 4 sequences, microbatches of 1) against torch in float64 from the same float32
+weights, at pp = 2, pp = 3 and pp = 2 x dp = 2 for each schedule.
 
-The rule (PipeDream-2BW, Narayanan et al. 2021; docs/FORMAT.md "Asynchronous schedules"): every
-forward and backward of step t computes with the weights of step t-1, the gradient is
-accumulated over the step's m microbatches (the window) and applied once to the live weights:
+pipedream (an untied Llama, no clipping): stage r runs F_k of step t with the version it had
+after (t-1) m + max(0, k - min(m, pp - r - 1)) updates and its backward with the same
+(weight stashing); every stage applies microbatch k's gradient to its live weights right
+after B_k. The reference builds each microbatch's mixed point from the stages' version
+histories (pipedream_reference). At pp = 3 stage 0 runs B_1 with version 0 while its live
+weights are at version 2, so a backward that used the live weights instead of the stashed
+ones would change every gradient after the first.
+
+pipedream-2bw (GPT-2, tied, clipping on): every forward and backward of step t computes with
+the weights of step t-1, and the accumulated gradient is applied once to the live weights:
 
     W(t+1) = AdamW(W(t), clip(grad L(W(t-1))))       with W(0) = W(1) (the loaded weights)
 
-so the loss trident reports for step t is L(W(t-1)). Every stage holds two versions: the one
-the window computes with and the one it updates.
+so the loss trident reports for step t is L(W(t-1)); the rule does not depend on the layout.
 
-Pass: the 10 losses and grad norms within 1e-5 relative of torch's, and the final weights
-(W(K+1)) within 1e-5 of the largest weight per tensor. The test cannot pass by accident: the
-synchronous rule (W(t+1) = AdamW(W(t), grad L(W(t)))) on the same data must differ from
-trident's losses by more than 100 times the tolerance (checked), and so must a rule that is
-one step staler still (grad L(W(t-2))), the kind of mistake a lost or doubled version swap makes.
-Cost: about 25 s on 2 busy cores (three `trident step` runs of 10 steps on 2, 3 and 4 ranks,
-three torch references).
+Pass: the 10 losses (and 2BW's grad norms) within 1e-5 relative of torch's, and the final
+weights within 1e-5 of the largest weight per tensor. The test cannot pass by accident: the
+neighbouring rules on the same data must differ from trident's losses by more than 100 times
+the tolerance (checked): for 2BW the synchronous rule and a two-steps-stale one; for pipedream
+the staleness patterns of the other pipeline depths (pp = 1: no staleness).
+Cost: 20 s measured (45 s expected on 2 busy cores; six `trident step` runs of 10 steps on 2 to 4 ranks and
+the torch references).
 """
 
 import copy
@@ -87,13 +93,14 @@ def stage_of(name, pp, n_layer):
     return pp - 1  # model.norm, lm_head
 
 
-def pipedream_reference(w0, inputs, targets, pp):
+def pipedream_reference(w0, inputs, targets, pp, dp=1):
     """PipeDream with weight stashing, stage by stage: microbatch j = (s-1) m + k of step s is
     the j-th update of every stage; stage r computes its forward and backward with the version
     it had when its 1F1B list reached F_k: (s-1) m + max(0, k - min(m, pp - r - 1)) updates.
     The gradient of microbatch j is therefore that of the loss at the mixed point (each stage's
     stashed version), which every stage then applies to its live weights."""
-    m = BATCH // MBS
+    m = BATCH // (MBS * dp)
+    local = BATCH // dp  # DP replica d holds sequences [d local, (d+1) local)
     _, cur = tt.load_weights(w0, dtype=torch.float64)
     _, probe = tt.load_weights(w0, dtype=torch.float64)
     opt = tt.make_adamw(cur, TRAIN_PD["lr"], TRAIN_PD["beta1"], TRAIN_PD["beta2"],
@@ -112,7 +119,8 @@ def pipedream_reference(w0, inputs, targets, pp):
                     r = stage_of(n, pp, LLAMA["n_layer"])
                     p.copy_(history[(s - 1) * m + max(0, k - min(m, pp - r - 1))][n])
             probe.zero_grad(set_to_none=True)
-            loss = probe(ti[k * MBS:(k + 1) * MBS], tg[k * MBS:(k + 1) * MBS])
+            rows = [d * local + k * MBS + i for d in range(dp) for i in range(MBS)]
+            loss = probe(ti[rows], tg[rows])  # the mean over the DP replicas' microbatch k
             loss.backward()
             for pc, pq in zip(cur.parameters(), probe.parameters()):
                 pc.grad = pq.grad.detach().clone()
@@ -126,8 +134,8 @@ def pipedream_reference(w0, inputs, targets, pp):
 
 
 def check_pipedream(work, fails):
-    """`schedule = "pipedream"` at pp = 2 and 3 on an untied Llama against
-    pipedream_reference; each layout must also differ from the other's staleness pattern and
+    """`schedule = "pipedream"` at pp = 2, 3 and 2 x dp 2 on an untied Llama against
+    pipedream_reference; each layout must also differ from the other staleness patterns and
     from per-microbatch updates without staleness (pp = 1)."""
     deck = os.path.join(work, "deck-pipedream.toml")
     tt.write_deck(deck, {"model": LLAMA, "parallel": {"micro_batch_size": MBS,
@@ -149,17 +157,19 @@ def check_pipedream(work, fails):
     bpath = os.path.join(work, "batch-pd.h5")
     tt.write_batch(bpath, inputs, targets)
     refs = {pp: pipedream_reference(w0, inputs, targets, pp) for pp in (1, 2, 3)}
-    for pp in (2, 3):
-        print(f"\n=== pipedream, pp = {pp}, {BATCH // MBS} microbatches (Llama, untied) ===")
-        out = os.path.join(work, f"pipedream_pp{pp}.h5")
+    refs_dp2 = pipedream_reference(w0, inputs, targets, 2, dp=2)
+    for pp, dp in ((2, 1), (3, 1), (2, 2)):
+        print(f"\n=== pipedream, pp = {pp}, dp = {dp}, {BATCH // (MBS * dp)} microbatches "
+              "(Llama, untied) ===")
+        out = os.path.join(work, f"pipedream_pp{pp}_dp{dp}.h5")
         log = oc.run_trident(NAME, ["step", deck, "--weights", w0, "--batch", bpath, "--steps", K,
-                                    "--out", out, "--set", f"parallel.pp={pp}"], work,
-                             mpi_ranks=pp)
+                                    "--out", out, "--set", f"parallel.pp={pp}",
+                                    "--set", f"parallel.dp={dp}"], work, mpi_ranks=pp * dp)
         fails.check("asynchronous" in log and "weight stashing" in log,
                     f"pipedream pp={pp}: the start-up report does not say the run is asynchronous")
         with h5py.File(out, "r") as f:
             losses = np.asarray(f.attrs.get("losses", []), dtype=np.float64).reshape(-1)
-        ref_losses, ref = refs[pp]
+        ref_losses, ref = refs[pp] if dp == 1 else refs_dp2
         fails.check(len(losses) == K, f"pipedream pp={pp}: {len(losses)} losses, expected {K}")
         print(f"{'step':>4} {'loss':>14} {'torch':>14} {'rel':>9} {'torch pp=1':>14}")
         for s in range(min(K, len(losses))):
@@ -169,7 +179,7 @@ def check_pipedream(work, fails):
             fails.check(rl <= TOL, f"pipedream pp={pp} step {s + 1}: loss {losses[s]:.10g} vs "
                         f"torch {ref_losses[s]:.10g} (relative {rl:.2e} > {TOL:g})")
         for other in (1, 2, 3):
-            if other == pp or not len(losses):
+            if (other == pp and dp == 1) or not len(losses):
                 continue
             gap = max(abs(a - b) / abs(b) for a, b in zip(losses, refs[other][0]))
             print(f"  largest relative gap to the pp={other} staleness: {gap:.2e}")
