@@ -42,12 +42,10 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
     });
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
   update_ = pipeline::weight_update_of(cfg.parallel.schedule);
-  if (update_ != pipeline::WeightUpdate::flush) {
+  if (update_ == pipeline::WeightUpdate::delayed) {  // PipeDream's stash grows in its first step
     const std::int64_t n = model_->num_params();
-    if (update_ == pipeline::WeightUpdate::delayed) {
-      older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
-      swap_buffer_ = FloatBuffer(std::size_t(std::min(n, model::kVersionSwapFloats)), ops.memory());
-    }
+    older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
+    swap_buffer_ = FloatBuffer(std::size_t(std::min(n, model::kVersionSwapFloats)), ops.memory());
   }
 
   model::MemoryLayout lay;
