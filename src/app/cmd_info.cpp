@@ -44,6 +44,10 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
   json << "], \"idle_fraction\": [";
   for (std::size_t i = 0; i < sim.idle_fraction.size(); ++i)
     json << (i ? ", " : "") << sim.idle_fraction[i];
+  json << "], \"asynchronous\": " << (sim.asynchronous ? "true" : "false")
+       << ", \"weight_versions\": [";
+  for (std::size_t i = 0; i < sim.weight_versions.size(); ++i)
+    json << (i ? ", " : "") << sim.weight_versions[i];
   json << "], \"splits_weight_grad\": " << (pipeline::splits_weight_grad(s) ? "true" : "false")
        << ", \"actions\": [";
   for (std::size_t i = 0; i < s.stages.size(); ++i)

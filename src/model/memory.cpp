@@ -61,6 +61,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // params_, grads_; ZeRO-1: GradSync's shard_grads_ and AdamW's moments over the shard.
   const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
   e.weights = params * kFloat;
+  if (lay.weight_versions > 1)  // the older versions and the swap buffer (WeightVersions)
+    e.weights += ((lay.weight_versions - 1) * params + std::min(params, kVersionSwapFloats)) * kFloat;
   e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
   e.optimizer = 2 * shard * kFloat;
 

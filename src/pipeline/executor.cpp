@@ -156,10 +156,12 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
       model::ChunkActivations& act = *pool_[slot_of[key(a)]];
       send(op, a.type == ActionType::F ? chunk_.output(act) : act.dinput.data());
       if (a.type == ActionType::B && !split) release(a);  // the message is copied: done
+      if (a.type == ActionType::B && hooks_.after_backward) hooks_.after_backward(a);
       continue;
     }
     const MicrobatchTokens t = tokens(a.mb);
     executed_.push_back(a);
+    if (hooks_.before && a.type != ActionType::W) hooks_.before(a);
     switch (a.type) {
       case ActionType::F: {
         TRIDENT_CHECK(slot_of[key(a)] < 0 && !free_slots.empty(), "executor: stage ", stage_,
@@ -184,6 +186,7 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         record(a, "B", a.str(), t0, -1, "");
         const bool sends = i + 1 < ops.size() && ops[i + 1].kind == OpKind::send;
         if (!split && !sends) release(a);  // else after its send
+        if (!sends && hooks_.after_backward) hooks_.after_backward(a);  // else after it
         break;
       }
       case ActionType::W: {

@@ -44,6 +44,12 @@ class Executor {
   // One optimizer step's forwards and backwards; returns the sum of token losses on the
   // last stage (0 elsewhere). Gradients accumulate into the chunk.
   double run(const std::function<MicrobatchTokens(int mb)>& tokens, float loss_scale);
+  // Called just before each F and B computes and after each B with its sends (asynchronous
+  // schedules: the trainer's weight versions and per-microbatch updates); unset: not called.
+  struct Hooks {
+    std::function<void(const Action&)> before, after_backward;
+  };
+  void set_hooks(Hooks hooks) { hooks_ = std::move(hooks); }
 
   // Forwards only (evaluation): the loss sum of every microbatch, no gradients.
   double forward_only(const std::function<MicrobatchTokens(int mb)>& tokens, int microbatches);
@@ -92,6 +98,7 @@ class Executor {
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   std::vector<Action> executed_;
+  Hooks hooks_;
   std::vector<std::unique_ptr<model::ChunkActivations>> pool_;
   // Sends copy their message into a buffer of their own, so that an activation slot is free
   // again as soon as its action is done: waiting for a send to complete before reusing its
