@@ -53,3 +53,12 @@ if (( ${#skip[@]} == 0 )); then
   cmake --build "$build" --target trident_bench_data_read -j "$(nproc)" >/dev/null
   "$python" "$src/bench/data_bench.py" --build "$build" --json "$results/data.json"
 fi
+# 2D tensor parallelism (issue 20): 1D against SUMMA on one MLP at tp = 4, d_model 512 and 1024
+# (bytes per rank measured from Comm's counters beside the closed forms; the wall time of 4
+# ranks on this machine's cores; the stash per rank). tp2d.json holds one line per d_model.
+if (( ${#skip[@]} == 0 )) && cmake --build "$build" --target trident_bench_tp2d -j "$(nproc)" >/dev/null; then
+  results=${OUT:-$build/bench-work}
+  mkdir -p "$results"
+  mpirun -np 4 --oversubscribe --bind-to none "$build/bench/trident_bench_tp2d" --reps 5 \
+    | tee "$results/tp2d.json"
+fi

@@ -29,6 +29,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/pipeline/schedule.hpp"
+#include "trident/parallel/tp_grid2d.hpp"
 #include "trident/train/data_loader.hpp"
 
 namespace trident::train {
@@ -76,6 +77,7 @@ const std::vector<KeyDef>& key_table() {
        [](Config& c) -> Field { return &c.parallel.micro_batch_size; }},
       {"parallel", "sequence_parallel",
        [](Config& c) -> Field { return &c.parallel.sequence_parallel; }},
+      {"parallel", "tp_mode", [](Config& c) -> Field { return &c.parallel.tp_mode; }},
       {"parallel", "zero_stage", [](Config& c) -> Field { return &c.parallel.zero_stage; }},
       {"parallel", "grad_bucket_mb",
        [](Config& c) -> Field { return &c.parallel.grad_bucket_mb; }},
@@ -486,6 +488,22 @@ class Loader {
     fail(where(key), ": ", key, ": expected ", list, ", got ", toml_string(v));
   }
 
+  // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20) has its grid and SUMMA linear
+  // layer (parallel/tp_grid2d, model/summa) but no model built on them yet, so a deck asking
+  // for it is refused here rather than trained as something else.
+  void validate_tp_mode() const {
+    const Config::Parallel& p = cfg_.parallel;
+    need_one_of(p.tp_mode, "parallel.tp_mode", {"1d", "2d"});
+    if (p.tp_mode != "2d") return;
+    if (parallel::tp2d_side(p.tp) == 0)
+      fail(where("parallel.tp_mode", "parallel.tp"),
+           ": parallel.tp_mode = \"2d\" needs parallel.tp a perfect square q*q (4, 9, 16, ...), "
+           "got ", p.tp);
+    fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet: 2D "
+         "tensor parallelism has only its building blocks (docs/tp2d.md), no model built on "
+         "them; expected \"1d\"");
+  }
+
   // model.arch and Llama's keys; a Llama key in a GPT-2 deck is an error (it would be ignored).
   void validate_llama() const {
     const model::ModelConfig& m = cfg_.model;
@@ -589,6 +607,7 @@ class Loader {
       fail(where("parallel.sequence_parallel", "model.seq_len"),
            ": parallel.sequence_parallel needs model.seq_len = ", c.model.seq_len,
            " divisible by parallel.tp = ", p.tp);
+    validate_tp_mode();
 
     // [train]
     const Config::Train& t = c.train;

@@ -128,6 +128,7 @@ struct Config {
     std::string schedule = "1f1b";  // one of kSchedules
     int micro_batch_size = 4;
     bool sequence_parallel = false;
+    std::string tp_mode = "1d";  // "1d" (Megatron) | "2d" (SUMMA, tp = q*q: not wired yet)
     int zero_stage = 0;             // 0 | 1
     double grad_bucket_mb = 25.0;   // DP gradient buckets (MiB), overlapped with the backward
     Choice<model::Recompute> recompute = model::Recompute::none;

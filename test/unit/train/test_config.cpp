@@ -31,6 +31,7 @@ vpp = 1                 # model chunks per pipeline rank (interleaved schedules)
 schedule = "1f1b"       # naive | gpipe | 1f1b | interleaved-1f1b | looped-bfs | zb-h1
 micro_batch_size = 4
 sequence_parallel = false
+tp_mode = "1d"          # 1d (Megatron) | 2d (SUMMA on a q x q grid, tp = q*q: refused until wired)
 zero_stage = 0          # 0 | 1 (1: Adam moments sharded over dp, Megatron's distributed optimizer)
 grad_bucket_mb = 25.0   # MiB per DP gradient bucket, reduced during the last backward
 recompute = "none"      # none | selective | full
@@ -148,7 +149,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   const std::vector<std::string> lines = {
       "[model]", "vocab_size = 0", "seq_len = 128", "n_layer = 4", "n_head = 4",
       "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "vpp = 1",
-      "schedule = \"1f1b\"", "micro_batch_size = 4", "sequence_parallel = false",
+      "schedule = \"1f1b\"", "micro_batch_size = 4", "sequence_parallel = false", "tp_mode = \"1d\"",
       "zero_stage = 0", "grad_bucket_mb = 25.0", "recompute = \"none\"", "[train]", "steps = 200",
       "global_batch_size = 32", "lr = 0.0003", "min_lr = 3e-05", "warmup_steps = 20",
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
@@ -165,7 +166,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 41u);
+  EXPECT_EQ(assignments, 42u);
 }
 
 // model.arch = "llama": its keys print (after d_model, resolved as written), parse back, and
@@ -273,6 +274,9 @@ TEST(Config, EqualityLooksAtEveryKeyButNotTheSource) {
   EXPECT_TRUE(a != b);
   b = a;
   b.parallel.sequence_parallel = true;
+  EXPECT_TRUE(a != b);
+  b = a;
+  b.parallel.tp_mode = "2d";
   EXPECT_TRUE(a != b);
   b = a;
   b.train.eval_batches = 5;
@@ -522,6 +526,14 @@ TEST(ConfigErrors, Divisibility) {
   expect_error("", {"parallel.sequence_parallel=true", "parallel.tp=4", "model.seq_len=126"},
                {"parallel.sequence_parallel", "model.seq_len = 126", "parallel.tp = 4"});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.sequence_parallel=true", "parallel.tp=4"}));
+  // parallel.tp_mode: "1d" | "2d"; "2d" needs a square tp and is refused until the model uses it.
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.tp_mode=\"1d\"", "parallel.tp=2"}));
+  expect_error("", {"parallel.tp_mode=\"3d\""},
+               {"parallel.tp_mode: expected 1d or 2d", "got \"3d\""});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=2"},
+               {"parallel.tp_mode = \"2d\" needs parallel.tp a perfect square", "got 2"});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4"},
+               {"parallel.tp_mode = \"2d\" is not supported yet", "expected \"1d\""});
 }
 
 TEST(ConfigErrors, SetSyntax) {
