@@ -161,12 +161,10 @@ double pingpong_time(Comm& comm, std::int64_t n, double min_s, bool best) {
   std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
   auto describe = [] { return std::string("calibrate: a ping-pong"); };
   auto send = [&](int peer) {
-    MPI_Request r = comm.isend(buf.data(), n, peer, 7);
-    parallel::wait(r, describe);
+    comm.isend(buf.data(), n, peer, 7).wait(describe);
   };
   auto receive = [&](int peer) {
-    MPI_Request r = comm.irecv(buf.data(), n, peer, 7);
-    parallel::wait(r, describe);
+    comm.irecv(buf.data(), n, peer, 7).wait(describe);
   };
   auto trip = [&] {
     if (rank == 0) send(1), receive(1);
@@ -418,8 +416,8 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     double ratio = 0;
     if (reset_peak_resident()) {
       const std::int64_t before = peak_resident_bytes();
-      MPI_Request r = world.iallreduce_sum(buf.data(), n);
-      parallel::wait(r, [] { return std::string("calibrate: a non-blocking allreduce"); });
+      world.iallreduce_sum(buf.data(), n)
+          .wait([] { return std::string("calibrate: a non-blocking allreduce"); });
       ratio = double(std::max<std::int64_t>(0, peak_resident_bytes() - before)) / (4.0 * double(n));
     }
     world.allreduce_max(&ratio, 1);
