@@ -4,7 +4,8 @@
 // results computed in double on every rank, with the bytes each communicator counts against
 // their closed forms; the attention sublayer (SUMMA c_attn, local attention with the
 // model/attention2d.hpp layout, SUMMA c_proj) against the same ops run serially; the
-// cross-entropy over 2D logits (model/xent2d.hpp) against a serial double log-sum-exp.
+// cross-entropy over 2D logits (model/xent2d.hpp) against a serial double log-sum-exp; the
+// embeddings and tied LM head (model/embedding2d.hpp) against serial double lookups and products.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "trident/model/attention2d.hpp"
+#include "trident/model/embedding2d.hpp"
 #include "trident/model/layernorm2d.hpp"
 #include "trident/model/summa.hpp"
 #include "trident/model/xent2d.hpp"
@@ -382,6 +384,86 @@ TEST(CrossEntropy2d, LossAndGradientMatchTheSerialSoftmax) {
     }
   }
   if (q > 1) EXPECT_DOUBLE_EQ(model::xent2d_row_bytes(q, m), 2.0 * (q - 1) / q * 4 * 3 * mb);
+}
+
+TEST(Embedding2d, LookupAndTiedHeadMatchTheSerialOnes) {
+  WorldGrid s;
+  const int q = s.grid.q, B = 2 * q, T = 3, V = 4 * q - 1, C = 3 * q;  // padded vocabulary
+  const int m = B * T;
+  model::Embedding2d emb(*s.ops, s.grid, {B, T, V, C});
+  const int mb = emb.rows_per_block(), cb = emb.cols_per_block(), vp = emb.padded_vocab(),
+            vb = emb.vocab_per_block();
+  ASSERT_EQ(mb, m / q);
+  ASSERT_EQ(vp, vb * q);
+  const auto rc = s.grid.coord;
+  Matrix wte(vp, C);  // rows >= V stay 0, as the model keeps its padding
+  for (int i = 0; i < V; ++i)
+    for (int j = 0; j < C; ++j) wte.at(i, j) = value(21, i, j);
+  const Matrix wpe = global(22, T, C), xh = global(23, m, C), dxe = global(24, m, C);
+  Matrix dlogits(m, V);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < V; ++j) dlogits.at(i, j) = value(25, i, j);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(m));
+  for (int i = 0; i < m; ++i) tokens[std::size_t(i)] = (5 * i + 3) % V;
+  // This grid column's slice of all the rows of a [rows, C] matrix.
+  auto column_slice = [&](const Matrix& a) {
+    std::vector<float> out;
+    for (int i = 0; i < a.rows; ++i)
+      for (int j = 0; j < cb; ++j) out.push_back(float(a.at(i, rc.col * cb + j)));
+    return out;
+  };
+  const std::vector<float> wte_c = column_slice(wte), wpe_c = column_slice(wpe);
+  const std::int32_t* my_tokens = tokens.data() + rc.row * mb;
+
+  // Lookup: x = wte[token] + wpe[position], block (r, c).
+  Matrix xe(m, C);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < C; ++j) xe.at(i, j) = wte.at(tokens[std::size_t(i)], j) + wpe.at(i % T, j);
+  std::vector<float> x(std::size_t(mb) * cb, -1.0f);
+  s.grid.row.reset_counters();
+  s.grid.col.reset_counters();
+  emb.forward(x.data(), my_tokens, wte_c.data(), wpe_c.data());
+  expect_block(x, xe, rc, q, 0.0, "x = wte[tok] + wpe[t]");
+  EXPECT_EQ(s.grid.row.counters().bytes + s.grid.col.counters().bytes, 0.0);
+
+  // Head: logits block (r, c) of X wte^T; padding columns 0.
+  const Matrix logits = product(xh, false, wte, true);  // [m, vp]
+  std::vector<float> lb(std::size_t(mb) * vb, -1.0f);
+  const std::vector<float> xhb = block(xh, rc, q);
+  emb.head_forward(lb.data(), xhb.data(), wte_c.data());
+  expect_block(lb, logits, rc, q, 0.0, "logits = X wte^T");
+  const model::Embedding2dBytes bytes = model::embedding2d_head_bytes(q, {B, T, V, C});
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, bytes.head_forward_row);
+
+  // Backward: dX = dlogits wte; dwte = dlogits^T X + the lookup's scatter of dx; dwpe.
+  Matrix dl(m, vp);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < V; ++j) dl.at(i, j) = dlogits.at(i, j);
+  const Matrix dxh = product(dl, false, wte, false);
+  Matrix dwte = product(dl, true, xh, false), dwpe(T, C);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < C; ++j) {
+      dwte.at(tokens[std::size_t(i)], j) += dxe.at(i, j);
+      dwpe.at(i % T, j) += dxe.at(i, j);
+    }
+  std::vector<float> dx(std::size_t(mb) * cb, -1.0f), dwte_c(wte_c.size(), 0.0f),
+      dwpe_c(wpe_c.size(), 0.0f);
+  const std::vector<float> dlb = block(dl, rc, q), dxeb = block(dxe, rc, q);
+  emb.head_backward(dx.data(), dwte_c.data(), dlb.data(), xhb.data(), wte_c.data());
+  expect_block(dx, dxh, rc, q, 0.0, "dX = dlogits wte");
+  EXPECT_DOUBLE_EQ(s.grid.row.counters().bytes, bytes.head_forward_row + bytes.head_backward_row);
+  emb.backward(dwte_c.data(), dwpe_c.data(), dxeb.data(), my_tokens);
+  s.grid.col.reset_counters();
+  emb.reduce_param_grads(dwte_c.data(), dwpe_c.data());
+  const std::vector<float> want_dwte = column_slice(dwte), want_dwpe = column_slice(dwpe);
+  for (std::size_t i = 0; i < want_dwte.size(); ++i)
+    EXPECT_NEAR(dwte_c[i], want_dwte[i], 1e-5) << "dwte element " << i;
+  for (std::size_t i = 0; i < want_dwpe.size(); ++i)
+    EXPECT_NEAR(dwpe_c[i], want_dwpe[i], 1e-5) << "dwpe element " << i;
+  if (q > 1) {
+    EXPECT_DOUBLE_EQ(bytes.head_forward_row, (q - 1) * 4.0 * mb * vb);
+    EXPECT_DOUBLE_EQ(s.grid.col.counters().bytes, 2.0 * (q - 1) / q * 4 * (vp + T) * cb);
+  }
 }
 
 int main(int argc, char** argv) {
