@@ -4,7 +4,7 @@ run_pipeline; also runs alone: /usr/bin/python3 bench/pipeline_bench.py --build 
 
 pp = 2 ranks (BENCH_PIPELINE_PP or --pp: another count), one thread each, m = 8 microbatches
 of 1 sequence, the bench model; for gpipe,
-1f1b and zb-h1 `trident train` runs STEPS steps with io.trace_step = STEPS (a warm step) and
+1f1b, zb-h1 and pipedream-2bw (--schedules: another list) `trident train` runs STEPS steps with io.trace_step = STEPS (a warm step) and
 tools/plot_pipeline.py reads the two traces: the measured idle fraction of each stage is the
 time of the step (first action's start to last action's end over both ranks) it spent
 outside F/B/W actions; the bubble is their mean. The simulator's figures (`trident
@@ -36,7 +36,8 @@ PYTHON = os.environ.get("PYTHON", "/usr/bin/python3")
 MODEL = dict(vocab_size=4096, seq_len=128, n_layer=4, n_head=4, d_model=256)
 PP, M, MBS = int(os.environ.get("BENCH_PIPELINE_PP", "2")), 8, 1
 STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "3"))
-SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+# pipedream-2bw (issue 20): asynchronous, one window per step; its throughput beside 1F1B's.
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "pipedream-2bw")
 WATCHDOG_S = float(os.environ.get("BENCH_PIPELINE_WATCHDOG_S", "0"))
 
 
@@ -107,6 +108,7 @@ watchdog_s = {WATCHDOG_S}
     return {"schedule": sched, "pp": PP, "microbatches": M,
             "measured_idle": [r["idle_fraction"] for r in s["ranks"]],
             "measured_bubble": s["bubble_fraction"], "step_span_ms": s["span_us"] / 1e3,
+            "tokens_per_s": M * MBS * MODEL["seq_len"] / (s["span_us"] / 1e6),
             "busy_ms": [r["busy_us"] / 1e3 for r in s["ranks"]],
             "simulated_idle": sim["idle_fraction"], "simulated_bubble": sim["bubble_fraction"],
             "timeline": os.path.join(out_dir, "timeline.png")}
@@ -126,15 +128,15 @@ def print_table(rows):
     except OSError:
         pass
     stages = " / ".join(f"s{i}" for i in range(PP))
-    print(f"  schedule  step (ms)  busy {stages} (ms)  measured idle {stages}   bubble  |"
-          f"  simulated idle {stages}   bubble")
+    print(f"  {'schedule':<13}  step (ms)  tokens/s  busy {stages} (ms)  measured idle {stages}"
+          f"   bubble  |  simulated idle {stages}   bubble")
     for r in rows:
         if "error" in r:
-            print(f"  {r['schedule']:<8}  {r['error']}")
+            print(f"  {r['schedule']:<13}  {r['error']}")
             continue
         mi, si = r["measured_idle"], r["simulated_idle"]
         bz = " / ".join(f"{b:7.1f}" for b in r["busy_ms"])
-        print(f"  {r['schedule']:<8}  {r['step_span_ms']:9.1f}  {bz}"
+        print(f"  {r['schedule']:<13}  {r['step_span_ms']:9.1f}  {r['tokens_per_s']:8.0f}  {bz}"
               f"  {' / '.join(f'{x:.3f}' for x in mi)}"
               f"       {r['measured_bubble']:.3f}  |  {' / '.join(f'{x:.3f}' for x in si)}"
               f"        {r['simulated_bubble']:.3f}")
@@ -151,13 +153,16 @@ def print_compare(before, after):
 
 
 def main():
-    global PP
+    global PP, SCHEDULES
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(SRC, "build"))
     ap.add_argument("--pp", type=int, default=PP)
     ap.add_argument("--compare", help="another build to measure first (before -> after)")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES),
+                    help="comma-separated schedules to measure (default: %(default)s)")
     a = ap.parse_args()
     PP = a.pp
+    SCHEDULES = tuple(x for x in a.schedules.split(",") if x)
     build = os.path.abspath(a.build)
     work = os.path.join(build, "bench-work")
     os.makedirs(work, exist_ok=True)

@@ -20,6 +20,7 @@
 #include "trident/io/weights.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/process.hpp"
 #include "trident/train/data_loader.hpp"
 
 namespace trident::app {
@@ -30,8 +31,7 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
   model::ModelConfig cfg;
   std::unique_ptr<io::Tokenizer> tok;
   parallel::agree(MPI_COMM_WORLD, [&] {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const int world = parallel::world_size();
     TRIDENT_CHECK(world == 1, "sample runs on one process (not under mpirun -np ", world, ")");
     cfg = io::read_model_config(checkpoint);
     // The tokenizer lives in the training dataset (by default the one the checkpoint's
@@ -102,8 +102,7 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
 int run_export(const std::string& checkpoint, const std::string& out) {
   model::ModelConfig cfg;
   parallel::agree(MPI_COMM_WORLD, [&] {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const int world = parallel::world_size();
     TRIDENT_CHECK(world == 1, "export runs on one process (not under mpirun -np ", world, ")");
     io::read_checkpoint_state(checkpoint);  // a checkpoint, not some other HDF5 file
     cfg = io::read_model_config(checkpoint);

@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/process.hpp"
 #include "trident/parallel/grid.hpp"
 #include "trident/pipeline/lower.hpp"
 #include "trident/pipeline/simulator.hpp"
@@ -18,8 +19,7 @@ namespace trident::app {
 int run_grid(int tp, int pp, int dp) {
   // Run alone it prints any shape; under mpirun the world must be that shape.
   parallel::agree(MPI_COMM_WORLD, [&] {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const int world = parallel::world_size();
     TRIDENT_CHECK(world == 1 || world == tp * pp * dp, "trident grid: the world has ", world,
                   " ranks, --tp * --pp * --dp = ", tp, " * ", pp, " * ", dp, " = ",
                   tp * pp * dp);
@@ -44,6 +44,10 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
   json << "], \"idle_fraction\": [";
   for (std::size_t i = 0; i < sim.idle_fraction.size(); ++i)
     json << (i ? ", " : "") << sim.idle_fraction[i];
+  json << "], \"asynchronous\": " << (sim.asynchronous ? "true" : "false")
+       << ", \"weight_versions\": [";
+  for (std::size_t i = 0; i < sim.weight_versions.size(); ++i)
+    json << (i ? ", " : "") << sim.weight_versions[i];
   json << "], \"splits_weight_grad\": " << (pipeline::splits_weight_grad(s) ? "true" : "false")
        << ", \"actions\": [";
   for (std::size_t i = 0; i < s.stages.size(); ++i)

@@ -24,6 +24,7 @@
 #include "trident/core/log.hpp"
 #include "trident/io/dataset.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/process.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/plan/calibrate.hpp"
 #include "trident/plan/planner.hpp"
@@ -236,8 +237,7 @@ int run_plan(const PlanArgs& a) {
   plan::Machine machine;
   std::vector<plan::StepPrediction> ranked;
   plan::PlanOptions opt;
-  int world_size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  const int world_size = parallel::world_size();
   parallel::agree(MPI_COMM_WORLD, [&] {
     TRIDENT_CHECK(a.nodes >= 1, "plan: --nodes must be >= 1, got ", a.nodes);
     TRIDENT_CHECK(a.ranks_per_node >= 0, "plan: --ranks-per-node must be >= 1, got ",
@@ -253,6 +253,7 @@ int run_plan(const PlanArgs& a) {
     opt.nodes = a.nodes;
     opt.ranks_per_node = a.ranks_per_node > 0 ? a.ranks_per_node : machine.ranks_per_node;
     opt.host_memory = deck.runtime.device != "cuda";
+    opt.precision = deck.runtime.precision.get();
     if (log::rank() == 0) ranked = plan::make_plan(deck, machine, opt);
     TRIDENT_CHECK(log::rank() != 0 || !ranked.empty(), deck.source, ": no layout of this model (",
                   deck.model.n_layer, " layers, ", deck.model.n_head, " heads, global batch ",
@@ -366,8 +367,7 @@ int run_plan(const PlanArgs& a) {
 int run_calibrate(const CalibrateArgs& a) {
   plan::CalibrateOptions opt;
   std::unique_ptr<ops::Ops> ops;
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int world = parallel::world_size();
   parallel::agree(MPI_COMM_WORLD, [&] {
     TRIDENT_CHECK(!a.out.empty(), "calibrate: --out is required");
     TRIDENT_CHECK(a.min_seconds > 0, "calibrate: --min-seconds must be > 0");

@@ -25,6 +25,7 @@
 #include "trident/io/dataset.hpp"
 #include "trident/io/tokenizer.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/comm.hpp"
 
 namespace trident::app {
 
@@ -235,11 +236,11 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-void bcast_string(std::string& s, int root) {
+void bcast_string(parallel::Comm& world, std::string& s, int root) {
   std::uint64_t n = s.size();
-  MPI_Bcast(&n, 1, MPI_UINT64_T, root, MPI_COMM_WORLD);
+  world.broadcast(&n, sizeof n, root);
   s.resize(n);
-  if (n) MPI_Bcast(s.data(), int(n), MPI_CHAR, root, MPI_COMM_WORLD);
+  if (n) world.broadcast(s.data(), std::int64_t(n), root);
 }
 
 // The text the SentencePiece trainer reads: the training part of the inputs (never the
@@ -261,9 +262,8 @@ void write_training_text(const std::vector<Input>& inputs, int valid_every, cons
 
 int run_prepare_data(const PrepareOptions& opt_in) {
   PrepareOptions opt = opt_in;
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  parallel::Comm world_comm = parallel::Comm::world();
+  const int rank = world_comm.rank(), world = world_comm.size();
   std::vector<Input> inputs;
   std::vector<std::string> temporaries;  // removed by rank 0 at the end, whatever happens
   struct Cleanup {
@@ -327,7 +327,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
     write_training_text(inputs, opt.valid_every, text);
     model = io::Tokenizer::train_sentencepiece(text, opt.vocab_size).serialized();
   });
-  bcast_string(model, 0);
+  bcast_string(world_comm, model, 0);
   io::Tokenizer tok = io::Tokenizer::byte();
   parallel::agree(MPI_COMM_WORLD, [&] {
     if (model.empty()) return;
@@ -346,7 +346,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   header.vocab_size = tok.vocab_size();
   header.tokenizer = tok.kind_name();
   header.tokenizer_model = tok.serialized();
-  const MPI_Comm comm = world > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL;
+  parallel::Comm* comm = world > 1 ? &world_comm : nullptr;
   std::unique_ptr<io::TokenWriter> train, valid;
   // Collective inside, but every rank fails alike (the directory, the file system).
   parallel::agree(MPI_COMM_WORLD, [&] {
@@ -379,23 +379,23 @@ int run_prepare_data(const PrepareOptions& opt_in) {
       }
     });
     int nb = int(blocks.size());
-    MPI_Bcast(&nb, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    world_comm.broadcast(&nb, sizeof nb, 0);
     if (nb == 0) break;
     Block mine;
     if (rank == 0) {
       for (int k = 1; k < nb; ++k) {
         const std::string s = pack(blocks[std::size_t(k)]);
         std::uint64_t n = s.size();
-        MPI_Send(&n, 1, MPI_UINT64_T, k, 17, MPI_COMM_WORLD);
-        MPI_Send(s.data(), int(n), MPI_CHAR, k, 18, MPI_COMM_WORLD);
+        world_comm.send(&n, sizeof n, k, 17);
+        world_comm.send(s.data(), std::int64_t(n), k, 18);
       }
       for (const auto& b : blocks) train_bytes += b.train.text.size(), valid_bytes += b.valid.text.size();
       mine = std::move(blocks[0]);
     } else if (rank < nb) {
       std::uint64_t n = 0;
-      MPI_Recv(&n, 1, MPI_UINT64_T, 0, 17, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      world_comm.recv(&n, sizeof n, 0, 17);
       std::string s(n, '\0');
-      MPI_Recv(s.data(), int(n), MPI_CHAR, 0, 18, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      world_comm.recv(s.data(), std::int64_t(n), 0, 18);
       mine = unpack(s);
     }
     parallel::agree(MPI_COMM_WORLD, [&] {
@@ -426,7 +426,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
     if (nb < world) break;  // the inputs ran out this round
   }
   std::int64_t valid_units = rank == 0 ? reader->valid_units() : 0;
-  MPI_Bcast(&valid_units, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  world_comm.broadcast(&valid_units, sizeof valid_units, 0);
   parallel::agree(MPI_COMM_WORLD, [&] {
     TRIDENT_CHECK(!valid || valid_units > 0, "--input: '", opt.inputs[0],
                   "' is too short to hold out every ", opt.valid_every, "-th block of ",

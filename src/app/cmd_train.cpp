@@ -138,6 +138,10 @@ int run_grad(const DeckArgs& args, const std::string& weights, const std::string
   Session s = open_session(args, "", true);
   if (tp2d(s)) return run_grad_2d(s, weights, batch, out);
   train::Trainer tr(s.cfg, s.ps, *s.ops);
+  TRIDENT_CHECK(tr.weight_update() != pipeline::WeightUpdate::per_microbatch,
+                "trident grad: parallel.schedule = \"", s.cfg.parallel.schedule, "\" updates the "
+                "weights after every microbatch, so a step has no one gradient; use a "
+                "synchronous schedule");
   FixedBatch fb = load_fixed(tr, weights, batch);
   const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
   tr.gather_gradients();
@@ -157,6 +161,7 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
   FixedBatch fb = load_fixed(tr, weights, batch);
   std::vector<double> losses, norms;
   for (int k = 1; k <= steps; ++k) {
+    tr.set_step(k);  // PipeDream updates inside the step, at step k's lr
     const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
     const train::StepStats st = tr.optimizer_step(k, loss);
     losses.push_back(st.loss);

@@ -4,8 +4,6 @@
 // printed once by rank 0 as "trident: error: ..." and every rank exits 1 after
 // MPI_Finalize. An error on one rank only, once ranks communicate, prints from that rank
 // and aborts the whole job (MPI_Abort) so that no rank is left waiting.
-#include <mpi.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -19,6 +17,7 @@
 #include "trident/ops/blas_core.hpp"
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/process.hpp"
 #include "trident/train/signals.hpp"
 
 namespace {
@@ -42,12 +41,6 @@ const CLI::Validator kNonNegative(
       return "expected a number >= 0, got '" + v + "'";
     },
     "NONNEGATIVE");
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 void print_error(const char* what, bool only_rank0) {
   if (only_rank0 && trident::log::rank() != 0) return;
@@ -238,10 +231,8 @@ int main(int argc, char** argv) {
   }
   // `train` stops gracefully on SIGUSR1/SIGTERM; catch them before the (slow) start-up.
   if (argc > 1 && std::string(argv[1]) == "train") trident::train::StopSignals::catch_early();
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  trident::log::set_rank(rank);
+  trident::parallel::init(argc, argv);
+  trident::log::set_rank(trident::parallel::world_rank());
   int status = 0;
   try {
     status = run(argc, argv);
@@ -250,10 +241,11 @@ int main(int argc, char** argv) {
     status = 1;
   } catch (const std::exception& e) {
     // Only this rank failed (or we cannot know): stop everyone.
-    print_error(e.what(), world_size() == 1);
-    if (world_size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    const bool alone = trident::parallel::world_size() == 1;
+    print_error(e.what(), alone);
+    if (!alone) trident::parallel::abort_job(1);
     status = 1;
   }
-  MPI_Finalize();
+  trident::parallel::finalize();
   return status;
 }

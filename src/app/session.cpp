@@ -10,6 +10,7 @@
 #include "trident/io/dataset.hpp"
 #include "trident/train/data_loader.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/process.hpp"
 #include "trident/parallel/cuda_aware.hpp"
 #include "trident/parallel/wait.hpp"
 
@@ -38,8 +39,7 @@ ops::BackendOptions backend_options(const train::Config& c, const parallel::Node
 Session open_session(const DeckArgs& args, const std::string& vocab_from, bool allow_tp2d) {
   Session s;
   const parallel::NodeRanks node = parallel::node_ranks();
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int world = parallel::world_size();
   parallel::agree(MPI_COMM_WORLD, [&] {
     s.cfg = train::load_config(args.deck, args.overrides, allow_tp2d);
     train::Config& c = s.cfg;

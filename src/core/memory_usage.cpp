@@ -39,4 +39,11 @@ std::int64_t peak_resident_bytes() {
   return std::int64_t(u.ru_maxrss) * 1024;  // kilobytes on Linux
 }
 
+bool reset_peak_resident() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
 }  // namespace trident

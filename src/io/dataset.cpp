@@ -85,12 +85,6 @@ std::uint64_t mix64(std::uint64_t x) {  // splitmix64's finalizer
   return x ^ (x >> 31);
 }
 
-int rank_of(MPI_Comm comm) {
-  int r = 0;
-  if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &r);
-  return r;
-}
-
 // Appends n values at `offset` of a 1-D extendable dataset whose new size is `new_size`;
 // collective when the file is parallel (a rank with n = 0 selects nothing).
 void append_slab(const h5::File& f, hid_t ds, hid_t mem_type, const void* data, std::int64_t n,
@@ -124,7 +118,7 @@ std::uint64_t token_checksum(const std::int32_t* ids, std::int64_t n, std::int64
 
 // ---- TokenWriter -------------------------------------------------------------------------
 
-TokenWriter::TokenWriter(const std::string& path, const TokenDataset& d, MPI_Comm comm)
+TokenWriter::TokenWriter(const std::string& path, const TokenDataset& d, parallel::Comm* comm)
     : path_(path), tmp_(path + ".tmp"), comm_(comm) {
   header_.vocab_size = d.vocab_size;
   header_.tokenizer = d.tokenizer;
@@ -138,9 +132,9 @@ TokenWriter::TokenWriter(const std::string& path, const TokenDataset& d, MPI_Com
   else
     fail(path, ": tokenizer = \"", d.tokenizer, "\", expected \"byte\" or \"sentencepiece\"");
 
-  h5::make_parent_dir(path, comm);
-  file_ = comm == MPI_COMM_NULL ? h5::open_file(tmp_, h5::Mode::create)
-                                : h5::open_file_parallel(tmp_, comm, h5::Mode::create);
+  h5::make_parent_dir(path, mpi_comm());
+  file_ = mpi_comm() == MPI_COMM_NULL ? h5::open_file(tmp_, h5::Mode::create)
+                                      : h5::open_file_parallel(tmp_, mpi_comm(), h5::Mode::create);
   h5::write_attr_int(file_, "vocab_size", d.vocab_size);
   h5::write_attr_string(file_, "tokenizer", d.tokenizer);
   auto extendable = [&](const char* name, hid_t type, std::int64_t chunk) {
@@ -172,22 +166,21 @@ TokenWriter::~TokenWriter() {
   } catch (...) {
   }
   std::error_code ec;
-  if (rank_of(comm_) == 0) std::filesystem::remove(tmp_, ec);
+  if (!comm_ || comm_->rank() == 0) std::filesystem::remove(tmp_, ec);
 }
 
 void TokenWriter::append(const std::vector<std::int32_t>& tokens,
                          const std::vector<std::int64_t>& doc_starts) {
   check_ids(tmp_, tokens.data(), std::int64_t(tokens.size()), total_, header_.vocab_size);
   std::int64_t mine[2] = {std::int64_t(tokens.size()), std::int64_t(doc_starts.size())};
-  int size = 1;
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_size(comm_, &size);
+  const int size = comm_ ? comm_->size() : 1;
   std::vector<std::int64_t> all(std::size_t(2 * size));
-  if (comm_ != MPI_COMM_NULL)
-    MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm_);
+  if (comm_)
+    comm_->all_gather(mine, all.data(), 2);
   else
     all = {mine[0], mine[1]};
   std::int64_t tok_before = 0, doc_before = 0, tok_round = 0, doc_round = 0;
-  const int me = rank_of(comm_);
+  const int me = comm_ ? comm_->rank() : 0;
   for (int r = 0; r < size; ++r) {
     if (r < me) tok_before += all[2 * r], doc_before += all[2 * r + 1];
     tok_round += all[2 * r];
@@ -207,14 +200,13 @@ void TokenWriter::append(const std::vector<std::int32_t>& tokens,
 
 void TokenWriter::finish() {
   TRIDENT_CHECK(total_ > 0, path_, ": no tokens to write (empty input?)");
-  if (comm_ != MPI_COMM_NULL)
-    MPI_Allreduce(MPI_IN_PLACE, &checksum_, 1, MPI_UINT64_T, MPI_SUM, comm_);
+  if (comm_) comm_->allreduce_sum(&checksum_, 1);
   h5::write_attr_u64(file_, "tokens_checksum", checksum_);
   h5::write_attr_int(file_, "num_documents", docs_total_);
   tokens_.reset();
   documents_.reset();
   file_.close();
-  h5::commit_file(tmp_, path_, comm_);
+  h5::commit_file(tmp_, path_, mpi_comm());
   done_ = true;
 }
 

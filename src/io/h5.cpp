@@ -13,6 +13,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/comm.hpp"
 
 namespace fs = std::filesystem;
 
@@ -162,9 +163,7 @@ void sync_path(const char* path, int flags) {
 }
 
 int rank_of(MPI_Comm comm) {
-  int r = 0;
-  if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &r);
-  return r;
+  return comm == MPI_COMM_NULL ? 0 : parallel::Comm(comm, "io", false).rank();
 }
 
 }  // namespace
@@ -464,7 +463,7 @@ void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm) {
 }
 
 void commit_file(const std::string& tmp_path, const std::string& final_path, MPI_Comm comm) {
-  if (comm != MPI_COMM_NULL) MPI_Barrier(comm);  // every rank has closed tmp_path
+  if (comm != MPI_COMM_NULL) parallel::Comm(comm, "io", false).barrier();  // all closed tmp_path
   std::string err;
   if (rank_of(comm) == 0) {
     // The data first (the serial driver does not fsync; MPI-IO already did, at flush).

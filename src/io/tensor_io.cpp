@@ -9,6 +9,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/comm.hpp"
 
 namespace trident::io {
 
@@ -160,9 +161,9 @@ void transfer(const h5::File& file, hid_t ds, const ShardSpec* s, float* shard, 
 void allreduce_sums(const h5::File& file, std::vector<std::uint64_t>& sums,
                     std::vector<std::int64_t>& counts) {
   if (!file.parallel()) return;
-  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UINT64_T, MPI_SUM, file.comm());
-  MPI_Allreduce(MPI_IN_PLACE, counts.data(), int(counts.size()), MPI_INT64_T, MPI_SUM,
-                file.comm());
+  parallel::Comm comm(file.comm(), "io", false);  // the file's communicator, borrowed
+  comm.allreduce_sum(sums.data(), std::int64_t(sums.size()));
+  comm.allreduce_sum(counts.data(), std::int64_t(counts.size()));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // GPT-2 chunk forward and backward over the ops interface (see trident/model/gpt.hpp).
 // The backward of each block mirrors its forward line by line in reverse order.
 #include "trident/model/gpt.hpp"
+#include "trident/model/vocab_parallel_xent.hpp"
 
 #include <algorithm>
 
@@ -113,7 +114,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   // runtime.precision = "bf16" on a device: the stash as bf16 (bf16_storage()). Not with
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
-  bf16_store_ = ops_.precision() == ops::Precision::bf16 && recompute_ == Recompute::none;
+  bf16_store_ = stores_bf16(ops_.precision(), recompute_);
   if (bf16_store_) {
     Carver count;
     carve_layer(dims_, count, bf16_work_);
@@ -326,6 +327,10 @@ std::int64_t recomputed_floats(const ChunkDims& d) {
   return count.used;
 }
 
+bool stores_bf16(ops::Precision precision, Recompute recompute) {
+  return precision == ops::Precision::bf16 && recompute == Recompute::none;
+}
+
 std::int64_t grad_stash_floats(const ChunkDims& d) {
   Carver count;
   LayerGradStash g{};
@@ -496,21 +501,15 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
   float* logits = logits_.data();
   ops_.gemm(false, true, N, Vl_, C_, 1.0f, a.lnf.data(), C_, wte, C_, 0.0f, logits, Vl_);
-  float* sumexp = sumexp_.data();
-  float* target_logit = sumexp_.data() + N;
-  ops_.xent_row_max(row_max_.data(), logits, N, Vl_, v_valid_);
-  ps_.tp.allreduce_max(row_max_.data(), N);
-  ops_.xent_sumexp(sumexp, target_logit, logits, row_max_.data(), targets, N, Vl_, v_valid_,
-                   vocab_start_);
-  ps_.tp.allreduce_sum(sumexp_.data(), 2 * std::int64_t(N));
-  ops_.xent_loss(token_loss_.data(), row_max_.data(), sumexp, target_logit, N);
+  vocab_parallel_xent_forward(ops_, ps_.tp, token_loss_.data(), row_max_.data(), sumexp_.data(),
+                              logits, targets, N, Vl_, v_valid_, vocab_start_);
   copy_to_host(ops_.memory(), host_loss_.data(), token_loss_.data(), std::size_t(N) * sizeof(float));
   double loss_sum = 0;
   for (int i = 0; i < N; ++i) loss_sum += host_loss_[std::size_t(i)];
   if (!with_backward) return loss_sum;
 
   // The head's backward right away: dlogits in place, then d lnf and d wte.
-  ops_.xent_backward(logits, row_max_.data(), sumexp, targets, N, Vl_, v_valid_, vocab_start_,
+  ops_.xent_backward(logits, row_max_.data(), sumexp_.data(), targets, N, Vl_, v_valid_, vocab_start_,
                      loss_scale);
   float* dlnf_partial = dbuf_.data();  // [N,C] this rank's vocabulary share
   ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf_partial, C_);

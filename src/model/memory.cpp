@@ -39,6 +39,11 @@ std::string MemoryEstimate::describe() const {
   return d;
 }
 
+void MemoryLayout::set_precision(ops::Precision precision) {
+  bf16_activations = stores_bf16(precision, recompute);
+  bf16_products = !host_memory && precision == ops::Precision::bf16;
+}
+
 MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   MemoryEstimate e;
   const std::vector<StageLayout> chunks = chunk_layouts(cfg, lay.pp, lay.vpp, lay.pp_rank);
@@ -56,6 +61,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // params_, grads_; ZeRO-1: GradSync's shard_grads_ and AdamW's moments over the shard.
   const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
   e.weights = params * kFloat;
+  if (lay.weight_versions > 1)  // the older versions and the swap buffer (WeightVersions)
+    e.weights += ((lay.weight_versions - 1) * params + std::min(params, kVersionSwapFloats)) * kFloat;
   e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
   e.optimizer = 2 * shard * kFloat;
 

@@ -45,28 +45,19 @@ SummaLinear::SummaLinear(ops::Ops& ops, parallel::Tp2dGrid& grid, const SummaSha
   ops.fill(ones_.data(), 1.0f, mb_);
 }
 
-const float* SummaLinear::broadcast_row(const float* mine, float* panel, std::int64_t n,
-                                        int root) {
-  const bool is_root = grid_.row.rank() == root;
+const float* SummaLinear::broadcast(parallel::Comm& line, const float* mine, float* panel,
+                                    std::int64_t n, int root) {
   // The root's block is only read (MPI_Bcast's buffer is the source there).
-  float* buf = is_root ? const_cast<float*>(mine) : panel;
-  grid_.row.broadcast(buf, n * 4, root);
-  return buf;
-}
-
-const float* SummaLinear::broadcast_col(const float* mine, float* panel, std::int64_t n,
-                                        int root) {
-  const bool is_root = grid_.col.rank() == root;
-  float* buf = is_root ? const_cast<float*>(mine) : panel;
-  grid_.col.broadcast(buf, n * 4, root);
+  float* buf = line.rank() == root ? const_cast<float*>(mine) : panel;
+  line.broadcast(buf, n * 4, root);
   return buf;
 }
 
 void SummaLinear::forward(float* y, const float* x, const float* w, const float* b) {
   const std::int64_t xb = std::int64_t(mb_) * kb_, wb = std::int64_t(kb_) * nb_;
   for (int j = 0; j < grid_.q; ++j) {
-    const float* xj = broadcast_row(x, x_panel_.data(), xb, j);  // X_rj
-    const float* wj = broadcast_col(w, w_panel_.data(), wb, j);  // W_jc
+    const float* xj = broadcast(grid_.row, x, x_panel_.data(), xb, j);  // X_rj
+    const float* wj = broadcast(grid_.col, w, w_panel_.data(), wb, j);  // W_jc
     ops_.gemm(false, false, mb_, nb_, kb_, 1.0f, xj, kb_, wj, nb_, j == 0 ? 0.0f : 1.0f, y, nb_);
   }
   // y[mb, nb] += ones[mb, 1] @ b[1, nb]
@@ -86,14 +77,14 @@ void SummaLinear::backward(float* dx, float* dw, const float* dy, const float* x
   float* stack = stack_.data();
   if (dx) {  // stack[j] = dY_rc W_jc^T [mb, kb]; summed along the row, block j lands on (r, j)
     for (int j = 0; j < grid_.q; ++j) {
-      const float* wj = broadcast_col(w, w_panel_.data(), wb, j);
+      const float* wj = broadcast(grid_.col, w, w_panel_.data(), wb, j);
       ops_.gemm(false, true, mb_, kb_, nb_, 1.0f, dy, nb_, wj, nb_, 0.0f, stack + j * xb, kb_);
     }
     grid_.row.reduce_scatter_sum(stack, dx, xb);
   }
   // stack[j] = X_rj^T dY_rc [kb, nb]; summed along the column, block j lands on (j, c)
   for (int j = 0; j < grid_.q; ++j) {
-    const float* xj = broadcast_row(x, x_panel_.data(), xb, j);
+    const float* xj = broadcast(grid_.row, x, x_panel_.data(), xb, j);
     ops_.gemm(true, false, kb_, nb_, mb_, 1.0f, xj, kb_, dy, nb_, 0.0f, stack + j * wb, nb_);
   }
   grid_.col.reduce_scatter_sum(stack, dw_sum_.data(), wb);

@@ -1,5 +1,6 @@
 // Cross-entropy over 2D-sharded logits (see trident/model/xent2d.hpp).
 #include "trident/model/xent2d.hpp"
+#include "trident/model/vocab_parallel_xent.hpp"
 
 #include <algorithm>
 
@@ -26,14 +27,8 @@ CrossEntropy2d::CrossEntropy2d(ops::Ops& ops, parallel::Tp2dGrid& grid, int m, i
 }
 
 void CrossEntropy2d::forward(float* loss, const float* logits, const std::int32_t* targets) {
-  float* sumexp = stats_.data();
-  float* target_logit = stats_.data() + mb_;
-  ops_.xent_row_max(row_max_.data(), logits, mb_, vb_, v_valid_);
-  grid_.row.allreduce_max(row_max_.data(), mb_);
-  ops_.xent_sumexp(sumexp, target_logit, logits, row_max_.data(), targets, mb_, vb_, v_valid_,
-                   vocab_start_);
-  grid_.row.allreduce_sum(stats_.data(), 2 * std::int64_t(mb_));
-  ops_.xent_loss(loss, row_max_.data(), sumexp, target_logit, mb_);
+  vocab_parallel_xent_forward(ops_, grid_.row, loss, row_max_.data(), stats_.data(), logits,
+                              targets, mb_, vb_, v_valid_, vocab_start_);
 }
 
 void CrossEntropy2d::backward(float* logits, const std::int32_t* targets, float scale) {

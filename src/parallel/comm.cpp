@@ -67,11 +67,21 @@ Comm Comm::split(int color, int key, std::string name) const {
   return c;
 }
 
-void Comm::direct_only(const void* p, const char* call) const {
-  if (!staging_) return;
-  TRIDENT_CHECK(!staging_->staged(p), "Comm::", call, " on ", name_,
-                ": device memory and an MPI that is not CUDA-aware; the caller stages it");
-  staging_->sync_for_mpi(p);
+void* Comm::stage(Request& r, const void* data, std::size_t bytes, bool copy_in,
+                  bool copy_back) const {
+  void* p = const_cast<void*>(data);  // written only when copy_back
+  if (!staging_ || !staging_->on_device(p)) return p;
+  if (!staging_->staged(p)) {
+    staging_->sync_for_mpi(p);
+    return p;
+  }
+  Request::Staged& side = copy_back ? r.out_ : r.in_;
+  side.host = staging_->lease(bytes);
+  side.device = p;
+  side.bytes = bytes;
+  r.memory_ = staging_->memory();
+  if (copy_in) r.memory_->to_host(side.host.get(), p, bytes);
+  return side.host.get();
 }
 
 void Comm::allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
@@ -105,6 +115,23 @@ void Comm::allreduce_max(float* d, std::int64_t n) { allreduce(d, n, 4, MPI_FLOA
 void Comm::allreduce_max(double* d, std::int64_t n) { allreduce(d, n, 8, MPI_DOUBLE, MPI_MAX); }
 void Comm::allreduce_max(int* d, std::int64_t n) {
   allreduce(d, n, std::int64_t(sizeof(int)), MPI_INT, MPI_MAX);
+}
+void Comm::allreduce_sum(std::int64_t* d, std::int64_t n) {
+  allreduce(d, n, 8, MPI_INT64_T, MPI_SUM);
+}
+void Comm::allreduce_sum(std::uint64_t* d, std::int64_t n) {
+  allreduce(d, n, 8, MPI_UINT64_T, MPI_SUM);
+}
+
+void Comm::all_gather(const std::int64_t* mine, std::int64_t* all, std::int64_t n) {
+  if (size_ <= 1) {
+    std::copy(mine, mine + n, all);
+    return;
+  }
+  count(double(size_ - 1) * double(n) * 8.0);
+  MPI_Request r;
+  MPI_Iallgather(mine, as_count(n), MPI_INT64_T, all, as_count(n), MPI_INT64_T, comm_, &r);
+  watch(r, "an all-gather", n * size_);
 }
 void Comm::reduce_scatter_sum(const float* full, float* shard, std::int64_t shard_n) {
   TRIDENT_CHECK(size_ > 1 || shard == full || !staging_ || !staging_->on_device(full),
@@ -164,55 +191,55 @@ void Comm::all_gather(const float* shard, float* full, std::int64_t shard_n) {
   out.finish();
 }
 
-MPI_Request Comm::iallreduce_sum(float* data, std::int64_t n) {
-  if (size_ <= 1) return MPI_REQUEST_NULL;
-  direct_only(data, "iallreduce_sum");
+Request Comm::iallreduce_sum(float* data, std::int64_t n) {
+  Request r;
+  if (size_ <= 1) return r;
   count(2.0 * double(size_ - 1) / double(size_) * double(n) * 4.0);
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, data, as_count(n), MPI_FLOAT, MPI_SUM, comm_, &r);
+  void* p = stage(r, data, std::size_t(n) * 4, true, true);
+  MPI_Iallreduce(MPI_IN_PLACE, p, as_count(n), MPI_FLOAT, MPI_SUM, comm_, &r.mpi_);
   return r;
 }
 
-MPI_Request Comm::ireduce_scatter_sum(const float* bucket, float* part, const int* counts,
-                                      std::int64_t n) {
-  direct_only(bucket, "ireduce_scatter_sum");
-  direct_only(part, "ireduce_scatter_sum");
+Request Comm::ireduce_scatter_sum(const float* bucket, float* part, const int* counts,
+                                  std::int64_t n) {
+  Request r;
   if (size_ <= 1) {
-    TRIDENT_CHECK(!staging_ || !staging_->on_device(part),
+    TRIDENT_CHECK(!staging_ || (!staging_->on_device(part) && !staging_->on_device(bucket)),
                   "Comm::ireduce_scatter_sum on one rank copies host memory only");
     std::copy(bucket, bucket + counts[0], part);
-    return MPI_REQUEST_NULL;
+    return r;
   }
   count(double(size_ - 1) / double(size_) * double(n) * 4.0);
-  MPI_Request r;
-  MPI_Ireduce_scatter(bucket, part, counts, MPI_FLOAT, MPI_SUM, comm_, &r);
+  const void* in = stage(r, bucket, std::size_t(n) * 4, true, false);
+  void* out = stage(r, part, std::size_t(counts[rank_]) * 4, false, true);
+  MPI_Ireduce_scatter(in, out, counts, MPI_FLOAT, MPI_SUM, comm_, &r.mpi_);
   return r;
 }
 
-MPI_Request Comm::iall_gather_inplace(float* bucket, const int* counts, const int* displs,
-                                      std::int64_t n) {
-  if (size_ <= 1) return MPI_REQUEST_NULL;
-  direct_only(bucket, "iall_gather_inplace");
+Request Comm::iall_gather_inplace(float* bucket, const int* counts, const int* displs,
+                                  std::int64_t n) {
+  Request r;
+  if (size_ <= 1) return r;
   count(double(size_ - 1) / double(size_) * double(n) * 4.0);
-  MPI_Request r;
-  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, bucket, counts, displs, MPI_FLOAT, comm_,
-                  &r);
+  void* p = stage(r, bucket, std::size_t(n) * 4, true, true);
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts, displs, MPI_FLOAT, comm_,
+                  &r.mpi_);
   return r;
 }
 
-MPI_Request Comm::isend(const float* data, std::int64_t n, int peer, int tag) {
-  direct_only(data, "isend");
-  MPI_Request r;
+Request Comm::isend(const float* data, std::int64_t n, int peer, int tag) {
+  Request r;
   count(double(n) * 4.0);
-  MPI_Isend(data, as_count(n), MPI_FLOAT, peer, tag, comm_, &r);
+  const void* p = stage(r, data, std::size_t(n) * 4, true, false);
+  MPI_Isend(p, as_count(n), MPI_FLOAT, peer, tag, comm_, &r.mpi_);
   return r;
 }
 
-MPI_Request Comm::irecv(float* data, std::int64_t n, int peer, int tag) {
-  direct_only(data, "irecv");
-  MPI_Request r;
+Request Comm::irecv(float* data, std::int64_t n, int peer, int tag) {
+  Request r;
   counters_.calls += 1;
-  MPI_Irecv(data, as_count(n), MPI_FLOAT, peer, tag, comm_, &r);
+  void* p = stage(r, data, std::size_t(n) * 4, false, true);
+  MPI_Irecv(p, as_count(n), MPI_FLOAT, peer, tag, comm_, &r.mpi_);
   return r;
 }
 
@@ -237,6 +264,20 @@ void Comm::barrier() {
   MPI_Request r;
   MPI_Ibarrier(comm_, &r);
   watch(r, "a barrier", 0);
+}
+
+void Comm::send(const void* data, std::int64_t bytes, int peer, int tag) {
+  count(double(bytes));
+  MPI_Request r;
+  MPI_Isend(data, as_count(bytes), MPI_BYTE, peer, tag, comm_, &r);
+  watch(r, "a send", bytes);
+}
+
+void Comm::recv(void* data, std::int64_t bytes, int peer, int tag) {
+  counters_.calls += 1;
+  MPI_Request r;
+  MPI_Irecv(data, as_count(bytes), MPI_BYTE, peer, tag, comm_, &r);
+  watch(r, "a receive", bytes);
 }
 
 void ParallelState::use_device_memory(DeviceMemory* memory, bool mpi_takes_device) {

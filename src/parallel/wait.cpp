@@ -66,4 +66,10 @@ void wait_all(std::vector<MPI_Request>& requests, const std::function<std::strin
   requests.clear();
 }
 
+bool test(MPI_Request& request) {
+  int done = 0;
+  MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+  return done != 0;
+}
+
 }  // namespace trident::parallel

@@ -5,7 +5,9 @@
 // consumer starts; each tag belongs to one (microbatch, chunk, direction) on its link, so
 // posting order does not matter to MPI's matching. Sends are non-blocking from a buffer of
 // their own (a copy of the slot's output or input gradient; buffers are recycled as sends
-// complete) and waited for only at the end of the step. That is the simulator's model
+// complete) and waited for only at the end of the step. Buffers are the backend's memory;
+// where MPI cannot take device memory, each request stages its message through host memory
+// itself (parallel/request.hpp). That is the simulator's model
 // (blocking receives, buffered sends), so any schedule it accepts cannot deadlock here.
 // Every wait goes through parallel::wait, so the watchdog (runtime.watchdog_s) names the
 // action that hangs.
@@ -28,8 +30,6 @@ Executor::Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule
   const int slots = std::max(1, peak_activations(schedule.stages.at(stage_)));
   const bool split = splits_weight_grad(schedule);  // B: input gradients; W: the weights'
   for (int i = 0; i < slots; ++i) pool_.push_back(chunk_.make_activations(-1, split));
-  const parallel::DeviceStaging* staging = ps_.pp.staging();
-  if (staging && chunk_.memory() && staging->mpi_takes_device()) send_memory_ = chunk_.memory();
 }
 
 void Executor::record(const Action& a, const char* cat, std::string name, double t0, int peer,
@@ -47,29 +47,19 @@ void Executor::record(const Action& a, const char* cat, std::string name, double
   trace_.push_back(std::move(e));
 }
 
-int Executor::take_buffer(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host,
-                          std::vector<int>& free) {
+int Executor::take_buffer(std::vector<FloatBuffer>& buffers, std::vector<int>& free) {
   if (free.empty()) {  // only while the first steps find the peak in flight
-    const std::size_t n = std::size_t(chunk_.boundary_numel());
-    if (send_memory_)
-      device.emplace_back(n, send_memory_);
-    else
-      host.emplace_back(chunk_.memory(), n);
-    free.push_back(int(send_memory_ ? device.size() : host.size()) - 1);
+    buffers.emplace_back(std::size_t(chunk_.boundary_numel()), chunk_.memory());
+    free.push_back(int(buffers.size()) - 1);
   }
   const int b = free.back();
   free.pop_back();
   return b;
 }
 
-float* Executor::buffer_data(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host,
-                             int b) {
-  return send_memory_ ? device[std::size_t(b)].data() : host[std::size_t(b)].data();
-}
-
 void Executor::post_receive(const Op& op) {
-  const int b = take_buffer(recv_device_, recv_host_, free_recv_buffers_);
-  float* landing = buffer_data(recv_device_, recv_host_, b);
+  const int b = take_buffer(recv_buffers_, free_recv_buffers_);
+  float* landing = recv_buffers_[std::size_t(b)].data();
   receives_.push_back({ps_.pp.irecv(landing, chunk_.boundary_numel(), op.peer, op.tag), op, b});
 }
 
@@ -77,38 +67,28 @@ void Executor::take_receive(const Action& a, float* data) {
   auto it = std::find_if(receives_.begin(), receives_.end(),
                          [&](const Posted& p) { return p.op.action == a; });
   if (it == receives_.end()) return;  // the first virtual stage's F, the last one's B
-  const Posted posted = *it;
+  Posted posted = std::move(*it);
   receives_.erase(it);
   const char* what = posted.op.payload == Payload::activation ? "activation" : "gradient";
   const double t0 = tracing_ ? trace_now_us() : 0;
-  MPI_Request r = posted.request;
-  parallel::wait(r, [&] {
+  posted.request.wait([&] {
     return str("rank ", ps_.world_rank, " (pp rank ", stage_, ") in ", a.str(), " waits for the ",
                what, " from pp rank ", posted.op.peer, " on communicator ", ps_.pp.name());
   });
-  const float* landing = buffer_data(recv_device_, recv_host_, posted.buffer);
-  const std::int64_t n = chunk_.boundary_numel();
-  if (send_memory_)
-    chunk_.ops().copy(data, landing, n);  // device to device
-  else
-    copy_to_device(chunk_.memory(), data, landing, std::size_t(n) * sizeof(float));
+  const float* landing = recv_buffers_[std::size_t(posted.buffer)].data();
+  chunk_.ops().copy(data, landing, chunk_.boundary_numel());  // in the backend's memory
   free_recv_buffers_.push_back(posted.buffer);
   record(a, "wait", "wait " + a.str(), t0, posted.op.peer, what);
 }
 
 void Executor::progress() {
-  for (Posted& p : receives_) {
-    int done = 0;  // a finished request becomes MPI_REQUEST_NULL; its wait returns at once
-    MPI_Test(&p.request, &done, MPI_STATUS_IGNORE);
-  }
+  for (Posted& p : receives_) p.request.test();
   reap_sends();
 }
 
 void Executor::reap_sends() {
   for (std::size_t i = 0; i < sends_.size();) {
-    int done = 0;
-    MPI_Test(&sends_[i].request, &done, MPI_STATUS_IGNORE);
-    if (!done) {
+    if (!sends_[i].request.test()) {
       ++i;
       continue;
     }
@@ -120,20 +100,17 @@ void Executor::reap_sends() {
 void Executor::send(const Op& op, const float* data) {
   reap_sends();
   const std::int64_t n = chunk_.boundary_numel();
-  const int b = take_buffer(send_device_, send_host_, free_send_buffers_);
-  float* buf = buffer_data(send_device_, send_host_, b);
-  if (send_memory_)
-    chunk_.ops().copy(buf, data, n);  // device to device (isend waits for the copy)
-  else
-    copy_to_host(chunk_.memory(), buf, data, std::size_t(n) * sizeof(float));
+  const int b = take_buffer(send_buffers_, free_send_buffers_);
+  float* buf = send_buffers_[std::size_t(b)].data();
+  chunk_.ops().copy(buf, data, n);  // in the backend's memory (isend waits for the copy)
   sends_.push_back({ps_.pp.isend(buf, n, op.peer, op.tag), op.action, op.peer, b});
 }
 
 void Executor::wait_sends() {
   if (sends_.empty()) return;
   const double t0 = tracing_ ? trace_now_us() : 0;
-  std::vector<MPI_Request> reqs;
-  for (const Pending& p : sends_) reqs.push_back(p.request);
+  std::vector<parallel::Request> reqs;
+  for (Pending& p : sends_) reqs.push_back(std::move(p.request));
   parallel::wait_all(reqs, [&] {
     std::string s = str("rank ", ps_.world_rank, " (pp rank ", stage_,
                         ") at the end of the step waits for its send");
@@ -179,10 +156,12 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
       model::ChunkActivations& act = *pool_[slot_of[key(a)]];
       send(op, a.type == ActionType::F ? chunk_.output(act) : act.dinput.data());
       if (a.type == ActionType::B && !split) release(a);  // the message is copied: done
+      if (a.type == ActionType::B && hooks_.after_backward) hooks_.after_backward(a);
       continue;
     }
     const MicrobatchTokens t = tokens(a.mb);
     executed_.push_back(a);
+    if (hooks_.before && a.type != ActionType::W) hooks_.before(a);
     switch (a.type) {
       case ActionType::F: {
         TRIDENT_CHECK(slot_of[key(a)] < 0 && !free_slots.empty(), "executor: stage ", stage_,
@@ -207,6 +186,7 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         record(a, "B", a.str(), t0, -1, "");
         const bool sends = i + 1 < ops.size() && ops[i + 1].kind == OpKind::send;
         if (!split && !sends) release(a);  // else after its send
+        if (!sends && hooks_.after_backward) hooks_.after_backward(a);  // else after it
         break;
       }
       case ActionType::W: {

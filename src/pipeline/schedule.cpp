@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -133,6 +134,11 @@ const std::vector<ScheduleKind>& schedule_kinds() {
          return vpp == 1 ? one_f_one_b_stage(pp, r, m) : interleaved_stage(pp, vpp, r, m); }},
       {"looped-bfs",       true,  false, [](int, int vpp, int, int m) { return looped_bfs_stage(vpp, m); }},
       {"zb-h1",            false, false, [](int pp, int, int r, int m) { return zb_h1_stage(pp, r, m); }},
+      // Asynchronous: the 1F1B order within a window; the rule is the trainer's.
+      {"pipedream",        false, false, [](int pp, int, int r, int m) { return one_f_one_b_stage(pp, r, m); },
+       WeightUpdate::per_microbatch},
+      {"pipedream-2bw",    false, false, [](int pp, int, int r, int m) { return one_f_one_b_stage(pp, r, m); },
+       WeightUpdate::delayed},
   };
   // clang-format on
   return kinds;
@@ -207,6 +213,31 @@ int peak_activations(const std::vector<Action>& actions) {
     if (a.type == ActionType::F) live_set[{a.mb, a.chunk}] = true;
     if (a.type == frees) live_set.erase({a.mb, a.chunk});
     peak = std::max(peak, int(live_set.size()));
+  }
+  return peak;
+}
+
+WeightUpdate weight_update_of(const std::string& name) {
+  const ScheduleKind* kind = find_schedule(name);
+  return kind ? kind->update : WeightUpdate::flush;
+}
+
+int weight_versions(const std::vector<Action>& actions, WeightUpdate update) {
+  if (update == WeightUpdate::flush) return 1;
+  if (update == WeightUpdate::delayed) return 2;  // whatever the order inside the window
+  std::map<int, int> version_of;  // microbatch between its F and B -> the version its F used
+  int live = 0, peak = 1;
+  auto held = [&] {
+    std::set<int> v{live};
+    for (const auto& [mb, ver] : version_of) v.insert(ver);
+    return int(v.size());
+  };
+  for (const Action& a : actions) {
+    if (a.type == ActionType::F) version_of[a.mb] = live;
+    if (a.type != ActionType::B) continue;
+    version_of.erase(a.mb);
+    ++live;  // the update after the backward
+    peak = std::max(peak, held());
   }
   return peak;
 }

@@ -218,10 +218,12 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   check_message_order(s);
 
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
+  sim.asynchronous = weight_update_of(s.name) != WeightUpdate::flush;
   long total_busy = 0;
   for (int r = 0; r < s.pp; ++r) {
     total_busy += busy[r];
     sim.peak_activations.push_back(peak_activations(s.stages[r]));
+    sim.weight_versions.push_back(weight_versions(s.stages[r], weight_update_of(s.name)));
     sim.idle_fraction.push_back(sim.makespan > 0 ? 1.0 - double(busy[r]) / sim.makespan : 0);
   }
   sim.bubble_fraction =

@@ -4,11 +4,11 @@
 #include "trident/plan/calibrate.hpp"
 
 #include <malloc.h>
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -19,11 +19,15 @@
 #include "trident/core/memory_usage.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/comm.hpp"
+#include "trident/parallel/node_comm.hpp"
+#include "trident/parallel/wait.hpp"
 #include "trident/plan/cost.hpp"
 
 namespace trident::plan {
 
 namespace {
+
+using parallel::Comm;
 
 // The clock every figure is timed with: wall time, or with CalibrateOptions::cpu_time this
 // process's CPU time (set once by calibrate(), which is not reentrant).
@@ -59,14 +63,36 @@ double summarize(const std::vector<double>& rounds, bool best) {
 // Calls of fn that take about `seconds` on the slowest rank of comm: batches of 1, 2, 4, ...
 // calls, every rank the same (fn may be a collective), until one takes that long.
 template <typename Fn>
-int calls_for(MPI_Comm comm, double seconds, Fn fn) {
+int calls_for(Comm& comm, double seconds, Fn fn) {
   for (int calls = 1;; calls *= 2) {
     const double t0 = now();
     for (int i = 0; i < calls; ++i) fn();
     double t = now() - t0;
-    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+    comm.allreduce_max(&t, 1);
     if (t >= seconds || calls >= (1 << 20)) return calls;
   }
+}
+
+// Seconds per call of fn in each of `rounds` rounds of `calls` calls, every rank starting
+// together after a barrier: the slowest rank's of each round (what a collective waits for),
+// or with `mean` the ranks' mean.
+template <typename Fn>
+std::vector<double> slowest_rounds(Comm& comm, int rounds, int calls, Fn fn, bool mean = false) {
+  std::vector<double> out;
+  for (int r = 0; r < rounds; ++r) {
+    comm.barrier();
+    const double t0 = now();
+    for (int i = 0; i < calls; ++i) fn();
+    double per = (now() - t0) / calls;
+    if (mean) {
+      comm.allreduce_sum(&per, 1);
+      per /= std::max(1, comm.size());
+    } else {
+      comm.allreduce_max(&per, 1);
+    }
+    out.push_back(per);
+  }
+  return out;
 }
 
 // Seconds per call of fn, every rank starting together: a warm-up that also sets the count,
@@ -75,24 +101,22 @@ int calls_for(MPI_Comm comm, double seconds, Fn fn) {
 // over time, preemptions included, and so must the figure (a median keeps the rounds no
 // other process interrupted, and on a shared machine predicts steps too fast).
 template <typename Fn>
-double timed(MPI_Comm comm, ops::Ops& ops, const float* any, double min_s, bool best, Fn fn) {
+double timed(Comm& comm, ops::Ops& ops, const float* any, double min_s, bool best, Fn fn) {
   const int calls = calls_for(comm, min_s / 5, [&] {
     fn();
     sync(ops, any);
   });
   std::vector<double> rounds;
   for (int r = 0; r < 5; ++r) {
-    MPI_Barrier(comm);
+    comm.barrier();
     const double t0 = now();
     for (int i = 0; i < calls; ++i) fn();
     sync(ops, any);
     rounds.push_back((now() - t0) / calls);
   }
-  double per = summarize(rounds, best), sum = 0;
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  MPI_Allreduce(&per, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
-  return sum / size;
+  double per = summarize(rounds, best);
+  comm.allreduce_sum(&per, 1);
+  return per / std::max(1, comm.size());
 }
 
 struct LinearDims {
@@ -111,31 +135,20 @@ std::vector<LinearDims> linears(const model::ModelConfig& cfg, int tp) {
 // allreduce follows a call of it (a layer's product, as in tensor parallelism) and the time
 // of `work` alone is taken off: what the collective adds where ranks arrive unevenly (on a
 // shared or oversubscribed machine, a rank descheduled by the others).
-double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s, bool best,
+double allreduce_time(Comm& comm, std::int64_t n, double min_s, bool best,
                       const std::function<void()>& work = {}) {
   std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
   auto once = [&] {
     if (work) work();
-    MPI_Allreduce(MPI_IN_PLACE, buf.data(), int(n), MPI_FLOAT, MPI_SUM, comm);
+    comm.allreduce_sum(buf.data(), n);
   };
   const int calls = calls_for(comm, min_s / 5, once);
   std::vector<double> rounds;
   for (int r = 0; r < 5; ++r) {
-    MPI_Barrier(comm);
-    const double t0 = now();
-    for (int i = 0; i < calls; ++i) once();
-    double per = (now() - t0) / calls;
-    MPI_Allreduce(MPI_IN_PLACE, &per, 1, MPI_DOUBLE, MPI_MAX, comm);
-    if (work) {
-      MPI_Barrier(comm);
-      const double t1 = now();
-      for (int i = 0; i < calls; ++i) work();
-      double alone = (now() - t1) / calls;
-      MPI_Allreduce(MPI_IN_PLACE, &alone, 1, MPI_DOUBLE, MPI_SUM, comm);
-      int size = 1;
-      MPI_Comm_size(comm, &size);
-      per = std::max(per - alone / size, 0.0);
-    }
+    double per = slowest_rounds(comm, 1, calls, once).front();
+    // The work alone (the ranks' mean) right after, taken off: each pair of rounds sees the
+    // same load on a shared machine.
+    if (work) per = std::max(per - slowest_rounds(comm, 1, calls, work, true).front(), 0.0);
     rounds.push_back(per);
   }
   return summarize(rounds, best);
@@ -143,38 +156,31 @@ double allreduce_time(MPI_Comm comm, std::int64_t n, double min_s, bool best,
 
 // One-way seconds of a message of `n` floats between ranks 0 and 1 of comm (the others wait):
 // round trips in a fixed count (about min_s), halved; the mean of three rounds.
-double pingpong_time(MPI_Comm comm, std::int64_t n, double min_s, bool best) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+double pingpong_time(Comm& comm, std::int64_t n, double min_s, bool best) {
+  const int rank = comm.rank();
   std::vector<float> buf(std::size_t(std::max<std::int64_t>(n, 1)), 1.0f);
+  auto describe = [] { return std::string("calibrate: a ping-pong"); };
+  auto send = [&](int peer) {
+    comm.isend(buf.data(), n, peer, 7).wait(describe);
+  };
+  auto receive = [&](int peer) {
+    comm.irecv(buf.data(), n, peer, 7).wait(describe);
+  };
   auto trip = [&] {
-    if (rank == 0) {
-      MPI_Send(buf.data(), int(n), MPI_FLOAT, 1, 7, comm);
-      MPI_Recv(buf.data(), int(n), MPI_FLOAT, 1, 7, comm, MPI_STATUS_IGNORE);
-    } else if (rank == 1) {
-      MPI_Recv(buf.data(), int(n), MPI_FLOAT, 0, 7, comm, MPI_STATUS_IGNORE);
-      MPI_Send(buf.data(), int(n), MPI_FLOAT, 0, 7, comm);
-    }
+    if (rank == 0) send(1), receive(1);
+    else if (rank == 1) receive(0), send(0);
   };
   const int calls = calls_for(comm, min_s / 3, trip);
-  std::vector<double> rounds;
-  for (int r = 0; r < 3; ++r) {
-    MPI_Barrier(comm);
-    const double t0 = now();
-    for (int i = 0; i < calls; ++i) trip();
-    double per = (now() - t0) / calls / 2;
-    MPI_Allreduce(MPI_IN_PLACE, &per, 1, MPI_DOUBLE, MPI_MAX, comm);
-    rounds.push_back(per);
-  }
+  std::vector<double> rounds = slowest_rounds(comm, 3, calls, trip);
+  for (double& r : rounds) r /= 2;  // one way
   return summarize(rounds, best);
 }
 
 // alpha and beta of a ring allreduce over p ranks from a small and a large message:
 // t(S) = 2(p-1) alpha + 2(p-1)/p S / beta. The small one after `work` (see allreduce_time):
 // alpha is the latency a collective costs between layers, not in a tight loop.
-Link fit_link(MPI_Comm comm, double min_s, bool best, const std::function<void()>& work) {
-  int p = 1;
-  MPI_Comm_size(comm, &p);
+Link fit_link(Comm& comm, double min_s, bool best, const std::function<void()>& work) {
+  const int p = comm.size();
   const std::int64_t small = 1, large = 1 << 22;  // floats: 4 B and 16 MiB
   // The latency sets what every TP collective costs and varies most on a shared machine: at
   // least half a second of it.
@@ -210,10 +216,8 @@ std::vector<std::array<std::int64_t, 3>> linear_shapes(const model::ModelConfig&
 Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   const model::ModelConfig& cfg = opt.model;
   TRIDENT_CHECK(cfg.vocab_size > 0, "calibrate: the model needs model.vocab_size > 0");
-  MPI_Comm world = MPI_COMM_WORLD;
-  int world_size = 1, rank = 0;
-  MPI_Comm_size(world, &world_size);
-  MPI_Comm_rank(world, &rank);
+  Comm world = Comm::world();
+  const int world_size = world.size(), rank = world.rank();
   DeviceMemory* mem = ops.memory();
   TRIDENT_CHECK(!opt.cpu_time || !mem, "calibrate --cpu-time measures CPU ranks (each process's ",
                 "CPU time), not a device backend");
@@ -222,6 +226,9 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   // The libraries' working memory (host ranks): what stays resident after the products and
   // collectives below at the model's shapes, once this function's own buffers are freed.
   const std::int64_t resident_before = resident_bytes();
+  // A device's: the backend's own blocks already in its arena (the cuBLAS workspace), as
+  // `trident train`'s report counts them.
+  if (mem) m.library_mib = double(mem->used()) / 1048576.0;
 
   // Matrix products: each shape once, the largest buffers sized for all.
   std::set<std::array<std::int64_t, 3>> shapes;
@@ -261,16 +268,13 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     auto product = [&] {
       ops.gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, Cm.data(), N);
     };
-    MPI_Comm node_comm;
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
-    int node_rank = 0, node_size = 1;
-    MPI_Comm_rank(node_comm, &node_rank);
-    MPI_Comm_size(node_comm, &node_size);
+    Comm node_comm = parallel::split_by_node(world, "node");
+    const int node_rank = node_comm.rank(), node_size = node_comm.size();
     const double together = timed(world, ops, Cm.data(), opt.min_seconds, opt.best, product);
     double alone = together;
     if (node_size > 1) {
       // Rank 0 of the node repeats the product for min_s; the rest wait at the barrier.
-      MPI_Barrier(node_comm);
+      node_comm.barrier();
       std::vector<double> rounds;
       for (int r = 0; r < 5; ++r) {
         int calls = 0;
@@ -283,12 +287,11 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
           } while (now() - t0 < opt.min_seconds / 5);
           rounds.push_back((now() - t0) / calls);
         }
-        MPI_Barrier(node_comm);
+        node_comm.barrier();
       }
       if (node_rank == 0) alone = summarize(rounds, opt.best);
-      MPI_Bcast(&alone, 1, MPI_DOUBLE, 0, node_comm);
+      node_comm.broadcast(&alone, sizeof alone, 0);
     }
-    MPI_Comm_free(&node_comm);
     m.solo_speedup = std::max(1.0, together / alone);
   }
 
@@ -383,16 +386,14 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     ops.gemm(false, false, wn, wm, wk, 1.0f, wa.data(), wk, wb.data(), wm, 0.0f, wc.data(), wm);
     sync(ops, wc.data());
   };
-  MPI_Comm local, across;
-  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  int local_size = 1, local_rank = 0;
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_split(world, local_rank, rank, &across);
-  int nodes = 1;
-  MPI_Comm_size(across, &nodes);
-  int min_local = local_size;
-  MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, world);
+  Comm local = parallel::split_by_node(world, "node");
+  const int local_size = local.size(), local_rank = local.rank();
+  Comm across = world.split(local_rank, rank, "across");
+  const int nodes = across.size();
+  // The fewest ranks on a node and nodes per local rank, over the world (max of negatives).
+  int fewest[2] = {-local_size, -nodes};
+  world.allreduce_max(fewest, 2);
+  const int min_local = -fewest[0], nodes_min = -fewest[1];
   m.ranks_per_node = local_size;
   if (min_local >= 2) {
     m.intra = fit_link(local, opt.min_seconds, opt.best, work);
@@ -402,11 +403,26 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   }
   // Between nodes: the communicator of each node's local rank r (all measure at once, as
   // in training); without a second node the figures inside the node stand in.
-  int nodes_min = nodes;
-  MPI_Allreduce(MPI_IN_PLACE, &nodes_min, 1, MPI_INT, MPI_MIN, world);
   m.inter = nodes_min >= 2 ? fit_link(across, opt.min_seconds, opt.best, work) : m.intra;
-  MPI_Comm_free(&across);
-  MPI_Comm_free(&local);
+
+  // MPI's temporaries of a non-blocking allreduce in place (the DP buckets'), per byte: the
+  // rise of the resident high-water mark over one of 4 MiB, freed heap pages returned first
+  // so that the temporaries take fresh ones (host ranks; Open MPI 4.1's libnbc: 1.0).
+  if (!mem && world_size > 1) {
+    const std::int64_t n = std::int64_t(1) << 20;
+    std::vector<float> buf(std::size_t(n), 1.0f);
+    world.barrier();
+    malloc_trim(0);
+    double ratio = 0;
+    if (reset_peak_resident()) {
+      const std::int64_t before = peak_resident_bytes();
+      world.iallreduce_sum(buf.data(), n)
+          .wait([] { return std::string("calibrate: a non-blocking allreduce"); });
+      ratio = double(std::max<std::int64_t>(0, peak_resident_bytes() - before)) / (4.0 * double(n));
+    }
+    world.allreduce_max(&ratio, 1);
+    m.nonblocking_temp_ratio = std::round(ratio * 100) / 100;
+  }
 
   // Memory per rank: the device's arena, or this node's memory shared by its ranks.
   if (mem) {
@@ -420,19 +436,19 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     m.library_mib = double(std::max<std::int64_t>(0, resident_bytes() - resident_before)) / 1048576.0;
   }
   // Every rank must write the same file: rank 0's figures.
-  MPI_Bcast(&m.solo_speedup, 1, MPI_DOUBLE, 0, world);
+  world.broadcast(&m.solo_speedup, sizeof m.solo_speedup, 0);
   double nums[12] = {m.gemm_flops,          m.peak_flops,          m.attention_flops,
                      m.kernel_bytes_per_s,  m.intra.alpha_s,       m.intra.bytes_per_s,
                      m.inter.alpha_s,       m.inter.bytes_per_s,   m.intra.p2p_alpha_s,
                      m.intra.p2p_bytes_per_s, m.inter.p2p_alpha_s, m.inter.p2p_bytes_per_s};
-  MPI_Bcast(nums, 12, MPI_DOUBLE, 0, world);
+  world.broadcast(nums, sizeof nums, 0);
   m.gemm_flops = nums[0], m.peak_flops = nums[1], m.attention_flops = nums[2];
   m.kernel_bytes_per_s = nums[3];
   m.intra = {nums[4], nums[5], nums[8], nums[9]};
   m.inter = {nums[6], nums[7], nums[10], nums[11]};
-  MPI_Bcast(&m.memory_gib, 1, MPI_DOUBLE, 0, world);
-  MPI_Bcast(&m.library_mib, 1, MPI_DOUBLE, 0, world);
-  MPI_Bcast(&m.ranks_per_node, 1, MPI_INT, 0, world);
+  world.broadcast(&m.memory_gib, sizeof m.memory_gib, 0);
+  world.broadcast(&m.library_mib, sizeof m.library_mib, 0);
+  world.broadcast(&m.ranks_per_node, sizeof m.ranks_per_node, 0);
   return m;
 }
 

@@ -161,7 +161,8 @@ double model_flops_per_step(const model::ModelConfig& cfg, std::int64_t global_b
 }
 
 StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
-                       const Layout& lay, const Machine& mc, bool host_memory) {
+                       const Layout& lay, const Machine& mc, bool host_memory,
+                       ops::Precision precision) {
   StepPrediction p;
   p.layout = lay;
   const std::int64_t per_step = std::int64_t(lay.micro_batch) * lay.dp;
@@ -185,8 +186,12 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.peak_stash = pipeline::peak_activations(sched.stages[std::size_t(r)]);
     ml.split_backward = split;
     ml.host_memory = host_memory;
+    ml.set_precision(precision);
     model::MemoryEstimate e = model::predict_memory(cfg, ml);
-    if (host_memory) e.libraries = mc.library_bytes();
+    e.libraries = mc.library_bytes();
+    // The DP buckets' non-blocking collectives in flight: MPI's temporaries (host ranks).
+    if (host_memory && lay.dp > 1)
+      e.libraries += std::int64_t(mc.nonblocking_temp_ratio * double(e.weights));
     if (r == 0) p.rank0_peak_bytes = e.peak();
     if (r == 0 || e.peak() > p.memory.peak()) p.memory = e, p.memory_pp_rank = r;
   }

@@ -97,7 +97,9 @@ Machine parse_machine(const std::string& text, const std::string& source) {
   Machine m;
   m.source = source;
   const toml::table& mt = section(root, "machine", source);
-  only_keys(mt, "machine", {"name", "ranks_per_node", "memory_gib", "peak_flops", "library_mib"},
+  only_keys(mt, "machine",
+            {"name", "ranks_per_node", "memory_gib", "peak_flops", "library_mib",
+             "nonblocking_temp_ratio"},
             source);
   m.name = mt["name"].value_or(std::string(source));
   const toml::node* rpn = mt.get("ranks_per_node");
@@ -113,6 +115,8 @@ Machine parse_machine(const std::string& text, const std::string& source) {
                   ": machine.library_mib: expected a number >= 0 (MiB)");
     m.library_mib = *v;
   }
+  if (mt.contains("nonblocking_temp_ratio"))
+    m.nonblocking_temp_ratio = number(mt, "machine", "nonblocking_temp_ratio", source, true);
 
   const toml::table& ct = section(root, "compute", source);
   only_keys(ct, "compute",
@@ -161,6 +165,7 @@ std::string machine_toml(const Machine& m, const std::string& header) {
   o << "[machine]\nname = \"" << m.name << "\"\nranks_per_node = " << m.ranks_per_node
     << "\nmemory_gib = " << m.memory_gib << "\npeak_flops = " << m.peak_flops
     << "\nlibrary_mib = " << m.library_mib
+    << "\nnonblocking_temp_ratio = " << m.nonblocking_temp_ratio
     << "\n\n[compute]\ngemm_flops = " << m.gemm_flops << "\nattention_flops = "
     << m.attention_flops << "\nkernel_bytes_per_s = " << m.kernel_bytes_per_s
     << "\nsolo_speedup = " << m.solo_speedup << "\n";

@@ -105,7 +105,8 @@ std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& 
   std::vector<StepPrediction> out;
   for (const Layout& l : enumerate_layouts(deck, opt)) {
     try {
-      out.push_back(predict(deck.model, deck.train.global_batch_size, l, mc, opt.host_memory));
+      out.push_back(predict(deck.model, deck.train.global_batch_size, l, mc, opt.host_memory,
+                            opt.precision));
     } catch (const Error&) {
       // A schedule that cannot be made for this microbatch count: not a layout.
     }

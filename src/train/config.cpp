@@ -578,6 +578,23 @@ class Loader {
     need(p.dp >= 0, "parallel.dp", ">= 0 (0: world size / (tp * pp))", p.dp);
     need(p.vpp >= 1, "parallel.vpp", ">= 1", p.vpp);
     need_one_of(p.schedule, "parallel.schedule", pipeline::schedule_names());
+    // PipeDream updates each stage on its own after every backward (docs/FORMAT.md): no
+    // global gradient norm, no ZeRO-1 shard step, and a wte tied across the first and last
+    // stage would be two copies updated at different times.
+    if (pipeline::weight_update_of(p.schedule) == pipeline::WeightUpdate::per_microbatch) {
+      if (c.train.grad_clip != 0)
+        fail(where("train.grad_clip", "parallel.schedule"), ": parallel.schedule = \"pipedream\" "
+             "updates each stage after every microbatch, with no global gradient norm: "
+             "train.grad_clip must be 0, got ", toml_float(c.train.grad_clip));
+      if (p.zero_stage != 0)
+        fail(where("parallel.zero_stage", "parallel.schedule"), ": parallel.schedule = "
+             "\"pipedream\" needs parallel.zero_stage = 0, got ", p.zero_stage);
+      if (c.model.tied() && p.pp > 1)
+        fail(where("model.tie_embeddings", "parallel.schedule"), ": parallel.schedule = "
+             "\"pipedream\" at parallel.pp = ", p.pp, " needs untied embeddings (model.arch = "
+             "\"llama\" with model.tie_embeddings = false; GPT-2 always ties wte): the first "
+             "and last stage would update their copies of wte at different times");
+    }
     need(p.micro_batch_size >= 1, "parallel.micro_batch_size", ">= 1", p.micro_batch_size);
     need(p.zero_stage == 0 || p.zero_stage == 1, "parallel.zero_stage", "0 or 1", p.zero_stage);
     need_finite(p.grad_bucket_mb, "parallel.grad_bucket_mb");

@@ -76,11 +76,9 @@ GradSync::GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb,
     chunk.ops().fill(shard_grads_.data(), 0.0f, shard_numel_);
   }
   const parallel::DeviceStaging* staging = dp.staging();
-  if (active() && chunk.memory() && staging && !staging->mpi_takes_device()) {
+  if (active() && chunk.memory() && staging && !staging->mpi_takes_device())
     host_grads_ = PinnedBuffer(chunk.memory(), std::size_t(chunk.num_params()));
-    if (zero_) host_shard_ = PinnedBuffer(chunk.memory(), std::size_t(shard_numel_));
-  }
-  requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
+  requests_.resize(buckets_.size());
   landing_.reserve(buckets_.size());
 }
 
@@ -108,7 +106,8 @@ void GradSync::start(int i) {
 void GradSync::launch(int i) {
   const Bucket& b = buckets_[i];
   float* g = (host_grads() ? host_grads() : chunk_.grads()) + b.offset;
-  float* shard = zero_ ? (host_grads() ? host_shard() : shard_grads_.data()) + b.shard : nullptr;
+  // The ZeRO-1 part lands in shard_grads_ (staged by its request where MPI needs that).
+  float* shard = zero_ ? shard_grads_.data() + b.shard : nullptr;
   requests_[i] = zero_ ? dp_.ireduce_scatter_sum(g, shard, b.counts.data(), b.n)
                        : dp_.iallreduce_sum(g, b.n);
 }
@@ -142,8 +141,7 @@ void GradSync::ready(std::int64_t offset, std::int64_t count) {
   for (std::size_t i = 0; i < buckets_.size(); ++i)
     if (!buckets_[i].started && buckets_[i].pending == 0) start(int(i));
   launch_landed(false);
-  int flag = 0;
-  MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
+  parallel::test_all(requests_);  // drives the collectives already started
 }
 
 void GradSync::reduce_tied_embedding(model::GptChunk& chunk, parallel::ParallelState& ps) {
@@ -164,19 +162,15 @@ void GradSync::finish() {
   const auto t0 = std::chrono::steady_clock::now();
   launch_landed(true);
   wait_buckets("the DP gradient reduction (bucketed allreduce)");
-  if (host_grads()) {  // the reduced gradients (or this rank's shard of them) go back up
-    if (zero_)
-      copy_floats(chunk_.memory(), shard_grads_.data(), host_shard(), shard_numel_);
-    else
-      copy_floats(chunk_.memory(), chunk_.grads(), host_grads(), chunk_.num_params());
-  }
+  if (host_grads() && !zero_)  // the reduced gradients go back up
+    copy_floats(chunk_.memory(), chunk_.grads(), host_grads(), chunk_.num_params());
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Under runtime.watchdog_s a DP peer that never arrives ends the job with a diagnosis.
 void GradSync::wait_buckets(const char* what) {
-  for (MPI_Request& r : requests_)
-    parallel::wait(r, [&] {
+  for (parallel::Request& r : requests_)
+    r.wait([&] {
       return str("rank ", log::rank(), " (dp rank ", dp_.rank(), ") waits in ", what,
                  " on communicator ", dp_.name());
     });
@@ -234,13 +228,14 @@ double GradSync::time_alone() {
   if (!active()) return 0;
   FloatBuffer scratch(chunk_.num_params()), part(zero_ ? shard_numel_ : 1);  // host memory
   chunk_.read_grads(scratch.data());
-  MPI_Barrier(dp_.raw());
+  dp_.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (const Bucket& b : buckets_) {
-    MPI_Request r = zero_ ? dp_.ireduce_scatter_sum(scratch.data() + b.offset,
-                                                    part.data() + b.shard, b.counts.data(), b.n)
-                          : dp_.iallreduce_sum(scratch.data() + b.offset, b.n);
-    MPI_Wait(&r, MPI_STATUS_IGNORE);
+    parallel::Request r =
+        zero_ ? dp_.ireduce_scatter_sum(scratch.data() + b.offset, part.data() + b.shard,
+                                        b.counts.data(), b.n)
+              : dp_.iallreduce_sum(scratch.data() + b.offset, b.n);
+    r.wait([] { return std::string("the timed gradient reduction"); });
   }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return dt;

@@ -2,6 +2,7 @@
 #include "trident/train/trainer.hpp"
 
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -40,6 +41,12 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
       sync->ready(offset, count);
     });
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
+  update_ = pipeline::weight_update_of(cfg.parallel.schedule);
+  if (update_ == pipeline::WeightUpdate::delayed) {  // PipeDream's stash grows in its first step
+    const std::int64_t n = model_->num_params();
+    older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
+    swap_buffer_ = FloatBuffer(std::size_t(std::min(n, model::kVersionSwapFloats)), ops.memory());
+  }
 
   model::MemoryLayout lay;
   lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
@@ -49,8 +56,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.recompute = cfg.parallel.recompute.get();
   lay.zero1 = cfg.parallel.zero_stage == 1;
   lay.host_memory = ops.memory() == nullptr;
-  lay.bf16_activations = model_->bf16_storage();
-  lay.bf16_products = ops.memory() && ops.precision() == ops::Precision::bf16;
+  lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
     try {
@@ -59,10 +65,22 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
                                                  int(cfg.train.global_batch_size / per_step));
       lay.peak_stash = pipeline::peak_activations(sched.stages.at(std::size_t(ps.coord.pp)));
       lay.split_backward = pipeline::splits_weight_grad(sched);
+      lay.weight_versions = pipeline::weight_versions(sched.stages.at(std::size_t(ps.coord.pp)),
+                                                      update_);
     } catch (const std::exception&) {
       // A schedule that cannot be made is reported by the first step, with its context.
     }
   }
+  // Every command that builds a trainer says so (train, step, grad), rank 0 only.
+  if (update_ == pipeline::WeightUpdate::delayed)
+    log::info("trident: schedule ", cfg.parallel.schedule, " is asynchronous, not equivalent "
+              "to the serial run: step t computes its gradient with the weights of step t-1 "
+              "(W(t+1) = W(t) - lr * grad(W(t-1))), 2 weight versions per stage");
+  if (update_ == pipeline::WeightUpdate::per_microbatch)
+    log::info("trident: schedule ", cfg.parallel.schedule, " is asynchronous, not equivalent "
+              "to the serial run: each stage updates its weights after every microbatch's "
+              "backward, which computes with the weights its forward used (weight stashing); "
+              "this stage holds up to ", lay.weight_versions, " weight versions");
   memory_estimate_ = model::predict_memory(cfg.model, lay);
   memory_estimate_.libraries = backend_bytes;
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
@@ -156,17 +174,111 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
   // backward, the DP reduction and the norm carry it to every rank alike.
   if (fault::armed(fault::Kind::nan))
     ops_.fill(model_->grads(), std::numeric_limits<float>::quiet_NaN(), model_->num_params());
-  if (sync_->active()) sync_->begin(m);  // buckets start as the last backward finishes them
-  const double local = executor_for(m).run(
+  const bool per_mb = update_ == pipeline::WeightUpdate::per_microbatch;
+  if (sync_->active() && !per_mb) sync_->begin(m);  // buckets start as the last backward finishes them
+  const bool delayed = update_ == pipeline::WeightUpdate::delayed;
+  if (delayed) {  // compute with W(t-1); older_weights_ keeps W(t)
+    const std::int64_t n = model_->num_params();
+    if (!older_valid_) ops_.copy(older_weights_.data(), model_->params(), n);
+    older_valid_ = true;
+    swap_weight_versions();
+  }
+  pipeline::Executor& ex = executor_for(m);
+  if (per_mb) {  // each update the mean gradient of one microbatch (per DP replica: summed)
+    async_lr_ = learning_rate(cfg_.train, long(step_));
+    weight_versions_ = pipeline::weight_versions(ex.schedule().stages.at(std::size_t(ps_.coord.pp)),
+                                                 update_);
+    ex.set_hooks({[this](const pipeline::Action& a) { before_action(a); },
+                  [this](const pipeline::Action& a) { after_backward(a); }});
+  }
+  const double local = ex.run(
       [&](int mb) {
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
       },
-      loss_scale);
+      per_mb ? loss_scale * float(m) : loss_scale);
+  if (per_mb) return reduce_loss(local, global_batch);  // every update is done
+  // W(t) back for the optimizer; older_weights_ stays W(t), the next step's W(t-1).
+  if (delayed) ops_.copy(model_->params(), older_weights_.data(), model_->num_params());
   GradSync::reduce_tied_embedding(*model_, ps_);
   model_->reduce_sequence_parallel_grads();
   // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
   if (sync_->active()) sync_->finish();
   return reduce_loss(local, global_batch);
+}
+
+void Trainer::swap_weight_versions() { swap_params_with(older_weights_.data()); }
+
+void Trainer::before_action(const pipeline::Action& a) {
+  if (a.type == pipeline::ActionType::F) {
+    version_of_mb_[a.mb] = live_version_;
+    return;
+  }
+  // B: the version its forward used; the live params swap with its stash slot meanwhile.
+  const std::int64_t v = version_of_mb_.at(a.mb);
+  if (v != live_version_) {
+    swapped_in_ = stash_of_version_.at(v);
+    swap_params_with(stash_[std::size_t(swapped_in_)].data());
+  }
+  // The gradients are zero here (forward_backward, then after each update): not zeroed
+  // before B, as the last stage's F already put the head's gradients in (GptChunk::forward).
+  if (sync_->active()) sync_->begin(1);
+}
+
+void Trainer::after_backward(const pipeline::Action& a) {
+  if (swapped_in_ >= 0) swap_params_with(stash_[std::size_t(swapped_in_)].data());
+  swapped_in_ = -1;
+  GradSync::reduce_tied_embedding(*model_, ps_);  // pp = 1 only (config): a no-op
+  model_->reduce_sequence_parallel_grads();
+  if (sync_->active()) sync_->finish();
+  version_of_mb_.erase(a.mb);
+  // Versions no microbatch in flight computes with any more go back to the pool first, so
+  // the stash never holds more than the simulator's weight_versions.
+  for (auto it = stash_of_version_.begin(); it != stash_of_version_.end();) {
+    bool used = false;
+    for (const auto& [mb, v] : version_of_mb_) used = used || v == it->first;
+    if (used) {
+      ++it;
+      continue;
+    }
+    free_stash_.push_back(it->second);
+    it = stash_of_version_.erase(it);
+  }
+  // A microbatch in flight computes with the live version: keep a copy before updating it.
+  bool needed = false;
+  for (const auto& [mb, v] : version_of_mb_) needed = needed || v == live_version_;
+  if (needed) {
+    if (free_stash_.empty()) {  // the first step grows the stash to the schedule's peak
+      // The simulator's count (weight_versions, which the memory prediction uses) bounds it.
+      TRIDENT_CHECK(int(stash_.size()) + 2 <= std::max(1, weight_versions_), "pipedream: stage ",
+                    ps_.coord.pp, " needs more weight versions than the schedule's ",
+                    weight_versions_);
+      stash_.emplace_back(std::size_t(model_->num_params()), ops_.memory());
+      free_stash_.push_back(int(stash_.size()) - 1);
+    }
+    const int slot = free_stash_.back();
+    free_stash_.pop_back();
+    ops_.copy(stash_[std::size_t(slot)].data(), model_->params(), model_->num_params());
+    stash_of_version_[live_version_] = slot;
+  }
+  optimizer_->step(async_lr_, 0.0);  // train.grad_clip is 0 (config): no norm needed
+  model_->zero_grads();               // for the next microbatch (its F may add the head's)
+  ++live_version_;
+}
+
+void Trainer::swap_params_with(float* other) {
+  if (swap_buffer_.empty())  // PipeDream: the first swap (a stage with stashed versions)
+    swap_buffer_ = FloatBuffer(
+        std::size_t(std::min(model_->num_params(), model::kVersionSwapFloats)), ops_.memory());
+  float* a = model_->params();
+  float* b = other;
+  float* tmp = swap_buffer_.data();
+  const std::int64_t n = model_->num_params(), chunk = std::int64_t(swap_buffer_.size());
+  for (std::int64_t i = 0; i < n; i += chunk) {
+    const std::int64_t k = std::min(chunk, n - i);
+    ops_.copy(tmp, a + i, k);
+    ops_.copy(a + i, b + i, k);
+    ops_.copy(b + i, tmp, k);
+  }
 }
 
 void Trainer::gather_gradients() {
@@ -227,10 +339,17 @@ void Trainer::report_startup() {
 StepStats Trainer::optimizer_step(std::int64_t step, double loss) {
   StepStats st;
   st.loss = loss;
-  st.grad_norm = optimizer_->grad_norm(ps_);
   st.lr = learning_rate(cfg_.train, long(step));
-  st.applied = std::isfinite(st.loss) && std::isfinite(st.grad_norm);
-  if (st.applied) optimizer_->step(st.lr, st.grad_norm);
+  if (update_ == pipeline::WeightUpdate::per_microbatch) {
+    // PipeDream updated every stage after each backward, at this step's lr; there is no
+    // global gradient to take a norm of (reported as 0).
+    st.grad_norm = 0;
+    st.applied = std::isfinite(st.loss);
+  } else {
+    st.grad_norm = optimizer_->grad_norm(ps_);
+    st.applied = std::isfinite(st.loss) && std::isfinite(st.grad_norm);
+    if (st.applied) optimizer_->step(st.lr, st.grad_norm);
+  }
   // The high-water mark of the steps themselves (checkpoints and evaluation come after).
   step_peak_ = ops_.memory() ? std::int64_t(ops_.memory()->peak()) : peak_resident_bytes();
   return st;

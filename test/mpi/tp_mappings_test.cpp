@@ -7,7 +7,9 @@
 
 #include <vector>
 
+#include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
+#include "trident/ops/ops.hpp"
 #include "trident/parallel/tp_mappings.hpp"
 
 namespace par = trident::parallel;
@@ -103,6 +105,48 @@ TEST(TpMappings, SequenceParallelRowsMustDivide) {
   par::TpMappings m(w.comm, true);
   if (w.p == 1) GTEST_SKIP() << "needs several ranks";
   EXPECT_THROW(m.local_rows(w.p + 1), trident::Error);
+}
+
+// The non-blocking calls on device memory an MPI cannot take (cpu-guarded: host code and MPI
+// touching it crash): each request stages through host memory and puts its result back in
+// the device buffer when it completes; the same closed forms as above.
+TEST(Comm, NonBlockingCallsStageDeviceMemoryThroughTheirRequests) {
+  World w;
+  if (w.p == 1) GTEST_SKIP() << "needs several ranks";
+  auto ops = trident::ops::make_guarded_ops(1, std::size_t(1) << 20);
+  trident::DeviceMemory* mem = ops->memory();
+  par::Comm c = w.comm.split(0, w.r, "staged");
+  c.set_staging(std::make_shared<par::DeviceStaging>(mem, false));
+  const std::int64_t n = kLocal * w.p;
+  auto device = [&](const std::vector<float>& host) {
+    trident::FloatBuffer b(host.size(), mem);
+    mem->to_device(b.data(), host.data(), host.size() * sizeof(float));
+    return b;
+  };
+  auto host = [&](const trident::FloatBuffer& b) {
+    std::vector<float> v(b.size());
+    mem->to_host(v.data(), b.data(), v.size() * sizeof(float));
+    return v;
+  };
+  for (int round = 0; round < 2; ++round) {  // the second one on the pool's blocks
+    trident::FloatBuffer sum = device(w.rank_valued(n)), part = device(std::vector<float>(kLocal));
+    trident::FloatBuffer bucket = device(w.rank_valued(n));
+    const trident::FloatBuffer out = device(w.rank_valued(kLocal));
+    trident::FloatBuffer in = device(std::vector<float>(kLocal));
+    const std::vector<int> counts(std::size_t(w.p), int(kLocal));
+    std::vector<par::Request> rs;
+    rs.push_back(c.iallreduce_sum(sum.data(), n));
+    rs.push_back(c.ireduce_scatter_sum(bucket.data(), part.data(), counts.data(), n));
+    rs.push_back(c.irecv(in.data(), kLocal, (w.r + w.p - 1) % w.p, 7));
+    rs.push_back(c.isend(out.data(), kLocal, (w.r + 1) % w.p, 7));
+    par::wait_all(rs, [] { return std::string("the staged test calls"); });
+    const auto s = host(sum), q = host(part), got = host(in);
+    for (std::int64_t j = 0; j < n; ++j) EXPECT_EQ(s[j], float(j + 1) * w.tri());
+    for (std::int64_t j = 0; j < kLocal; ++j) {
+      EXPECT_EQ(q[j], float(w.r * kLocal + j + 1) * w.tri());
+      EXPECT_EQ(got[j], float(((w.r + w.p - 1) % w.p + 1) * (j + 1)));
+    }
+  }
 }
 
 int main(int argc, char** argv) {

@@ -1,6 +1,6 @@
 // trident/core/memory_usage.hpp — this process's resident memory, as the kernel counts it
 // (/proc/self/status; getrusage's ru_maxrss where that file is missing).
-// defines: trident::resident_bytes, peak_resident_bytes
+// defines: trident::resident_bytes, peak_resident_bytes, reset_peak_resident
 #pragma once
 
 #include <cstdint>
@@ -9,5 +9,8 @@ namespace trident {
 
 std::int64_t resident_bytes();       // VmRSS now
 std::int64_t peak_resident_bytes();  // VmHWM: the high-water mark since the process started
+// Lowers the high-water mark to VmRSS now (/proc/self/clear_refs, Linux >= 4.0), so that
+// peak_resident_bytes() measures from here; false where the kernel refuses.
+bool reset_peak_resident();
 
 }  // namespace trident

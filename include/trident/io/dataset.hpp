@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "trident/io/h5.hpp"
+#include "trident/parallel/comm.hpp"
 
 namespace trident::io {
 
@@ -71,14 +72,15 @@ class TokenFile {
   TokenDataset header_;
 };
 
-// Writes a token dataset in pieces, as text streams in: serially (comm = MPI_COMM_NULL)
+// Writes a token dataset in pieces, as text streams in: serially (comm = null)
 // or with every rank of comm appending its own piece of each round, in rank order, into
 // one file through MPI-IO. Published atomically by finish(); a writer destroyed without
 // finish() removes its temporary file.
 class TokenWriter {
  public:
   // header: vocab_size, tokenizer, tokenizer_model (its tokens are ignored).
-  TokenWriter(const std::string& path, const TokenDataset& header, MPI_Comm comm = MPI_COMM_NULL);
+  TokenWriter(const std::string& path, const TokenDataset& header,
+              parallel::Comm* comm = nullptr);
   ~TokenWriter();
   TokenWriter(const TokenWriter&) = delete;
   TokenWriter& operator=(const TokenWriter&) = delete;
@@ -91,8 +93,10 @@ class TokenWriter {
   std::int64_t num_documents() const { return docs_total_; }
 
  private:
+  // The handle HDF5's MPI-IO takes (MPI_COMM_NULL: serial), the Comm for the rest.
+  MPI_Comm mpi_comm() const { return comm_ ? comm_->raw() : MPI_COMM_NULL; }
   std::string path_, tmp_;
-  MPI_Comm comm_;
+  parallel::Comm* comm_;
   TokenDataset header_;
   h5::File file_;
   h5::Hid tokens_, documents_;

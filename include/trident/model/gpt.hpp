@@ -119,6 +119,10 @@ std::int64_t layer_floats(const ChunkDims& d, bool selective);
 std::int64_t packed_layer_floats(const ChunkDims& d);
 std::int64_t recomputed_floats(const ChunkDims& d);
 std::int64_t grad_stash_floats(const ChunkDims& d);
+// Whether a chunk keeps its layers' stash as bf16 (GptChunk::bf16_storage): bf16 products
+// (only a device backend computes them) and no recomputation. One rule for the chunk and for
+// predict_memory (MemoryLayout::set_precision), so `trident plan` predicts what runs.
+bool stores_bf16(ops::Precision precision, Recompute recompute);
 
 // Activations of one microbatch in flight through one chunk (the pipeline stashes several).
 struct ChunkActivations {

@@ -2,7 +2,8 @@
 // deck's numbers alone (pure arithmetic: no MPI, no allocation), so that `trident train` can
 // print it at start-up and a planning tool can call it for layouts it never runs. It mirrors
 // what GptChunk, the optimizer, ZeRO-1 and the pipeline executor allocate (fp32 but for the bf16 stash):
-//   weights      the rank's parameter shards
+//   weights      the rank's parameter shards, times the weight versions an asynchronous
+//                schedule keeps (PipeDream-2BW: 2), plus the small buffer they swap through
 //   gradients    the same size again (+ the ZeRO-1 gradient shard)
 //   optimizer    AdamW's two moments (over the ZeRO-1 shard when dp > 1)
 //   activations  the schedule's peak stash (pipeline::peak_activations microbatch-chunks in
@@ -34,6 +35,7 @@ struct MemoryLayout {
   bool zero1 = false;
   int peak_stash = 1;           // pipeline::peak_activations of this stage's actions (>= 1)
   bool split_backward = false;  // zero-bubble schedules: the B/W gradient stash
+  int weight_versions = 1;      // pipeline::weight_versions of this stage (>= 1)
   bool host_memory = true;      // CPU ranks: the start-up staging shares the same memory
   // GptChunk::bf16_storage(): runtime.precision = "bf16" on a device, recompute none: each
   // layer's large tensors stashed at 2 bytes (carve_packed_layer), plus one layer's fp32
@@ -43,7 +45,15 @@ struct MemoryLayout {
   // to bf16 in the backend's scratch, which grows to 1.25x the largest product's need
   // (ops/cuda/cuda_ops.cpp): counted in scratch (the LM head's is the largest, ~N * Vl).
   bool bf16_products = false;
+  // Sets the two above from runtime.precision as GptChunk (stores_bf16) and the device
+  // backend apply it; call after recompute and host_memory are set. `trident train`'s report
+  // and `trident plan` both set them here, so that they agree.
+  void set_precision(ops::Precision precision);
 };
+
+// Floats of the buffer an asynchronous schedule swaps two weight versions through
+// (train::WeightVersions), at most this many or the rank's parameters.
+constexpr std::int64_t kVersionSwapFloats = std::int64_t(1) << 18;
 
 struct MemoryEstimate {
   std::int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, scratch = 0,

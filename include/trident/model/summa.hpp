@@ -74,9 +74,10 @@ class SummaLinear {
   void reduce_bias_grad(float* db);
 
  private:
-  // This rank's block when it is the root of the broadcast, else `panel` filled from it.
-  const float* broadcast_row(const float* mine, float* panel, std::int64_t n, int root);
-  const float* broadcast_col(const float* mine, float* panel, std::int64_t n, int root);
+  // Broadcasts a block along `line` (the grid row or column): this rank's block when it is
+  // the root, else `panel` filled from it.
+  const float* broadcast(parallel::Comm& line, const float* mine, float* panel, std::int64_t n,
+                         int root);
 
   ops::Ops& ops_;
   parallel::Tp2dGrid& grid_;

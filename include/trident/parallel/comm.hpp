@@ -11,6 +11,7 @@
 #include <string>
 
 #include "trident/parallel/grid.hpp"
+#include "trident/parallel/request.hpp"
 #include "trident/parallel/staging.hpp"
 
 namespace trident::parallel {
@@ -28,10 +29,10 @@ struct CommCounters {
 // A communicator with a name ("world", "tp", "pp", "dp", "embedding"). Owns the MPI
 // handle it created (not MPI_COMM_WORLD). Collectives on a size-1 communicator return at
 // once without calling MPI or counting. A rank outside the group holds size 0.
-// Device memory (set_staging): the blocking collectives take device buffers and pass them to
-// MPI directly or through host memory (parallel/staging.hpp); the non-blocking ones and the
-// point-to-point calls take device buffers only when MPI is CUDA-aware (their callers, the
-// DP buckets and the pipeline, stage for themselves), else an Error.
+// Device memory (set_staging): every call takes device buffers and passes them to MPI
+// directly (a CUDA-aware MPI) or through host memory (parallel/staging.hpp): the blocking
+// ones around the call, the non-blocking ones in the Request they return, which owns its
+// host copy and moves the result back when it completes (parallel/request.hpp).
 class Comm {
  public:
   Comm() = default;
@@ -46,6 +47,9 @@ class Comm {
   // Collective over this communicator: members with the same color form a new one.
   Comm split(int color, int key, std::string name) const;
 
+  // The MPI handle, for libraries that take one themselves (HDF5's MPI-IO driver,
+  // H5Pset_fapl_mpio, through io's MPI_Comm arguments) and for agree(): the one way out of
+  // parallel to raw MPI. MPI_COMM_NULL for a rank outside the group.
   MPI_Comm raw() const { return comm_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -60,6 +64,11 @@ class Comm {
   void allreduce_max(float* data, std::int64_t n);
   void allreduce_max(double* data, std::int64_t n);
   void allreduce_max(int* data, std::int64_t n);
+  // Host integers (counts and checksums of the data tools).
+  void allreduce_sum(std::int64_t* data, std::int64_t n);
+  void allreduce_sum(std::uint64_t* data, std::int64_t n);
+  // Every rank's n host integers, in rank order, into all[size() * n].
+  void all_gather(const std::int64_t* mine, std::int64_t* all, std::int64_t n);
   // Rank r's shard is full[r*shard_n, (r+1)*shard_n): reduce-scatter sums `full` over the
   // ranks into this rank's `shard`; all-gather fills every shard of `full` in place from
   // each rank's own (its rows of `full` already hold it).
@@ -68,30 +77,37 @@ class Comm {
   // The same from a separate `shard` (not read from `full`).
   void all_gather(const float* shard, float* full, std::int64_t shard_n);
   // Non-blocking collectives over one bucket of a flat buffer (DP gradient sync, ZeRO-1);
-  // the caller waits (MPI_Wait*). On a size-1 communicator they return MPI_REQUEST_NULL
-  // at once (ireduce_scatter_sum copies this rank's part). Counted when started, with the
+  // the caller waits (Request::wait). On a size-1 communicator they return a complete
+  // request at once (ireduce_scatter_sum copies this rank's part). Counted when started, with the
   // bus bytes of a bucket of n floats: allreduce 2(p-1)/p * 4n, reduce-scatter and
   // all-gather (p-1)/p * 4n each, whatever the split. Rank r's part of the bucket is
   // [displs[r], displs[r] + counts[r]) (counts/displs: size() entries, kept alive by the
   // caller until the wait).
-  MPI_Request iallreduce_sum(float* data, std::int64_t n);
-  MPI_Request ireduce_scatter_sum(const float* bucket, float* part, const int* counts,
-                                  std::int64_t n);
-  MPI_Request iall_gather_inplace(float* bucket, const int* counts, const int* displs,
-                                  std::int64_t n);
+  Request iallreduce_sum(float* data, std::int64_t n);
+  Request ireduce_scatter_sum(const float* bucket, float* part, const int* counts,
+                              std::int64_t n);
+  Request iall_gather_inplace(float* bucket, const int* counts, const int* displs,
+                              std::int64_t n);
   void broadcast(void* data, std::int64_t bytes, int root);
   // Non-blocking point-to-point (pipeline stages); the caller waits. Sends are counted.
-  MPI_Request isend(const float* data, std::int64_t n, int peer, int tag);
-  MPI_Request irecv(float* data, std::int64_t n, int peer, int tag);
+  Request isend(const float* data, std::int64_t n, int peer, int tag);
+  Request irecv(float* data, std::int64_t n, int peer, int tag);
   void barrier();
+  // Blocking point-to-point of host bytes (start-up and data tools), counted and waited
+  // for under the watchdog like the collectives.
+  void send(const void* data, std::int64_t bytes, int peer, int tag);
+  void recv(void* data, std::int64_t bytes, int peer, int tag);
 
  private:
   void allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
                  MPI_Op op);
   // Waits for a blocking collective's request under runtime.watchdog_s (a hang names it).
   void watch(MPI_Request& r, const char* what, std::int64_t n) const;
-  // A non-blocking call's device buffer: synced for a CUDA-aware MPI, refused otherwise.
-  void direct_only(const void* p, const char* call) const;
+  // A non-blocking call's buffer as MPI gets it: itself (host memory, or device memory a
+  // CUDA-aware MPI takes, once the device is done with it) or a host copy `r` owns, filled
+  // now when copy_in, moved back on completion when copy_back.
+  void* stage(Request& r, const void* data, std::size_t bytes, bool copy_in,
+              bool copy_back) const;
   void count(double bytes) {
     counters_.calls += 1;
     counters_.bytes += bytes;

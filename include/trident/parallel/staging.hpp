@@ -3,7 +3,7 @@
 // them), else copied through host memory around each call ("host staging"). One object per
 // rank, shared by its communicators (ParallelState::use_device_memory); without one, or for
 // host pointers, MPI gets the pointer unchanged.
-// defines: trident::parallel::DeviceStaging, HostStage
+// defines: trident::parallel::DeviceStaging, HostStage, HostLease
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,10 @@
 
 namespace trident::parallel {
 
-class DeviceStaging {
+class HostLease;
+
+// Made with std::make_shared (its leases keep it alive).
+class DeviceStaging : public std::enable_shared_from_this<DeviceStaging> {
  public:
   // memory: the backend's device memory (null: all host). mpi_takes_device: pass device
   // pointers to MPI (a CUDA-aware MPI); false: stage through host memory.
@@ -36,8 +39,14 @@ class DeviceStaging {
   // grown on demand; `slot` keeps the two sides of one call (e.g. reduce-scatter's input and
   // output) apart.
   void* host(std::size_t bytes, int slot = 0);
+  // Host memory for one non-blocking call (a Request), at least `bytes`, until the lease
+  // ends; leased blocks come from a pool that grows to the most in flight at once, so that
+  // a steady step loop allocates nothing.
+  HostLease lease(std::size_t bytes);
 
  private:
+  friend class HostLease;
+  void give_back(void* p, std::size_t bytes);
   DeviceMemory* memory_;
   bool direct_;
   struct Block {
@@ -45,6 +54,27 @@ class DeviceStaging {
     std::size_t bytes = 0;
   };
   std::vector<Block> blocks_;
+  std::vector<Block> pool_;  // free leasable blocks
+};
+
+// A block of host memory leased from a DeviceStaging's pool (see lease()); returned on
+// destruction. Move-only; a default one holds nothing.
+class HostLease {
+ public:
+  HostLease() = default;
+  ~HostLease() { reset(); }
+  HostLease(HostLease&& o) noexcept { *this = std::move(o); }
+  HostLease& operator=(HostLease&& o) noexcept;
+  HostLease(const HostLease&) = delete;
+  HostLease& operator=(const HostLease&) = delete;
+  void* get() const { return p_; }
+  void reset();
+
+ private:
+  friend class DeviceStaging;
+  std::shared_ptr<DeviceStaging> owner_;
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 // One buffer's way to MPI and back: ptr() is what MPI gets (the buffer itself, or its staged

@@ -6,7 +6,7 @@
 // of hanging until the batch system kills it. Comm's allreduces wait here too (as
 // MPI_Iallreduce) when the limit is set. The description is the caller's (this
 // module knows nothing of what is being sent); it is built only when the limit is hit.
-// defines: trident::parallel::set_watchdog_seconds, watchdog_seconds, wait, wait_all
+// defines: trident::parallel::set_watchdog_seconds, watchdog_seconds, wait, wait_all, test
 #pragma once
 
 #include <mpi.h>
@@ -23,6 +23,9 @@ double watchdog_seconds();
 
 // Waits for `request` (MPI_REQUEST_NULL returns at once).
 void wait(MPI_Request& request, const std::function<std::string()>& describe);
+// Whether `request` has finished, without waiting (MPI_Test: a finished request becomes
+// MPI_REQUEST_NULL, whose later wait returns at once). Also drives MPI's progress.
+bool test(MPI_Request& request);
 // Waits for all of `requests` and clears the list.
 void wait_all(std::vector<MPI_Request>& requests, const std::function<std::string()>& describe);
 

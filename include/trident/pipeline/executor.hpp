@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <mpi.h>
-
 #include "trident/core/trace.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/parallel/comm.hpp"
@@ -46,6 +44,12 @@ class Executor {
   // One optimizer step's forwards and backwards; returns the sum of token losses on the
   // last stage (0 elsewhere). Gradients accumulate into the chunk.
   double run(const std::function<MicrobatchTokens(int mb)>& tokens, float loss_scale);
+  // Called just before each F and B computes and after each B with its sends (asynchronous
+  // schedules: the trainer's weight versions and per-microbatch updates); unset: not called.
+  struct Hooks {
+    std::function<void(const Action&)> before, after_backward;
+  };
+  void set_hooks(Hooks hooks) { hooks_ = std::move(hooks); }
 
   // Forwards only (evaluation): the loss sum of every microbatch, no gradients.
   double forward_only(const std::function<MicrobatchTokens(int mb)>& tokens, int microbatches);
@@ -61,20 +65,18 @@ class Executor {
 
  private:
   struct Pending {  // a send in flight
-    MPI_Request request;
+    parallel::Request request;
     Action action;
     int peer;
-    int buffer;  // index into send_device_ or send_host_
+    int buffer;  // index into send_buffers_
   };
   struct Posted {  // a receive in flight, for the compute action that consumes it
-    MPI_Request request;
+    parallel::Request request;
     Op op;
-    int buffer;  // index into recv_device_ or recv_host_
+    int buffer;  // index into recv_buffers_
   };
-  // A buffer of one boundary message: device memory when MPI takes it, else host memory.
-  int take_buffer(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host,
-                  std::vector<int>& free);
-  float* buffer_data(std::vector<FloatBuffer>& device, std::vector<PinnedBuffer>& host, int b);
+  // A buffer of one boundary message (the backend's memory): a free one, or a new one.
+  int take_buffer(std::vector<FloatBuffer>& buffers, std::vector<int>& free);
   void post_receive(const Op& op);
   // Waits for the receive `a` consumes, if one was posted for it, and moves it into `data`.
   void take_receive(const Action& a, float* data);
@@ -96,6 +98,7 @@ class Executor {
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   std::vector<Action> executed_;
+  Hooks hooks_;
   std::vector<std::unique_ptr<model::ChunkActivations>> pool_;
   // Sends copy their message into a buffer of their own, so that an activation slot is free
   // again as soon as its action is done: waiting for a send to complete before reusing its
@@ -103,12 +106,10 @@ class Executor {
   // the simulator, which treats sends as buffered) do not have, and can deadlock.
   // Receives land in buffers of their own too (posted before their action has a slot) and
   // are moved into the slot when the action starts. Buffers are recycled as messages
-  // complete. Device memory: the buffers are device memory when MPI is CUDA-aware, host
-  // memory (and the copies a download / upload) when it is not.
-  std::vector<FloatBuffer> send_device_, recv_device_;  // device memory (MPI takes it)
-  std::vector<PinnedBuffer> send_host_, recv_host_;     // host memory (pinned with a device)
+  // complete. They are the backend's memory; a request stages through host memory where
+  // MPI cannot take it.
+  std::vector<FloatBuffer> send_buffers_, recv_buffers_;
   std::vector<int> free_send_buffers_, free_recv_buffers_;
-  DeviceMemory* send_memory_ = nullptr;  // set: messages go through device buffers
   std::vector<Pending> sends_;
   std::vector<Posted> receives_;
 };

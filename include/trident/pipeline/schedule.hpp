@@ -21,10 +21,22 @@
 //   zb-h1             zero bubble H1 (Qi et al. 2023): B computes only the input gradient and
 //                     W the weight gradient; 1F1B order, stage r defers its first r W's so
 //                     the backwards reach the first stage sooner, and the W's fill the tail.
+//   pipedream         asynchronous (Narayanan et al. 2019, PipeDream): the 1F1B order, and
+//                     each stage updates its weights after every backward (no flush inside
+//                     the step); the backward of microbatch k computes with the weight version
+//                     its forward used (weight stashing), so stage r holds up to pp - r
+//                     versions (WeightUpdate::per_microbatch).
+//   pipedream-2bw     asynchronous (Narayanan et al. 2021, PipeDream-2BW): the 1F1B order
+//                     within a window of m microbatches, gradients accumulated over the
+//                     window and one update per window, but every forward and backward of
+//                     window t computes with the weights of window t-1 (double-buffered:
+//                     two versions): W(t+1) = W(t) - lr * grad(W(t-1)). Not equivalent to
+//                     the serial run (WeightUpdate::delayed).
 // defines: trident::pipeline::ActionType, Action, Schedule, ScheduleKind, ScheduleMisfit,
 //          schedule_kinds, find_schedule, multi_chunk_schedule_names, join_or,
 //          make_schedule, schedule_names,
-//          virtual_stage, splits_weight_grad, peak_activations, format_actions, parse_actions
+//          virtual_stage, splits_weight_grad, peak_activations, format_actions, parse_actions,
+//          WeightUpdate, weight_update_of, weight_versions
 #pragma once
 
 #include <string>
@@ -61,6 +73,14 @@ enum class ScheduleMisfit {
   microbatches,  // vpp > 1 takes the microbatches in groups of pp: m % pp != 0
 };
 
+// When the weights change, relative to the gradients computed with them.
+enum class WeightUpdate {
+  flush,    // synchronous: one update per step after every backward (= the serial run)
+  per_microbatch,  // PipeDream: an update after every backward, with weight stashing
+  delayed,  // PipeDream-2BW: one update per step with the gradient of the previous
+            // version, W(t+1) = W(t) - lr * grad(W(t-1)); two weight versions per stage
+};
+
 // The registry of schedules: each with its generator and the layouts it accepts. The deck
 // (train/config) and make_schedule both ask it, so each rule lives here only.
 struct ScheduleKind {
@@ -68,6 +88,8 @@ struct ScheduleKind {
   bool multi_chunk;   // accepts vpp > 1 chunks per rank
   bool whole_groups;  // with vpp > 1, microbatches in whole groups of pp
   std::vector<Action> (*stage)(int pp, int vpp, int rank, int microbatches);
+  WeightUpdate update = WeightUpdate::flush;
+  bool asynchronous() const { return update != WeightUpdate::flush; }
   // m = 0: the microbatches are not known yet (the deck alone); their rule is not checked.
   ScheduleMisfit misfit(int pp, int vpp, int microbatches) const;
 };
@@ -94,6 +116,15 @@ bool splits_weight_grad(const Schedule& s);
 // (the weight gradient needs the layer inputs, so they stay until W). For vpp > 1 the unit
 // is one chunk's activations, 1/vpp of a whole stage's.
 int peak_activations(const std::vector<Action>& actions);
+
+// The update rule of schedule `name` (flush for a name the registry lacks).
+WeightUpdate weight_update_of(const std::string& name);
+
+// Weight versions one stage holds at its peak, the live one included: 1 under a flush, 2
+// under PipeDream-2BW (the version the window computes with and the one it updates); under
+// PipeDream, walking the list: the versions of the microbatches between their F and B, and
+// the live one (each B is followed by an update that makes a new live version).
+int weight_versions(const std::vector<Action>& actions, WeightUpdate update);
 
 // "F0 F1 B0 B1" and back; parse_actions throws Error on a malformed token.
 std::string format_actions(const std::vector<Action>& actions);

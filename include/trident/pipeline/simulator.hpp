@@ -41,6 +41,11 @@ struct Simulation {
   std::vector<int> peak_activations;                // per stage, as peak_activations()
   std::vector<std::vector<int>> start;              // [stage][action index] -> start slot
   std::vector<double> idle_fraction;                // per stage: idle time / makespan
+  // Asynchronous schedules (WeightUpdate other than flush): not equivalent to the serial
+  // run. weight_versions: per stage, the weight copies it holds at its peak (the live one
+  // included; weight_versions() in schedule.hpp), 1 under a flush.
+  bool asynchronous = false;
+  std::vector<int> weight_versions;
 };
 
 // Throws Error naming the stage and the action when the schedule is invalid or deadlocks.

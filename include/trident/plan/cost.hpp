@@ -66,9 +66,13 @@ struct StepPrediction {
 
 // Predicts `layout` for a model trained on `global_batch` sequences per step. The layout must
 // be valid (plan::enumerate_layouts checks); host_memory: CPU ranks (the start-up staging
-// counts, as in predict_memory). An Error when the schedule cannot be made.
+// counts, as in predict_memory); precision: runtime.precision (bf16 on a device stashes the
+// layers in bf16 and adds the backend's product scratch, as `trident train` reports). The
+// machine's library_mib is added on every backend (a device's: the cuBLAS workspace, which
+// the start-up report counts as libraries). An Error when the schedule cannot be made.
 StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
-                       const Layout& layout, const Machine& machine, bool host_memory);
+                       const Layout& layout, const Machine& machine, bool host_memory,
+                       ops::Precision precision = ops::Precision::fp32);
 
 // One transformer block's forward and backward (no recomputation, no TP collectives) of one
 // microbatch as the cost model sees it: matrix products and attention in seconds on

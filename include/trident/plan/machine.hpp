@@ -47,9 +47,16 @@ struct Machine {
   int ranks_per_node = 1;
   double memory_gib = 0;
   double peak_flops = 0;
-  // Host memory per rank the libraries touch in a step beyond trident's buffers (CPU ranks;
-  // calibrate measures it; optional, 0 in the shipped GPU files: a device's arena is exact).
+  // Memory per rank the libraries hold beyond trident's buffers, added to every predicted
+  // peak: on CPU ranks the host memory OpenBLAS and MPI touch in a step (calibrate measures
+  // it), on a device the backend's own arena blocks (the cuBLAS workspace; calibrate reads
+  // the arena). Optional, default 0.
   double library_mib = 0;
+  // Bytes MPI's non-blocking collectives hold per byte in flight (calibrate measures it; Open
+  // MPI's libnbc: one temporary copy of each in-place allreduce or reduce-scatter, 1.0): the
+  // DP gradient buckets, all in flight at once at the end of a step, so a CPU rank with
+  // dp > 1 holds this times its gradient bytes more. Optional, default 0.
+  double nonblocking_temp_ratio = 0;
   double gemm_flops = 0;
   double attention_flops = 0;
   double kernel_bytes_per_s = 0;

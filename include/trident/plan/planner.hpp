@@ -18,6 +18,7 @@ struct PlanOptions {
   int nodes = 1;
   int ranks_per_node = 1;
   bool host_memory = true;  // CPU ranks (runtime.device = "cpu")
+  ops::Precision precision = ops::Precision::fp32;  // runtime.precision
 };
 
 // The layouts `trident train` accepts for the deck's model and global batch on

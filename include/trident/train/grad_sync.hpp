@@ -28,8 +28,6 @@
 // whole buffer and shard offsets equal flat offsets.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <vector>
 
@@ -118,10 +116,11 @@ class GradSync {
   // Host staging: starts the collectives of the buckets whose copies have landed, in start
   // order (waiting for each when `wait`).
   void launch_landed(bool wait);
-  // The host copies a bucket goes through when the gradients are device memory and MPI is
-  // not CUDA-aware (else null: MPI reads the buffers themselves).
+  // Where a bucket lands on its way down when the gradients are device memory and MPI is
+  // not CUDA-aware (else null: MPI reads the buffers themselves). Copied on the backend's
+  // staging stream while the backward goes on, which a request (that stages when its call
+  // starts) cannot do; the ZeRO-1 parts and the gathers are staged by their requests.
   float* host_grads() { return host_grads_.empty() ? nullptr : host_grads_.data(); }
-  float* host_shard() { return host_shard_.empty() ? nullptr : host_shard_.data(); }
 
   model::GptChunk& chunk_;
   parallel::Comm& dp_;
@@ -131,10 +130,10 @@ class GradSync {
   std::vector<Segment> segments_;
   std::int64_t shard_numel_ = 0;
   FloatBuffer shard_grads_;           // ZeRO-1 only
-  PinnedBuffer host_grads_, host_shard_;  // host staging (device memory, MPI not CUDA-aware)
+  PinnedBuffer host_grads_;  // the buckets' way down (device memory, MPI not CUDA-aware)
   std::vector<int> landing_;  // host staging: buckets in start order; [0, landed_) launched
   std::size_t landed_ = 0;
-  std::vector<MPI_Request> requests_;  // one per bucket, MPI_REQUEST_NULL when idle/done
+  std::vector<parallel::Request> requests_;  // one per bucket, complete when idle
   double last_wait_s_ = 0;
   int last_early_ = 0;
 };

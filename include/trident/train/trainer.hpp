@@ -88,6 +88,12 @@ class Trainer {
   // <out_dir>/trace/rank-<world rank>.json and returns the path; otherwise "".
   std::string write_trace() const;
 
+  // The schedule's weight update (pipeline::WeightUpdate). Under `delayed` (PipeDream-2BW)
+  // forward_backward computes with the previous weight version W(t-1) and leaves the live
+  // one W(t) in model().params() for optimizer_step: W(t+1) = W(t) - lr * grad(W(t-1)).
+  // The first step (and the first after a resume) has no older version: W(0) = W(1).
+  pipeline::WeightUpdate weight_update() const { return update_; }
+
   // Mean loss of a global batch, forwards only.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                   std::int64_t global_batch);
@@ -96,6 +102,11 @@ class Trainer {
   pipeline::Executor& executor_for(int microbatches);
   double reduce_loss(double local_sum, std::int64_t global_batch);
   int microbatches_for(std::int64_t global_batch) const;
+  void swap_weight_versions();  // model params <-> older_weights_, through swap_buffer_
+  void swap_params_with(float* other);  // model params <-> other, through swap_buffer_
+  // PipeDream (WeightUpdate::per_microbatch): the executor's hooks around each action.
+  void before_action(const pipeline::Action& a);
+  void after_backward(const pipeline::Action& a);
 
   Config cfg_;
   parallel::ParallelState& ps_;
@@ -110,6 +121,20 @@ class Trainer {
   std::int64_t in_use_before_stash_ = -1;  // bytes in use before the first executor
   std::int64_t step_peak_ = -1;            // high-water mark at the end of the last step
   model::MemoryEstimate memory_estimate_;
+  pipeline::WeightUpdate update_ = pipeline::WeightUpdate::flush;
+  FloatBuffer older_weights_, swap_buffer_;  // delayed: the other weight version
+  bool older_valid_ = false;                 // false until the first step copies it
+  // per_microbatch: the live version's number (updates so far), the version each microbatch
+  // between its F and B computes with, the stashed older versions (version -> slot of
+  // stash_, recycled) and the step's learning rate.
+  std::int64_t live_version_ = 0;
+  std::map<int, std::int64_t> version_of_mb_;
+  std::map<std::int64_t, int> stash_of_version_;
+  std::vector<FloatBuffer> stash_;
+  std::vector<int> free_stash_;
+  int weight_versions_ = 1;  // the simulator's count for this stage and step's schedule
+  int swapped_in_ = -1;  // the stash slot swapped into the params for the running B
+  double async_lr_ = 0;
 };
 
 }  // namespace trident::train

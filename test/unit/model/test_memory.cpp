@@ -63,5 +63,26 @@ TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
 }
 
+// An asynchronous schedule's weight versions (PipeDream-2BW: 2) count the rank's parameters
+// once more each, plus the buffer they are swapped through (kVersionSwapFloats or fewer);
+// nothing else changes.
+TEST(Memory, WeightVersionsCountTheParametersAgain) {
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 2, cfg.n_head = 2, cfg.d_model = 32;
+  MemoryLayout lay;
+  const MemoryEstimate one = predict_memory(cfg, lay);
+  lay.weight_versions = 2;
+  const MemoryEstimate two = predict_memory(cfg, lay);
+  // GPT-2: wte 64*32 + wpe 16*32 + 2 blocks of (4 LN 32 + 32*96+96 + 32*32+32 + 32*128+128
+  // + 128*32+32) + ln_f 2*32 floats; fewer than 2^18, so the swap buffer is all of them.
+  const std::int64_t block = 4 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32;
+  const std::int64_t params = 64 * 32 + 16 * 32 + 2 * block + 2 * 32;
+  EXPECT_EQ(one.weights, params * 4);
+  EXPECT_EQ(two.weights, 3 * params * 4);
+  EXPECT_EQ(two.peak() - one.peak(), 2 * params * 4);
+  EXPECT_EQ(two.gradients, one.gradients);
+  EXPECT_EQ(two.optimizer, one.optimizer);
+}
+
 }  // namespace
 }  // namespace trident::model

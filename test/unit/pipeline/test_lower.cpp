@@ -24,6 +24,7 @@ struct Case {
 const Case kCases[] = {
     {"gpipe", 2, 1, 4},      {"1f1b", 2, 1, 4},       {"zb-h1", 2, 1, 4},
     {"interleaved-1f1b", 2, 2, 4}, {"looped-bfs", 2, 2, 2}, {"1f1b", 4, 1, 8},
+    {"pipedream-2bw", 3, 1, 4}, {"pipedream", 3, 1, 4},
 };
 
 std::string lowered_text() {

@@ -286,3 +286,59 @@ TEST(Schedule, TimelineHasARowPerStageAndAColumnPerSlot) {
   auto z = make_schedule("interleaved-1f1b", 1, 2, 1);
   EXPECT_NE(format_timeline(z, simulate(z)).find("F0.1"), std::string::npos);
 }
+
+// PipeDream-2BW: the 1F1B order within a window, but asynchronous with two weight versions per
+// stage (the one the window computes with, and the one it updates); the synchronous schedules
+// hold one. The simulator reports both.
+TEST(Schedule, PipeDream2bwIsAsynchronous1f1bWithTwoWeightVersions) {
+  for (int pp : {1, 2, 3, 4})
+    for (int m : {1, 3, 8}) {
+      const Schedule s = make_schedule("pipedream-2bw", pp, 1, m);
+      const Schedule flush = make_schedule("1f1b", pp, 1, m);
+      for (int r = 0; r < pp; ++r) EXPECT_EQ(s.stages[r], flush.stages[r]) << pp << " " << m;
+      const Simulation sim = simulate(s), ref = simulate(flush);
+      EXPECT_TRUE(sim.asynchronous);
+      EXPECT_FALSE(ref.asynchronous);
+      EXPECT_EQ(sim.weight_versions, std::vector<int>(std::size_t(pp), 2));
+      EXPECT_EQ(ref.weight_versions, std::vector<int>(std::size_t(pp), 1));
+      EXPECT_EQ(sim.makespan, ref.makespan);
+      EXPECT_EQ(sim.peak_activations, ref.peak_activations);
+    }
+  EXPECT_EQ(weight_update_of("pipedream-2bw"), WeightUpdate::delayed);
+  for (const char* name : {"naive", "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1"})
+    EXPECT_EQ(weight_update_of(name), WeightUpdate::flush) << name;
+  // One chunk per rank: vpp > 1 is refused with the multi-chunk schedules named.
+  try {
+    make_schedule("pipedream-2bw", 2, 2, 4);
+    ADD_FAILURE() << "pipedream-2bw accepted vpp = 2";
+  } catch (const trident::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vpp must be 1"), std::string::npos) << e.what();
+  }
+}
+
+// PipeDream: the 1F1B order with an update after every backward; a stage keeps the version of
+// every microbatch between its F and B plus the live one: pp - r on stage r in the steady
+// state (PipeDream's count), never more than its peak activations.
+TEST(Schedule, PipeDreamStashesAVersionPerMicrobatchInFlight) {
+  for (int pp : {1, 2, 3, 4})
+    for (int m : {1, 2, 4, 8}) {
+      const Schedule s = make_schedule("pipedream", pp, 1, m);
+      const Simulation sim = simulate(s);
+      EXPECT_TRUE(sim.asynchronous);
+      for (int r = 0; r < pp; ++r) {
+        EXPECT_EQ(s.stages[r], make_schedule("1f1b", pp, 1, m).stages[r]);
+        // Steady state (m >= 2 pp): pp - r versions; fewer microbatches share version 0.
+        if (m >= 2 * pp) EXPECT_EQ(sim.weight_versions[r], pp - r) << pp << " " << m << " " << r;
+        EXPECT_LE(sim.weight_versions[r], sim.peak_activations[r]);
+        EXPECT_GE(sim.weight_versions[r], 1);
+      }
+    }
+  // By hand, stage 0 of pp = 3 (warm-up 2): F0 F1 F2 B0 -> F1, F2 on version 0, live 1: 2;
+  // F3 (v1) B1 -> F2 (v0), F3 (v1), live 2: 3; B2 -> F3 (v1), live 3: 2; B3 -> 1.
+  EXPECT_EQ(weight_versions(parse_actions("F0 F1 F2 B0 F3 B1 B2 B3"),
+                            WeightUpdate::per_microbatch), 3);
+  // GPipe's order: every forward on version 0, so that one and the live one.
+  EXPECT_EQ(weight_versions(parse_actions("F0 F1 F2 F3 B0 B1 B2 B3"),
+                            WeightUpdate::per_microbatch), 2);
+  EXPECT_EQ(weight_update_of("pipedream"), WeightUpdate::per_microbatch);
+}

@@ -2,6 +2,7 @@
 // weak-scaling table, and the ranked enumeration. Pure arithmetic, no MPI: ~1 s.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -70,6 +71,9 @@ TEST(Machine, ParsesAndRoundTrips) {
   Machine with_lib = m;
   with_lib.library_mib = 6.5;
   EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").library_mib, 6.5);
+  EXPECT_DOUBLE_EQ(m.nonblocking_temp_ratio, 0);  // optional
+  with_lib.nonblocking_temp_ratio = 1;
+  EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").nonblocking_temp_ratio, 1);
 }
 
 TEST(Machine, BadFiguresAreOneClearError) {
@@ -89,6 +93,8 @@ TEST(Machine, BadFiguresAreOneClearError) {
             "m.toml: [intra] needs both p2p_alpha_s and p2p_bytes_per_s, or neither");
   EXPECT_EQ(error_of(replace(kMachine, "bytes_per_s = 1e9", "bytes_per_s = nan")),
             "m.toml:12:15: intra.bytes_per_s: must be > 0, got nan");
+  EXPECT_EQ(error_of(replace(kMachine, "peak_flops = 1e11", "peak_flops = 1e11\nnonblocking_temp_ratio = -1")),
+            "m.toml:6:26: machine.nonblocking_temp_ratio: must be >= 0, got -1");
 }
 
 TEST(Machine, ShippedFilesLoad) {
@@ -190,19 +196,83 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   model::MemoryLayout ml;
   ml.pp = 2, ml.pp_rank = 0, ml.micro_batch = 2, ml.peak_stash = 4;  // gpipe: all 4 in flight
   EXPECT_EQ(p.rank0_peak_bytes, model::predict_memory(cfg, ml).peak());
-  // Plus the libraries' working memory on host ranks (the machine file's), not on a device.
+  // Plus the libraries' working memory (the machine file's), on host ranks and on a device.
   m.library_mib = 3;
   EXPECT_EQ(predict(cfg, 8, l, m, true).rank0_peak_bytes, p.rank0_peak_bytes + 3 * 1048576);
   model::MemoryLayout on_device = ml;
   on_device.host_memory = false;
-  EXPECT_EQ(predict(cfg, 8, l, m, false).rank0_peak_bytes, model::predict_memory(cfg, on_device).peak());
+  EXPECT_EQ(predict(cfg, 8, l, m, false).rank0_peak_bytes,
+            model::predict_memory(cfg, on_device).peak() + 3 * 1048576);
   m.library_mib = 0;
+  // MPI's temporaries of the DP buckets in flight (CPU ranks, dp > 1): ratio x gradient bytes.
+  m.nonblocking_temp_ratio = 1;
+  EXPECT_EQ(predict(cfg, 8, l, m, true).rank0_peak_bytes, p.rank0_peak_bytes);  // dp 1
+  Layout dp2;
+  dp2.dp = 2, dp2.micro_batch = 2;
+  const StepPrediction with_temp = predict(cfg, 8, dp2, m, true);
+  EXPECT_EQ(with_temp.memory.libraries, with_temp.memory.gradients);
+  m.nonblocking_temp_ratio = 0;
+  EXPECT_EQ(predict(cfg, 8, dp2, m, true).rank0_peak_bytes,
+            with_temp.rank0_peak_bytes - with_temp.memory.gradients);
   // Full recomputation trades memory for time.
   Layout rc = l;
   rc.recompute = model::Recompute::full;
   const StepPrediction q = predict(cfg, 8, rc, m, true);
   EXPECT_LT(q.memory.activations, p.memory.activations);
   EXPECT_GT(q.compute_s, p.compute_s);
+}
+
+// runtime.precision = "bf16" on a device: the plan predicts what the start-up report does
+// (Trainer: MemoryLayout::set_precision, the rule GptChunk stores its stash by): the layers'
+// stash at 2 bytes an element, the backend's bf16 product scratch, the cuBLAS workspace.
+TEST(Plan, Bf16DeviceDeckIsTheStartupReports) {
+  train::Config deck = train::parse_config(
+      "[model]\nvocab_size = 256\nseq_len = 64\nn_layer = 4\nn_head = 4\nd_model = 64\n"
+      "[parallel]\npp = 2\nmicro_batch_size = 2\nschedule = \"gpipe\"\n"
+      "[train]\nglobal_batch_size = 8\n[runtime]\ndevice = \"cuda\"\nprecision = \"bf16\"\n",
+      "deck.toml");
+  Machine m = parse_machine(kMachine, "m.toml");
+  m.library_mib = 32;
+  PlanOptions opt;
+  opt.ranks_per_node = 2;
+  opt.host_memory = deck.runtime.device != "cuda";
+  opt.precision = deck.runtime.precision.get();
+  ASSERT_FALSE(opt.host_memory);
+  Layout l;
+  l.pp = 2, l.dp = 1, l.micro_batch = 2, l.schedule = "gpipe";
+  const std::vector<StepPrediction> plan = make_plan(deck, m, opt);
+  const auto it = std::find_if(plan.begin(), plan.end(),
+                               [&](const StepPrediction& p) { return p.layout.str() == l.str(); });
+  ASSERT_NE(it, plan.end());
+  // The report of world rank 0 (Trainer's MemoryLayout): gpipe stashes all 4 microbatches.
+  model::MemoryLayout report;
+  report.pp = 2, report.pp_rank = 0, report.micro_batch = 2, report.peak_stash = 4;
+  report.host_memory = false;
+  report.set_precision(ops::Precision::bf16);
+  EXPECT_TRUE(report.bf16_activations);
+  EXPECT_TRUE(report.bf16_products);
+  EXPECT_EQ(report.bf16_activations,
+            model::stores_bf16(ops::Precision::bf16, model::Recompute::none));
+  model::MemoryEstimate e = model::predict_memory(tiny(), report);
+  e.libraries = 32 * 1048576;  // the cuBLAS workspace the arena holds before the model
+  EXPECT_EQ(it->rank0_peak_bytes, e.peak());
+  // Not the fp32 prediction: the stash is about half, the product scratch is there.
+  model::MemoryLayout fp32 = report;
+  fp32.bf16_activations = fp32.bf16_products = false;
+  const model::MemoryEstimate f = model::predict_memory(tiny(), fp32);
+  EXPECT_LT(e.activations, f.activations * 3 / 4);
+  EXPECT_GT(e.scratch, f.scratch);
+  // With recomputation the stash stays fp32 (GptChunk packs only without it); the products
+  // still convert their inputs.
+  Layout rc = l;
+  rc.recompute = model::Recompute::full;
+  report.recompute = model::Recompute::full;
+  report.set_precision(ops::Precision::bf16);
+  EXPECT_FALSE(report.bf16_activations);
+  EXPECT_TRUE(report.bf16_products);
+  model::MemoryEstimate r = model::predict_memory(tiny(), report);
+  r.libraries = 32 * 1048576;
+  EXPECT_EQ(predict(tiny(), 8, rc, m, false, ops::Precision::bf16).rank0_peak_bytes, r.peak());
 }
 
 TEST(Plan, PipelineBubbleShrinksWithMicrobatches) {

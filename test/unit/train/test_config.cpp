@@ -474,7 +474,18 @@ TEST(ConfigErrors, Enums) {
   expect_error("[parallel]\nschedule = \"2f2b\"\n",
                {"deck.toml:2:1: parallel.schedule", "naive", "zb-h1", "\"2f2b\""});
   for (const std::string& s : kSchedules)
-    EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.schedule=" + s})) << s;
+    EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.schedule=" + s, "train.grad_clip=0"}))
+        << s;
+  // PipeDream: per-stage updates after every microbatch.
+  expect_error("", {"parallel.schedule=pipedream"}, {"train.grad_clip", "must be 0", "1"});
+  expect_error("", {"parallel.schedule=pipedream", "train.grad_clip=0", "parallel.zero_stage=1"},
+               {"parallel.zero_stage", "pipedream"});
+  expect_error("", {"parallel.schedule=pipedream", "train.grad_clip=0", "parallel.pp=2"},
+               {"model.tie_embeddings", "untied"});
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.schedule=pipedream", "train.grad_clip=0",
+                                              "parallel.pp=2", "model.arch=llama"}));
+  expect_error("", {"parallel.schedule=pipedream-2bw", "parallel.vpp=2", "parallel.pp=2"},
+               {"parallel.vpp", "parallel.schedule", "interleaved-1f1b"});
   expect_error("", {"parallel.zero_stage=2"}, {"parallel.zero_stage", "0 or 1"});
   expect_error("", {"parallel.grad_bucket_mb=0"}, {"parallel.grad_bucket_mb", "> 0"});
   expect_error("", {"parallel.grad_bucket_mb=-1.5"}, {"parallel.grad_bucket_mb", "> 0"});

@@ -1,0 +1,20 @@
+// The vocabulary-parallel cross-entropy forward (see trident/model/vocab_parallel_xent.hpp).
+#include "trident/model/vocab_parallel_xent.hpp"
+
+namespace trident::model {
+
+void vocab_parallel_xent_forward(ops::Ops& ops, parallel::Comm& group, float* loss,
+                                 float* row_max, float* stats, const float* logits,
+                                 const std::int32_t* targets, int rows, int cols, int valid,
+                                 int vocab_start) {
+  float* sumexp = stats;
+  float* target_logit = stats + rows;
+  ops.xent_row_max(row_max, logits, rows, cols, valid);
+  group.allreduce_max(row_max, rows);
+  ops.xent_sumexp(sumexp, target_logit, logits, row_max, targets, rows, cols, valid,
+                  vocab_start);
+  group.allreduce_sum(stats, 2 * std::int64_t(rows));  // both in one call
+  ops.xent_loss(loss, row_max, sumexp, target_logit, rows);
+}
+
+}  // namespace trident::model
