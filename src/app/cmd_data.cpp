@@ -39,7 +39,8 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
     std::string data = tokenizer_data;
     if (data.empty()) {
       const train::Config deck =
-          train::parse_config(io::read_checkpoint_state(checkpoint).config, checkpoint);
+          train::parse_config(io::read_checkpoint_state(checkpoint).config, checkpoint,
+                              {}, true);  // its data.train only
       TRIDENT_CHECK(!deck.data.train.empty(), checkpoint,
                     ": its deck names no data.train; pass --data");
       data = train::first_token_file(deck.data.train, "data.train");

@@ -8,14 +8,13 @@
 #include "trident/io/h5.hpp"
 #include "trident/io/tensor_io.hpp"
 #include "trident/io/weights.hpp"
-#include "trident/model/gpt2d.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/run.hpp"
 
 namespace trident::app {
 
 int run_train(const DeckArgs& args) {
-  Session s = open_session(args, "");
+  Session s = open_session(args, "", true);
   train::Trainer trainer(s.cfg, s.ps, *s.ops);
   train::run_training(trainer);
   return 0;
@@ -55,88 +54,11 @@ FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std:
   return fb;
 }
 
-// parallel.tp_mode = "2d" (docs/tp2d.md): init and grad run model::Gpt2d, one stage per
-// pipeline rank; grad runs the microbatches GPipe-fashion (every forward, then every
-// backward; blocking sends of [B*T/q, C/q] blocks to the same grid position of the next
-// stage) and sums the gradients over DP and the tied wte's over its two stages. The files are
-// layout-independent (the 2D ShardSpecs' hyperslabs). Training does not run 2D yet: it will
-// take the pipeline executor (docs/tp2d.md, "What remains").
-bool tp2d(const Session& s) { return s.cfg.parallel.tp_mode == "2d"; }
-
-std::unique_ptr<model::Gpt2d> make_gpt2d(Session& s, parallel::Tp2dGrid& grid) {
-  std::unique_ptr<model::Gpt2d> m;
-  parallel::agree(MPI_COMM_WORLD, [&] {
-    TRIDENT_CHECK(s.cfg.parallel.vpp == 1, s.cfg.source, ": parallel.tp_mode = \"2d\" runs one "
-                  "chunk per pipeline rank; expected parallel.vpp = 1, got ", s.cfg.parallel.vpp);
-    const model::StageLayout stage =
-        model::chunk_layouts(s.cfg.model, s.ps.shape.pp, 1, s.ps.coord.pp).front();
-    m = std::make_unique<model::Gpt2d>(s.cfg.model, stage, grid, *s.ops,
-                                       s.cfg.parallel.micro_batch_size);
-  });
-  return m;
-}
-
-int run_grad_2d(Session& s, const std::string& weights, const std::string& batch,
-                const std::string& out) {
-  parallel::Tp2dGrid grid = parallel::make_tp2d_grid(s.ps.tp);
-  auto m = make_gpt2d(s, grid);
-  const train::Config& cfg = s.cfg;
-  const int dp = s.ps.shape.dp, mbs = cfg.parallel.micro_batch_size;
-  io::Batch b;
-  parallel::agree(MPI_COMM_WORLD, [&] {
-    b = io::read_batch(batch, cfg.model.vocab_size);
-    TRIDENT_CHECK(b.seq_len == cfg.model.seq_len, batch, ": sequences of ", b.seq_len,
-                  " tokens, the deck has model.seq_len = ", cfg.model.seq_len);
-    TRIDENT_CHECK(b.batch % (mbs * dp) == 0, batch, ": a batch of ", b.batch,
-                  " sequences does not split into microbatches of parallel.micro_batch_size = ",
-                  mbs, " over dp = ", dp);
-  });
-  parallel::agree(MPI_COMM_WORLD, [&] {
-    io::read_weights(weights, MPI_COMM_WORLD, cfg.model, m->specs(), m->params(),
-                     train::shard_role(s.ps));
-  });
-  const int T = cfg.model.seq_len, per_replica = b.batch / dp, nmb = per_replica / mbs;
-  const float scale = float(1.0 / double(std::int64_t(b.batch) * T));  // as Trainer's
-  const bool first = s.ps.first_stage(), last = s.ps.last_stage();
-  const int stage = s.ps.coord.pp, n = int(m->boundary_numel());
-  MPI_Comm pp = s.ps.pp.raw();
-  m->zero_grads();
-  std::vector<std::unique_ptr<model::Gpt2dActivations>> acts;
-  double loss = 0;
-  for (int k = 0; k < nmb; ++k) {
-    acts.push_back(m->make_activations());
-    model::Gpt2dActivations& a = *acts.back();
-    const std::int64_t at = (std::int64_t(s.ps.coord.dp) * per_replica + k * mbs) * T;
-    if (!first) MPI_Recv(m->input(a), n, MPI_FLOAT, stage - 1, k, pp, MPI_STATUS_IGNORE);
-    loss += m->forward(a, b.inputs.data() + at, b.targets.data() + at, scale);
-    if (!last) MPI_Send(m->output(a), n, MPI_FLOAT, stage + 1, k, pp);
-  }
-  for (int k = 0; k < nmb; ++k) {
-    model::Gpt2dActivations& a = *acts[std::size_t(k)];
-    if (!last) MPI_Recv(a.doutput.data(), n, MPI_FLOAT, stage + 1, nmb + k, pp, MPI_STATUS_IGNORE);
-    m->backward(a);
-    if (!first) MPI_Send(a.dinput.data(), n, MPI_FLOAT, stage - 1, nmb + k, pp);
-  }
-  m->reduce_param_grads();
-  if (s.ps.shape.pp > 1 && (first || last))  // the tied wte's two copies
-    for (const auto& t : m->specs())
-      if (t.tied_across_stages()) s.ps.embedding.allreduce_sum(m->grads() + t.offset, t.local_numel());
-  s.ps.dp.allreduce_sum(m->grads(), m->num_params());  // each already scaled: the sum is the mean
-  s.ps.pp.allreduce_sum(&loss, 1);  // the last stage's
-  s.ps.dp.allreduce_sum(&loss, 1);
-  loss /= double(std::int64_t(b.batch) * T);
-  io::write_grad_dump(out, MPI_COMM_WORLD, cfg.model, m->specs(), m->grads(), loss,
-                      train::shard_role(s.ps));
-  log::info("loss ", loss, " -> ", out);
-  return 0;
-}
-
 }  // namespace
 
 int run_grad(const DeckArgs& args, const std::string& weights, const std::string& batch,
              const std::string& out) {
   Session s = open_session(args, "", true);
-  if (tp2d(s)) return run_grad_2d(s, weights, batch, out);
   train::Trainer tr(s.cfg, s.ps, *s.ops);
   TRIDENT_CHECK(tr.weight_update() != pipeline::WeightUpdate::per_microbatch,
                 "trident grad: parallel.schedule = \"", s.cfg.parallel.schedule, "\" updates the "
@@ -156,7 +78,7 @@ int run_grad(const DeckArgs& args, const std::string& weights, const std::string
 
 int run_step(const DeckArgs& args, const std::string& weights, const std::string& batch,
              int steps, const std::string& out) {
-  Session s = open_session(args, "");
+  Session s = open_session(args, "", true);
   train::Trainer tr(s.cfg, s.ps, *s.ops);
   FixedBatch fb = load_fixed(tr, weights, batch);
   std::vector<double> losses, norms;
@@ -182,15 +104,6 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
 
 int run_init(const DeckArgs& args, const std::string& out) {
   Session s = open_session(args, "", true);
-  if (tp2d(s)) {
-    parallel::Tp2dGrid grid = parallel::make_tp2d_grid(s.ps.tp);
-    auto m = make_gpt2d(s, grid);
-    m->init_weights(std::uint64_t(s.cfg.train.seed));
-    io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, m->specs(), m->params(),
-                      train::shard_role(s.ps));
-    log::info("initialized weights (seed ", s.cfg.train.seed, ") -> ", out);
-    return 0;
-  }
   train::Trainer tr(s.cfg, s.ps, *s.ops);
   model::GptChunk& m = tr.model();
   m.init_weights(std::uint64_t(s.cfg.train.seed));

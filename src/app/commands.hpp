@@ -30,7 +30,7 @@ struct Session {
 // Loads and checks the deck on every rank (agreeing on failure), builds the grid and the
 // backend. `vocab_from` is a token dataset that supplies model.vocab_size when the deck
 // leaves it 0 ("" when there is none).
-// allow_tp2d: the command runs parallel.tp_mode = "2d" (init, grad; train::load_config).
+// allow_tp2d: the command runs parallel.tp_mode = "2d" (train, step, grad, init; load_config).
 Session open_session(const DeckArgs& args, const std::string& vocab_from,
                      bool allow_tp2d = false);
 

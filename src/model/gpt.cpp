@@ -17,13 +17,14 @@ bool any_head(const std::vector<StageLayout>& chunks) {
 }  // namespace
 
 GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
-                   ops::Ops& ops, int micro_batch, Recompute recompute, bool sequence_parallel)
+                   ops::Ops& ops, int micro_batch, Recompute recompute, bool sequence_parallel,
+                   bool tp_2d)
     : GptChunk(cfg, std::vector<StageLayout>{stage}, ps, ops, micro_batch, recompute,
-               sequence_parallel) {}
+               sequence_parallel, tp_2d) {}
 
 GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
                    parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
-                   Recompute recompute, bool sequence_parallel)
+                   Recompute recompute, bool sequence_parallel, bool tp_2d)
     : cfg_(cfg),
       chunks_(chunks),
       ps_(ps),
@@ -66,7 +67,16 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   vocab_start_ = Vl_ * tp_rank;
   v_valid_ = std::max(0, std::min(cfg.vocab_size - vocab_start_, Vl_));
 
-  specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
+  if (tp_2d) {  // the 2D model does the work; this chunk keeps its specs' index
+    TRIDENT_CHECK(chunks_.size() == 1 && recompute == Recompute::none && !sequence_parallel,
+                  "internal: 2D tensor parallelism runs one chunk per rank, no recompute, no "
+                  "sequence parallelism (the deck refuses the others)");
+    grid2d_ = std::make_unique<parallel::Tp2dGrid>(parallel::make_tp2d_grid(ps.tp));
+    tp2d_ = std::make_unique<Gpt2d>(cfg, chunks_[0], *grid2d_, ops, micro_batch);
+    specs_ = tp2d_->specs();
+  } else {
+    specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
+  }
   for (const auto& s : specs_) num_params_ += s.local_numel();
   std::vector<int> local_layer(std::size_t(cfg.n_layer), -1);
   for (std::size_t c = 0; c < chunks_.size(); ++c)
@@ -80,6 +90,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   // The LM head's matrix ([Vl, C]): the tied embedding, or an untied lm_head.
   if (find(Role::lm_head)) head_role_ = Role::lm_head;
+  if (tp2d_) return;
   params_ = buffer(num_params_);
   grads_ = buffer(num_params_);
   for (int l = 0; l < num_chunks() * L_; ++l) {
@@ -164,13 +175,13 @@ const std::int32_t* GptChunk::stage_tokens(IntBuffer& device, const std::int32_t
 }
 
 void GptChunk::read_params(float* host) const {
-  copy_to_host(ops_.memory(), host, params_.data(), std::size_t(num_params_) * sizeof(float));
+  copy_to_host(ops_.memory(), host, params(), std::size_t(num_params_) * sizeof(float));
 }
 void GptChunk::write_params(const float* host) {
-  copy_to_device(ops_.memory(), params_.data(), host, std::size_t(num_params_) * sizeof(float));
+  copy_to_device(ops_.memory(), params(), host, std::size_t(num_params_) * sizeof(float));
 }
 void GptChunk::read_grads(float* host) const {
-  copy_to_host(ops_.memory(), host, grads_.data(), std::size_t(num_params_) * sizeof(float));
+  copy_to_host(ops_.memory(), host, grads(), std::size_t(num_params_) * sizeof(float));
 }
 
 const ShardSpec* GptChunk::find(Role role, int local_layer) const {
@@ -207,6 +218,7 @@ GptChunk::LayerParams GptChunk::layer_params(float* base, int l) const {
 }
 
 void GptChunk::init_weights(std::uint64_t seed) {
+  if (tp2d_) return tp2d_->init_weights(seed);
   std::vector<float> host(std::size_t(num_params_), 0.0f);  // drawn here, then copied over
   for (const auto& s : specs_) {
     float* p = host.data() + s.offset;
@@ -225,7 +237,10 @@ void GptChunk::init_weights(std::uint64_t seed) {
   write_params(host.data());
 }
 
-void GptChunk::zero_grads() { zero(grads_); }
+void GptChunk::zero_grads() {
+  if (tp2d_) return tp2d_->zero_grads();
+  zero(grads_);
+}
 
 ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel) {
   ChunkDims d;
@@ -354,6 +369,14 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
   const int L = L_;
   const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
   auto a = std::make_unique<ChunkActivations>();
+  if (tp2d_) {  // the executor's boundary blocks, and the 2D model's own
+    TRIDENT_CHECK(!split_backward, "internal: 2D tensor parallelism has no split backward");
+    a->input = buffer(NrC);
+    a->doutput = buffer(NrC);
+    a->dinput = buffer(NrC);
+    a->tp2d = tp2d_->make_activations();
+    return a;
+  }
   a->input = buffer(NrC);
   a->outputs = buffer(std::max(1, L) * NrC);
   a->doutput = buffer(NrC);
@@ -407,6 +430,7 @@ void GptChunk::unpack_layer(ChunkActivations& a, int l) {
 }
 
 float* GptChunk::output(ChunkActivations& a) const {
+  if (tp2d_) return tp2d_->output(*a.tp2d);
   const int L = L_;
   if (L == 0) return a.input.data();
   return a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
@@ -467,6 +491,11 @@ double GptChunk::forward(int chunk, ChunkActivations& a, const std::int32_t* inp
                          const std::int32_t* targets, float loss_scale, bool with_backward) {
   const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
+  if (tp2d_) {
+    if (!st.has_embedding) ops_.copy(tp2d_->input(*a.tp2d), a.input.data(), NC);
+    a.loss_sum = tp2d_->forward(*a.tp2d, inputs, targets, loss_scale, with_backward);
+    return a.loss_sum;
+  }
   if (st.has_embedding) embed_forward(a.input.data(), stage_tokens(a.tokens, inputs), B_, T_);
   if (st.has_head) targets = stage_tokens(a.targets, targets);
   const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
@@ -638,6 +667,13 @@ void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inpu
   const std::int64_t NC = boundary_numel();
   TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) == L_,
                 "an input-gradient-only backward needs make_activations(chunk, true)");
+  if (tp2d_) {  // no grad-ready reports: reduce_param_grads still sums most tensors
+    TRIDENT_CHECK(weight_grads, "internal: 2D tensor parallelism has no split backward");
+    if (!st.has_head) ops_.copy(a.tp2d->doutput.data(), a.doutput.data(), NC);
+    tp2d_->backward(*a.tp2d);
+    if (!st.has_embedding) ops_.copy(a.dinput.data(), a.tp2d->dinput.data(), NC);
+    return;
+  }
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
   if (grad_ready_ && st.has_head) report_grads_ready(-2);  // ln_f: done in forward
@@ -677,6 +713,7 @@ void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
 }
 
 void GptChunk::reduce_sequence_parallel_grads() {
+  if (tp2d_) return tp2d_->reduce_param_grads();  // the vectors, wte and wpe along columns
   if (sp_norms_.empty()) return;
   // One allreduce for all of them: pack, reduce, unpack.
   float* pack = sp_grad_pack_.data();

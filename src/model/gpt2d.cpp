@@ -103,7 +103,7 @@ float* Gpt2d::output(Gpt2dActivations& a) const {
 }
 
 double Gpt2d::forward(Gpt2dActivations& a, const std::int32_t* inputs,
-                      const std::int32_t* targets, float loss_scale) {
+                      const std::int32_t* targets, float loss_scale, bool with_backward) {
   const std::int64_t x = std::int64_t(mb_) * cb_;
   const std::int64_t first = std::int64_t(grid_.coord.row) * mb_;  // this rank's rows
   float* P = params_.data();
@@ -133,6 +133,7 @@ double Gpt2d::forward(Gpt2dActivations& a, const std::int32_t* inputs,
   for (int i = 0; i < mb_; ++i) loss += a.loss.data()[i];
   grid_.col.allreduce_sum(&loss, 1);  // the q row blocks' sequences
   a.loss_sum = loss;
+  if (!with_backward) return loss;
   // The head's backward now, as GptChunk's: no logits stay alive past the forward.
   xent_.backward(a.logits.data(), targets_.data(), loss_scale);
   emb_.head_backward(dy_.data(), at(G, Role::token_embedding), a.logits.data(), a.lnf.data(),

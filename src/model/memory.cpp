@@ -44,12 +44,55 @@ void MemoryLayout::set_precision(ops::Precision precision) {
   bf16_products = !host_memory && precision == ops::Precision::bf16;
 }
 
+namespace {
+// parallel.tp_mode = "2d" (one chunk, fp32, host memory, no recompute or split backward: what
+// the deck lets through): GptChunk's boundary blocks and the 2D model's (model/gpt2d.cpp,
+// block2d.cpp, summa.cpp, embedding2d.cpp, xent2d.cpp) allocations. x = [B*T/q, C/q].
+void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayout& st,
+                MemoryEstimate& e) {
+  int q = 1;
+  while ((q + 1) * (q + 1) <= lay.tp) ++q;
+  const std::int64_t mb = std::int64_t(lay.micro_batch) * cfg.seq_len / q, cb = cfg.d_model / q,
+                     x = mb * cb, L = st.last_layer - st.first_layer;
+  const std::int64_t vp = (cfg.vocab_size + q - 1) / q * q, vb = vp / q;
+  // Gpt2dActivations: xs [L+1] x, doutput, dinput; per layer Block2d::make_activations: ln1,
+  // atty, res2, ln2 (x each), qkv (3x), fch and fch_gelu (4x each), four row statistics and
+  // attention's LSE [B/q, NH/q, T]; the head's lnf, its statistics, logits [mb, Vp/q], loss.
+  std::int64_t per_mb = 3 * x + (L + 3) * x;
+  per_mb += L * (15 * x + 4 * mb + std::int64_t(lay.micro_batch / q) * (cfg.n_head / q) * cfg.seq_len);
+  if (st.has_head) per_mb += x + 3 * mb + mb * vb;
+  e.activations_per_microbatch = per_mb * kFloat;
+  e.activations = std::max(1, lay.peak_stash) * per_mb * kFloat;
+  // Gpt2d's dx_, dy_; Block2d's backward scratch (14x); each SummaLinear's panels, stack,
+  // dW block and ones over [in, out]: c_attn [C, 3C], c_proj [C, C], c_fc [C, 4C],
+  // mlp c_proj [4C, C]; the head's stack [q, mb, Vp/q] and the cross-entropy's 3 per row.
+  std::int64_t scratch = 2 * x + 14 * x;
+  auto summa = [&](std::int64_t in, std::int64_t out) {
+    const std::int64_t xb = mb * in / q, wb = (in / q) * (out / q);
+    scratch += xb + 2 * wb + q * std::max(xb, wb) + mb;
+  };
+  summa(cfg.d_model, 3 * cfg.d_model), summa(cfg.d_model, cfg.d_model);
+  summa(cfg.d_model, 4 * cfg.d_model), summa(4 * cfg.d_model, cfg.d_model);
+  if (st.has_embedding || st.has_head) scratch += q * mb * vb + 3 * mb;
+  e.scratch = scratch * kFloat;
+}
+}  // namespace
+
 MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   MemoryEstimate e;
   const std::vector<StageLayout> chunks = chunk_layouts(cfg, lay.pp, lay.vpp, lay.pp_rank);
   std::int64_t params = 0;
-  for (const ShardSpec& s : gpt_param_specs(cfg, chunks, lay.tp_rank, lay.tp))
+  for (const ShardSpec& s : gpt_param_specs(cfg, chunks, lay.tp_rank, lay.tp, 0, lay.tp_2d))
     params += s.local_numel();
+  if (lay.tp_2d) {  // weights, gradients, optimizer as below; activations and scratch 2D's
+    const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
+    e.weights = params * kFloat;
+    e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
+    e.optimizer = 2 * shard * kFloat;
+    predict_2d(cfg, lay, chunks.at(0), e);
+    e.staging = 0;  // Gpt2d::init_weights draws in place
+    return e;
+  }
   const bool head = std::any_of(chunks.begin(), chunks.end(),
                                 [](const StageLayout& c) { return c.has_head; });
   const int L = chunks.empty() ? 0 : chunks[0].last_layer - chunks[0].first_layer;

@@ -124,6 +124,16 @@ const std::vector<std::string>& section_names() {
 }
 
 // data.train and data.valid take a path or a list of {path, weight} (data_loader.hpp).
+// Whether a schedule's backward passes are split into input (B) and weight (W) gradients
+// (zero-bubble); one small instance of it tells.
+bool splits_backward(const std::string& schedule, int pp) {
+  try {
+    return pipeline::splits_weight_grad(pipeline::make_schedule(schedule, pp, 1, 2 * pp));
+  } catch (const std::exception&) {
+    return false;  // a schedule that cannot run at vpp = 1 is refused by its own rule
+  }
+}
+
 bool is_data_list_key(const std::string& key) { return key == "data.train" || key == "data.valid"; }
 
 const KeyDef* find_key(const std::string& section, const std::string& name) {
@@ -491,9 +501,9 @@ class Loader {
     fail(where(key), ": ", key, ": expected ", list, ", got ", toml_string(v));
   }
 
-  // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20) has its model (model/gpt2d) but
-  // is not wired into training yet, so a deck asking for it is refused here rather than
-  // trained as something else; first what 2D needs or will never do, one error each.
+  // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20; model/gpt2d behind GptChunk):
+  // what 2D needs and what it does not do, one error each; commands that do not run it
+  // (allow_tp2d false: trident plan) refuse it rather than run something else.
   void validate_tp_mode() const {
     const Config::Parallel& p = cfg_.parallel;
     need_one_of(p.tp_mode, "parallel.tp_mode", {"1d", "2d"});
@@ -514,6 +524,21 @@ class Loader {
       fail(where("parallel.tp_mode", "runtime.device"),
            ": parallel.tp_mode = \"2d\" runs on the CPU backend only (its LayerNorm is host "
            "code); expected runtime.device = \"cpu\"");
+    // What the 2D model does not implement (docs/tp2d.md, "What remains").
+    if (p.recompute.get() != model::Recompute::none)
+      fail(where("parallel.tp_mode", "parallel.recompute"),
+           ": parallel.tp_mode = \"2d\" does not recompute activations; expected "
+           "parallel.recompute = \"none\", got ", toml_string(p.recompute.word()));
+    if (p.vpp != 1)
+      fail(where("parallel.tp_mode", "parallel.vpp"), ": parallel.tp_mode = \"2d\" runs one "
+           "model chunk per pipeline rank; expected parallel.vpp = 1, got ", p.vpp);
+    if (pipeline::weight_update_of(p.schedule) != pipeline::WeightUpdate::flush)
+      fail(where("parallel.tp_mode", "parallel.schedule"), ": parallel.tp_mode = \"2d\" runs "
+           "the synchronous schedules only (naive, gpipe, 1f1b), got ", toml_string(p.schedule));
+    if (splits_backward(p.schedule, p.pp))
+      fail(where("parallel.tp_mode", "parallel.schedule"), ": parallel.tp_mode = \"2d\" has no "
+           "split backward (input and weight gradients in one pass), so it runs naive, gpipe "
+           "or 1f1b, got ", toml_string(p.schedule));
     const int q = parallel::tp2d_side(p.tp);
     // Each grid row takes whole sequences, each grid column whole heads and d_model / q.
     for (const auto& [key, v] : {std::pair<const char*, int>{"parallel.micro_batch_size",
@@ -524,9 +549,9 @@ class Loader {
         fail(where("parallel.tp_mode", key), ": parallel.tp_mode = \"2d\" on a ", q, " x ", q,
              " grid needs ", key, " divisible by ", q, ", got ", v);
     if (!allow_tp2d_)
-      fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet: the "
-           "2D model is not wired into training (docs/tp2d.md; trident init and grad take "
-           "it); expected \"1d\"");
+      fail(where("parallel.tp_mode"), ": parallel.tp_mode = \"2d\" is not supported yet by "
+           "this command (trident train, step, grad and init run it; docs/tp2d.md); "
+           "expected \"1d\"");
   }
 
   // model.arch and Llama's keys; a Llama key in a GPT-2 deck is an error (it would be ignored).

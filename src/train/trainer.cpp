@@ -33,7 +33,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
                                              cfg.parallel.micro_batch_size,
                                              cfg.parallel.recompute.get(),
-                                             cfg.parallel.sequence_parallel);
+                                             cfg.parallel.sequence_parallel,
+                                             cfg.parallel.tp_mode == "2d");
   sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
                                      cfg.parallel.zero_stage == 1);
   if (sync_->active())
@@ -55,6 +56,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.sequence_parallel = cfg.parallel.sequence_parallel;
   lay.recompute = cfg.parallel.recompute.get();
   lay.zero1 = cfg.parallel.zero_stage == 1;
+  lay.tp_2d = cfg.parallel.tp_mode == "2d";
   lay.host_memory = ops.memory() == nullptr;
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;

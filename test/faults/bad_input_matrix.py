@@ -420,13 +420,15 @@ deck_case("div_n_layer_by_pp_vpp", {"parallel.pp": 2, "parallel.vpp": 2,
 deck_case("div_seq_len_by_tp_sequence_parallel", {"model.seq_len": 9, "parallel.tp": 2,
                                                   "parallel.sequence_parallel": True},
           ["deck.toml:", "model.seq_len = 9", "parallel.tp = 2"], np=2)
-# parallel.tp_mode = "2d" (issue 20): a square tp is required, and until a model is built on
-# SUMMA the mode is refused by every rank with one line.
-deck_case("tp_mode_2d_not_supported", {"parallel.tp": 4, "parallel.tp_mode": "2d",
-                                       "model.n_head": 4, "model.d_model": 16,
-                                       "parallel.micro_batch_size": 2,
-                                       "train.global_batch_size": 2},
-          ["deck.toml:", 'parallel.tp_mode = "2d" is not supported yet', 'expected "1d"'], np=4)
+# parallel.tp_mode = "2d" (issue 20): what the 2D model does not implement (here activation
+# recompute) is refused by every rank with one line.
+deck_case("tp_mode_2d_recompute", {"parallel.tp": 4, "parallel.tp_mode": "2d",
+                                   "model.n_head": 4, "model.d_model": 16,
+                                   "parallel.micro_batch_size": 2,
+                                   "train.global_batch_size": 2,
+                                   "parallel.recompute": "full"},
+          ["deck.toml:", 'parallel.tp_mode = "2d" does not recompute activations',
+           'expected parallel.recompute = "none"'], np=4)
 deck_case("div_gbs_by_mbs_dp_auto", {"parallel.micro_batch_size": 2},
           ["deck.toml", "train.global_batch_size = 4", "parallel.micro_batch_size * parallel.dp",
            "2 * 4"], np=4)

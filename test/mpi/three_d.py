@@ -30,6 +30,11 @@ the serial loss and gradients (kv heads split at tp 2, replicated at tp 4 and 8)
 sequence parallelism and 1x2x4 with ZeRO-1 train on the serial curve to the serial final
 weights; and the 2x2x2 run's step-5 checkpoint resumes at 1x1x1 and at 1x4x2 on the serial
 curve. (Training in every layout was checked too, once: it costs 4 more minutes.)
+2D tensor parallelism (parallel.tp_mode = "2d", tp 4 as a 2 x 2 grid, micro_batch_size 2):
+tp4 x pp2 (1f1b, the tied wte over two stages) trains on the serial curve to the serial final
+weights and moments; its step-5 checkpoint resumes in 1D (tp 4, 4 ranks), and the 1x2x4
+ZeRO-1 run's (1D) resumes in 2D at tp4 x dp2 with ZeRO-1, both on the serial curve to the
+serial final weights.
 Bad input: a global batch that does not split over micro_batch_size * dp, and a world
 size no layout of the deck fits, give one `trident: error:` line naming the key and a
 non-zero exit; zero_stage = 1 at dp = 1 trains like the serial run (a no-op).
@@ -100,6 +105,32 @@ def resume_checks(t, ref_curve, sets):
     t.check(len(got) == 5 and rel <= 1e-5,
             f"resume the 1x2x4 zero1 step-5 checkpoint at 2x2x2 zero1: steps 6..10 within "
             f"1e-5 of serial ({rel:.2e})")
+
+
+def two_d(t, ref_curve, ref_ck, bucket):
+    """2D TP against the serial run, and checkpoints across 1D and 2D (3 runs: the
+    gradients of 2D alone and with pp 2 are oracle.grad's tp4_2d and tp4_pp2_2d)."""
+    base = ["parallel.tp=4", "parallel.tp_mode=2d", "parallel.micro_batch_size=2", bucket]
+    name = "2d_4x2x1"
+    got = t.train(8, f"train_{name}", [*base, "parallel.pp=2", "io.checkpoint_every=5"])[0]
+    t.check_curve(name, got, ref_curve)
+    ck = t.path(f"train_{name}", "checkpoints", f"step-{STEPS:08d}.h5")
+    w = rel_l2(ck, ref_ck, "model")
+    t.check(w[0] <= 1e-5, f"train {name}: final weights |d|/|w| = {w[0]:.2e} (most in {w[1]})")
+    m = rel_l2(ck, ref_ck, "optimizer/exp_avg")
+    t.check(m[0] <= 1e-4, f"train {name}: final exp_avg |d|/|m| = {m[0]:.2e} (most in {m[1]})")
+    for what, np_, src, sets in (
+            ("the 2D tp4 x pp2 step-5 checkpoint resumed in 1D tp4", 4, "train_2d_4x2x1",
+             ["parallel.tp=4"]),
+            ("the 1D 1x2x4 step-5 checkpoint resumed in 2D tp4 x dp2 with ZeRO-1", 8,
+             "train_1x2x4_zero1", [*base, "parallel.zero_stage=1"])):
+        out = f"resume_{np_}_{src}"
+        got = t.train(np_, out, [*sets, f"io.resume={src}/checkpoints/step-{5:08d}.h5"])[0]
+        rel = float(np.max(np.abs(got[-5:] - ref_curve[5:]) / np.abs(ref_curve[5:])))
+        t.check(len(got) == 5 and rel <= 1e-5,
+                f"{what}: steps 6..10 within 1e-5 of serial ({rel:.2e})")
+        w = rel_l2(t.path(out, "checkpoints", f"step-{STEPS:08d}.h5"), ref_ck, "model")
+        t.check(w[0] <= 1e-5, f"{what}: final weights |d|/|w| = {w[0]:.2e} (most in {w[1]})")
 
 
 def bad_input(t):
@@ -212,6 +243,7 @@ def main():
                 t.check(state == 8 * n0, f"train {tag}: optimizer state {state} bytes = 8*{n0}")
     resume_checks(t, ref_curve, ["parallel.pp=2", "parallel.zero_stage=1", bucket,
                                  "io.checkpoint_every=5"])
+    two_d(t, ref_curve, ref_ck, bucket)
     bad_input(t)
     t.finish()
 

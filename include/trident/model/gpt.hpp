@@ -24,6 +24,10 @@
 //   vocab-parallel embedding:      masked lookup, then leave
 //   LM head + cross-entropy:       ln_f output enters; max / sum-exp / target logit reduced,
 //                                  never the full logits
+// parallel.tp_mode = "2d" (tp_2d): the chunk holds a model::Gpt2d (docs/tp2d.md) and
+// delegates to it; its specs, flat buffers and [B*T/q, C/q] boundary blocks are the 2D
+// model's, so the executor, GradSync, AdamW and the checkpoints run it unchanged. One chunk
+// per rank, no recompute, no split backward, no inference (the deck refuses those).
 // Sequence parallelism: the residual stream, the LayerNorms and the chunk's input and
 // output hold Nr = B*T/tp of the B*T token rows (rank r: rows [r*Nr, (r+1)*Nr) of the
 // flattened [B,T]); LayerNorm gradients are summed over TP once per step
@@ -37,9 +41,11 @@
 #include <vector>
 
 #include "trident/core/buffer.hpp"
+#include "trident/model/gpt2d.hpp"
 #include "trident/model/spec.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
+#include "trident/parallel/tp_grid2d.hpp"
 #include "trident/parallel/tp_mappings.hpp"
 
 namespace trident::model {
@@ -140,6 +146,9 @@ struct ChunkActivations {
   FloatBuffer grad_store;                // split backward only: the layers' gradient stashes
   std::vector<LayerGradStash> grad_stash;  // views into grad_store, one per layer
   double loss_sum = 0;                   // sum of token losses (last stage)
+  // tp_2d: the 2D model's activations; input, doutput and dinput above ([B*T/q, C/q], what
+  // the executor sends and receives) are copied into and out of it.
+  std::unique_ptr<Gpt2dActivations> tp2d;
 };
 
 class GptChunk {
@@ -148,11 +157,12 @@ class GptChunk {
   // number of layers.
   GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
            parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
-           Recompute recompute = Recompute::none, bool sequence_parallel = false);
+           Recompute recompute = Recompute::none, bool sequence_parallel = false,
+           bool tp_2d = false);
   // One chunk (vpp = 1, or the whole model).
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
            ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,
-           bool sequence_parallel = false);
+           bool sequence_parallel = false, bool tp_2d = false);
 
   const ModelConfig& config() const { return cfg_; }
   int num_chunks() const { return int(chunks_.size()); }
@@ -172,13 +182,18 @@ class GptChunk {
   bool bf16_storage() const { return bf16_store_; }
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
   // pipeline sends between stages.
-  std::int64_t boundary_numel() const { return std::int64_t(Nr_) * C_; }
+  std::int64_t boundary_numel() const {
+    return tp2d_ ? tp2d_->boundary_numel() : std::int64_t(Nr_) * C_;
+  }
+  // parallel.tp_mode = "2d": the 2D model this chunk delegates to (else null).
+  Gpt2d* tp_2d() const { return tp2d_.get(); }
   bool sequence_parallel() const { return tpm_.sequence_parallel(); }
   // The flat buffers, in the backend's memory (device memory on a GPU: copy through
   // read_params / write_params, or copy_to_host with memory()).
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* params() const { return params_.data(); }
+  float* params() { return tp2d_ ? tp2d_->params() : params_.data(); }
+  float* grads() { return tp2d_ ? tp2d_->grads() : grads_.data(); }
+  const float* params() const { return tp2d_ ? tp2d_->params() : params_.data(); }
+  const float* grads() const { return tp2d_ ? tp2d_->grads() : grads_.data(); }
   DeviceMemory* memory() const { return ops_.memory(); }
   ops::Ops& ops() const { return ops_; }
   // Host copies of the flat buffers in and out (plain copies on the CPU backend).
@@ -347,6 +362,9 @@ class GptChunk {
   int gen_pos_ = 0;
   void generation_block(int l, float* x, float* k_cache, float* v_cache, int pos);
   GradReadyHook grad_ready_;
+  // parallel.tp_mode = "2d": the grid (the 2D model's communicators) and the model.
+  std::unique_ptr<parallel::Tp2dGrid> grid2d_;
+  std::unique_ptr<Gpt2d> tp2d_;
 };
 
 }  // namespace trident::model

@@ -2,10 +2,9 @@
 // stage (StageLayout: its layers, the embedding on the first stage, ln_f and the tied head on
 // the last): Embedding2d, a Block2d per layer, LayerNorm2d ln_f, the tied head and
 // CrossEntropy2d, over one flat buffer laid out by the 2D ShardSpecs
-// (gpt_param_specs(.., tp_2d = true)). The computation GptChunk is to run behind
-// parallel.tp_mode = "2d" (docs/tp2d.md, "What remains"); for now the reference that the
-// 2D pieces compose into the serial model's loss and gradients, alone and in a pipeline
-// (parallel.summa).
+// (gpt_param_specs(.., tp_2d = true)). What GptChunk runs under
+// parallel.tp_mode = "2d" (GptChunk holds one and delegates, so training runs it); checked
+// against the serial model's loss and gradients, alone and in a pipeline (parallel.summa).
 // defines: trident::model::Gpt2dActivations, Gpt2d
 //
 // A microbatch of B sequences (q | B): rank (r, c) embeds, runs and scores the tokens of
@@ -48,6 +47,8 @@ class Gpt2d {
   const std::vector<ShardSpec>& specs() const { return specs_; }
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
+  const float* params() const { return params_.data(); }
+  const float* grads() const { return grads_.data(); }
   std::int64_t num_params() const { return num_params_; }
   std::int64_t boundary_numel() const { return std::int64_t(mb_) * cb_; }
   const StageLayout& stage() const { return stage_; }
@@ -62,9 +63,9 @@ class Gpt2d {
   // [B*T] (host memory, the whole microbatch), the others read a.xs' first block; the last
   // stage also scores targets [B*T], runs the head's backward (scaled by loss_scale) into
   // a.doutput and returns the sum of the B*T token losses (the same on every rank; 0 on
-  // other stages).
+  // other stages). with_backward = false (evaluation): the loss only.
   double forward(Gpt2dActivations& a, const std::int32_t* inputs, const std::int32_t* targets,
-                 float loss_scale);
+                 float loss_scale, bool with_backward = true);
   // One microbatch backward from a.doutput: the blocks, then the embedding's gradients
   // (first stage) or a.dinput (others). Gradients accumulate (+=).
   void backward(Gpt2dActivations& a);

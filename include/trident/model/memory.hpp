@@ -45,6 +45,9 @@ struct MemoryLayout {
   // to bf16 in the backend's scratch, which grows to 1.25x the largest product's need
   // (ops/cuda/cuda_ops.cpp): counted in scratch (the LM head's is the largest, ~N * Vl).
   bool bf16_products = false;
+  // parallel.tp_mode = "2d": tp = q*q, tp_rank row-major on the grid; the 2D model's buffers
+  // (model/gpt2d: [B*T/q, C/q] blocks, wte and wpe by grid column) instead of GptChunk's.
+  bool tp_2d = false;
   // Sets the two above from runtime.precision as GptChunk (stores_bf16) and the device
   // backend apply it; call after recompute and host_memory are set. `trident train`'s report
   // and `trident plan` both set them here, so that they agree.

@@ -128,7 +128,7 @@ struct Config {
     std::string schedule = "1f1b";  // one of kSchedules
     int micro_batch_size = 4;
     bool sequence_parallel = false;
-    std::string tp_mode = "1d";  // "1d" (Megatron) | "2d" (SUMMA, tp = q*q: not wired yet)
+    std::string tp_mode = "1d";  // "1d" (Megatron) | "2d" (SUMMA, tp = q*q; docs/tp2d.md)
     int zero_stage = 0;             // 0 | 1
     double grad_bucket_mb = 25.0;   // DP gradient buckets (MiB), overlapped with the backward
     Choice<model::Recompute> recompute = model::Recompute::none;
@@ -187,8 +187,9 @@ struct Config {
 // `--set`), and validates. The value of an override is read as a TOML value when it parses
 // as one (`train.lr=1e-3`, `parallel.sequence_parallel=true`, `io.resume="none"`); for a
 // string key, text that is not a TOML string is taken as it is (`io.out_dir=output/x`).
-// allow_tp2d: accept parallel.tp_mode = "2d" (the commands that run the 2D model: init and
-// grad); otherwise it is refused with one error, as training does not run it yet.
+// allow_tp2d: accept parallel.tp_mode = "2d" (the commands that run the 2D model: train,
+// step, grad, init); otherwise it is refused with one error (trident plan: no 2D memory
+// prediction yet).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    bool allow_tp2d = false);
 

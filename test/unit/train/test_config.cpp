@@ -526,7 +526,8 @@ TEST(ConfigErrors, Divisibility) {
   expect_error("", {"parallel.sequence_parallel=true", "parallel.tp=4", "model.seq_len=126"},
                {"parallel.sequence_parallel", "model.seq_len = 126", "parallel.tp = 4"});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.sequence_parallel=true", "parallel.tp=4"}));
-  // parallel.tp_mode: "1d" | "2d"; "2d" needs a square tp and is refused until the model uses it.
+  // parallel.tp_mode: "1d" | "2d"; "2d" needs a square tp, and commands that do not run it
+  // (parse_config's allow_tp2d false: trident plan) refuse it.
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.tp_mode=\"1d\"", "parallel.tp=2"}));
   expect_error("", {"parallel.tp_mode=\"3d\""},
                {"parallel.tp_mode: expected 1d or 2d", "got \"3d\""});
@@ -534,6 +535,22 @@ TEST(ConfigErrors, Divisibility) {
                {"parallel.tp_mode = \"2d\" needs parallel.tp a perfect square", "got 2"});
   expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4"},
                {"parallel.tp_mode = \"2d\" is not supported yet", "expected \"1d\""});
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.tp_mode=\"2d\"", "parallel.tp=4"}, true));
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.tp_mode=\"2d\"", "parallel.tp=4",
+                                              "parallel.pp=2", "parallel.schedule=\"gpipe\"",
+                                              "parallel.zero_stage=1"}, true));
+  // What the 2D model does not implement, one error each.
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.recompute=\"full\""},
+               {"parallel.tp_mode = \"2d\" does not recompute activations", "got \"full\""});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.pp=2", "parallel.vpp=2",
+                    "parallel.schedule=\"interleaved-1f1b\"", "model.n_layer=4"},
+               {"runs one model chunk per pipeline rank", "expected parallel.vpp = 1", "got 2"});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.pp=2",
+                    "parallel.schedule=\"zb-h1\""},
+               {"parallel.tp_mode = \"2d\" has no split backward", "got \"zb-h1\""});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4",
+                    "parallel.schedule=\"pipedream-2bw\""},
+               {"runs the synchronous schedules only", "got \"pipedream-2bw\""});
   // What 2D refuses for good, and what its grid needs divisible by q (= 2 here).
   expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.sequence_parallel=true"},
                {"parallel.tp_mode = \"2d\" does not combine with parallel.sequence_parallel",
