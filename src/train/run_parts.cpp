@@ -29,6 +29,7 @@ std::string format_duration(double seconds) {
 MetricsLog::MetricsLog(Trainer& trainer, std::int64_t resume_step) {
   parallel::ParallelState& ps = trainer.state();
   counted_ = {&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
+  if (parallel::Tp2dGrid* g = trainer.model().grid_2d()) tp_parts_ = {&g->row, &g->col};
   // skipped: 1 for a non-finite step left undone; epoch: passes over the data so far.
   // data_s: seconds this step spent reading its batch (rank 0's share).
   std::vector<std::string> extra_columns{"skipped", "epoch", "consumed_tokens", "data_s"};
@@ -40,14 +41,21 @@ MetricsLog::MetricsLog(Trainer& trainer, std::int64_t resume_step) {
 
 void MetricsLog::begin_step() {
   for (parallel::Comm* c : counted_) c->reset_counters();
+  for (parallel::Comm* c : tp_parts_) c->reset_counters();
 }
 
 void MetricsLog::record(std::int64_t step, const StepStats& st, double step_s,
                         double tokens_per_s, const DataProgress& data) {
   if (!writer_) return;
   for (parallel::Comm* c : counted_) {
-    writer_->set("comm/" + c->name() + "/bytes", c->counters().bytes);
-    writer_->set("comm/" + c->name() + "/calls", double(c->counters().calls));
+    double bytes = c->counters().bytes, calls = double(c->counters().calls);
+    if (c == counted_.front())  // the TP group's: in 2D also its grid rows' and columns'
+      for (parallel::Comm* p : tp_parts_) {
+        bytes += p->counters().bytes;
+        calls += double(p->counters().calls);
+      }
+    writer_->set("comm/" + c->name() + "/bytes", bytes);
+    writer_->set("comm/" + c->name() + "/calls", calls);
   }
   writer_->set("skipped", st.applied ? 0.0 : 1.0);
   writer_->set("epoch", data.epoch);

@@ -187,6 +187,7 @@ class GptChunk {
   }
   // parallel.tp_mode = "2d": the 2D model this chunk delegates to (else null).
   Gpt2d* tp_2d() const { return tp2d_.get(); }
+  parallel::Tp2dGrid* grid_2d() const { return grid2d_.get(); }  // its row/column comms
   bool sequence_parallel() const { return tpm_.sequence_parallel(); }
   // The flat buffers, in the backend's memory (device memory on a GPU: copy through
   // read_params / write_params, or copy_to_host with memory()).

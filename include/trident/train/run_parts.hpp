@@ -37,6 +37,8 @@ class MetricsLog {
 
  private:
   std::vector<parallel::Comm*> counted_;
+  // parallel.tp_mode = "2d": the grid's row and column communicators, counted as comm/tp.
+  std::vector<parallel::Comm*> tp_parts_;
   std::optional<io::MetricsWriter> writer_;
 };
 
