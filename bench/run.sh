@@ -65,3 +65,8 @@ if (( ${#skip[@]} == 0 )) && cmake --build "$build" --target trident_bench_tp2d 
     --layers 2 --seq 128 --batch 4 --vocab 1024 \
     | tee "$results/tp2d.json"
 fi
+# The same comparison from `trident train`'s own steps (tp = 4, 1D against 2D, d_model 512 and
+# 1024): median step time and comm/tp/bytes (bench/tp2d_train_bench.py; tp2d_train.json).
+if (( ${#skip[@]} == 0 )); then
+  "$python" "$src/bench/tp2d_train_bench.py" --build "$build" --json "$results/tp2d_train.json"
+fi
