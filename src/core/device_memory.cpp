@@ -34,39 +34,6 @@ void copy_to_device(DeviceMemory* mem, void* dst, const void* host_src, std::siz
   copy_across(mem, dst, host_src, bytes, true);
 }
 
-PinnedBuffer::PinnedBuffer(DeviceMemory* mem, std::size_t n) : mem_(mem), size_(n) {
-  if (n == 0) return;
-  void* p = mem_ ? mem_->allocate_host(n * sizeof(float)) : std::malloc(n * sizeof(float));
-  if (!p) throw std::bad_alloc();
-  data_ = static_cast<float*>(p);
-}
-
-PinnedBuffer::~PinnedBuffer() {
-  if (!data_) return;
-  if (mem_)
-    mem_->release_host(data_);
-  else
-    std::free(data_);
-}
-
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
-    : mem_(o.mem_), data_(o.data_), size_(o.size_) {
-  o.data_ = nullptr;
-  o.size_ = 0;
-}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
-  if (this != &o) {
-    PinnedBuffer gone(std::move(*this));
-    mem_ = o.mem_;
-    data_ = o.data_;
-    size_ = o.size_;
-    o.data_ = nullptr;
-    o.size_ = 0;
-  }
-  return *this;
-}
-
 HostMirror::HostMirror(DeviceMemory* mem, float* data, std::int64_t n, bool fill)
     : mem_(mem), device_(data), host_(data), bytes_(std::size_t(n) * sizeof(float)),
       owned_(holds_device(mem, data)) {

@@ -20,6 +20,7 @@ namespace {
 
 constexpr const char* kExpAvg = "optimizer/exp_avg";
 constexpr const char* kExpAvgSq = "optimizer/exp_avg_sq";
+constexpr const char* kPreviousWeights = "previous_model";
 
 struct Entry {
   std::int64_t step;
@@ -98,12 +99,15 @@ std::string write_checkpoint(const std::string& checkpoint_dir, MPI_Comm comm,
                              const std::vector<model::ShardSpec>& specs,
                              const CheckpointState& state, const float* params,
                              const float* exp_avg, const float* exp_avg_sq,
-                             const ShardRole& role) {
+                             const ShardRole& role, const float* previous_params) {
   TRIDENT_CHECK(params && exp_avg && exp_avg_sq, "write_checkpoint: a buffer is missing");
   const std::string path = checkpoint_path(checkpoint_dir, state.step);
   const std::string tmp = path + ".tmp";
   h5::make_parent_dir(path, comm);
-  h5::check_room(path, tensor_file_bytes(cfg, 3) + std::int64_t(state.config.size()), comm);
+  h5::check_room(path,
+                 tensor_file_bytes(cfg, previous_params ? 4 : 3) +
+                     std::int64_t(state.config.size()),
+                 comm);
   {
     h5::File f = create_output(tmp, comm);
     write_format(f, kCheckpointFormat);
@@ -127,6 +131,10 @@ std::string write_checkpoint(const std::string& checkpoint_dir, MPI_Comm comm,
       h5::Hid g = h5::create_group(f, kExpAvgSq);
       write_tensors(f, g, cfg, specs, exp_avg_sq, role);
     }
+    if (previous_params) {
+      h5::Hid g = h5::create_group(f, kPreviousWeights);
+      write_tensors(f, g, cfg, specs, previous_params, role);
+    }
     f.flush();
     f.close();
   }
@@ -137,7 +145,8 @@ std::string write_checkpoint(const std::string& checkpoint_dir, MPI_Comm comm,
 CheckpointState read_checkpoint(const std::string& path, MPI_Comm comm,
                                 const model::ModelConfig& cfg,
                                 const std::vector<model::ShardSpec>& specs, float* params,
-                                float* exp_avg, float* exp_avg_sq, const ShardRole& role) {
+                                float* exp_avg, float* exp_avg_sq, const ShardRole& role,
+                                float* previous_params) {
   h5::File f = open_input(path, comm);
   CheckpointState st = read_state(f);
   check_model_attrs(f, cfg);
@@ -152,6 +161,11 @@ CheckpointState read_checkpoint(const std::string& path, MPI_Comm comm,
   if (exp_avg_sq) {
     h5::Hid g = h5::open_group(f, kExpAvgSq);
     read_tensors(f, g, cfg, specs, exp_avg_sq, role);
+  }
+  st.has_previous_params = h5::exists(f, kPreviousWeights);
+  if (previous_params && st.has_previous_params) {
+    h5::Hid g = h5::open_group(f, kPreviousWeights);
+    read_tensors(f, g, cfg, specs, previous_params, role);
   }
   return st;
 }

@@ -4,11 +4,68 @@
 #include <algorithm>
 
 #include "trident/core/error.hpp"
-#ifdef TRIDENT_HAVE_CUDA
-#include "trident/ops/cuda.hpp"
+#include "trident/core/log.hpp"
+#if defined(TRIDENT_CUDA_MODULE)
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <climits>
+#include <string>
+#include <vector>
+#endif
+#if defined(TRIDENT_CUDA_MODULE) || defined(TRIDENT_HAVE_CUDA)
+#include "cuda/module.hpp"
 #endif
 
 namespace trident::ops {
+
+#if defined(TRIDENT_CUDA_MODULE)
+namespace {
+// The directory of this executable (/proc/self/exe), with a trailing '/', or "".
+std::string executable_dir() {
+  char path[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "";
+  const std::string p(path, std::size_t(n));
+  return p.substr(0, p.rfind('/') + 1);
+}
+
+// The CUDA backend, loaded on first use (ops/cuda/module.cpp says why): beside the executable
+// (the build folder, or wherever trident was copied with it), else where the build put it
+// (test and benchmark programs in other folders). Never unloaded.
+const CudaModule& cuda_backend() {
+  static const CudaModule* loaded = [] {
+    std::string tried;
+    std::vector<std::string> paths{executable_dir() + TRIDENT_CUDA_MODULE};
+    if (paths[0] != TRIDENT_CUDA_MODULE_PATH) paths.emplace_back(TRIDENT_CUDA_MODULE_PATH);
+    for (const std::string& path : paths) {
+      void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        const char* why = dlerror();
+        tried += str(tried.empty() ? "" : "; ", why ? why : path);
+        continue;
+      }
+      auto entry = reinterpret_cast<const CudaModule* (*)()>(dlsym(h, kCudaModuleSymbol));
+      TRIDENT_CHECK(entry && entry()->version == kCudaModuleVersion, path,
+                    " is not this trident's CUDA backend (rebuild trident)");
+      return entry();
+    }
+    fail("runtime.device = \"cuda\": cannot load the CUDA backend ", TRIDENT_CUDA_MODULE, ": ",
+         tried);
+  }();
+  loaded->set_log_rank(log::rank());
+  return *loaded;
+}
+}  // namespace
+#elif defined(TRIDENT_HAVE_CUDA)
+namespace {
+// Linked in (the CPU stand-in's build, test/unit/ops/cuda/emulate).
+const CudaModule& cuda_backend() {
+  static const CudaModule linked = cuda_module_table();
+  return linked;
+}
+}  // namespace
+#endif
 
 const char* precision_name(Precision precision) {
   switch (precision) {
@@ -42,14 +99,15 @@ std::unique_ptr<Ops> make_ops(const BackendOptions& o) {
     return make_guarded_ops(o.threads, o.arena_bytes ? o.arena_bytes : std::size_t(2) << 30);
   }
   if (o.device == "cuda") {
-#ifdef TRIDENT_HAVE_CUDA
-    TRIDENT_CHECK(cuda_device_count() > 0,
-                  "runtime.device = \"cuda\" but no CUDA GPU is visible to this rank");
-    const int device = cuda_select_device(o.local_rank, o.local_size);
+#if defined(TRIDENT_CUDA_MODULE) || defined(TRIDENT_HAVE_CUDA)
+    const CudaModule& cuda = cuda_backend();
+    const int gpus = cuda.device_count();
+    TRIDENT_CHECK(gpus > 0, "runtime.device = \"cuda\" but no CUDA GPU is visible to this rank");
+    const int device = cuda.select_device(o.local_rank, o.local_size);
     // The node's ranks r with r % GPUs == device share it (and split its free memory).
-    const int gpus = cuda_device_count(), local = std::max(1, o.local_size);
+    const int local = std::max(1, o.local_size);
     const int sharing = local / gpus + (device < local % gpus ? 1 : 0);
-    return make_cuda_ops(o.precision, o.arena_bytes, std::max(1, sharing));
+    return cuda.make_ops(o.precision, o.arena_bytes, std::max(1, sharing));
 #else
     fail("runtime.device = \"cuda\" but this trident was built without CUDA "
          "(reconfigure with -DTRIDENT_CUDA=ON where nvcc is installed)");

@@ -43,7 +43,8 @@ Comm::Comm(Comm&& o) noexcept
       rank_(o.rank_),
       size_(o.size_),
       counters_(o.counters_),
-      staging_(std::move(o.staging_)) {}
+      staging_(std::move(o.staging_)),
+      starts_(std::move(o.starts_)) {}
 
 Comm& Comm::operator=(Comm&& o) noexcept {
   if (this != &o) {
@@ -55,11 +56,13 @@ Comm& Comm::operator=(Comm&& o) noexcept {
     std::swap(size_, tmp.size_);
     std::swap(counters_, tmp.counters_);
     std::swap(staging_, tmp.staging_);
+    std::swap(starts_, tmp.starts_);
   }
   return *this;
 }
 
 Comm Comm::split(int color, int key, std::string name) const {
+  flush();
   MPI_Comm out;
   MPI_Comm_split(comm_, color, key, &out);
   Comm c(out, std::move(name), true);
@@ -68,7 +71,7 @@ Comm Comm::split(int color, int key, std::string name) const {
 }
 
 void* Comm::stage(Request& r, const void* data, std::size_t bytes, bool copy_in,
-                  bool copy_back) const {
+                  bool copy_back, Landing* landing) const {
   void* p = const_cast<void*>(data);  // written only when copy_back
   if (!staging_ || !staging_->on_device(p)) return p;
   if (!staging_->staged(p)) {
@@ -80,13 +83,35 @@ void* Comm::stage(Request& r, const void* data, std::size_t bytes, bool copy_in,
   side.device = p;
   side.bytes = bytes;
   r.memory_ = staging_->memory();
-  if (copy_in) r.memory_->to_host(side.host.get(), p, bytes);
+  if (copy_in && landing) {
+    landing->pending = true;
+    landing->copy = r.memory_->to_host_async(side.host.get(), p, bytes);
+  } else if (copy_in) {
+    r.memory_->to_host(side.host.get(), p, bytes);
+  }
   return side.host.get();
+}
+
+void Comm::start(Request& r, const Landing& landing, std::function<void(MPI_Request*)> call) {
+  if (!landing.pending) {
+    flush();
+    call(&r.mpi_);
+    return;
+  }
+  if (!starts_) starts_ = std::make_shared<DeferredStarts>(staging_->memory());
+  auto deferred = std::make_shared<DeferredStarts::Call>();
+  deferred->copy = landing.copy;
+  deferred->start = std::move(call);
+  starts_->push(deferred);
+  r.deferred_ = std::move(deferred);
+  r.starts_ = starts_;
+  starts_->advance(nullptr, false);  // whatever has landed already
 }
 
 void Comm::allreduce(void* data, std::int64_t n, std::int64_t elem_bytes, MPI_Datatype type,
                      MPI_Op op) {
   if (size_ <= 1) return;
+  flush();
   count(2.0 * double(size_ - 1) / double(size_) * double(n * elem_bytes));
   HostStage stage(staging_.get(), data, std::size_t(n * elem_bytes), true, true);
   if (watchdog_seconds() <= 0) {
@@ -128,6 +153,7 @@ void Comm::all_gather(const std::int64_t* mine, std::int64_t* all, std::int64_t 
     std::copy(mine, mine + n, all);
     return;
   }
+  flush();
   count(double(size_ - 1) * double(n) * 8.0);
   MPI_Request r;
   MPI_Iallgather(mine, as_count(n), MPI_INT64_T, all, as_count(n), MPI_INT64_T, comm_, &r);
@@ -140,6 +166,7 @@ void Comm::reduce_scatter_sum(const float* full, float* shard, std::int64_t shar
     if (shard != full) std::copy(full, full + shard_n, shard);
     return;
   }
+  flush();
   count(double(size_ - 1) * double(shard_n) * 4.0);
   const std::size_t shard_bytes = std::size_t(shard_n) * 4;
   HostStage in(staging_.get(), const_cast<float*>(full), shard_bytes * std::size_t(size_), true,
@@ -158,6 +185,7 @@ void Comm::reduce_scatter_sum(const float* full, float* shard, std::int64_t shar
 
 void Comm::all_gather_inplace(float* full, std::int64_t shard_n) {
   if (size_ <= 1) return;
+  flush();
   count(double(size_ - 1) * double(shard_n) * 4.0);
   HostStage stage(staging_.get(), full, std::size_t(shard_n) * 4 * std::size_t(size_), true,
                   true);
@@ -175,6 +203,7 @@ void Comm::all_gather_inplace(float* full, std::int64_t shard_n) {
 
 void Comm::all_gather(const float* shard, float* full, std::int64_t shard_n) {
   TRIDENT_CHECK(size_ > 1, "Comm::all_gather on one rank");
+  flush();
   count(double(size_ - 1) * double(shard_n) * 4.0);
   const std::size_t shard_bytes = std::size_t(shard_n) * 4;
   HostStage in(staging_.get(), const_cast<float*>(shard), shard_bytes, true, false, 0);
@@ -195,8 +224,11 @@ Request Comm::iallreduce_sum(float* data, std::int64_t n) {
   Request r;
   if (size_ <= 1) return r;
   count(2.0 * double(size_ - 1) / double(size_) * double(n) * 4.0);
-  void* p = stage(r, data, std::size_t(n) * 4, true, true);
-  MPI_Iallreduce(MPI_IN_PLACE, p, as_count(n), MPI_FLOAT, MPI_SUM, comm_, &r.mpi_);
+  Landing landing;
+  void* p = stage(r, data, std::size_t(n) * 4, true, true, &landing);
+  start(r, landing, [p, elems = as_count(n), comm = comm_](MPI_Request* req) {
+    MPI_Iallreduce(MPI_IN_PLACE, p, elems, MPI_FLOAT, MPI_SUM, comm, req);
+  });
   return r;
 }
 
@@ -210,9 +242,12 @@ Request Comm::ireduce_scatter_sum(const float* bucket, float* part, const int* c
     return r;
   }
   count(double(size_ - 1) / double(size_) * double(n) * 4.0);
-  const void* in = stage(r, bucket, std::size_t(n) * 4, true, false);
+  Landing landing;
+  const void* in = stage(r, bucket, std::size_t(n) * 4, true, false, &landing);
   void* out = stage(r, part, std::size_t(counts[rank_]) * 4, false, true);
-  MPI_Ireduce_scatter(in, out, counts, MPI_FLOAT, MPI_SUM, comm_, &r.mpi_);
+  start(r, landing, [in, out, counts, comm = comm_](MPI_Request* req) {
+    MPI_Ireduce_scatter(in, out, counts, MPI_FLOAT, MPI_SUM, comm, req);
+  });
   return r;
 }
 
@@ -221,9 +256,11 @@ Request Comm::iall_gather_inplace(float* bucket, const int* counts, const int* d
   Request r;
   if (size_ <= 1) return r;
   count(double(size_ - 1) / double(size_) * double(n) * 4.0);
-  void* p = stage(r, bucket, std::size_t(n) * 4, true, true);
-  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts, displs, MPI_FLOAT, comm_,
-                  &r.mpi_);
+  Landing landing;
+  void* p = stage(r, bucket, std::size_t(n) * 4, true, true, &landing);
+  start(r, landing, [p, counts, displs, comm = comm_](MPI_Request* req) {
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts, displs, MPI_FLOAT, comm, req);
+  });
   return r;
 }
 
@@ -245,6 +282,7 @@ Request Comm::irecv(float* data, std::int64_t n, int peer, int tag) {
 
 void Comm::broadcast(void* data, std::int64_t bytes, int root) {
   if (size_ <= 1) return;
+  flush();
   count(rank_ == root ? double(bytes) : 0.0);
   HostStage stage(staging_.get(), data, std::size_t(bytes), rank_ == root, rank_ != root);
   if (watchdog_seconds() <= 0) {
@@ -259,6 +297,7 @@ void Comm::broadcast(void* data, std::int64_t bytes, int root) {
 
 void Comm::barrier() {
   if (size_ <= 1) return;
+  flush();
   count(0);
   if (watchdog_seconds() <= 0) return (void)MPI_Barrier(comm_);
   MPI_Request r;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "trident/core/log.hpp"
 #include "trident/io/checkpoint.hpp"
@@ -117,11 +118,21 @@ std::int64_t Checkpointer::start() {
       HostMirror params(model.memory(), model.params(), model.num_params(), false);
       HostMoments moments(model.memory(), tr_.optimizer(), tr_.grad_sync(), model.num_params(),
                           false);
-      io::CheckpointState st =
-          io::read_checkpoint(*resume_, MPI_COMM_WORLD, cfg_.model, model.specs(),
-                              params.data(), moments.m(), moments.v(), role_);
+      std::optional<HostMirror> previous;  // PipeDream-2BW's W(t-1)
+      if (float* slot = tr_.previous_weights_slot())
+        previous.emplace(model.memory(), slot, model.num_params(), false);
+      io::CheckpointState st = io::read_checkpoint(
+          *resume_, MPI_COMM_WORLD, cfg_.model, model.specs(), params.data(), moments.m(),
+          moments.v(), role_, previous ? previous->data() : nullptr);
       params.commit();
       moments.commit();
+      if (previous && st.has_previous_params) {
+        previous->commit();
+        tr_.keep_previous_weights();
+      } else if (previous) {
+        log::info(*resume_, " holds no previous weight version (not written by a pipedream-2bw "
+                  "run): the first step computes with the loaded weights");
+      }
       TRIDENT_CHECK(st.seed == std::uint64_t(cfg_.train.seed), *resume_, ": written with seed ",
                     st.seed, ", the deck has train.seed = ", cfg_.train.seed,
                     " (the data order would differ)");
@@ -163,9 +174,12 @@ void Checkpointer::save(std::int64_t step) {
   // The file is layout-independent: ZeRO-1 shards are gathered (HostMoments).
   HostMirror params(model.memory(), model.params(), model.num_params(), true);
   HostMoments moments(model.memory(), tr_.optimizer(), tr_.grad_sync(), model.num_params(), true);
+  std::optional<HostMirror> previous;  // PipeDream-2BW's W(t-1)
+  if (const float* w = tr_.previous_weights())
+    previous.emplace(model.memory(), const_cast<float*>(w), model.num_params(), true);
   const std::string path =
       io::write_checkpoint(dir_, MPI_COMM_WORLD, cfg_.model, model.specs(), st, params.data(),
-                           moments.m(), moments.v(), role_);
+                           moments.m(), moments.v(), role_, previous ? previous->data() : nullptr);
   if (tr_.state().world_rank == 0) {
     log::info("checkpoint ", path, " (", rate(path, seconds_since(t0)), ")");
     io::prune_checkpoints(dir_, int(cfg_.io.keep_checkpoints));

@@ -75,16 +75,10 @@ GradSync::GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb,
     shard_grads_ = FloatBuffer(std::size_t(shard_numel_), chunk.memory());
     chunk.ops().fill(shard_grads_.data(), 0.0f, shard_numel_);
   }
-  const parallel::DeviceStaging* staging = dp.staging();
-  if (active() && chunk.memory() && staging && !staging->mpi_takes_device())
-    host_grads_ = PinnedBuffer(chunk.memory(), std::size_t(chunk.num_params()));
   requests_.resize(buckets_.size());
-  landing_.reserve(buckets_.size());
 }
 
 void GradSync::begin(int microbatches) {
-  landing_.clear();
-  landed_ = 0;
   for (Bucket& b : buckets_) {
     b.started = false;
     b.pending = (b.last_spec - b.first_spec) * microbatches;
@@ -94,36 +88,11 @@ void GradSync::begin(int microbatches) {
 void GradSync::start(int i) {
   Bucket& b = buckets_[i];
   b.started = true;
-  if (!host_grads()) return launch(i);
-  // Through host memory: the bucket comes down on the backend's staging stream while the
-  // backward goes on; its collective starts once it has landed.
-  b.ticket = chunk_.memory()->to_host_async(host_grads() + b.offset, chunk_.grads() + b.offset,
-                                            std::size_t(b.n) * sizeof(float));
-  landing_.push_back(i);
-  launch_landed(false);
-}
-
-void GradSync::launch(int i) {
-  const Bucket& b = buckets_[i];
-  float* g = (host_grads() ? host_grads() : chunk_.grads()) + b.offset;
-  // The ZeRO-1 part lands in shard_grads_ (staged by its request where MPI needs that).
+  float* g = chunk_.grads() + b.offset;
+  // The ZeRO-1 part lands in shard_grads_.
   float* shard = zero_ ? shard_grads_.data() + b.shard : nullptr;
   requests_[i] = zero_ ? dp_.ireduce_scatter_sum(g, shard, b.counts.data(), b.n)
                        : dp_.iallreduce_sum(g, b.n);
-}
-
-// Every DP rank must start the collectives in the same order: buckets leave the landing
-// queue in the order they were started (copies land in that order too).
-void GradSync::launch_landed(bool wait) {
-  DeviceMemory* mem = chunk_.memory();
-  for (; landed_ < landing_.size(); ++landed_) {
-    const std::uint64_t ticket = buckets_[std::size_t(landing_[landed_])].ticket;
-    if (wait)
-      mem->wait_copy(ticket);
-    else if (!mem->copy_done(ticket))
-      return;
-    launch(landing_[landed_]);
-  }
 }
 
 void GradSync::ready(std::int64_t offset, std::int64_t count) {
@@ -140,7 +109,6 @@ void GradSync::ready(std::int64_t offset, std::int64_t count) {
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i)
     if (!buckets_[i].started && buckets_[i].pending == 0) start(int(i));
-  launch_landed(false);
   parallel::test_all(requests_);  // drives the collectives already started
 }
 
@@ -160,10 +128,7 @@ void GradSync::finish() {
       start(int(i));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  launch_landed(true);
   wait_buckets("the DP gradient reduction (bucketed allreduce)");
-  if (host_grads() && !zero_)  // the reduced gradients go back up
-    copy_floats(chunk_.memory(), chunk_.grads(), host_grads(), chunk_.num_params());
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -180,18 +145,14 @@ float* GradSync::grad_base() { return zero_ ? shard_grads_.data() : chunk_.grads
 
 void GradSync::gather_params() {
   if (!zero_) return;
+  // In place: each rank's parts of the parameters are already where the gather puts them.
   float* params = chunk_.params();
-  float* target = host_grads() ? host_grads() : params;  // through host memory, or in place
-  const int r = dp_.rank();
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
-    const std::int64_t mine = b.offset + b.displs[std::size_t(r)];
-    copy_floats(chunk_.memory(), target + mine, params + mine, b.counts[std::size_t(r)]);
-    requests_[i] = dp_.iall_gather_inplace(target + b.offset, b.counts.data(), b.displs.data(),
+    requests_[i] = dp_.iall_gather_inplace(params + b.offset, b.counts.data(), b.displs.data(),
                                            b.n);
   }
   wait_buckets("the ZeRO-1 parameter all-gather (bucketed)");
-  copy_floats(chunk_.memory(), params, target, chunk_.num_params());
 }
 
 void GradSync::gather_full(const float* shard, float* full) {

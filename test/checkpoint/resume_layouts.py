@@ -6,7 +6,8 @@ steps 6-10 to 1e-5 relative, and its final weights to 1e-5 relative (max|Δ| / m
 tensor; the attention key biases, whose gradient is zero in exact arithmetic, are held to
 staying at rounding noise instead); resuming at 2×2×2 itself gives them bitwise. Clipping is
 active (grad_clip 0.5).
-Then the reverse direction: a ZeRO-1 checkpoint (2×2×2) resumed serially.
+Then the reverse direction: a ZeRO-1 checkpoint (2×2×2) resumed serially; and PipeDream-2BW,
+whose checkpoint also keeps the older weight version (pipedream_2bw below).
 h5py reads the checkpoint and finds FORMAT.md's names, shapes and attributes.
 """
 import os
@@ -55,9 +56,9 @@ RESUMES = [("same-2x2x2", 8, 2, 2, 0), ("1x4x2", 8, 1, 4, 0), ("4x1x2", 8, 4, 1,
            ("1x1x8", 8, 1, 1, 0), ("2x2x2-zero1", 8, 2, 2, 1), ("1x2x1", 2, 1, 2, 0)]
 
 
-def train(run, ranks, tp, pp, zero, resume="none", timeout=300):
+def train(run, ranks, tp, pp, zero, resume="none", timeout=300, extra=()):
     args = ["train", "deck.toml", "--set", f"io.out_dir={run}", "--set", f"parallel.tp={tp}",
-            "--set", f"parallel.pp={pp}", "--set", f"io.resume={resume}"]
+            "--set", f"parallel.pp={pp}", "--set", f"io.resume={resume}", *extra]
     if zero:
         args += ["--set", "parallel.zero_stage=1"]
     p = T.trident(*args, cwd=OUT, np_=ranks, timeout=timeout, check=False)
@@ -76,9 +77,9 @@ def model(path):
         return {k: f["model"][k][:] for k in f["model"]}
 
 
-def compare(name, run, ref_final, bitwise):
+def compare(name, run, ref_final, bitwise, ref="ref"):
     step, loss = losses(run)
-    ref_step, ref_loss = losses("ref")
+    ref_step, ref_loss = losses(ref)
     check(list(step) == list(range(1, STEPS + 1)), f"{name}: metrics rows 1..{STEPS}")
     if len(step) != STEPS:
         return
@@ -148,6 +149,45 @@ def format_check(path):
                   f"h5py: /{g} holds FORMAT.md's {len(shapes)} tensors, float32, logical shapes")
 
 
+def start_from(run, src_run, step=AT):
+    """A fresh out_dir holding src_run's checkpoint of `step` and its metrics; the path."""
+    os.makedirs(os.path.join(OUT, run, "checkpoints"))
+    shutil.copy(T.checkpoint_path(os.path.join(OUT, src_run), step),
+                os.path.join(OUT, run, "checkpoints"))
+    shutil.copy(os.path.join(OUT, src_run, "metrics.h5"), os.path.join(OUT, run))
+    return T.checkpoint_path(os.path.join(OUT, run), step)
+
+
+# PipeDream-2BW: step t computes with the older weight version W(t-1), which the checkpoint
+# keeps (/previous_model). Resumed at the same layout (pp 2 x dp 2) the run goes on bitwise,
+# at pp 2 x dp 1 to 1e-5; the same checkpoint without /previous_model must not (its first
+# resumed step computes with W(t)): that shows the group is what carries the state.
+def pipedream_2bw():
+    sched = ["--set", 'parallel.schedule="pipedream-2bw"']
+    if train("2bw", 4, 1, 2, 0, extra=sched).returncode != 0:
+        check(False, "the pipedream-2bw pp 2 x dp 2 run")
+        return
+    final = model(T.checkpoint_path(os.path.join(OUT, "2bw"), STEPS))
+    for name, ranks, bitwise in (("2bw-same", 4, True), ("2bw-dp1", 2, False)):
+        ck = start_from(f"resume-{name}", "2bw")
+        if name == "2bw-same":
+            with h5py.File(ck, "r") as f:
+                check(sorted(f["previous_model"]) == sorted(f["model"]),
+                      "pipedream-2bw: the checkpoint holds /previous_model, tensor by tensor")
+        p = train(f"resume-{name}", ranks, 1, 2, 0, resume="auto", extra=sched)
+        if check(p.returncode == 0, f"{name}: resumed on {ranks} ranks"):
+            compare(name, f"resume-{name}", final, bitwise=bitwise, ref="2bw")
+    ck = start_from("resume-2bw-no-previous", "2bw")
+    with h5py.File(ck, "a") as f:
+        del f["previous_model"]
+    p = train("resume-2bw-no-previous", 4, 1, 2, 0, resume="auto", extra=sched)
+    if check(p.returncode == 0, "2bw without /previous_model: resumed"):
+        a, b = losses("2bw")[1], losses("resume-2bw-no-previous")[1]
+        rel = float(np.max(np.abs(a[AT:] - b[AT:]) / np.abs(a[AT:])))
+        check(rel > 1e-4, f"2bw without /previous_model departs from the uninterrupted run "
+              f"({rel:.1e} relative > 1e-4)")
+
+
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
@@ -183,6 +223,7 @@ def main():
             check(rel <= 1e-5, f"ZeRO-1 -> serial: steps {AT + 1}-{STEPS} to 1e-5 relative ({rel:.1e})")
     else:
         check(False, "the 2x2x2 ZeRO-1 run")
+    pipedream_2bw()
     check.finish()
 
 

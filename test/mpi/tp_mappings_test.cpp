@@ -149,6 +149,54 @@ TEST(Comm, NonBlockingCallsStageDeviceMemoryThroughTheirRequests) {
   }
 }
 
+// Collectives on staged device memory start once their input has come down the staging
+// stream (cpu-guarded says "not yet" to each copy's first query), in the order they were
+// made, whatever order they are tested or waited in, and before any other collective on the
+// communicator: rank 0 alone tests the second until calls start, and a blocking allreduce
+// and waits in reverse order follow; every rank's calls still pair. A deferred call dropped on every rank before it started
+// leaves the communicator usable.
+TEST(Comm, DeferredCollectivesStartInOrderBeforeAnyOther) {
+  World w;
+  if (w.p == 1) GTEST_SKIP() << "needs several ranks";
+  auto ops = trident::ops::make_guarded_ops(1, std::size_t(1) << 20);
+  trident::DeviceMemory* mem = ops->memory();
+  par::Comm c = w.comm.split(0, w.r, "deferred");
+  c.set_staging(std::make_shared<par::DeviceStaging>(mem, false));
+  const std::int64_t n = kLocal * w.p;
+  std::vector<trident::FloatBuffer> bufs;
+  for (int k = 0; k < 3; ++k) {
+    bufs.emplace_back(std::size_t(n), mem);
+    std::vector<float> v = w.rank_valued(n);
+    for (float& x : v) x *= float(k + 1);
+    mem->to_device(bufs.back().data(), v.data(), v.size() * sizeof(float));
+  }
+  {
+    par::Request dropped = c.iallreduce_sum(bufs[2].data(), n);  // never started: dropped
+  }
+  std::vector<par::Request> rs;
+  rs.push_back(c.iallreduce_sum(bufs[0].data(), n));
+  rs.push_back(c.iallreduce_sum(bufs[1].data(), n));
+  EXPECT_FALSE(rs[1].test());  // its copy has not landed yet
+  if (w.r == 0) {  // rank 0 alone sees the copies land and starts calls: the ranks differ
+    rs[1].test();
+    rs[1].test();
+  }
+  std::vector<double> blocking(3, double(w.r + 1));
+  c.allreduce_sum(blocking.data(), 3);
+  rs[1].wait([] { return std::string("the second deferred allreduce"); });
+  rs[0].wait([] { return std::string("the first deferred allreduce"); });
+  EXPECT_EQ(blocking[0], double(w.tri()));
+  for (int k = 0; k < 2; ++k) {
+    std::vector<float> got(static_cast<std::size_t>(n));
+    mem->to_host(got.data(), bufs[std::size_t(k)].data(), got.size() * sizeof(float));
+    for (std::int64_t j = 0; j < n; ++j)
+      EXPECT_EQ(got[std::size_t(j)], float(k + 1) * float(j + 1) * w.tri()) << k << " " << j;
+  }
+  std::vector<float> untouched(static_cast<std::size_t>(n));
+  mem->to_host(untouched.data(), bufs[2].data(), untouched.size() * sizeof(float));
+  EXPECT_EQ(untouched[0], 3.0f * float(w.r + 1));
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;

@@ -4,8 +4,7 @@
 // and every host <-> device crossing (initial weights, tokens, the loss, checkpoints, MPI
 // without CUDA support) goes through to_host / to_device. The CPU backend has none (nullptr):
 // its buffers are host memory and every copy helper below is a memcpy.
-// defines: trident::DeviceMemory, copy_to_host, copy_to_device, holds_device, HostMirror,
-//          PinnedBuffer
+// defines: trident::DeviceMemory, copy_to_host, copy_to_device, holds_device, HostMirror
 #pragma once
 
 #include <cstddef>
@@ -70,27 +69,6 @@ namespace trident {
 // n floats of `data` (mem's device memory, or host memory) seen from the host: `data` itself
 // when that is host memory, else a host copy, read from the device when `fill`; commit()
 // writes the copy back (nothing to do for host memory). For checkpoints and dumps.
-// n floats of host memory the device copies to and from fastest (mem's allocate_host), or of
-// plain host memory when mem is null. Move-only.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(DeviceMemory* mem, std::size_t n);
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& o) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  float* data() { return data_; }
-  std::size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-
- private:
-  DeviceMemory* mem_ = nullptr;
-  float* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-
 class HostMirror {
  public:
   HostMirror(DeviceMemory* mem, float* data, std::int64_t n, bool fill);

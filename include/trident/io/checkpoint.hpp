@@ -1,7 +1,8 @@
 // trident/io/checkpoint.hpp — checkpoints (FORMAT.md): one file per checkpoint,
 // <out_dir>/checkpoints/step-<NNNNNNNN>.h5, holding /model/<name>,
 // /optimizer/exp_avg/<name> and /optimizer/exp_avg_sq/<name> (AdamW moments, same names
-// and shapes), and root attributes format = "trident-checkpoint", format_version = 1,
+// and shapes), under PipeDream-2BW /previous_model/<name> (the older weight version the
+// next step computes with), and root attributes format = "trident-checkpoint", format_version = 1,
 // step, consumed_samples, seed, config (the resolved deck as TOML text) and the model
 // attributes. Everything a bitwise resume needs: the data order and any RNG stream are
 // functions of (seed, step), AdamW's bias correction of step.
@@ -45,29 +46,35 @@ struct CheckpointState {
   // train.on_nonfinite = "skip". -1 when writing: the same as step. Attribute
   // `optimizer_steps`; a checkpoint without it has taken `step` updates.
   std::int64_t optimizer_steps = -1;
+  // Read: whether the file holds /previous_model (a PipeDream-2BW run's W(t-1)).
+  bool has_previous_params = false;
 };
 
 // <checkpoint_dir>/step-<8-digit step>.h5
 std::string checkpoint_path(const std::string& checkpoint_dir, std::int64_t step);
 
 // Writes checkpoint_path(checkpoint_dir, state.step) atomically, collectively over comm
-// (MPI_COMM_NULL: one process): every rank gives its ShardSpecs, which index all three of
-// its flat buffers (parameters and both AdamW moments), and its role. Creates the
+// (MPI_COMM_NULL: one process): every rank gives its ShardSpecs, which index all of its
+// flat buffers (parameters, both AdamW moments, and previous_params when not null:
+// PipeDream-2BW's older weight version, /previous_model), and its role. Creates the
 // directory. Returns the checkpoint's path.
 std::string write_checkpoint(const std::string& checkpoint_dir, MPI_Comm comm,
                              const model::ModelConfig& cfg,
                              const std::vector<model::ShardSpec>& specs,
                              const CheckpointState& state, const float* params,
                              const float* exp_avg, const float* exp_avg_sq,
-                             const ShardRole& role = {});
+                             const ShardRole& role = {}, const float* previous_params = nullptr);
 
 // Reads a checkpoint into any layout: this rank's shards of the parameters, and of the
-// moments unless exp_avg / exp_avg_sq are nullptr. Checks format, version, the model
-// attributes against cfg, every tensor's presence, type, shape and checksum.
+// moments unless exp_avg / exp_avg_sq are nullptr, and of /previous_model into
+// previous_params where both exist (has_previous_params says whether the file has it).
+// Checks format, version, the model attributes against cfg, every tensor's presence, type,
+// shape and checksum.
 CheckpointState read_checkpoint(const std::string& path, MPI_Comm comm,
                                 const model::ModelConfig& cfg,
                                 const std::vector<model::ShardSpec>& specs, float* params,
-                                float* exp_avg, float* exp_avg_sq, const ShardRole& role = {});
+                                float* exp_avg, float* exp_avg_sq, const ShardRole& role = {},
+                                float* previous_params = nullptr);
 
 // The scalar state alone (serial), after checking the format attributes and that the
 // /model and /optimizer groups exist.

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,7 +33,9 @@ struct CommCounters {
 // Device memory (set_staging): every call takes device buffers and passes them to MPI
 // directly (a CUDA-aware MPI) or through host memory (parallel/staging.hpp): the blocking
 // ones around the call, the non-blocking ones in the Request they return, which owns its
-// host copy and moves the result back when it completes (parallel/request.hpp).
+// host copy and moves the result back when it completes; a non-blocking collective starts
+// once its copy has come down on the staging stream (parallel/request.hpp). Callers of
+// raw() start no collective of their own while such calls are pending (none outside a step).
 class Comm {
  public:
   Comm() = default;
@@ -105,9 +108,22 @@ class Comm {
   void watch(MPI_Request& r, const char* what, std::int64_t n) const;
   // A non-blocking call's buffer as MPI gets it: itself (host memory, or device memory a
   // CUDA-aware MPI takes, once the device is done with it) or a host copy `r` owns, filled
-  // now when copy_in, moved back on completion when copy_back.
-  void* stage(Request& r, const void* data, std::size_t bytes, bool copy_in,
-              bool copy_back) const;
+  // when copy_in, moved back on completion when copy_back. With `landing` (a collective)
+  // the copy in goes on the staging stream and landing says which copy the call waits for;
+  // else it is made now.
+  struct Landing {
+    bool pending = false;
+    std::uint64_t copy = 0;
+  };
+  void* stage(Request& r, const void* data, std::size_t bytes, bool copy_in, bool copy_back,
+              Landing* landing = nullptr) const;
+  // Starts a non-blocking call now, or once its input has landed (parallel/request.hpp),
+  // in the order of this communicator's collectives.
+  void start(Request& r, const Landing& landing, std::function<void(MPI_Request*)> call);
+  // Starts the deferred collectives (waiting for their copies): before any other collective.
+  void flush() const {
+    if (starts_ && !starts_->empty()) starts_->advance(nullptr, true);
+  }
   void count(double bytes) {
     counters_.calls += 1;
     counters_.bytes += bytes;
@@ -119,6 +135,7 @@ class Comm {
   int size_ = 1;
   CommCounters counters_;
   std::shared_ptr<DeviceStaging> staging_;
+  std::shared_ptr<DeferredStarts> starts_;  // made with the first deferred call
 };
 
 // The parallel state passed explicitly to every layer (no globals).

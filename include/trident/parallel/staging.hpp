@@ -69,6 +69,12 @@ class HostLease {
   HostLease& operator=(const HostLease&) = delete;
   void* get() const { return p_; }
   void reset();
+  // Lets go of the block without returning it to the pool (something may still write it).
+  void abandon() noexcept {
+    p_ = nullptr;
+    bytes_ = 0;
+    owner_.reset();
+  }
 
  private:
   friend class DeviceStaging;

@@ -109,18 +109,10 @@ class GradSync {
     std::int64_t shard = 0;               // where this rank's part starts in the shard layout
     int pending = 0;                      // reports still missing
     bool started = false;
-    std::uint64_t ticket = 0;             // host staging: its copy to host_grads_
   };
-  void start(int b);   // the bucket is final: its collective (or first its copy) starts
-  void launch(int b);  // its collective starts
-  // Host staging: starts the collectives of the buckets whose copies have landed, in start
-  // order (waiting for each when `wait`).
-  void launch_landed(bool wait);
-  // Where a bucket lands on its way down when the gradients are device memory and MPI is
-  // not CUDA-aware (else null: MPI reads the buffers themselves). Copied on the backend's
-  // staging stream while the backward goes on, which a request (that stages when its call
-  // starts) cannot do; the ZeRO-1 parts and the gathers are staged by their requests.
-  float* host_grads() { return host_grads_.empty() ? nullptr : host_grads_.data(); }
+  // The bucket is final: its collective starts (on device memory an MPI cannot take, once
+  // its request's copy has come down on the staging stream: parallel/request.hpp).
+  void start(int b);
 
   model::GptChunk& chunk_;
   parallel::Comm& dp_;
@@ -130,9 +122,6 @@ class GradSync {
   std::vector<Segment> segments_;
   std::int64_t shard_numel_ = 0;
   FloatBuffer shard_grads_;           // ZeRO-1 only
-  PinnedBuffer host_grads_;  // the buckets' way down (device memory, MPI not CUDA-aware)
-  std::vector<int> landing_;  // host staging: buckets in start order; [0, landed_) launched
-  std::size_t landed_ = 0;
   std::vector<parallel::Request> requests_;  // one per bucket, complete when idle
   double last_wait_s_ = 0;
   int last_early_ = 0;

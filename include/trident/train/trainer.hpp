@@ -91,8 +91,19 @@ class Trainer {
   // The schedule's weight update (pipeline::WeightUpdate). Under `delayed` (PipeDream-2BW)
   // forward_backward computes with the previous weight version W(t-1) and leaves the live
   // one W(t) in model().params() for optimizer_step: W(t+1) = W(t) - lr * grad(W(t-1)).
-  // The first step (and the first after a resume) has no older version: W(0) = W(1).
+  // The first step has no older version: W(0) = W(1). A checkpoint keeps the older version
+  // (previous_weights), so a resumed run goes on as the uninterrupted one.
   pipeline::WeightUpdate weight_update() const { return update_; }
+  // Under `delayed`, after a step: the version the next step computes with, W(t-1) (the
+  // model's memory; null before the first step and under other schedules). A checkpoint's
+  // copy is written into previous_weights_slot() and kept with keep_previous_weights().
+  const float* previous_weights() const {
+    return older_valid_ ? older_weights_.data() : nullptr;
+  }
+  float* previous_weights_slot() {
+    return update_ == pipeline::WeightUpdate::delayed ? older_weights_.data() : nullptr;
+  }
+  void keep_previous_weights() { older_valid_ = true; }
 
   // Mean loss of a global batch, forwards only.
   double evaluate(const std::int32_t* inputs, const std::int32_t* targets,
