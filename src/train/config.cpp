@@ -532,9 +532,10 @@ class Loader {
     if (p.vpp != 1)
       fail(where("parallel.tp_mode", "parallel.vpp"), ": parallel.tp_mode = \"2d\" runs one "
            "model chunk per pipeline rank; expected parallel.vpp = 1, got ", p.vpp);
-    if (pipeline::weight_update_of(p.schedule) != pipeline::WeightUpdate::flush)
-      fail(where("parallel.tp_mode", "parallel.schedule"), ": parallel.tp_mode = \"2d\" runs "
-           "the synchronous schedules only (naive, gpipe, 1f1b), got ", toml_string(p.schedule));
+    if (pipeline::weight_update_of(p.schedule) == pipeline::WeightUpdate::per_microbatch)
+      fail(where("parallel.tp_mode", "parallel.schedule"), ": parallel.tp_mode = \"2d\" does "
+           "not run parallel.schedule = \"pipedream\" (untested with 2D); expected naive, gpipe, "
+           "1f1b or pipedream-2bw");
     if (splits_backward(p.schedule, p.pp))
       fail(where("parallel.tp_mode", "parallel.schedule"), ": parallel.tp_mode = \"2d\" has no "
            "split backward (input and weight gradients in one pass), so it runs naive, gpipe "

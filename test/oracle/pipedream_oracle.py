@@ -220,14 +220,20 @@ def main():
     stale_losses, _, _ = reference(w0, inputs, targets, delay=2)
     want = {n: p.detach().numpy() for n, p in ref.named_parameters()}
 
-    for pp, dp in ((2, 1), (3, 1), (2, 2)):
-        print(f"\n=== pipedream-2bw, pp = {pp}, dp = {dp}, {BATCH // (MBS * dp)} microbatches ===")
-        out = os.path.join(work, f"stepped_pp{pp}_dp{dp}.h5")
+    # The rule does not depend on pp, so 2D TP (tp 4 on a 2 x 2 grid, microbatches of 2) at
+    # pp = 1 is checked against the same reference.
+    tp2d = ["--set", "parallel.tp=4", "--set", "parallel.tp_mode=2d",
+            "--set", "parallel.micro_batch_size=2"]
+    for pp, dp, extra in ((2, 1, []), (3, 1, []), (2, 2, []), (1, 1, tp2d)):
+        mbs = 2 if extra else MBS
+        print(f"\n=== pipedream-2bw, pp = {pp}, dp = {dp}{', tp 4 (2d)' if extra else ''}, "
+              f"{BATCH // (mbs * dp)} microbatches ===")
+        out = os.path.join(work, f"stepped_pp{pp}_dp{dp}{'_2d' if extra else ''}.h5")
         log = oc.run_trident(NAME, ["step", deck, "--weights", w0, "--batch", bpath, "--steps", K,
                                     "--out", out, "--set", f"parallel.pp={pp}",
                                     "--set", f"parallel.dp={dp}",
-                                    "--set", "parallel.schedule=pipedream-2bw"], work,
-                             mpi_ranks=pp * dp)
+                                    "--set", "parallel.schedule=pipedream-2bw", *extra], work,
+                             mpi_ranks=pp * dp * (4 if extra else 1))
         fails.check("asynchronous" in log and "not equivalent to the serial run" in log,
                     f"pp={pp}: the start-up report does not say the run is asynchronous")
         with h5py.File(out, "r") as f:

@@ -548,9 +548,11 @@ TEST(ConfigErrors, Divisibility) {
   expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.pp=2",
                     "parallel.schedule=\"zb-h1\""},
                {"parallel.tp_mode = \"2d\" has no split backward", "got \"zb-h1\""});
-  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4",
-                    "parallel.schedule=\"pipedream-2bw\""},
-               {"runs the synchronous schedules only", "got \"pipedream-2bw\""});
+  expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.schedule=\"pipedream\"",
+                    "train.grad_clip=0"},
+               {"does not run parallel.schedule = \"pipedream\"", "or pipedream-2bw"});
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.tp_mode=\"2d\"", "parallel.tp=4",
+                                              "parallel.schedule=\"pipedream-2bw\""}, true));
   // What 2D refuses for good, and what its grid needs divisible by q (= 2 here).
   expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.sequence_parallel=true"},
                {"parallel.tp_mode = \"2d\" does not combine with parallel.sequence_parallel",
