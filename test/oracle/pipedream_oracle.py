@@ -1,7 +1,8 @@
 """oracle.pipedream — the asynchronous schedules against PyTorch models of their update rules
 (docs/FORMAT.md "Asynchronous pipeline schedules"): `trident step` (K = 10 optimizer steps on
 one batch of 4 sequences, microbatches of 1) against torch in float64 from the same float32
-weights, at pp = 2, pp = 3 and pp = 2 x dp = 2 for each schedule.
+weights, at pp = 2, pp = 3, pp = 2 x dp = 2 and pp = 2 x tp = 2 for each schedule, and 2BW
+also in 2D tensor parallelism (tp = 4 on a 2 x 2 grid, pp = 1).
 
 pipedream (an untied Llama, no clipping): stage r runs F_k of step t with the version it had
 after (t-1) m + max(0, k - min(m, pp - r - 1)) updates and its backward with the same
@@ -23,8 +24,8 @@ weights within 1e-5 of the largest weight per tensor. The test cannot pass by ac
 neighbouring rules on the same data must differ from trident's losses by more than 100 times
 the tolerance (checked): for 2BW the synchronous rule and a two-steps-stale one; for pipedream
 the staleness patterns of the other pipeline depths (pp = 1: no staleness).
-Cost: 20 s measured (45 s expected on 2 busy cores; six `trident step` runs of 10 steps on 2 to 4 ranks and
-the torch references).
+Cost: 20 s measured before the tp = 2 cases (45 s expected on 2 busy cores; eight `trident
+step` runs of 10 steps on 2 to 4 ranks and the torch references).
 """
 
 import copy
@@ -158,13 +159,14 @@ def check_pipedream(work, fails):
     tt.write_batch(bpath, inputs, targets)
     refs = {pp: pipedream_reference(w0, inputs, targets, pp) for pp in (1, 2, 3)}
     refs_dp2 = pipedream_reference(w0, inputs, targets, 2, dp=2)
-    for pp, dp in ((2, 1), (3, 1), (2, 2)):
-        print(f"\n=== pipedream, pp = {pp}, dp = {dp}, {BATCH // (MBS * dp)} microbatches "
-              "(Llama, untied) ===")
-        out = os.path.join(work, f"pipedream_pp{pp}_dp{dp}.h5")
+    for pp, dp, tp in ((2, 1, 1), (3, 1, 1), (2, 2, 1), (2, 1, 2)):
+        print(f"\n=== pipedream, pp = {pp}, dp = {dp}, tp = {tp}, {BATCH // (MBS * dp)} "
+              "microbatches (Llama, untied) ===")
+        out = os.path.join(work, f"pipedream_pp{pp}_dp{dp}_tp{tp}.h5")
         log = oc.run_trident(NAME, ["step", deck, "--weights", w0, "--batch", bpath, "--steps", K,
                                     "--out", out, "--set", f"parallel.pp={pp}",
-                                    "--set", f"parallel.dp={dp}"], work, mpi_ranks=pp * dp)
+                                    "--set", f"parallel.dp={dp}", "--set", f"parallel.tp={tp}"],
+                             work, mpi_ranks=pp * dp * tp)
         fails.check("asynchronous" in log and "weight stashing" in log,
                     f"pipedream pp={pp}: the start-up report does not say the run is asynchronous")
         with h5py.File(out, "r") as f:
@@ -179,7 +181,7 @@ def check_pipedream(work, fails):
             fails.check(rl <= TOL, f"pipedream pp={pp} step {s + 1}: loss {losses[s]:.10g} vs "
                         f"torch {ref_losses[s]:.10g} (relative {rl:.2e} > {TOL:g})")
         for other in (1, 2, 3):
-            if (other == pp and dp == 1) or not len(losses):
+            if (other == pp and dp == 1) or (other == pp and tp > 1) or not len(losses):
                 continue
             gap = max(abs(a - b) / abs(b) for a, b in zip(losses, refs[other][0]))
             print(f"  largest relative gap to the pp={other} staleness: {gap:.2e}")
@@ -220,20 +222,20 @@ def main():
     stale_losses, _, _ = reference(w0, inputs, targets, delay=2)
     want = {n: p.detach().numpy() for n, p in ref.named_parameters()}
 
-    # The rule does not depend on pp, so 2D TP (tp 4 on a 2 x 2 grid, microbatches of 2) at
-    # pp = 1 is checked against the same reference.
-    tp2d = ["--set", "parallel.tp=4", "--set", "parallel.tp_mode=2d",
-            "--set", "parallel.micro_batch_size=2"]
-    for pp, dp, extra in ((2, 1, []), (3, 1, []), (2, 2, []), (1, 1, tp2d)):
+    # The rule depends on neither pp nor the TP layout, so 2D TP (tp 4 on a 2 x 2 grid,
+    # microbatches of 2) at pp = 1 is checked against the same reference.
+    tp2d = ["--set", "parallel.tp_mode=2d", "--set", "parallel.micro_batch_size=2"]
+    for pp, dp, tp, extra in ((2, 1, 1, []), (3, 1, 1, []), (2, 2, 1, []), (2, 1, 2, []),
+                              (1, 1, 4, tp2d)):
         mbs = 2 if extra else MBS
-        print(f"\n=== pipedream-2bw, pp = {pp}, dp = {dp}{', tp 4 (2d)' if extra else ''}, "
+        print(f"\n=== pipedream-2bw, pp = {pp}, dp = {dp}, tp = {tp}{' (2d)' if extra else ''}, "
               f"{BATCH // (mbs * dp)} microbatches ===")
-        out = os.path.join(work, f"stepped_pp{pp}_dp{dp}{'_2d' if extra else ''}.h5")
+        out = os.path.join(work, f"stepped_pp{pp}_dp{dp}_tp{tp}{'_2d' if extra else ''}.h5")
         log = oc.run_trident(NAME, ["step", deck, "--weights", w0, "--batch", bpath, "--steps", K,
                                     "--out", out, "--set", f"parallel.pp={pp}",
-                                    "--set", f"parallel.dp={dp}",
+                                    "--set", f"parallel.dp={dp}", "--set", f"parallel.tp={tp}",
                                     "--set", "parallel.schedule=pipedream-2bw", *extra], work,
-                             mpi_ranks=pp * dp * (4 if extra else 1))
+                             mpi_ranks=pp * dp * tp)
         fails.check("asynchronous" in log and "not equivalent to the serial run" in log,
                     f"pp={pp}: the start-up report does not say the run is asynchronous")
         with h5py.File(out, "r") as f:
