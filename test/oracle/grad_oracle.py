@@ -164,6 +164,10 @@ def main():
         print(f"{NAME}: no GPU visible: skipped")
         return 77
     names = sys.argv[1:] or list(CONFIGS)
+    if DEVICE != "cpu" and not sys.argv[1:]:  # 2D TP runs on the CPU backend only (refused)
+        two_d = [n for n in names if (CONFIGS[n][3:] or [{}])[0].get("tp_mode") == "2d"]
+        print(f"{NAME}: {', '.join(two_d)} left out: 2D tensor parallelism runs on \"cpu\" only")
+        names = [n for n in names if n not in two_d]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         print(f"{NAME}: unknown config(s) {unknown}; choose from {list(CONFIGS)}")
