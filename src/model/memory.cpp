@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "trident/parallel/tp_grid2d.hpp"
+
 namespace trident::model {
 
 namespace {
@@ -50,8 +52,7 @@ namespace {
 // block2d.cpp, summa.cpp, embedding2d.cpp, xent2d.cpp) allocations. x = [B*T/q, C/q].
 void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayout& st,
                 MemoryEstimate& e) {
-  int q = 1;
-  while ((q + 1) * (q + 1) <= lay.tp) ++q;
+  const int q = parallel::tp2d_side(lay.tp);
   const std::int64_t mb = std::int64_t(lay.micro_batch) * cfg.seq_len / q, cb = cfg.d_model / q,
                      x = mb * cb, L = st.last_layer - st.first_layer;
   const std::int64_t vp = (cfg.vocab_size + q - 1) / q * q, vb = vp / q;
