@@ -42,7 +42,7 @@ FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std:
                   cfg.parallel.micro_batch_size, " over dp = ", tr.state().shape.dp);
   });
   parallel::agree(MPI_COMM_WORLD, [&] {
-    model::GptChunk& m = tr.model();
+    model::StageModel& m = tr.model();
     HostMirror params(m.memory(), m.params(), m.num_params(), false);
     io::read_weights(weights, MPI_COMM_WORLD, cfg.model, m.specs(), params.data(),
                      train::shard_role(tr.state()));
@@ -68,7 +68,7 @@ int run_grad(const DeckArgs& args, const std::string& weights, const std::string
   const double loss = tr.forward_backward(fb.inputs, fb.targets, fb.batch.batch);
   tr.gather_gradients();
   tr.write_trace();  // io.trace_step = 1: the pipeline trace of this one step
-  model::GptChunk& m = tr.model();
+  model::StageModel& m = tr.model();
   HostMirror grads(m.memory(), m.grads(), m.num_params(), true);
   io::write_grad_dump(out, MPI_COMM_WORLD, s.cfg.model, m.specs(), grads.data(), loss,
                       train::shard_role(s.ps));
@@ -91,7 +91,7 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
     log::info("step ", k, " | loss ", st.loss, " | grad norm ", st.grad_norm, " | lr ", st.lr);
   }
   // Every rank holds the same losses, as the collective attribute write needs.
-  model::GptChunk& m = tr.model();
+  model::StageModel& m = tr.model();
   HostMirror params(m.memory(), m.params(), m.num_params(), true);
   io::write_tensor_file(out, MPI_COMM_WORLD, io::kWeightsFormat, "model", s.cfg.model,
                         m.specs(), params.data(), train::shard_role(s.ps),
@@ -105,7 +105,7 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
 int run_init(const DeckArgs& args, const std::string& out) {
   Session s = open_session(args, "", true);
   train::Trainer tr(s.cfg, s.ps, *s.ops);
-  model::GptChunk& m = tr.model();
+  model::StageModel& m = tr.model();
   m.init_weights(std::uint64_t(s.cfg.train.seed));
   HostMirror params(m.memory(), m.params(), m.num_params(), true);
   io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, m.specs(), params.data(),

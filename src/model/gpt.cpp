@@ -14,18 +14,20 @@ namespace {
 bool any_head(const std::vector<StageLayout>& chunks) {
   return std::any_of(chunks.begin(), chunks.end(), [](const StageLayout& c) { return c.has_head; });
 }
+// The runtime hands back the activations this model made (make_activations).
+ChunkActivations& own(StageActivations& a) { return dynamic_cast<ChunkActivations&>(a); }
 }  // namespace
 
 GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
-                   ops::Ops& ops, int micro_batch, Recompute recompute, bool sequence_parallel,
-                   bool tp_2d)
+                   ops::Ops& ops, int micro_batch, Recompute recompute, bool sequence_parallel)
     : GptChunk(cfg, std::vector<StageLayout>{stage}, ps, ops, micro_batch, recompute,
-               sequence_parallel, tp_2d) {}
+               sequence_parallel) {}
 
 GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
                    parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
-                   Recompute recompute, bool sequence_parallel, bool tp_2d)
-    : cfg_(cfg),
+                   Recompute recompute, bool sequence_parallel)
+    : StageModel(ops),
+      cfg_(cfg),
       chunks_(chunks),
       ps_(ps),
       ops_(ops),
@@ -54,7 +56,10 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   F1_ = int(dims_.F1);
   Vl_ = int(dims_.Vl);
   Nr_ = int(dims_.Nr);
-  llama_ = cfg.llama();
+  switch (cfg.architecture()) {  // the blocks, the head's norm, the embedding's positions
+    case Arch::gpt2: llama_ = false; break;
+    case Arch::llama: llama_ = true; break;
+  }
   if (llama_) {
     // Its query heads read one kv head each: its own (split over TP), or one of all of them
     // (n_kv_head < tp: replicated), the first at kv_head0_.
@@ -67,16 +72,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   vocab_start_ = Vl_ * tp_rank;
   v_valid_ = std::max(0, std::min(cfg.vocab_size - vocab_start_, Vl_));
 
-  if (tp_2d) {  // the 2D model does the work; this chunk keeps its specs' index
-    TRIDENT_CHECK(chunks_.size() == 1 && recompute == Recompute::none && !sequence_parallel,
-                  "internal: 2D tensor parallelism runs one chunk per rank, no recompute, no "
-                  "sequence parallelism (the deck refuses the others)");
-    grid2d_ = std::make_unique<parallel::Tp2dGrid>(parallel::make_tp2d_grid(ps.tp));
-    tp2d_ = std::make_unique<Gpt2d>(cfg, chunks_[0], *grid2d_, ops, micro_batch);
-    specs_ = tp2d_->specs();
-  } else {
-    specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
-  }
+  specs_ = gpt_param_specs(cfg, chunks_, tp_rank, tp);
   for (const auto& s : specs_) num_params_ += s.local_numel();
   std::vector<int> local_layer(std::size_t(cfg.n_layer), -1);
   for (std::size_t c = 0; c < chunks_.size(); ++c)
@@ -90,7 +86,6 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   // The LM head's matrix ([Vl, C]): the tied embedding, or an untied lm_head.
   if (find(Role::lm_head)) head_role_ = Role::lm_head;
-  if (tp2d_) return;
   params_ = buffer(num_params_);
   grads_ = buffer(num_params_);
   for (int l = 0; l < num_chunks() * L_; ++l) {
@@ -174,16 +169,6 @@ const std::int32_t* GptChunk::stage_tokens(IntBuffer& device, const std::int32_t
   return device.data();
 }
 
-void GptChunk::read_params(float* host) const {
-  copy_to_host(ops_.memory(), host, params(), std::size_t(num_params_) * sizeof(float));
-}
-void GptChunk::write_params(const float* host) {
-  copy_to_device(ops_.memory(), params(), host, std::size_t(num_params_) * sizeof(float));
-}
-void GptChunk::read_grads(float* host) const {
-  copy_to_host(ops_.memory(), host, grads(), std::size_t(num_params_) * sizeof(float));
-}
-
 const ShardSpec* GptChunk::find(Role role, int local_layer) const {
   const int i = role_index_[std::size_t(1 + local_layer) * kRoleCount + std::size_t(role)];
   return i < 0 ? nullptr : &specs_[std::size_t(i)];
@@ -218,7 +203,6 @@ GptChunk::LayerParams GptChunk::layer_params(float* base, int l) const {
 }
 
 void GptChunk::init_weights(std::uint64_t seed) {
-  if (tp2d_) return tp2d_->init_weights(seed);
   std::vector<float> host(std::size_t(num_params_), 0.0f);  // drawn here, then copied over
   for (const auto& s : specs_) {
     float* p = host.data() + s.offset;
@@ -238,7 +222,6 @@ void GptChunk::init_weights(std::uint64_t seed) {
 }
 
 void GptChunk::zero_grads() {
-  if (tp2d_) return tp2d_->zero_grads();
   zero(grads_);
 }
 
@@ -363,20 +346,17 @@ void GptChunk::bind_layers(FloatBuffer& store, std::vector<LayerActivations>& vi
   for (auto& la : views) carve_layer(dims_, take, la, shared);
 }
 
-std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
+std::unique_ptr<StageActivations> GptChunk::make_activations(int chunk,
                                                              bool split_backward) const {
+  return make_chunk_activations(chunk, split_backward);
+}
+
+std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
+                                                                   bool split_backward) const {
   const std::int64_t N = std::int64_t(B_) * T_, NrC = boundary_numel();
   const int L = L_;
   const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
   auto a = std::make_unique<ChunkActivations>();
-  if (tp2d_) {  // the executor's boundary blocks, and the 2D model's own
-    TRIDENT_CHECK(!split_backward, "internal: 2D tensor parallelism has no split backward");
-    a->input = buffer(NrC);
-    a->doutput = buffer(NrC);
-    a->dinput = buffer(NrC);
-    a->tp2d = tp2d_->make_activations();
-    return a;
-  }
   a->input = buffer(NrC);
   a->outputs = buffer(std::max(1, L) * NrC);
   a->doutput = buffer(NrC);
@@ -401,6 +381,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_activations(int chunk,
     a->lnf_mean = buffer(Nr_);
     a->lnf_rstd = buffer(Nr_);
   }
+  a->last_output = output(*a);
   return a;
 }
 
@@ -430,7 +411,6 @@ void GptChunk::unpack_layer(ChunkActivations& a, int l) {
 }
 
 float* GptChunk::output(ChunkActivations& a) const {
-  if (tp2d_) return tp2d_->output(*a.tp2d);
   const int L = L_;
   if (L == 0) return a.input.data();
   return a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
@@ -487,15 +467,11 @@ void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations
   ops_.add(out, out, la.res2, local_n);
 }
 
-double GptChunk::forward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+double GptChunk::forward(int chunk, StageActivations& activations, const std::int32_t* inputs,
                          const std::int32_t* targets, float loss_scale, bool with_backward) {
+  ChunkActivations& a = own(activations);
   const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
-  if (tp2d_) {
-    if (!st.has_embedding) ops_.copy(tp2d_->input(*a.tp2d), a.input.data(), NC);
-    a.loss_sum = tp2d_->forward(*a.tp2d, inputs, targets, loss_scale, with_backward);
-    return a.loss_sum;
-  }
   if (st.has_embedding) embed_forward(a.input.data(), stage_tokens(a.tokens, inputs), B_, T_);
   if (st.has_head) targets = stage_tokens(a.targets, targets);
   const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
@@ -661,19 +637,13 @@ LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, in
   return la;
 }
 
-void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
+void GptChunk::backward(int chunk, StageActivations& activations, const std::int32_t* inputs,
                         bool weight_grads) {
+  ChunkActivations& a = own(activations);
   const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
   TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) == L_,
                 "an input-gradient-only backward needs make_activations(chunk, true)");
-  if (tp2d_) {  // no grad-ready reports: reduce_param_grads still sums most tensors
-    TRIDENT_CHECK(weight_grads, "internal: 2D tensor parallelism has no split backward");
-    if (!st.has_head) ops_.copy(a.tp2d->doutput.data(), a.doutput.data(), NC);
-    tp2d_->backward(*a.tp2d);
-    if (!st.has_embedding) ops_.copy(a.dinput.data(), a.tp2d->dinput.data(), NC);
-    return;
-  }
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
   if (grad_ready_ && st.has_head) report_grads_ready(-2);  // ln_f: done in forward
@@ -698,7 +668,8 @@ void GptChunk::backward(int chunk, ChunkActivations& a, const std::int32_t* inpu
   }
 }
 
-void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
+void GptChunk::backward_weights(int chunk, StageActivations& activations) {
+  ChunkActivations& a = own(activations);
   const StageLayout& chunk_layout = this->chunk(chunk);
   TRIDENT_CHECK(int(a.grad_stash.size()) == L_,
                 "backward_weights needs make_activations(chunk, true)");
@@ -712,8 +683,7 @@ void GptChunk::backward_weights(int chunk, ChunkActivations& a) {
   }
 }
 
-void GptChunk::reduce_sequence_parallel_grads() {
-  if (tp2d_) return tp2d_->reduce_param_grads();  // the vectors, wte and wpe along columns
+void GptChunk::reduce_param_grads() {
   if (sp_norms_.empty()) return;
   // One allreduce for all of them: pack, reduce, unpack.
   float* pack = sp_grad_pack_.data();
@@ -746,12 +716,6 @@ void GptChunk::report_grads_ready(int layer) {
   }
 }
 
-const ShardSpec* GptChunk::tied_embedding() const {
-  for (const auto& s : specs_)
-    if (s.tied_across_stages()) return &s;
-  return nullptr;
-}
-
 // ---- inference -------------------------------------------------------------------------
 
 void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
@@ -759,7 +723,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
                     !tpm_.sequence_parallel(),
                 "sampling needs the whole model on one rank");
   TRIDENT_CHECK(t >= 1 && t <= T_, "context of ", t, " tokens outside [1, ", T_, "]");
-  if (!infer_acts_) infer_acts_ = make_activations();
+  if (!infer_acts_) infer_acts_ = make_chunk_activations();
   const std::int64_t tC = std::int64_t(t) * C_;
   ChunkActivations& a = *infer_acts_;
   std::vector<std::int32_t> context(std::size_t(B_) * std::size_t(T_), 0);  // B*T for staging

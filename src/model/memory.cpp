@@ -48,7 +48,7 @@ void MemoryLayout::set_precision(ops::Precision precision) {
 
 namespace {
 // parallel.tp_mode = "2d" (one chunk, fp32, host memory, no recompute or split backward: what
-// the deck lets through): GptChunk's boundary blocks and the 2D model's (model/gpt2d.cpp,
+// the deck lets through): Gpt2dStage's boundary blocks and the 2D model's (model/gpt2d.cpp,
 // block2d.cpp, summa.cpp, embedding2d.cpp, xent2d.cpp) allocations. x = [B*T/q, C/q].
 void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayout& st,
                 MemoryEstimate& e) {
@@ -85,11 +85,15 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t params = 0;
   for (const ShardSpec& s : gpt_param_specs(cfg, chunks, lay.tp_rank, lay.tp, 0, lay.tp_2d))
     params += s.local_numel();
-  if (lay.tp_2d) {  // weights, gradients, optimizer as below; activations and scratch 2D's
-    const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
-    e.weights = params * kFloat;
-    e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
-    e.optimizer = 2 * shard * kFloat;
+  // params_, grads_ (the model's flat buffers, 1D or 2D); ZeRO-1: GradSync's shard_grads_
+  // and AdamW's moments over the shard.
+  const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
+  e.weights = params * kFloat;
+  if (lay.weight_versions > 1)  // the older versions and the swap buffer (WeightVersions)
+    e.weights += ((lay.weight_versions - 1) * params + std::min(params, kVersionSwapFloats)) * kFloat;
+  e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
+  e.optimizer = 2 * shard * kFloat;
+  if (lay.tp_2d) {  // the activations and scratch of the 2D model's own carving
     predict_2d(cfg, lay, chunks.at(0), e);
     e.staging = 0;  // Gpt2d::init_weights draws in place
     return e;
@@ -101,14 +105,6 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // GptChunk's dimensions (its constructor).
   const ChunkDims d = chunk_dims(cfg, lay.tp, lay.micro_batch, lay.sequence_parallel);
   const std::int64_t N = d.N, Nr = d.Nr, C = d.C, C3 = d.C3, F = d.F, F1 = d.F1, Vl = d.Vl;
-
-  // params_, grads_; ZeRO-1: GradSync's shard_grads_ and AdamW's moments over the shard.
-  const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
-  e.weights = params * kFloat;
-  if (lay.weight_versions > 1)  // the older versions and the swap buffer (WeightVersions)
-    e.weights += ((lay.weight_versions - 1) * params + std::min(params, kVersionSwapFloats)) * kFloat;
-  e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
-  e.optimizer = 2 * shard * kFloat;
 
   // GptChunk::make_activations: boundary buffers, the layers' stash (carve_layer), the
   // zero-bubble gradient stash (carve_grad_stash), the head's LayerNorm.

@@ -21,7 +21,7 @@
 
 namespace trident::pipeline {
 
-Executor::Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule schedule)
+Executor::Executor(model::StageModel& chunk, parallel::ParallelState& ps, Schedule schedule)
     : chunk_(chunk), ps_(ps), lowered_(lower(schedule)), stage_(ps.coord.pp) {
   TRIDENT_CHECK(schedule.pp == ps.shape.pp, "schedule for pp = ", schedule.pp,
                 " on a grid with pp = ", ps.shape.pp);
@@ -153,8 +153,8 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
       continue;
     }
     if (op.kind == OpKind::send) {
-      model::ChunkActivations& act = *pool_[slot_of[key(a)]];
-      send(op, a.type == ActionType::F ? chunk_.output(act) : act.dinput.data());
+      model::StageActivations& act = *pool_[slot_of[key(a)]];
+      send(op, a.type == ActionType::F ? act.forward_output() : act.backward_output());
       if (a.type == ActionType::B && !split) release(a);  // the message is copied: done
       if (a.type == ActionType::B && hooks_.after_backward) hooks_.after_backward(a);
       continue;
@@ -169,8 +169,8 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         slot_of[key(a)] = free_slots.back();
         free_slots.pop_back();
         peak_live_ = std::max(peak_live_, ++live);
-        model::ChunkActivations& act = *pool_[slot_of[key(a)]];
-        take_receive(a, act.input.data());
+        model::StageActivations& act = *pool_[slot_of[key(a)]];
+        take_receive(a, act.forward_input());
         const double t0 = tracing_ ? trace_now_us() : 0;
         loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, loss_scale, true);
         record(a, "F", a.str(), t0, -1, "");  // ends before the send: a receiver starts after it
@@ -179,8 +179,8 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
       case ActionType::B: {
         TRIDENT_CHECK(slot_of[key(a)] >= 0, "executor: stage ", stage_, " action ", a.str(),
                       " before its forward");
-        model::ChunkActivations& act = *pool_[slot_of[key(a)]];
-        take_receive(a, act.doutput.data());
+        model::StageActivations& act = *pool_[slot_of[key(a)]];
+        take_receive(a, act.backward_input());
         const double t0 = tracing_ ? trace_now_us() : 0;
         chunk_.backward(a.chunk, act, t.inputs, !split);
         record(a, "B", a.str(), t0, -1, "");
@@ -220,17 +220,17 @@ double Executor::forward_only(const std::function<MicrobatchTokens(int)>& tokens
   double loss = 0;
   const bool tracing = tracing_;
   tracing_ = false;  // a trace shows the training step
-  model::ChunkActivations& act = *pool_[0];  // one microbatch at a time
+  model::StageActivations& act = *pool_[0];  // one microbatch at a time
   const LoweredSchedule lowered = lower(eval);
   for (const Op& op : lowered.ranks[stage_]) {
     const Action& a = op.action;
     if (op.kind == OpKind::recv) {
       post_receive(op);
     } else if (op.kind == OpKind::send) {
-      send(op, chunk_.output(act));
+      send(op, act.forward_output());
     } else {
       const MicrobatchTokens t = tokens(a.mb);
-      take_receive(a, act.input.data());
+      take_receive(a, act.forward_input());
       loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, 0.0f, false);
     }
   }

@@ -17,7 +17,7 @@
 #include "trident/core/buffer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/core/memory_usage.hpp"
-#include "trident/model/gpt.hpp"
+#include "trident/model/stage_model.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/parallel/node_comm.hpp"
 #include "trident/parallel/wait.hpp"
@@ -356,15 +356,18 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     mid.first_layer = 0, mid.last_layer = 1, mid.has_embedding = false, mid.has_head = false;
     std::vector<double> rates;
     for (int b : opt.micro_batches) {
-      model::GptChunk chunk(one, mid, ps, ops, b);
-      chunk.init_weights(1);
-      auto a = chunk.make_activations(0);
+      model::StageModelOptions one_d;
+      one_d.micro_batch = b;
+      const std::unique_ptr<model::StageModel> chunk =
+          model::make_stage_model(one, {mid}, ps, ops, one_d);
+      chunk->init_weights(1);
+      auto a = chunk->make_activations(0);
       const std::int64_t rows = std::int64_t(b) * cfg.seq_len * cfg.d_model;
-      ops.fill(a->input.data(), 0.1f, rows);
-      ops.fill(a->doutput.data(), 0.01f, rows);
-      const double t = timed(world, ops, a->dinput.data(), opt.min_seconds, opt.best, [&] {
-        chunk.forward(0, *a, nullptr, nullptr, 1.0f);
-        chunk.backward(0, *a, nullptr);
+      ops.fill(a->forward_input(), 0.1f, rows);
+      ops.fill(a->backward_input(), 0.01f, rows);
+      const double t = timed(world, ops, a->backward_output(), opt.min_seconds, opt.best, [&] {
+        chunk->forward(0, *a, nullptr, nullptr, 1.0f);
+        chunk->backward(0, *a, nullptr);
       });
       const BlockCost bc = block_cost(cfg, 1, b, m);
       const double rest = t - bc.matmul_s - bc.attention_s;

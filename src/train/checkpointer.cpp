@@ -107,7 +107,7 @@ std::string Checkpointer::path_of(std::int64_t step) const {
 
 std::int64_t Checkpointer::start() {
   parallel::ParallelState& ps = tr_.state();
-  model::GptChunk& model = tr_.model();
+  model::StageModel& model = tr_.model();
   parallel::agree(MPI_COMM_WORLD, [&] { resume_ = resume_path(cfg_, ps); });
   std::int64_t start = 0;
   double read_s = 0;  // the checkpoint's read, for the log line (make bench reads it)
@@ -165,7 +165,7 @@ void Checkpointer::ensure_saved(std::int64_t step) {
 }
 
 void Checkpointer::save(std::int64_t step) {
-  model::GptChunk& model = tr_.model();
+  model::StageModel& model = tr_.model();
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t G = cfg_.train.global_batch_size;
   io::CheckpointState st{step, step * G, std::uint64_t(cfg_.train.seed), to_toml(cfg_),

@@ -501,7 +501,7 @@ class Loader {
     fail(where(key), ": ", key, ": expected ", list, ", got ", toml_string(v));
   }
 
-  // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20; model/gpt2d behind GptChunk):
+  // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20; model::Gpt2dStage, model/gpt2d_stage.hpp):
   // what 2D needs and what it does not do, one error each; commands that do not run it
   // (allow_tp2d false: trident plan) refuse it rather than run something else.
   void validate_tp_mode() const {
@@ -517,7 +517,7 @@ class Loader {
       fail(where("parallel.tp_mode", "parallel.sequence_parallel"),
            ": parallel.tp_mode = \"2d\" does not combine with parallel.sequence_parallel (the "
            "grid already splits the token rows); expected parallel.sequence_parallel = false");
-    if (cfg_.model.llama())
+    if (cfg_.model.architecture() != model::Arch::gpt2)
       fail(where("parallel.tp_mode", "model.arch"),
            ": parallel.tp_mode = \"2d\" is built for model.arch = \"gpt2\" only, got \"llama\"");
     if (cfg_.runtime.device == RuntimeDevice::cuda)

@@ -31,7 +31,7 @@ std::vector<int> split_counts(std::int64_t n, int p) {
   return counts;
 }
 
-GradSync::GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb, bool zero)
+GradSync::GradSync(model::StageModel& chunk, parallel::Comm& dp, double bucket_mb, bool zero)
     : chunk_(chunk), dp_(dp), zero_(zero && dp.size() > 1) {
   const auto& specs = chunk.specs();
   const int ns = int(specs.size());
@@ -112,7 +112,7 @@ void GradSync::ready(std::int64_t offset, std::int64_t count) {
   parallel::test_all(requests_);  // drives the collectives already started
 }
 
-void GradSync::reduce_tied_embedding(model::GptChunk& chunk, parallel::ParallelState& ps) {
+void GradSync::reduce_tied_embedding(model::StageModel& chunk, parallel::ParallelState& ps) {
   const model::ShardSpec* tied = chunk.tied_embedding();
   if (ps.shape.pp <= 1 || ps.embedding.size() <= 1 || !tied) return;
   // Staged through host memory by the Comm where needed.

@@ -5,7 +5,7 @@
 
 namespace trident::train {
 
-AdamW::AdamW(model::GptChunk& chunk, ops::Ops& ops, const Config::Train& settings,
+AdamW::AdamW(model::StageModel& chunk, ops::Ops& ops, const Config::Train& settings,
              GradSync& sync)
     : chunk_(chunk), ops_(ops), settings_(settings), sync_(sync),
       m_(std::size_t(sync.shard_numel()), ops.memory()),

@@ -29,7 +29,7 @@ std::string format_duration(double seconds) {
 MetricsLog::MetricsLog(Trainer& trainer, std::int64_t resume_step) {
   parallel::ParallelState& ps = trainer.state();
   counted_ = {&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
-  if (parallel::Tp2dGrid* g = trainer.model().grid_2d()) tp_parts_ = {&g->row, &g->col};
+  tp_parts_ = trainer.model().tensor_parallel_parts();
   // skipped: 1 for a non-finite step left undone; epoch: passes over the data so far.
   // data_s: seconds this step spent reading its batch (rank 0's share).
   std::vector<std::string> extra_columns{"skipped", "epoch", "consumed_tokens", "data_s"};

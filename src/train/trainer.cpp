@@ -30,11 +30,12 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   // On a device the arena already holds the backend's own blocks (the cuBLAS workspace): its
   // measured high-water mark counts them, so the prediction does too.
   const std::int64_t backend_bytes = ops.memory() ? std::int64_t(ops.memory()->used()) : 0;
-  model_ = std::make_unique<model::GptChunk>(cfg.model, stage_layout(cfg, ps), ps, ops,
-                                             cfg.parallel.micro_batch_size,
-                                             cfg.parallel.recompute.get(),
-                                             cfg.parallel.sequence_parallel,
-                                             cfg.parallel.tp_mode == "2d");
+  model::StageModelOptions options;
+  options.micro_batch = cfg.parallel.micro_batch_size;
+  options.recompute = cfg.parallel.recompute.get();
+  options.sequence_parallel = cfg.parallel.sequence_parallel;
+  options.tp_mode = model::tp_mode_of(cfg.parallel.tp_mode);
+  model_ = model::make_stage_model(cfg.model, stage_layout(cfg, ps), ps, ops, options);
   sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
                                      cfg.parallel.zero_stage == 1);
   if (sync_->active())
@@ -56,7 +57,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.sequence_parallel = cfg.parallel.sequence_parallel;
   lay.recompute = cfg.parallel.recompute.get();
   lay.zero1 = cfg.parallel.zero_stage == 1;
-  lay.tp_2d = cfg.parallel.tp_mode == "2d";
+  lay.tp_2d = options.tp_mode == model::TpMode::two_d;
   lay.host_memory = ops.memory() == nullptr;
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
@@ -202,7 +203,7 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
   // W(t) back for the optimizer; older_weights_ stays W(t), the next step's W(t-1).
   if (delayed) ops_.copy(model_->params(), older_weights_.data(), model_->num_params());
   GradSync::reduce_tied_embedding(*model_, ps_);
-  model_->reduce_sequence_parallel_grads();
+  model_->reduce_param_grads();
   // Each replica's gradients are already scaled by 1/(global tokens): the sum is the mean.
   if (sync_->active()) sync_->finish();
   return reduce_loss(local, global_batch);
@@ -230,7 +231,7 @@ void Trainer::after_backward(const pipeline::Action& a) {
   if (swapped_in_ >= 0) swap_params_with(stash_[std::size_t(swapped_in_)].data());
   swapped_in_ = -1;
   GradSync::reduce_tied_embedding(*model_, ps_);  // pp = 1 only (config): a no-op
-  model_->reduce_sequence_parallel_grads();
+  model_->reduce_param_grads();
   if (sync_->active()) sync_->finish();
   version_of_mb_.erase(a.mb);
   // Versions no microbatch in flight computes with any more go back to the pool first, so

@@ -30,6 +30,7 @@
 #include "trident/model/embedding2d.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/model/gpt2d.hpp"
+#include "trident/model/gpt2d_stage.hpp"
 #include "trident/model/layernorm2d.hpp"
 #include "trident/model/memory.hpp"
 #include "trident/model/summa.hpp"
@@ -779,38 +780,48 @@ TEST(Gpt2d, LossAndEveryGradientMatchTheSerialChunk) {
   EXPECT_NEAR(std::sqrt(mine), std::sqrt(serial), 1e-5 * std::sqrt(serial)) << "grad norm";
 }
 
-// What training runs: a GptChunk with tp_2d holds a Gpt2d and delegates (the executor's
-// boundary blocks copied in and out); the serial loss and gradients through the chunk's
-// interface, and predict_memory's 2D weights and per-microbatch activations equal to the
-// buffers make_activations allocates.
-TEST(Gpt2dChunk, TheSerialRunThroughGptChunkAndItsPredictedMemory) {
+// What training runs: make_stage_model with TpMode::two_d builds a Gpt2dStage around a Gpt2d
+// (the executor's boundary blocks copied in and out); the serial loss and gradients through
+// the StageModel interface, and predict_memory's 2D weights and per-microbatch activations
+// equal to the buffers make_activations allocates.
+TEST(Gpt2dChunk, TheSerialRunThroughTheStageModelAndItsPredictedMemory) {
   WorldGrid s;
   const int q = s.grid.q, world = s.world.size();
   const SerialRun r = serial_run(q, world);
   par::ParallelState ps = par::make_parallel_state(par::GridShape{world, 1, 1});
-  model::GptChunk chunk(r.cfg, model::StageLayout{0, r.cfg.n_layer, true, true}, ps, *s.ops,
-                        2 * q, model::Recompute::none, false, true);
-  ASSERT_NE(chunk.tp_2d(), nullptr);
-  chunk.init_weights(1234);
-  chunk.zero_grads();
-  auto a = chunk.make_activations();
-  const double loss = chunk.forward(0, *a, r.inputs.data(), r.targets.data(), r.scale);
-  chunk.backward(0, *a, r.inputs.data());
-  chunk.reduce_sequence_parallel_grads();
+  model::StageModelOptions two_d;
+  two_d.micro_batch = 2 * q;
+  two_d.tp_mode = model::TpMode::two_d;
+  const std::unique_ptr<model::StageModel> chunk = model::make_stage_model(
+      r.cfg, {model::StageLayout{0, r.cfg.n_layer, true, true}}, ps, *s.ops, two_d);
+  ASSERT_NE(dynamic_cast<model::Gpt2dStage*>(chunk.get()), nullptr);
+  chunk->init_weights(1234);
+  chunk->zero_grads();
+  auto a = chunk->make_activations();
+  const double loss = chunk->forward(0, *a, r.inputs.data(), r.targets.data(), r.scale);
+  chunk->backward(0, *a, r.inputs.data());
+  chunk->reduce_param_grads();
   EXPECT_NEAR(loss, r.loss, 1e-5 * std::fabs(r.loss)) << "loss";
-  expect_like_serial(r, chunk.specs(), chunk.params(), chunk.grads());
+  expect_like_serial(r, chunk->specs(), chunk->params(), chunk->grads());
 
   model::MemoryLayout lay;
   lay.tp = world, lay.tp_rank = ps.coord.tp, lay.micro_batch = 2 * q, lay.tp_2d = true;
   const model::MemoryEstimate e = model::predict_memory(r.cfg, lay);
-  EXPECT_EQ(e.weights, 4 * chunk.num_params());
-  const model::Gpt2dActivations& t = *a->tp2d;
-  std::int64_t floats = std::int64_t(a->input.size() + a->doutput.size() + a->dinput.size() +
-                                     t.xs.size() + t.lnf.size() + t.lnf_mean.size() +
-                                     t.lnf_rstd.size() + t.logits.size() + t.loss.size() +
-                                     t.doutput.size() + t.dinput.size());
+  EXPECT_EQ(e.weights, 4 * chunk->num_params());
+  const auto& boundary = dynamic_cast<const model::Gpt2dStageActivations&>(*a);
+  const model::Gpt2dActivations& t = *boundary.model;
+  std::int64_t floats = std::int64_t(boundary.input.size() + boundary.doutput.size() +
+                                     boundary.dinput.size() + t.xs.size() + t.lnf.size() +
+                                     t.lnf_mean.size() + t.lnf_rstd.size() + t.logits.size() +
+                                     t.loss.size() + t.doutput.size() + t.dinput.size());
   for (const auto& l : t.layers) floats += l.floats();
   EXPECT_EQ(e.activations_per_microbatch, 4 * floats);
+  // PipeDream-2BW keeps a second weight version and the buffer they swap through
+  // (Trainer: older_weights_, swap_buffer_): predicted as in 1D.
+  lay.weight_versions = 2;
+  const std::int64_t n = chunk->num_params();
+  EXPECT_EQ(model::predict_memory(r.cfg, lay).weights,
+            4 * (2 * n + std::min(n, model::kVersionSwapFloats)));
 }
 
 // 2D TP x PP: 8 ranks as two pipeline stages of a 2 x 2 grid each (world ranks 0-3 stage 0

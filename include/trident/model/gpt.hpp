@@ -24,10 +24,8 @@
 //   vocab-parallel embedding:      masked lookup, then leave
 //   LM head + cross-entropy:       ln_f output enters; max / sum-exp / target logit reduced,
 //                                  never the full logits
-// parallel.tp_mode = "2d" (tp_2d): the chunk holds a model::Gpt2d (docs/tp2d.md) and
-// delegates to it; its specs, flat buffers and [B*T/q, C/q] boundary blocks are the 2D
-// model's, so the executor, GradSync, AdamW and the checkpoints run it unchanged. One chunk
-// per rank, no recompute, no split backward, no inference (the deck refuses those).
+// The runtime binds to the StageModel interface (model/stage_model.hpp) this class
+// implements; parallel.tp_mode = "2d" is another implementation (model/gpt2d_stage.hpp).
 // Sequence parallelism: the residual stream, the LayerNorms and the chunk's input and
 // output hold Nr = B*T/tp of the B*T token rows (rank r: rows [r*Nr, (r+1)*Nr) of the
 // flattened [B,T]); LayerNorm gradients are summed over TP once per step
@@ -41,11 +39,10 @@
 #include <vector>
 
 #include "trident/core/buffer.hpp"
-#include "trident/model/gpt2d.hpp"
 #include "trident/model/spec.hpp"
+#include "trident/model/stage_model.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
-#include "trident/parallel/tp_grid2d.hpp"
 #include "trident/parallel/tp_mappings.hpp"
 
 namespace trident::model {
@@ -131,7 +128,7 @@ std::int64_t grad_stash_floats(const ChunkDims& d);
 bool stores_bf16(ops::Precision precision, Recompute recompute);
 
 // Activations of one microbatch in flight through one chunk (the pipeline stashes several).
-struct ChunkActivations {
+struct ChunkActivations final : StageActivations {
   FloatBuffer input;                     // [Nr,C] embedding output, or received from the previous stage
   FloatBuffer outputs;                   // [L,Nr,C] each block's output (the last is the chunk's output)
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
@@ -146,35 +143,33 @@ struct ChunkActivations {
   FloatBuffer grad_store;                // split backward only: the layers' gradient stashes
   std::vector<LayerGradStash> grad_stash;  // views into grad_store, one per layer
   double loss_sum = 0;                   // sum of token losses (last stage)
-  // tp_2d: the 2D model's activations; input, doutput and dinput above ([B*T/q, C/q], what
-  // the executor sends and receives) are copied into and out of it.
-  std::unique_ptr<Gpt2dActivations> tp2d;
+  float* last_output = nullptr;          // the chunk's output: outputs' last layer, or input
+
+  float* forward_input() override { return input.data(); }
+  const float* forward_output() override { return last_output; }
+  float* backward_input() override { return doutput.data(); }
+  const float* backward_output() override { return dinput.data(); }
 };
 
-class GptChunk {
+class GptChunk final : public StageModel {
  public:
   // chunks: this rank's chunks in chunk order (model::chunk_layouts), all with the same
   // number of layers.
   GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
            parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
-           Recompute recompute = Recompute::none, bool sequence_parallel = false,
-           bool tp_2d = false);
+           Recompute recompute = Recompute::none, bool sequence_parallel = false);
   // One chunk (vpp = 1, or the whole model).
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
            ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,
-           bool sequence_parallel = false, bool tp_2d = false);
+           bool sequence_parallel = false);
 
-  const ModelConfig& config() const { return cfg_; }
-  int num_chunks() const { return int(chunks_.size()); }
-  const StageLayout& chunk(int c) const { return chunks_.at(std::size_t(c)); }
-  const std::vector<ShardSpec>& specs() const { return specs_; }
+  const ModelConfig& config() const override { return cfg_; }
+  int num_chunks() const override { return int(chunks_.size()); }
+  const StageLayout& chunk(int c) const override { return chunks_.at(std::size_t(c)); }
+  const std::vector<ShardSpec>& specs() const override { return specs_; }
   // The tensor of `role` (of rank-local layer `local_layer` for a block's role, -1 for the
   // others); null when this rank holds none.
   const ShardSpec* find(Role role, int local_layer = -1) const;
-  // The embedding this rank holds that is also the LM head (GPT-2's wte, a tied Llama's
-  // embed_tokens), whose gradients the first and the last stage sum; null when none.
-  const ShardSpec* tied_embedding() const;
-  std::int64_t num_params() const { return num_params_; }
   int micro_batch() const { return B_; }
   // The layers' stash kept as bf16 (carve_packed_layer): runtime.precision = "bf16" on a
   // device backend without recomputation. Each block's forward writes a one-layer fp32
@@ -182,37 +177,27 @@ class GptChunk {
   bool bf16_storage() const { return bf16_store_; }
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
   // pipeline sends between stages.
-  std::int64_t boundary_numel() const {
-    return tp2d_ ? tp2d_->boundary_numel() : std::int64_t(Nr_) * C_;
-  }
-  // parallel.tp_mode = "2d": the 2D model this chunk delegates to (else null).
-  Gpt2d* tp_2d() const { return tp2d_.get(); }
-  parallel::Tp2dGrid* grid_2d() const { return grid2d_.get(); }  // its row/column comms
+  std::int64_t boundary_numel() const override { return std::int64_t(Nr_) * C_; }
   bool sequence_parallel() const { return tpm_.sequence_parallel(); }
-  // The flat buffers, in the backend's memory (device memory on a GPU: copy through
-  // read_params / write_params, or copy_to_host with memory()).
-  float* params() { return tp2d_ ? tp2d_->params() : params_.data(); }
-  float* grads() { return tp2d_ ? tp2d_->grads() : grads_.data(); }
-  const float* params() const { return tp2d_ ? tp2d_->params() : params_.data(); }
-  const float* grads() const { return tp2d_ ? tp2d_->grads() : grads_.data(); }
-  DeviceMemory* memory() const { return ops_.memory(); }
-  ops::Ops& ops() const { return ops_; }
-  // Host copies of the flat buffers in and out (plain copies on the CPU backend).
-  void read_params(float* host) const;
-  void write_params(const float* host);
-  void read_grads(float* host) const;
+  using StageModel::params;
+  using StageModel::grads;
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
 
   // GPT-2 initialization from the counter-based RNG: normal(0, 0.02), residual
   // projections 0.02/sqrt(2*n_layer), biases 0, LayerNorm weights 1. Keyed by global
   // name and logical element index: the same weights in every layout.
-  void init_weights(std::uint64_t seed);
-  void zero_grads();
+  void init_weights(std::uint64_t seed) override;
+  void zero_grads() override;
 
   // Activations of one microbatch through chunk `chunk`; -1: sized to fit any chunk of this
   // rank (the pipeline's stash slots are shared by the chunks). split_backward: also room
   // for the gradients the weight pass needs (backward with weight_grads = false).
-  std::unique_ptr<ChunkActivations> make_activations(int chunk = -1,
-                                                     bool split_backward = false) const;
+  std::unique_ptr<StageActivations> make_activations(int chunk = -1,
+                                                     bool split_backward = false) const override;
+  // The same, as this model's own type (inference, tests).
+  std::unique_ptr<ChunkActivations> make_chunk_activations(int chunk = -1,
+                                                           bool split_backward = false) const;
 
   // One microbatch forward through chunk `chunk`. The embedding chunk (virtual stage 0):
   // embeds inputs[B,T]; others read a.input. The head chunk (the last virtual stage): also
@@ -220,24 +205,24 @@ class GptChunk {
   // the LM head accumulate here, so no logits stay alive), scaled by loss_scale = 1 /
   // (target tokens in the global batch); returns the sum of losses.
   // With with_backward = false (evaluation) the head computes the loss only.
-  double forward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
-                 const std::int32_t* targets, float loss_scale, bool with_backward = true);
+  double forward(int chunk, StageActivations& a, const std::int32_t* inputs,
+                 const std::int32_t* targets, float loss_scale, bool with_backward = true) override;
   // One microbatch backward through chunk `chunk` from a.doutput (set by forward on the head
   // chunk, received otherwise). Parameter gradients accumulate (+=). The embedding chunk:
   // into wte/wpe; others: writes a.dinput.
   // weight_grads = false (zero-bubble schedules' B): the input gradients only; the blocks'
   // weight and bias gradients wait in a.grad_stash (make_activations(.., true)) for
   // backward_weights (their W). The embedding's wte/wpe gradients are still taken here.
-  void backward(int chunk, ChunkActivations& a, const std::int32_t* inputs,
-                bool weight_grads = true);
+  void backward(int chunk, StageActivations& a, const std::int32_t* inputs,
+                bool weight_grads = true) override;
   // The blocks' parameter gradients of a backward run with weight_grads = false (+=). With
   // full recompute each block's forward runs again first.
-  void backward_weights(int chunk, ChunkActivations& a);
+  void backward_weights(int chunk, StageActivations& a) override;
   // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
   // only, and a Llama's k/v weights replicated over TP (n_kv_head < tp) get from each rank
   // the part its query heads contribute: sums those over TP. Once per step, after the last
   // backward (no-op when there are none).
-  void reduce_sequence_parallel_grads();
+  void reduce_param_grads() override;
 
   float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output (any chunk)
 
@@ -248,8 +233,7 @@ class GptChunk {
   // also holds the head) after the embedding's. Not reported, because a later reduction
   // still changes them: wte when tied across stages, the LayerNorms under sequence
   // parallelism. Once per microbatch: the m-th report of a tensor means it is final.
-  using GradReadyHook = std::function<void(std::int64_t offset, std::int64_t count)>;
-  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+  void set_grad_ready_hook(GradReadyHook hook) override { grad_ready_ = std::move(hook); }
 
   // Inference (single stage and TP group of 1): logits [V] (host memory) of the last position
   // of tokens[0..t) (host memory), 1 <= t <= seq_len: the whole context through the blocks.
@@ -314,7 +298,7 @@ class GptChunk {
   std::vector<StageLayout> chunks_;
   int L_;  // layers per chunk
   parallel::ParallelState& ps_;
-  ops::Ops& ops_;
+  ops::Ops& ops_;  // StageModel::ops(), kept here for the kernels' calls
   parallel::TpMappings tpm_;
   ChunkDims dims_;
   int B_, T_, C_, NH_, C3_, F_, Vl_, vocab_start_, v_valid_;
@@ -330,7 +314,6 @@ class GptChunk {
   // specs_ index by role: [slot * kRoleCount + role], slot 0 for the embedding and the head,
   // 1 + l for rank-local layer l; -1 where not held. Built once: no name lookups.
   std::vector<int> role_index_;
-  std::int64_t num_params_ = 0;
   FloatBuffer params_, grads_;
   // Views, by rank-local layer index: chunk c's layer i is c * L_ + i.
   std::vector<LayerParams> p_layers_, g_layers_;
@@ -363,9 +346,6 @@ class GptChunk {
   int gen_pos_ = 0;
   void generation_block(int l, float* x, float* k_cache, float* v_cache, int pos);
   GradReadyHook grad_ready_;
-  // parallel.tp_mode = "2d": the grid (the 2D model's communicators) and the model.
-  std::unique_ptr<parallel::Tp2dGrid> grid2d_;
-  std::unique_ptr<Gpt2d> tp2d_;
 };
 
 }  // namespace trident::model

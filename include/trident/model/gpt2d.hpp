@@ -2,8 +2,8 @@
 // stage (StageLayout: its layers, the embedding on the first stage, ln_f and the tied head on
 // the last): Embedding2d, a Block2d per layer, LayerNorm2d ln_f, the tied head and
 // CrossEntropy2d, over one flat buffer laid out by the 2D ShardSpecs
-// (gpt_param_specs(.., tp_2d = true)). What GptChunk runs under
-// parallel.tp_mode = "2d" (GptChunk holds one and delegates, so training runs it); checked
+// (gpt_param_specs(.., tp_2d = true)). What training runs under parallel.tp_mode = "2d"
+// (behind the StageModel interface: model::Gpt2dStage, model/gpt2d_stage.hpp); checked
 // against the serial model's loss and gradients, alone and in a pipeline (parallel.summa).
 // defines: trident::model::Gpt2dActivations, Gpt2d
 //

@@ -2,7 +2,7 @@
 // place that knows how a logical tensor maps onto this rank's shard and onto the rank's
 // flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
 // ranges and the grad-norm "count each parameter once" rule all read it.
-// defines: trident::model::ModelConfig, llama_ffn_hidden, Recompute, Split, Init, Role, Place,
+// defines: trident::model::Arch, ModelConfig, llama_ffn_hidden, Recompute, Split, Init, Role, Place,
 //          Extent, RoleRow, RoleTable, model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts,
 //          gpt_param_specs, param_specs, for_each_local_run, for_each_local_element
 #pragma once
@@ -13,6 +13,9 @@
 #include <vector>
 
 namespace trident::model {
+
+// model.arch, parsed: the architectures the blocks are written for.
+enum class Arch { gpt2, llama };
 
 struct ModelConfig {
   int vocab_size = 0;  // the true vocabulary (any TP padding is internal)
@@ -31,6 +34,9 @@ struct ModelConfig {
   bool tie_embeddings = false;  // lm_head = embed_tokens (GPT-2 is always tied)
 
   bool llama() const { return arch == "llama"; }
+  // model.arch as the enum; an Error naming the key for any other name (so that a model
+  // nobody wrote a block for is never built as one of these).
+  Arch architecture() const;
   int kv_heads() const { return llama() && n_kv_head > 0 ? n_kv_head : n_head; }
   // The MLP's hidden width: 4 d_model (GPT-2); ffn_hidden or Llama's rule (Llama).
   int d_ff() const;

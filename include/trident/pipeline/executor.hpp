@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "trident/core/trace.hpp"
-#include "trident/model/gpt.hpp"
+#include "trident/model/stage_model.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/pipeline/lower.hpp"
 #include "trident/pipeline/schedule.hpp"
@@ -31,7 +31,7 @@ class Executor {
  public:
   // Activation slots: as many as the schedule ever holds at once on this stage (shared by
   // the chunks: each slot fits any of them).
-  Executor(model::GptChunk& chunk, parallel::ParallelState& ps, Schedule schedule);
+  Executor(model::StageModel& chunk, parallel::ParallelState& ps, Schedule schedule);
 
   // The optimizer step the next run() belongs to (tracing); 1 by default.
   void set_step(std::int64_t step) { step_ = step; }
@@ -89,7 +89,7 @@ class Executor {
   void record(const Action& a, const char* cat, std::string name, double t0, int peer,
               const char* what);
 
-  model::GptChunk& chunk_;
+  model::StageModel& chunk_;
   parallel::ParallelState& ps_;
   LoweredSchedule lowered_;
   int stage_;
@@ -99,7 +99,7 @@ class Executor {
   std::vector<TraceEvent> trace_;
   std::vector<Action> executed_;
   Hooks hooks_;
-  std::vector<std::unique_ptr<model::ChunkActivations>> pool_;
+  std::vector<std::unique_ptr<model::StageActivations>> pool_;
   // Sends copy their message into a buffer of their own, so that an activation slot is free
   // again as soon as its action is done: waiting for a send to complete before reusing its
   // slot would make a rank wait on its peer's progress, a dependency the schedules (and

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "trident/core/buffer.hpp"
-#include "trident/model/gpt.hpp"
+#include "trident/model/stage_model.hpp"
 #include "trident/parallel/comm.hpp"
 
 namespace trident::train {
@@ -53,7 +53,7 @@ struct Segment {
 class GradSync {
  public:
   // bucket_mb: parallel.grad_bucket_mb; zero: parallel.zero_stage == 1 (a no-op at dp 1).
-  GradSync(model::GptChunk& chunk, parallel::Comm& dp, double bucket_mb, bool zero);
+  GradSync(model::StageModel& chunk, parallel::Comm& dp, double bucket_mb, bool zero);
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
@@ -75,7 +75,7 @@ class GradSync {
   // stage's LM head, summed over the embedding group so that both copies take the same
   // optimizer step (once per step, also with several chunks per rank; no-op at pp = 1).
   // Collective over ps.embedding; before the sequence-parallel reduction and finish().
-  static void reduce_tied_embedding(model::GptChunk& chunk, parallel::ParallelState& ps);
+  static void reduce_tied_embedding(model::StageModel& chunk, parallel::ParallelState& ps);
   // After the last backward (and the tied-wte and sequence-parallel reductions): starts
   // the remaining buckets and waits for all. Then the reduced gradients are in the
   // chunk's buffer (segments' offsets) or, under ZeRO-1, in shard_grads() (their shards).
@@ -114,7 +114,7 @@ class GradSync {
   // its request's copy has come down on the staging stream: parallel/request.hpp).
   void start(int b);
 
-  model::GptChunk& chunk_;
+  model::StageModel& chunk_;
   parallel::Comm& dp_;
   bool zero_;
   std::vector<Bucket> buckets_;      // in start order: highest offsets first

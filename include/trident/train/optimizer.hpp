@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "trident/core/buffer.hpp"
-#include "trident/model/gpt.hpp"
+#include "trident/model/stage_model.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/train/config.hpp"
@@ -17,7 +17,7 @@ namespace trident::train {
 
 class AdamW {
  public:
-  AdamW(model::GptChunk& chunk, ops::Ops& ops, const Config::Train& settings, GradSync& sync);
+  AdamW(model::StageModel& chunk, ops::Ops& ops, const Config::Train& settings, GradSync& sync);
 
   // Global L2 norm of the reduced gradients, each logical parameter counted once: TP
   // shards summed over tp, replicated tensors counted on TP rank 0 only, stages summed
@@ -44,7 +44,7 @@ class AdamW {
   const float* exp_avg_sq() const { return v_.data(); }
 
  private:
-  model::GptChunk& chunk_;
+  model::StageModel& chunk_;
   ops::Ops& ops_;
   Config::Train settings_;
   GradSync& sync_;

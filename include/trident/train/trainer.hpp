@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "trident/model/gpt.hpp"
+#include "trident/model/stage_model.hpp"
 #include "trident/model/memory.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
@@ -38,7 +38,7 @@ class Trainer {
   // cfg must be resolved (resolve_world) and have model.vocab_size > 0.
   Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops);
 
-  model::GptChunk& model() { return *model_; }
+  model::StageModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   GradSync& grad_sync() { return *sync_; }
   const Config& config() const { return cfg_; }
@@ -122,7 +122,7 @@ class Trainer {
   Config cfg_;
   parallel::ParallelState& ps_;
   ops::Ops& ops_;
-  std::unique_ptr<model::GptChunk> model_;
+  std::unique_ptr<model::StageModel> model_;
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
   std::map<int, std::unique_ptr<pipeline::Executor>> executors_;  // by microbatch count
