@@ -40,6 +40,7 @@
 #include <string>
 
 #include "memory.hpp"
+#include "op_timer.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
 
@@ -131,6 +132,9 @@ class CudaOps final : public Ops {
   void xent_backward(float* logits, const float* row_max, const float* sumexp,
                      const std::int32_t* targets, int n, int ld, int v_valid, int vocab_start,
                      float scale) override;
+  void xent_forward(float* loss, float* row_max, float* sumexp, float* target_logit,
+                    const float* logits, const std::int32_t* targets, int n, int ld, int v_valid,
+                    int vocab_start) override;
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
@@ -160,6 +164,7 @@ class CudaOps final : public Ops {
   double* sum_partial_ = nullptr;       // in the arena: sum_squares_blocks() doubles
   double* sum_result_ = nullptr;        // in the arena
   double* host_result_ = nullptr;       // pinned host memory, one double
+  std::unique_ptr<OpTimer> timer_;      // per-op timing (TRIDENT_OP_TIMING), null when off
 };
 
 }  // namespace trident::ops::cuda

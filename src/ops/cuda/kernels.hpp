@@ -78,6 +78,10 @@ void launch_xent_loss(cudaStream_t s, float* loss, const float* row_max, const f
 void launch_xent_backward(cudaStream_t s, float* logits, const float* row_max,
                           const float* sumexp, const std::int32_t* targets, int n, int ld,
                           int v_valid, int vocab_start, float scale);
+// One pass of the unsharded forward: what xent_row_max, xent_sumexp and xent_loss write.
+void launch_xent_forward(cudaStream_t s, float* loss, float* row_max, float* sumexp,
+                         float* target_logit, const float* logits, const std::int32_t* targets,
+                         int n, int ld, int v_valid, int vocab_start);
 
 // ---- embedding.cu -----------------------------------------------------------------------
 void launch_embedding_forward(cudaStream_t s, float* x, const std::int32_t* tokens,

@@ -88,11 +88,14 @@ void CudaOps::gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha
 
 void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  OpScope timed(timer_.get(), [&] { return str("gemm ", trans_a ? "T" : "N", trans_b ? "T" : "N",
+                                                 " m=", m, " n=", n, " k=", k); }, 0);
   gemm_rm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void CudaOps::linear_forward(float* y, const float* x, const float* w, const float* b, int n,
                              int in, int out) {
+  OpScope timed(timer_.get(), [&] { return str("linear_forward n=", n, " in=", in, " out=", out); }, 0);
   // y starts as the bias rows and the product is added (beta = 1), as the CPU backend.
   // (A cuBLASLt bias epilogue would save the pass over y: a later optimization.)
   if (b) launch_bias_rows(stream_, y, b, n, out);
@@ -101,6 +104,7 @@ void CudaOps::linear_forward(float* y, const float* x, const float* w, const flo
 
 void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                               const float* w, int n, int in, int out) {
+  OpScope timed(timer_.get(), [&] { return str("linear_backward n=", n, " in=", in, " out=", out); }, 0);
   // dx[N,in] = dy[N,out] @ w[in,out]^T
   if (dx) gemm_rm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   // dw[in,out] += x[N,in]^T @ dy[N,out]
@@ -118,6 +122,7 @@ void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, 
 
 void CudaOps::attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                                 int nh) {
+  OpScope timed(timer_.get(), "attention_naive_forward");
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_forward: C = ", c,
                 " is not a multiple of NH = ", nh);
   attention_forward_steps(
@@ -128,6 +133,7 @@ void CudaOps::attention_naive_forward(float* out, float* att, const float* qkv, 
 
 void CudaOps::attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                  const float* att, int b, int t, int c, int nh) {
+  OpScope timed(timer_.get(), "attention_naive_backward");
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_backward: C = ", c,
                 " is not a multiple of NH = ", nh);
   attention_backward_steps(
@@ -150,12 +156,14 @@ FlashShape flash_shape(const Ops::AttentionShape& s, const char* op) {
 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const AttentionShape& s) {
+  OpScope timed(timer_.get(), "attention_forward");
   launch_flash_attention_forward(stream_, out, lse, q, k, v, flash_shape(s, "attention_forward"));
 }
 
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, const AttentionShape& s) {
+  OpScope timed(timer_.get(), "attention_backward");
   launch_flash_attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v,
                                   flash_shape(s, "attention_backward"));
 }

@@ -477,6 +477,35 @@ void check_xent(Ops& g, double tol, int n, int ld, int v_valid, int vocab_start,
   EXPECT_EQ(pad, 0u) << "padding columns must get exactly 0";
 }
 
+// The one-pass forward (online max and sum of exponentials) against the CPU's three passes;
+// `ascending` makes every row increase, so each thread's running max grows at every element.
+void check_xent_forward(Ops& g, double tol, int n, int ld, int v_valid, int vocab_start,
+                        double offset, double sd, bool ascending) {
+  Rng r(2003u + unsigned(n + ld + v_valid));
+  FVec logits = r.normal(std::size_t(n) * ld, sd, offset);
+  if (ascending)
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < ld; j++) logits[std::size_t(i) * ld + j] = 0.01f * float(j) + float(i);
+  for (int i = 0; i < n; i++)
+    for (int j = v_valid; j < ld; j++) logits[std::size_t(i) * ld + j] = 1e4f;  // padding
+  IVec tg(n);
+  for (int i = 0; i < n; i++) tg[i] = vocab_start + r.integer(0, v_valid - 1);
+  tg[0] = vocab_start - 1;  // a target in another shard
+  FVec row_max(n), sumexp(n), tl(n), loss(n);
+  cpu().xent_forward(loss.data(), row_max.data(), sumexp.data(), tl.data(), logits.data(),
+                     tg.data(), n, ld, v_valid, vocab_start);
+  DevVec<float> gl(g, logits), gmax(g, FVec(n, 777.0f)), gsum(g, FVec(n, 777.0f)),
+      gtl(g, FVec(n, 777.0f)), gloss(g, FVec(n, 777.0f));
+  DevVec<std::int32_t> gtg(g, tg);
+  g.xent_forward(gloss.get(), gmax.get(), gsum.get(), gtl.get(), gl.get(), gtg.get(), n, ld,
+                 v_valid, vocab_start);
+  EXPECT_TRUE(near(gmax.host(), row_max, 0.0)) << "row_max";
+  EXPECT_TRUE(near(gtl.host(), tl, 0.0)) << "target_logit";
+  EXPECT_TRUE(near(gsum.host(), sumexp, tol)) << "sumexp";
+  EXPECT_TRUE(near(gloss.host(), loss, tol)) << "loss";
+  EXPECT_TRUE(near(gl.host(), logits, 0.0)) << "the logits are only read";
+}
+
 void check_adamw(Ops& g, double tol, std::int64_t n) {
   Rng r(2101u + unsigned(n));
   const FVec p0 = r.normal(std::size_t(n)), m0 = r.normal(std::size_t(n), 0.1);
@@ -569,6 +598,12 @@ std::vector<CudaCase> cases() {
                 [](Ops& g, double tol) { check_xent(g, tol, 64, 1008, 1000, 0, 80.0, 5.0); }});
   cs.push_back({"xent_n3_ld50304_v50257_vs50257", false, false,
                 [](Ops& g, double tol) { check_xent(g, tol, 3, 50304, 50257, 50257, -30.0, 3.0); }});
+  cs.push_back({"xent_forward_n5_ld13_v11_vs20", false, false,
+                [](Ops& g, double tol) { check_xent_forward(g, tol, 5, 13, 11, 20, 0.0, 1.0, false); }});
+  cs.push_back({"xent_forward_n64_ld50304_v50257_offset80", false, false,
+                [](Ops& g, double tol) { check_xent_forward(g, tol, 64, 50304, 50257, 0, 80.0, 5.0, false); }});
+  cs.push_back({"xent_forward_n4_ld5000_v4999_ascending", false, false,
+                [](Ops& g, double tol) { check_xent_forward(g, tol, 4, 5000, 4999, 7, 0.0, 1.0, true); }});
   for (std::int64_t n : {5, 100003})
     cs.push_back({name_of("adamw_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_adamw(g, tol, n); }});

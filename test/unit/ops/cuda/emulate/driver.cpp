@@ -173,6 +173,26 @@ int main() {
     snprintf(name, sizeof name, "xent n%d ld%d v%d row_max", s.n, s.ld, s.v); cmp(name, mx2, mx, 0);
     cmp("  target_logit", tl2, tl, 0); cmp("  sumexp", se2, se, 1e-5); cmp("  loss", loss2, loss, 1e-5); cmp("  grad", gr2, gr, 1e-5);
   }
+  // The one-pass forward (online max and sum) against the CPU's default (the three passes),
+  // on the shapes above and on ascending rows (each thread's max grows at every element, so
+  // its sum is rescaled every time) and descending ones.
+  for (int shape = 0; shape < 5; shape++) {
+    X s = shape < 3 ? xs[shape] : X{4, 5000, 4999, 7, 0, 1};
+    V l = rnd(size_t(s.n) * s.ld, s.sd, s.off);
+    if (shape >= 3)
+      for (int i = 0; i < s.n; i++)
+        for (int j = 0; j < s.ld; j++) l[size_t(i) * s.ld + j] = 0.01f * float(shape == 3 ? j : s.ld - j) + float(i);
+    for (int i = 0; i < s.n; i++) for (int j = s.v; j < s.ld; j++) l[size_t(i) * s.ld + j] = 1e4f;
+    std::vector<std::int32_t> tg(s.n);
+    for (int i = 0; i < s.n; i++) tg[i] = s.vs + int(g() % s.v);
+    tg[0] = s.vs - 1;
+    V mx(s.n), se(s.n), tl(s.n), loss(s.n), mx2(s.n, 7), se2(s.n, 7), tl2(s.n, 7), loss2(s.n, 7);
+    cpu->xent_forward(loss.data(), mx.data(), se.data(), tl.data(), l.data(), tg.data(), s.n, s.ld, s.v, s.vs);
+    launch_xent_forward(nullptr, loss2.data(), mx2.data(), se2.data(), tl2.data(), l.data(), tg.data(), s.n, s.ld, s.v, s.vs);
+    snprintf(name, sizeof name, "xent_forward n%d ld%d v%d%s row_max", s.n, s.ld, s.v, shape == 3 ? " ascending" : shape == 4 ? " descending" : "");
+    cmp(name, mx2, mx, 0);
+    cmp("  target_logit", tl2, tl, 0); cmp("  sumexp", se2, se, 1e-6); cmp("  loss", loss2, loss, 1e-6);
+  }
   { int n = 300, c = 130, vs = 1000, v = 57;
     V wte = rnd(size_t(v) * c), dx = rnd(size_t(n) * c), dw0 = rnd(wte.size());
     std::vector<std::int32_t> tok(n); for (auto& t : tok) t = vs - 3 + int(g() % (v + 6)); tok[1] = tok[2] = vs + 1;
