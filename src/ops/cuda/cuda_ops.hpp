@@ -148,6 +148,13 @@ class CudaOps final : public Ops {
   // Row-major C[m,n] = alpha op(A) op(B) + beta C in the object's precision.
   void gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                const float* b, int ldb, float beta, float* c, int ldc);
+  // Row-major C[m,n] = alpha op(A) op(B) + beta C on packed bf16 operands (lda, ldb: their
+  // leading dimensions), fp32 C and accumulation.
+  void gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, const void* a16, int lda,
+                 const void* b16, int ldb, float beta, float* c, int ldc);
+  // linear_backward under bf16 products (matmul.cpp says how the operands are converted).
+  void linear_backward_bf16(float* dx, float* dw, float* db, const float* dy, const float* x,
+                            const float* w, int n, int in, int out);
   // `batch` row-major products, operand i at a + i*sa, b + i*sb, c + i*sc.
   void gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
                        int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb,
@@ -165,6 +172,9 @@ class CudaOps final : public Ops {
   double* sum_result_ = nullptr;        // in the arena
   double* host_result_ = nullptr;       // pinned host memory, one double
   std::unique_ptr<OpTimer> timer_;      // per-op timing (TRIDENT_OP_TIMING), null when off
+  // TRIDENT_CUDA_BASELINE=1: the paths before issue 27 (three-pass classifier, per-product
+  // conversions and the GEMV bias gradient in linear_backward), for before/after timings.
+  bool baseline_ = false;
 };
 
 }  // namespace trident::ops::cuda

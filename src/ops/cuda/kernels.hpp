@@ -109,6 +109,16 @@ void launch_bias_rows(cudaStream_t s, float* y, const float* bias, int n, int ou
 // dst[rows, cols] (packed) = bf16(src[rows, cols] with row stride ld), round to nearest even
 void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t rows,
                     std::int64_t cols, std::int64_t ld);
+// linear_backward's dy under bf16 in one read: dst[n, cols] (packed) = bf16(src[n, cols]) and
+// db[cols] += the column sums of src (fp32, row blocks of kColsumRows summed in row order,
+// then the blocks in order: deterministic). partial holds colsum_partial_floats(n, cols).
+constexpr int kColsumRows = 64;
+inline int colsum_row_blocks(int n) { return (n + kColsumRows - 1) / kColsumRows; }
+inline std::int64_t colsum_partial_floats(int n, int cols) {
+  return std::int64_t(colsum_row_blocks(n)) * cols;
+}
+void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
+                           const float* src, int n, int cols);
 // dst[n] = float(src[n] bf16), exact
 void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n);
 // *result = sum x^2 in double, deterministic (fixed grid, fixed reduction order); `partial`

@@ -7,6 +7,7 @@
 //
 // Row-major to cuBLAS: see col_major in plans.hpp (C^T = op(B)^T op(A)^T), which also holds
 // the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
+#include <algorithm>
 #include <cmath>
 
 #include "check.hpp"
@@ -58,13 +59,8 @@ void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const 
     void* b16 = s.alloc(bbytes);
     launch_to_bf16(stream_, a16, a, ra, ca, lda);
     launch_to_bf16(stream_, b16, b, rb, cb, ldb);
-    // the mapping with the packed leading dimensions (the pointers are the bf16 copies)
-    const ColMajor g = col_major(ta, tb, m, n, k, nullptr, static_cast<int>(ca), 0, nullptr,
-                                 static_cast<int>(cb), 0);
-    TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
-                                      &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
-                                      &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+    gemm_rm16(ta, tb, m, n, k, alpha, a16, static_cast<int>(ca), b16, static_cast<int>(cb), beta,
+              c, ldc);
     return;
   }
   const cublasComputeType_t compute =
@@ -73,6 +69,16 @@ void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const 
   TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
                                     &alpha, g.p1, CUDA_R_32F, g.ld1, g.p2, CUDA_R_32F, g.ld2,
                                     &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, const void* a16,
+                        int lda, const void* b16, int ldb, float beta, float* c, int ldc) {
+  // the mapping with the bf16 operands' leading dimensions (col_major only swaps them)
+  const ColMajor g = col_major(ta, tb, m, n, k, nullptr, lda, 0, nullptr, ldb, 0);
+  TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
+                                    &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
+                                    &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaOps::gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
@@ -105,6 +111,10 @@ void CudaOps::linear_forward(float* y, const float* x, const float* w, const flo
 void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                               const float* w, int n, int in, int out) {
   OpScope timed(timer_.get(), [&] { return str("linear_backward n=", n, " in=", in, " out=", out); }, 0);
+  if (precision_ == Precision::bf16 && !baseline_ && n > 0 && in > 0 && out > 0) {
+    linear_backward_bf16(dx, dw, db, dy, x, w, n, in, out);
+    return;
+  }
   // dx[N,in] = dy[N,out] @ w[in,out]^T
   if (dx) gemm_rm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   // dw[in,out] += x[N,in]^T @ dy[N,out]
@@ -118,6 +128,35 @@ void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, 
     TRIDENT_CUBLAS_CHECK(cublasSgemv(cublas_, CUBLAS_OP_N, out, n, &one, dy, out, ones, 1, &one,
                                      db, 1));
   }
+}
+
+// bf16 products with each operand converted once: dy (with db's column sums in the same
+// read) for both products, then w for dx, then x for dw in w's place (the stream orders the
+// dx product's reads of w16 before x16's writes), so the scratch is no larger than one
+// product's two operands (model::predict_memory's count) plus the column partials.
+void CudaOps::linear_backward_bf16(float* dx, float* dw, float* db, const float* dy,
+                                   const float* x, const float* w, int n, int in, int out) {
+  const std::size_t dy_bytes = std::size_t(n) * out * 2;
+  const std::size_t other_bytes = std::max(dx ? std::size_t(in) * out * 2 : 0,
+                                           std::size_t(n) * in * 2);
+  const std::size_t partial_floats = db ? std::size_t(colsum_partial_floats(n, out)) : 0;
+  BumpBlock& s = scratch(aligned_bytes(dy_bytes) + aligned_bytes(other_bytes) +
+                         aligned_bytes(std::max<std::size_t>(partial_floats, 1) * sizeof(float)));
+  void* dy16 = s.alloc(dy_bytes);
+  void* other16 = s.alloc(other_bytes);
+  if (db) {
+    float* partial = s.alloc_n<float>(partial_floats);
+    launch_to_bf16_colsum(stream_, dy16, db, partial, dy, n, out);
+  } else {
+    launch_to_bf16(stream_, dy16, dy, n, out, out);
+  }
+  if (dx) {  // dx[N,in] = dy[N,out] @ w[in,out]^T
+    launch_to_bf16(stream_, other16, w, in, out, out);
+    gemm_rm16(false, true, n, in, out, 1.0f, dy16, out, other16, out, 0.0f, dx, in);
+  }
+  // dw[in,out] += x[N,in]^T @ dy[N,out]
+  launch_to_bf16(stream_, other16, x, n, in, in);
+  gemm_rm16(true, false, in, out, n, 1.0f, other16, in, dy16, out, 1.0f, dw, out);
 }
 
 void CudaOps::attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,

@@ -69,17 +69,15 @@ cudaEvent_t OpTimer::event() {
 }
 
 void OpTimer::begin(const std::string& name) {
-  if (open_) return;  // an op calling another op: the outer one holds the time
+  if (depth_++ > 0) return;  // an op calling another op: the outer one holds the time
   if (pending_.size() >= kHarvestEvery) harvest();
   Pending p{name, event(), event()};
   TRIDENT_CUDA_CHECK(cudaEventRecord(p.start, stream_));
   pending_.push_back(std::move(p));
-  open_ = true;
 }
 
 void OpTimer::end() {
-  if (!open_) return;
-  open_ = false;
+  if (depth_ == 0 || --depth_ > 0) return;
   TRIDENT_CUDA_CHECK(cudaEventRecord(pending_.back().stop, stream_));
 }
 

@@ -53,7 +53,7 @@ class OpTimer {
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> pool_;
   std::map<std::string, Total> totals_;
-  bool open_ = false;
+  int depth_ = 0;  // nested scopes (an op calling another op): the outermost holds the time
 };
 
 // RAII: begin() in the constructor, end() in the destructor; nothing when timer is null.

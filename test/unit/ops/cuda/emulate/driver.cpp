@@ -173,6 +173,22 @@ int main() {
     snprintf(name, sizeof name, "xent n%d ld%d v%d row_max", s.n, s.ld, s.v); cmp(name, mx2, mx, 0);
     cmp("  target_logit", tl2, tl, 0); cmp("  sumexp", se2, se, 1e-5); cmp("  loss", loss2, loss, 1e-5); cmp("  grad", gr2, gr, 1e-5);
   }
+  // linear_backward's dy under bf16: the packed copy (bit-identical to to_bf16) and db +=
+  // column sums in one read, against double sums; n not a multiple of the row block.
+  for (int shape = 0; shape < 2; shape++) {
+    const int n = shape ? 200 : 3, cols = shape ? 300 : 5;
+    V src = rnd(size_t(n) * cols), db0 = rnd(size_t(cols)), db = db0, partial(size_t(colsum_partial_floats(n, cols)), 7);
+    std::vector<unsigned short> d1(src.size(), 1), d2(src.size(), 2);
+    launch_to_bf16(nullptr, d1.data(), src.data(), n, cols, cols);
+    launch_to_bf16_colsum(nullptr, d2.data(), db.data(), partial.data(), src.data(), n, cols);
+    V want(cols);
+    for (int c = 0; c < cols; c++) { double sum = db0[c]; for (int r = 0; r < n; r++) sum += src[size_t(r) * cols + c]; want[c] = float(sum); }
+    snprintf(name, sizeof name, "to_bf16_colsum n%d cols%d db", n, cols);
+    cmp(name, db, want, 1e-5);
+    const bool same = d1 == d2;
+    if (!same) bad++;
+    printf("%-44s %s\n", "  packed bf16 = to_bf16", same ? "ok  " : "BAD ");
+  }
   // The one-pass forward (online max and sum) against the CPU's default (the three passes),
   // on the shapes above and on ascending rows (each thread's max grows at every element, so
   // its sum is rescaled every time) and descending ones.
