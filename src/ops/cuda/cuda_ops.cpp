@@ -17,8 +17,6 @@ namespace trident::ops {
 namespace cuda {
 
 namespace {
-// cuBLAS workspace: NVIDIA's recommendation for Hopper (32 MiB; 4 MiB would do before it).
-constexpr std::size_t kCublasWorkspace = std::size_t(32) << 20;
 constexpr std::size_t kMinScratch = std::size_t(1) << 20;
 }  // namespace
 
@@ -42,14 +40,15 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   TRIDENT_CUDA_CHECK(cudaStreamCreate(&stream_));
   TRIDENT_CUBLAS_CHECK(cublasCreate(&cublas_));
   TRIDENT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));  // before the workspace: it resets it
+  TRIDENT_CUBLAS_CHECK(cublasLtCreate(&lt_));
 
   // The one cudaMalloc: after the stream and cuBLAS exist, so that "free memory" counts them.
   memory_ = std::make_unique<CudaMemory>(arena_bytes, ranks_per_device, stream_);
-  cublas_workspace_ = memory_->allocate(kCublasWorkspace);
+  cublas_workspace_ = memory_->allocate(kCublasWorkspaceBytes);
   sum_partial_ = static_cast<double*>(
       memory_->allocate(sizeof(double) * std::size_t(sum_squares_blocks())));
   sum_result_ = static_cast<double*>(memory_->allocate(sizeof(double)));
-  TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
+  TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
   // Host-pointer scalars (alpha, beta); fp32 math unless a call names a faster compute type.
   TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
   TRIDENT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
@@ -67,6 +66,15 @@ void CudaOps::release() noexcept {
   if (stream_) cudaStreamSynchronize(stream_);
   timer_.reset();  // writes its table; its events are on the stream
   if (cublas_) cublasDestroy(cublas_);
+  for (auto& [key, plan] : lt_plans_) {
+    (void)key;
+    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+    for (cublasLtMatrixLayout_t l : {plan.a, plan.b, plan.d})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+  }
+  lt_plans_.clear();
+  if (lt_) cublasLtDestroy(lt_);
+  lt_ = nullptr;
   if (host_result_) cudaFreeHost(host_result_);
   cublas_ = nullptr;
   host_result_ = nullptr;

@@ -31,11 +31,14 @@
 // fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -45,6 +48,10 @@
 #include "trident/ops/ops.hpp"
 
 namespace trident::ops::cuda {
+
+// cuBLAS's (and cuBLASLt's) workspace: NVIDIA's recommendation for Hopper (32 MiB; 4 MiB
+// would do before it).
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t(32) << 20;
 
 class CudaOps final : public Ops {
  public:
@@ -152,6 +159,11 @@ class CudaOps final : public Ops {
   // leading dimensions), fp32 C and accumulation.
   void gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, const void* a16, int lda,
                  const void* b16, int ldb, float beta, float* c, int ldc);
+  // y[N,out] = x16 @ w16 + b through cuBLASLt with the bias in the epilogue (one write of y,
+  // no bias pass before the product); false when cuBLASLt declines the problem (the caller
+  // then falls back to the bias rows and a product with beta = 1).
+  bool linear_bias_lt(float* y, const void* x16, const void* w16, const float* b, int n, int in,
+                      int out);
   // linear_backward under bf16 products (matmul.cpp says how the operands are converted).
   void linear_backward_bf16(float* dx, float* dw, float* db, const float* dy, const float* x,
                             const float* w, int n, int in, int out);
@@ -175,6 +187,15 @@ class CudaOps final : public Ops {
   // TRIDENT_CUDA_BASELINE=1: the paths before issue 27 (three-pass classifier, per-product
   // conversions and the GEMV bias gradient in linear_backward), for before/after timings.
   bool baseline_ = false;
+  // cuBLASLt (the bias epilogue): a plan per shape and pointer alignments, made at first use.
+  struct LtPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;  // cuBLASLt offered an algorithm and has not refused one since
+  };
+  cublasLtHandle_t lt_ = nullptr;
+  std::map<std::array<std::int64_t, 4>, LtPlan> lt_plans_;  // {n, in, out, alignments}
 };
 
 }  // namespace trident::ops::cuda

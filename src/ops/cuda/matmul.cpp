@@ -102,10 +102,109 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
 void CudaOps::linear_forward(float* y, const float* x, const float* w, const float* b, int n,
                              int in, int out) {
   OpScope timed(timer_.get(), [&] { return str("linear_forward n=", n, " in=", in, " out=", out); }, 0);
+  if (precision_ == Precision::bf16 && b && !baseline_ && n > 0 && in > 0 && out > 0) {
+    // bf16 copies of x and w, then the product with the bias in cuBLASLt's epilogue
+    const std::size_t xbytes = std::size_t(n) * in * 2, wbytes = std::size_t(in) * out * 2;
+    BumpBlock& s = scratch(aligned_bytes(xbytes) + aligned_bytes(wbytes));
+    void* x16 = s.alloc(xbytes);
+    void* w16 = s.alloc(wbytes);
+    launch_to_bf16(stream_, x16, x, n, in, in);
+    launch_to_bf16(stream_, w16, w, in, out, out);
+    if (linear_bias_lt(y, x16, w16, b, n, in, out)) return;
+    launch_bias_rows(stream_, y, b, n, out);
+    gemm_rm16(false, false, n, out, in, 1.0f, x16, in, w16, out, 1.0f, y, out);
+    return;
+  }
   // y starts as the bias rows and the product is added (beta = 1), as the CPU backend.
-  // (A cuBLASLt bias epilogue would save the pass over y: a later optimization.)
   if (b) launch_bias_rows(stream_, y, b, n, out);
   gemm_rm(false, false, n, out, in, 1.0f, x, in, w, out, b ? 1.0f : 0.0f, y, out);
+}
+
+namespace {
+// The largest power of two (at most 256) dividing the address: cuBLASLt's alignment hints.
+std::int64_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::int64_t al = 256;
+  while (al > 1 && a % std::uintptr_t(al) != 0) al /= 2;
+  return al;
+}
+
+bool lt_declined(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
+         s == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+}  // namespace
+
+bool CudaOps::linear_bias_lt(float* y, const void* x16, const void* w16, const float* b, int n,
+                             int in, int out) {
+  // Column-major: y^T[out, N] = w^T[out, in] x^T[in, N] + b[out] per column, i.e. A = w16
+  // (out x in, ld out), B = x16 (in x N, ld in), D = y (out x N, ld out), bias over D's rows.
+  const std::int64_t align = alignment_of(y) | (alignment_of(b) << 16) |
+                             (alignment_of(x16) << 32) | (alignment_of(w16) << 48);
+  const std::array<std::int64_t, 4> key{n, in, out, align};
+  auto it = lt_plans_.find(key);
+  if (it == lt_plans_.end()) {
+    LtPlan plan;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_n = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op_n, sizeof(op_n)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op_n, sizeof(op_n)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
+                                                    std::uint64_t(in), out));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),
+                                                    std::uint64_t(n), in));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, std::uint64_t(out),
+                                                    std::uint64_t(n), out));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t workspace = kCublasWorkspaceBytes;
+    const std::uint32_t al_a = std::uint32_t(alignment_of(w16)),
+                        al_b = std::uint32_t(alignment_of(x16)),
+                        al_d = std::uint32_t(alignment_of(y));
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &al_a, sizeof(al_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &al_b, sizeof(al_b));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &al_d, sizeof(al_d));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &al_d, sizeof(al_d));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
+                                          &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    plan.algo = result.algo;
+    it = lt_plans_.emplace(key, plan).first;
+  }
+  LtPlan& plan = it->second;
+  if (!plan.ok) return false;
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &b, sizeof(b)));
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st =
+      cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &zero, y, plan.d, y, plan.d,
+                     &plan.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_);
+  if (lt_declined(st)) {  // refused before running: the fallback for this shape from now on
+    plan.ok = false;
+    return false;
+  }
+  TRIDENT_CUBLAS_CHECK(st);
+  return true;
 }
 
 void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
