@@ -3,7 +3,9 @@
 // CUDA event before and after its work on the backend's stream, and the backend writes, when
 // it is destroyed, a JSON table of the GPU time per op (and per matrix-product shape) to FILE
 // (ranks other than 0 to FILE.rankN). Off (the default), an op pays one null-pointer test.
-// Under the CPU stand-in (test/unit/ops/cuda/emulate) the events are host clock readings.
+// On, the host waits for the stream every 8192 ops to read the events back (a small
+// perturbation, only then). Under the CPU stand-in (test/unit/ops/cuda/emulate) the events
+// are host clock readings.
 // defines: trident::ops::cuda::OpTimer, OpScope
 #pragma once
 

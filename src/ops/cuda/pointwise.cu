@@ -106,16 +106,19 @@ __global__ void to_bf16_colsum_kernel(unsigned short* dst, float* partial, const
                                       int n, int cols) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  const int r0 = blockIdx.y * kColsumRows;
-  const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
-  float sum = 0.0f;
-  for (int r = r0; r < r1; r++) {
-    const std::int64_t i = std::int64_t(r) * cols + c;
-    const float v = src[i];
-    dst[i] = bf16_bits(v);
-    sum += v;
+  const int blocks = (n + kColsumRows - 1) / kColsumRows;
+  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {  // gridDim.y is capped at 65535
+    const int r0 = rb * kColsumRows;
+    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+    float sum = 0.0f;
+    for (int r = r0; r < r1; r++) {
+      const std::int64_t i = std::int64_t(r) * cols + c;
+      const float v = src[i];
+      dst[i] = bf16_bits(v);
+      sum += v;
+    }
+    partial[std::int64_t(rb) * cols + c] = sum;
   }
-  partial[std::int64_t(blockIdx.y) * cols + c] = sum;
 }
 
 // db[c] += the row blocks' partial sums, in block order (deterministic).
@@ -238,7 +241,8 @@ void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
                            const float* src, int n, int cols) {
   if (n <= 0 || cols <= 0) return;
   const int blocks = colsum_row_blocks(n);
-  const dim3 grid(static_cast<unsigned>((cols + kBlock - 1) / kBlock), static_cast<unsigned>(blocks));
+  const dim3 grid(static_cast<unsigned>((cols + kBlock - 1) / kBlock),
+                  static_cast<unsigned>(blocks < 65535 ? blocks : 65535));
   to_bf16_colsum_kernel<<<grid, kBlock, 0, s>>>(static_cast<unsigned short*>(dst), partial, src,
                                                 n, cols);
   check_launch("to_bf16_colsum");
