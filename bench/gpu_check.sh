@@ -10,6 +10,7 @@
 #   3. the other CTest tests labelled cuda (ctest -L cuda, e.g. test/mpi/device_layouts.py with
 #      TRIDENT_TEST_DEVICE=cuda); with PREBUILT, the bundle's trident runs
 #      test/mpi/device_layouts.py directly when it and mpirun are there;
+#   3b. the per-op timing's check with CUDA events (test/unit/ops/cuda/emulate/op_timing.py);
 #   4. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
 #   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
 #   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
@@ -201,6 +202,20 @@ elif [ "$built" = yes ] && [ -x "$trident" ] && [ -f "$src/test/mpi/device_layou
   fi
 else
   skip ctest_cuda "no trident binary or no CUDA CTest tests"
+fi
+
+# The per-op timing's own check (TRIDENT_OP_TIMING) with CUDA events: the table's counts and
+# shares in a serial run (and at tp 2 where mpirun is), test/unit/ops/cuda/emulate/op_timing.py.
+t=$(bounded 60)
+if [ "$built" != yes ] || [ ! -x "$trident" ]; then
+  skip op_timing_test "no trident binary"
+elif [ "$t" -eq 0 ]; then
+  skip op_timing_test "time budget spent"
+else
+  mkdir -p "$out/test-out"
+  step op_timing_test timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
+       TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+       OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/unit/ops/cuda/emulate/op_timing.py"
 fi
 
 if [ -x "$gemm" ]; then
