@@ -6,7 +6,7 @@
 // sum of exponentials over its columns (rescaling its sum when its max grows), the block
 // combines them, and the loss follows: the logits are read once instead of twice.
 // defines: launch_xent_row_max, launch_xent_sumexp, launch_xent_loss, launch_xent_backward,
-//          launch_xent_forward
+//          launch_xent_forward (loss null: xent_shard_stats), launch_xent_rescale_sumexp
 #include "check.hpp"
 #include "common.cuh"
 #include "kernels.hpp"
@@ -50,7 +50,7 @@ __global__ void xent_loss_kernel(float* loss, const float* row_max, const float*
 }
 
 // One row per block, one pass over it: row_max, sumexp (in double, as xent_sumexp_kernel),
-// target_logit and loss, the values of the three kernels above up to the rounding of the
+// target_logit and loss (none when loss is null: a shard's first pass), the values of the three kernels above up to the rounding of the
 // rescaled partial sums.
 __global__ void xent_forward_kernel(float* loss, float* row_max, float* sumexp,
                                     float* target_logit, const float* logits,
@@ -80,8 +80,17 @@ __global__ void xent_forward_kernel(float* loss, float* row_max, float* sumexp,
     row_max[i] = mx;
     sumexp[i] = se;
     target_logit[i] = t;
-    loss[i] = static_cast<float>(log(double(se)) + double(mx) - double(t));  // as xent_loss
+    if (loss) loss[i] = static_cast<float>(log(double(se)) + double(mx) - double(t));  // as xent_loss
   }
+}
+
+__global__ void xent_rescale_sumexp_kernel(float* sumexp, const float* shard_max,
+                                           const float* row_max, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    sumexp[i] = shard_max[i] == -INFINITY
+                    ? 0.0f
+                    : static_cast<float>(double(sumexp[i]) *
+                                         exp(double(shard_max[i]) - double(row_max[i])));
 }
 
 // In place: l[j] = scale * (softmax_j - onehot_j) for j < v_valid; padding 0.
@@ -144,6 +153,13 @@ void launch_xent_forward(cudaStream_t s, float* loss, float* row_max, float* sum
   xent_forward_kernel<<<static_cast<unsigned>(n), kBlock, 0, s>>>(
       loss, row_max, sumexp, target_logit, logits, targets, ld, v_valid, vocab_start);
   check_launch("xent_forward");
+}
+
+void launch_xent_rescale_sumexp(cudaStream_t s, float* sumexp, const float* shard_max,
+                                const float* row_max, int n) {
+  if (n <= 0) return;
+  xent_rescale_sumexp_kernel<<<grid_for(n), kBlock, 0, s>>>(sumexp, shard_max, row_max, n);
+  check_launch("xent_rescale_sumexp");
 }
 
 }  // namespace trident::ops::cuda

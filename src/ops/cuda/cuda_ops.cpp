@@ -298,6 +298,25 @@ void CudaOps::xent_backward(float* logits, const float* row_max, const float* su
                        scale);
 }
 
+void CudaOps::xent_shard_stats(float* row_max, float* sumexp, float* target_logit,
+                               const float* logits, const std::int32_t* targets, int n, int ld,
+                               int v_valid, int vocab_start) {
+  OpScope timed(timer_.get(), "xent_shard_stats");
+  if (baseline_) {
+    Ops::xent_shard_stats(row_max, sumexp, target_logit, logits, targets, n, ld, v_valid,
+                          vocab_start);
+    return;
+  }
+  launch_xent_forward(stream_, nullptr, row_max, sumexp, target_logit, logits, targets, n, ld,
+                      v_valid, vocab_start);
+}
+
+void CudaOps::xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                                  int n) {
+  OpScope timed(timer_.get(), "xent_rescale_sumexp");
+  launch_xent_rescale_sumexp(stream_, sumexp, shard_max, row_max, n);
+}
+
 void CudaOps::xent_forward(float* loss, float* row_max, float* sumexp, float* target_logit,
                            const float* logits, const std::int32_t* targets, int n, int ld,
                            int v_valid, int vocab_start) {

@@ -139,6 +139,11 @@ class CudaOps final : public Ops {
   void xent_backward(float* logits, const float* row_max, const float* sumexp,
                      const std::int32_t* targets, int n, int ld, int v_valid, int vocab_start,
                      float scale) override;
+  void xent_shard_stats(float* row_max, float* sumexp, float* target_logit, const float* logits,
+                        const std::int32_t* targets, int n, int ld, int v_valid,
+                        int vocab_start) override;
+  void xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                           int n) override;
   void xent_forward(float* loss, float* row_max, float* sumexp, float* target_logit,
                     const float* logits, const std::int32_t* targets, int n, int ld, int v_valid,
                     int vocab_start) override;

@@ -78,10 +78,14 @@ void launch_xent_loss(cudaStream_t s, float* loss, const float* row_max, const f
 void launch_xent_backward(cudaStream_t s, float* logits, const float* row_max,
                           const float* sumexp, const std::int32_t* targets, int n, int ld,
                           int v_valid, int vocab_start, float scale);
-// One pass of the unsharded forward: what xent_row_max, xent_sumexp and xent_loss write.
+// One pass of the unsharded forward: what xent_row_max, xent_sumexp and xent_loss write (loss
+// null: the first three only, at the shard's max: Ops::xent_shard_stats).
 void launch_xent_forward(cudaStream_t s, float* loss, float* row_max, float* sumexp,
                          float* target_logit, const float* logits, const std::int32_t* targets,
                          int n, int ld, int v_valid, int vocab_start);
+// sumexp[i] *= exp(shard_max[i] - row_max[i]); 0 where shard_max is -inf.
+void launch_xent_rescale_sumexp(cudaStream_t s, float* sumexp, const float* shard_max,
+                                const float* row_max, int n);
 
 // ---- embedding.cu -----------------------------------------------------------------------
 void launch_embedding_forward(cudaStream_t s, float* x, const std::int32_t* tokens,

@@ -506,6 +506,38 @@ void check_xent_forward(Ops& g, double tol, int n, int ld, int v_valid, int voca
   EXPECT_TRUE(near(gl.host(), logits, 0.0)) << "the logits are only read";
 }
 
+// A vocabulary in two shards, as under TP (vocab_parallel_xent_forward): each shard's one-pass
+// stats, the global max (here on the host), each shard's sum rescaled on the device, summed;
+// against the CPU's unsharded forward. Shard 1 holds one row's max far above the rest.
+void check_xent_shards(Ops& g, double tol, int n, int v0, int v1) {
+  const int ld = v0 + v1;
+  Rng r(2005u + unsigned(n + ld));
+  FVec logits = r.normal(std::size_t(n) * ld, 2.0, 1.0);
+  logits[std::size_t(n / 2) * ld + v0 + v1 / 2] = 40.0f;
+  IVec tg(n);
+  for (int i = 0; i < n; i++) tg[i] = r.integer(0, ld - 1);
+  FVec row_max(n), sumexp(n), tl(n), loss(n);
+  cpu().xent_forward(loss.data(), row_max.data(), sumexp.data(), tl.data(), logits.data(),
+                     tg.data(), n, ld, ld, 0);
+  DevVec<float> gl(g, logits), m0(g, FVec(n, 7.0f)), s0(g, FVec(n, 7.0f)), t0(g, FVec(n, 7.0f)),
+      m1(g, FVec(n, 7.0f)), s1(g, FVec(n, 7.0f)), t1(g, FVec(n, 7.0f));
+  DevVec<std::int32_t> gtg(g, tg);
+  g.xent_shard_stats(m0.get(), s0.get(), t0.get(), gl.get(), gtg.get(), n, ld, v0, 0);
+  g.xent_shard_stats(m1.get(), s1.get(), t1.get(), gl.get() + v0, gtg.get(), n, ld, v1, v0);
+  const FVec hm0 = m0.host(), hm1 = m1.host();
+  FVec gm(n);
+  for (int i = 0; i < n; i++) gm[i] = std::max(hm0[i], hm1[i]);
+  DevVec<float> ggm(g, gm);
+  g.xent_rescale_sumexp(s0.get(), m0.get(), ggm.get(), n);
+  g.xent_rescale_sumexp(s1.get(), m1.get(), ggm.get(), n);
+  const FVec hs0 = s0.host(), hs1 = s1.host(), ht0 = t0.host(), ht1 = t1.host();
+  FVec ss(n), ts(n);
+  for (int i = 0; i < n; i++) ss[i] = hs0[i] + hs1[i], ts[i] = ht0[i] + ht1[i];
+  EXPECT_TRUE(near(gm, row_max, 0.0)) << "global max";
+  EXPECT_TRUE(near(ts, tl, 0.0)) << "target logit (one shard holds it)";
+  EXPECT_TRUE(near(ss, sumexp, tol)) << "sum of exponentials at the global max";
+}
+
 void check_adamw(Ops& g, double tol, std::int64_t n) {
   Rng r(2101u + unsigned(n));
   const FVec p0 = r.normal(std::size_t(n)), m0 = r.normal(std::size_t(n), 0.1);
@@ -604,6 +636,10 @@ std::vector<CudaCase> cases() {
                 [](Ops& g, double tol) { check_xent_forward(g, tol, 64, 50304, 50257, 0, 80.0, 5.0, false); }});
   cs.push_back({"xent_forward_n4_ld5000_v4999_ascending", false, false,
                 [](Ops& g, double tol) { check_xent_forward(g, tol, 4, 5000, 4999, 7, 0.0, 1.0, true); }});
+  cs.push_back({"xent_shards_n6_v700_5", false, false,
+                [](Ops& g, double tol) { check_xent_shards(g, tol, 6, 700, 5); }});
+  cs.push_back({"xent_shards_n16_v25152_25152", false, false,
+                [](Ops& g, double tol) { check_xent_shards(g, tol, 16, 25152, 25152); }});
   for (std::int64_t n : {5, 100003})
     cs.push_back({name_of("adamw_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_adamw(g, tol, n); }});

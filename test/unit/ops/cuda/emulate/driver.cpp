@@ -5,6 +5,7 @@
 // shapes. Norm as in cuda_ops_test.cpp: ||emulated - cpu||_inf <= tol ||cpu||_inf.
 // Not a CTest test; run.sh builds and runs it (about 10 s, most of it compiling).
 #include <cblas.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -172,6 +173,44 @@ int main() {
     launch_xent_backward(nullptr, gr2.data(), mx2.data(), se2.data(), tg.data(), s.n, s.ld, s.v, s.vs, scale);
     snprintf(name, sizeof name, "xent n%d ld%d v%d row_max", s.n, s.ld, s.v); cmp(name, mx2, mx, 0);
     cmp("  target_logit", tl2, tl, 0); cmp("  sumexp", se2, se, 1e-5); cmp("  loss", loss2, loss, 1e-5); cmp("  grad", gr2, gr, 1e-5);
+  }
+  // A vocabulary in two shards, as under TP: each shard's one-pass stats (xent_shard_stats),
+  // the global max, each shard's sum rescaled (xent_rescale_sumexp), summed; on the kernels
+  // and on the CPU backend, against the CPU's unsharded forward. Shard 1 is narrow, and in
+  // one row holds the row's max (the other shard's sum then shrinks by its rescale).
+  {
+    const int n = 6, v0 = 700, v1 = 5, ld = v0 + v1;
+    V l = rnd(size_t(n) * ld, 2, 1);
+    l[size_t(2) * ld + v0 + 3] = 40.0f;
+    std::vector<std::int32_t> tg(n);
+    for (int i = 0; i < n; i++) tg[i] = int(g() % ld);
+    tg[1] = v0 + 1;
+    V mx(n), se(n), tl(n), loss(n);
+    cpu->xent_forward(loss.data(), mx.data(), se.data(), tl.data(), l.data(), tg.data(), n, ld, ld, 0);
+    for (int backend = 0; backend < 2; backend++) {
+      V m0(n, 7), s0(n, 7), t0(n, 7), m1(n, 7), s1(n, 7), t1(n, 7), gm(n);
+      // shard 0: columns [0, v0), shard 1: [v0, ld) (row stride ld, its own vocab_start)
+      if (backend == 0) {
+        launch_xent_forward(nullptr, nullptr, m0.data(), s0.data(), t0.data(), l.data(), tg.data(), n, ld, v0, 0);
+        launch_xent_forward(nullptr, nullptr, m1.data(), s1.data(), t1.data(), l.data() + v0, tg.data(), n, ld, v1, v0);
+      } else {
+        cpu->xent_shard_stats(m0.data(), s0.data(), t0.data(), l.data(), tg.data(), n, ld, v0, 0);
+        cpu->xent_shard_stats(m1.data(), s1.data(), t1.data(), l.data() + v0, tg.data(), n, ld, v1, v0);
+      }
+      for (int i = 0; i < n; i++) gm[i] = std::max(m0[i], m1[i]);
+      if (backend == 0) {
+        launch_xent_rescale_sumexp(nullptr, s0.data(), m0.data(), gm.data(), n);
+        launch_xent_rescale_sumexp(nullptr, s1.data(), m1.data(), gm.data(), n);
+      } else {
+        cpu->xent_rescale_sumexp(s0.data(), m0.data(), gm.data(), n);
+        cpu->xent_rescale_sumexp(s1.data(), m1.data(), gm.data(), n);
+      }
+      V ss(n), ts(n);
+      for (int i = 0; i < n; i++) ss[i] = s0[i] + s1[i], ts[i] = t0[i] + t1[i];
+      const char* who = backend == 0 ? "kernels" : "cpu";
+      snprintf(name, sizeof name, "xent two shards (%s) row_max", who); cmp(name, gm, mx, 0);
+      cmp("  target_logit", ts, tl, 0); cmp("  sumexp", ss, se, 1e-6);
+    }
   }
   // linear_backward's dy under bf16: the packed copy (bit-identical to to_bf16) and db +=
   // column sums in one read, against double sums; n not a multiple of the row block.

@@ -4,7 +4,8 @@ where the events are host clock readings; a real GPU under bench/gpu_check.sh).
 Checks: no file when the variable is unset; with it, a JSON table whose shares sum to 1, whose
 total is within the run's wall time, and whose counts are the step's: adamw every step, the
 one-pass classifier (xent_forward) once per microbatch in a serial run and the three-pass one
-(xent_row_max, xent_sumexp, xent_loss) at tp 2, where the vocabulary is sharded; rank 1 writes
+per shard (xent_shard_stats, xent_rescale_sumexp, xent_loss) at tp 2, where the vocabulary is
+sharded; rank 1 writes
 FILE.rank1 (left out where there is no mpirun). usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 op_timing.py
 """
 import json
@@ -53,7 +54,8 @@ def main():
     micro = STEPS * GBS // MBS
     t.check(calls(tab, "xent_forward") == micro,
             f"serial: xent_forward {calls(tab, 'xent_forward')} calls = {micro} microbatches")
-    t.check(calls(tab, "xent_row_max") == 0, "serial: no three-pass classifier")
+    t.check(calls(tab, "xent_row_max") == 0 and calls(tab, "xent_shard_stats") == 0,
+            "serial: no sharded or three-pass classifier")
     t.check(calls(tab, "xent_backward") == micro, f"serial: xent_backward once per microbatch")
     t.check(calls(tab, "adamw") >= STEPS, f"serial: adamw {calls(tab, 'adamw')} calls >= {STEPS} steps")
     for op in ["embedding_forward", "layernorm_forward", "attention_forward", "attention_backward"]:
@@ -75,8 +77,9 @@ def main():
     for p in [path2, path2 + ".rank1"]:
         tab = table(p)
         name = os.path.basename(p)
-        t.check(calls(tab, "xent_row_max") == micro and calls(tab, "xent_forward") == 0,
-                f"tp 2, {name}: the three-pass classifier, {calls(tab, 'xent_row_max')} calls")
+        t.check(calls(tab, "xent_shard_stats") == micro and calls(tab, "xent_rescale_sumexp") == micro
+                and calls(tab, "xent_forward") == 0 and calls(tab, "xent_row_max") == 0,
+                f"tp 2, {name}: one pass per shard and the rescale, {calls(tab, 'xent_shard_stats')} calls")
     os.environ.pop("TRIDENT_OP_TIMING", None)
     t.finish()
 
