@@ -50,8 +50,8 @@ __global__ void xent_loss_kernel(float* loss, const float* row_max, const float*
 }
 
 // One row per block, one pass over it: row_max, sumexp (in double, as xent_sumexp_kernel),
-// target_logit and loss (none when loss is null: a shard's first pass), the values of the three kernels above up to the rounding of the
-// rescaled partial sums.
+// target_logit and loss (none when loss is null: a shard's first pass), the values of the
+// three kernels above up to the rounding of the rescaled partial sums.
 __global__ void xent_forward_kernel(float* loss, float* row_max, float* sumexp,
                                     float* target_logit, const float* logits,
                                     const std::int32_t* targets, int ld, int v_valid,
@@ -80,7 +80,8 @@ __global__ void xent_forward_kernel(float* loss, float* row_max, float* sumexp,
     row_max[i] = mx;
     sumexp[i] = se;
     target_logit[i] = t;
-    if (loss) loss[i] = static_cast<float>(log(double(se)) + double(mx) - double(t));  // as xent_loss
+    if (loss)  // as xent_loss
+      loss[i] = static_cast<float>(log(double(se)) + double(mx) - double(t));
   }
 }
 

@@ -101,7 +101,8 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
 
 void CudaOps::linear_forward(float* y, const float* x, const float* w, const float* b, int n,
                              int in, int out) {
-  OpScope timed(timer_.get(), [&] { return str("linear_forward n=", n, " in=", in, " out=", out); }, 0);
+  OpScope timed(
+      timer_.get(), [&] { return str("linear_forward n=", n, " in=", in, " out=", out); }, 0);
   if (precision_ == Precision::bf16 && b && !baseline_ && n > 0 && in > 0 && out > 0) {
     // bf16 copies of x and w, then the product with the bias in cuBLASLt's epilogue
     const std::size_t xbytes = std::size_t(n) * in * 2, wbytes = std::size_t(in) * out * 2;
@@ -209,7 +210,8 @@ bool CudaOps::linear_bias_lt(float* y, const void* x16, const void* w16, const f
 
 void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                               const float* w, int n, int in, int out) {
-  OpScope timed(timer_.get(), [&] { return str("linear_backward n=", n, " in=", in, " out=", out); }, 0);
+  OpScope timed(
+      timer_.get(), [&] { return str("linear_backward n=", n, " in=", in, " out=", out); }, 0);
   if (precision_ == Precision::bf16 && !baseline_ && n > 0 && in > 0 && out > 0) {
     linear_backward_bf16(dx, dw, db, dy, x, w, n, in, out);
     return;
