@@ -5,7 +5,9 @@
 # is ~85 MB, over what a device run carries). On the GPU machine, with the archive carried:
 #   PREBUILT=build-gpu/bundle.tar.xz bench/gpu_check.sh
 # What is in it:
-#   * trident, trident_unit_ops_cuda, trident_bench_cublas, trident_bench_cuda_step;
+#   * trident with its CUDA backend module beside it (libtrident_cuda.so: trident dlopens it
+#     from its own folder for runtime.device = "cuda"), trident_unit_ops_cuda,
+#     trident_bench_cublas, trident_bench_cuda_step;
 #   * lib/: every shared library they (and Open MPI's plugins) load, found with ldd, except
 #     glibc's own and CUDA's (cudart, cuBLAS: the GPU machine's CUDA 13 provides them):
 #     Open MPI, HDF5 (openmpi flavour), SentencePiece, toml++, OpenBLAS, libgomp, libstdc++...;
@@ -24,7 +26,7 @@ build=${BUILD:-$src/build-gpu}
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
-targets=(trident trident_unit_ops_cuda trident_bench_cublas trident_bench_cuda_step)
+targets=(trident trident_cuda trident_unit_ops_cuda trident_bench_cublas trident_bench_cuda_step)
 
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DTRIDENT_CUDA=ON
@@ -33,8 +35,8 @@ cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${targets[@]}"
 bundle=$build/bundle
 rm -rf "$bundle" "$build/bundle.tar.xz"
 mkdir -p "$bundle/lib" "$bundle/openmpi"
-cp "$build/trident" "$build/test/trident_unit_ops_cuda" "$build/bench/trident_bench_cublas" \
-   "$build/bench/trident_bench_cuda_step" "$bundle/"
+cp "$build/trident" "$build/libtrident_cuda.so" "$build/test/trident_unit_ops_cuda" \
+   "$build/bench/trident_bench_cublas" "$build/bench/trident_bench_cuda_step" "$bundle/"
 
 # Open MPI's plugins (and PMIx's), as installed here
 ompi_plugins=$(ompi_info --parsable --path pkglibdir 2>/dev/null | sed -n 's/^path:pkglibdir://p')
@@ -51,7 +53,7 @@ fi
 
 # every library the binaries and plugins load, but glibc's and CUDA's
 shopt -s nullglob
-objects=("$bundle"/trident* "$bundle"/openmpi/plugins/*.so "$bundle"/openmpi/pmix-plugins/*.so)
+objects=("$bundle"/trident* "$bundle"/libtrident_cuda.so "$bundle"/openmpi/plugins/*.so "$bundle"/openmpi/pmix-plugins/*.so)
 ldd "${objects[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
   while read -r name path; do
     case $name in

@@ -193,6 +193,32 @@ class Ops {
   // loss[N] = log(sumexp) + row_max - target_logit
   virtual void xent_loss(float* loss, const float* row_max, const float* sumexp,
                          const float* target_logit, int n) = 0;
+  // The three forward calls above in one, for a vocabulary that is not sharded (a TP group of
+  // one: nothing to reduce between the passes). The default is those calls (so the CPU
+  // backends' results are theirs exactly); the CUDA backend reads each row once, with an
+  // online max and sum of exponentials (the same values up to the rounding of the sums).
+  virtual void xent_forward(float* loss, float* row_max, float* sumexp, float* target_logit,
+                            const float* logits, const std::int32_t* targets, int n, int ld,
+                            int v_valid, int vocab_start) {
+    xent_row_max(row_max, logits, n, ld, v_valid);
+    xent_sumexp(sumexp, target_logit, logits, row_max, targets, n, ld, v_valid, vocab_start);
+    xent_loss(loss, row_max, sumexp, target_logit, n);
+  }
+  // The first pass of a sharded vocabulary in one call: row_max[N] = this shard's row max,
+  // sumexp[N] = sum_j exp(logits[j] - row_max) over the shard, target_logit as xent_sumexp.
+  // The caller then reduces a copy of row_max with MAX, rescales sumexp to the global max
+  // (xent_rescale_sumexp) and reduces sumexp/target_logit with SUM. Default: xent_row_max,
+  // then xent_sumexp at the shard's max; the CUDA backend reads each row once.
+  virtual void xent_shard_stats(float* row_max, float* sumexp, float* target_logit,
+                                const float* logits, const std::int32_t* targets, int n, int ld,
+                                int v_valid, int vocab_start) {
+    xent_row_max(row_max, logits, n, ld, v_valid);
+    xent_sumexp(sumexp, target_logit, logits, row_max, targets, n, ld, v_valid, vocab_start);
+  }
+  // sumexp[i] *= exp(shard_max[i] - row_max[i]) (formed in double): the shard's sum at the
+  // global max row_max (>= shard_max); 0 where the shard had no columns (shard_max -inf).
+  virtual void xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                                   int n) = 0;
   // In place: logits[N,ld] becomes scale * (softmax - onehot(target)); padding columns 0.
   virtual void xent_backward(float* logits, const float* row_max, const float* sumexp,
                              const std::int32_t* targets, int n, int ld, int v_valid,

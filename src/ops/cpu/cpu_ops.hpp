@@ -175,6 +175,8 @@ class CpuOps final : public Ops {
   void xent_sumexp(float* sumexp, float* target_logit, const float* logits,
                    const float* row_max, const std::int32_t* targets, int n, int ld, int v_valid,
                    int vocab_start) override;
+  void xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                           int n) override;
   void xent_loss(float* loss, const float* row_max, const float* sumexp,
                  const float* target_logit, int n) override;
   void xent_backward(float* logits, const float* row_max, const float* sumexp,

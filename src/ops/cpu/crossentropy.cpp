@@ -1,7 +1,7 @@
 // ops/cpu/crossentropy.cpp — softmax cross-entropy in three passes (row max, sum of
 // exponentials and target logit, loss) plus the fused backward, so that a caller can
 // reduce the per-row statistics over a vocabulary split across ranks between passes.
-// defines: CpuOps::xent_row_max, xent_sumexp, xent_loss, xent_backward
+// defines: CpuOps::xent_row_max, xent_sumexp, xent_rescale_sumexp, xent_loss, xent_backward
 #include "cpu_ops.hpp"
 
 #include <omp.h>
@@ -71,6 +71,15 @@ void CpuOps::xent_sumexp(float* sumexp, float* target_logit, const float* logits
   parallel_slabs(team(std::int64_t(n) * v_valid), n, 1, [&](std::int64_t lo, std::int64_t hi) {
     sumexp_rows(sumexp, target_logit, logits, row_max, targets, ld, v_valid, vocab_start, lo, hi);
   });
+}
+
+void CpuOps::xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                                 int n) {
+  for (int i = 0; i < n; i++)
+    sumexp[i] = shard_max[i] == -std::numeric_limits<float>::infinity()
+                    ? 0.0f
+                    : static_cast<float>(double(sumexp[i]) *
+                                         std::exp(double(shard_max[i]) - double(row_max[i])));
 }
 
 void CpuOps::xent_loss(float* loss, const float* row_max, const float* sumexp,

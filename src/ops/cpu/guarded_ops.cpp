@@ -250,6 +250,11 @@ class GuardedOps final : public Ops {
         inner_->xent_sumexp(sumexp, target_logit, logits, row_max, targets, n, ld, v_valid,
                             vocab_start);
   }
+  void xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                           int n) override {
+    on("xent_rescale_sumexp", {sumexp, shard_max, row_max}),
+        inner_->xent_rescale_sumexp(sumexp, shard_max, row_max, n);
+  }
   void xent_loss(float* loss, const float* row_max, const float* sumexp,
                  const float* target_logit, int n) override {
     on("xent_loss", {loss, row_max, sumexp, target_logit}),

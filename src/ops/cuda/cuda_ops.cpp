@@ -5,9 +5,11 @@
 #include "cuda_ops.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "check.hpp"
 #include "kernels.hpp"
+#include "op_timer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/ops/adamw.hpp"
 
@@ -15,8 +17,6 @@ namespace trident::ops {
 namespace cuda {
 
 namespace {
-// cuBLAS workspace: NVIDIA's recommendation for Hopper (32 MiB; 4 MiB would do before it).
-constexpr std::size_t kCublasWorkspace = std::size_t(32) << 20;
 constexpr std::size_t kMinScratch = std::size_t(1) << 20;
 }  // namespace
 
@@ -40,18 +40,22 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   TRIDENT_CUDA_CHECK(cudaStreamCreate(&stream_));
   TRIDENT_CUBLAS_CHECK(cublasCreate(&cublas_));
   TRIDENT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));  // before the workspace: it resets it
+  TRIDENT_CUBLAS_CHECK(cublasLtCreate(&lt_));
 
   // The one cudaMalloc: after the stream and cuBLAS exist, so that "free memory" counts them.
   memory_ = std::make_unique<CudaMemory>(arena_bytes, ranks_per_device, stream_);
-  cublas_workspace_ = memory_->allocate(kCublasWorkspace);
+  cublas_workspace_ = memory_->allocate(kCublasWorkspaceBytes);
   sum_partial_ = static_cast<double*>(
       memory_->allocate(sizeof(double) * std::size_t(sum_squares_blocks())));
   sum_result_ = static_cast<double*>(memory_->allocate(sizeof(double)));
-  TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
+  TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
   // Host-pointer scalars (alpha, beta); fp32 math unless a call names a faster compute type.
   TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
   TRIDENT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   TRIDENT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_result_), sizeof(double)));
+  timer_ = OpTimer::from_environment(stream_);  // TRIDENT_OP_TIMING (op_timer.hpp)
+  const char* baseline = std::getenv("TRIDENT_CUDA_BASELINE");
+  baseline_ = baseline && std::string(baseline) == "1";
 }
 
 CudaOps::~CudaOps() { release(); }
@@ -60,7 +64,17 @@ void CudaOps::release() noexcept {
   // No throwing here: a fault would have been reported by an earlier synchronizing call.
   // The arena goes last but one: cuBLAS may use its workspace until destroyed.
   if (stream_) cudaStreamSynchronize(stream_);
+  timer_.reset();  // writes its table; its events are on the stream
   if (cublas_) cublasDestroy(cublas_);
+  for (auto& [key, plan] : lt_plans_) {
+    (void)key;
+    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+    for (cublasLtMatrixLayout_t l : {plan.a, plan.b, plan.d})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+  }
+  lt_plans_.clear();
+  if (lt_) cublasLtDestroy(lt_);
+  lt_ = nullptr;
   if (host_result_) cudaFreeHost(host_result_);
   cublas_ = nullptr;
   host_result_ = nullptr;
@@ -74,7 +88,8 @@ void CudaOps::release() noexcept {
 
 std::string CudaOps::name() const {
   return str("cuda (cuBLAS + CUDA kernels, device ", device_, " ", device_name_, ", ",
-             precision_name(precision_), " matrix products)");
+             precision_name(precision_), " matrix products",
+             baseline_ ? ", TRIDENT_CUDA_BASELINE: the paths before issue 27" : "", ")");
 }
 
 BumpBlock& CudaOps::scratch(std::size_t bytes) {
@@ -121,12 +136,14 @@ void CudaOps::synchronize() { memory_->synchronize(); }
 
 void CudaOps::layernorm_forward(float* y, float* mean, float* rstd, const float* x,
                                 const float* w, const float* b, int n, int c) {
+  OpScope timed(timer_.get(), "layernorm_forward");
   launch_layernorm_forward(stream_, y, mean, rstd, x, w, b, n, c);
 }
 
 void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* dy,
                                  const float* x, const float* w, const float* mean,
                                  const float* rstd, int n, int c) {
+  OpScope timed(timer_.get(), "layernorm_backward");
   if (n <= 0 || c <= 0) return;
   const std::size_t floats = std::size_t(layernorm_partial_floats(n, c));
   float* partial = scratch(aligned_bytes(floats * sizeof(float))).alloc_n<float>(floats);
@@ -135,11 +152,13 @@ void CudaOps::layernorm_backward(float* dx, float* dw, float* db, const float* d
 
 void CudaOps::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int n,
                               int c, float eps) {
+  OpScope timed(timer_.get(), "rmsnorm_forward");
   launch_rmsnorm_forward(stream_, y, rstd, x, w, n, c, eps);
 }
 
 void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
                                const float* w, const float* rstd, int n, int c) {
+  OpScope timed(timer_.get(), "rmsnorm_backward");
   if (n <= 0 || c <= 0) return;
   const std::size_t floats = std::size_t(rmsnorm_partial_floats(n, c));
   float* partial = scratch(aligned_bytes(floats * sizeof(float))).alloc_n<float>(floats);
@@ -148,21 +167,25 @@ void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dy, const floa
 
 void CudaOps::rope_forward(float* x, int b, int t, int ld, int heads, int hs, int pos0,
                            float theta) {
+  OpScope timed(timer_.get(), "rope_forward");
   TRIDENT_CHECK(hs % 2 == 0, "rope: head size must be even, got ", hs);
   launch_rope(stream_, x, b, t, ld, heads, hs, pos0, theta, 1.0f);
 }
 
 void CudaOps::rope_backward(float* dx, int b, int t, int ld, int heads, int hs, int pos0,
                             float theta) {
+  OpScope timed(timer_.get(), "rope_backward");
   TRIDENT_CHECK(hs % 2 == 0, "rope: head size must be even, got ", hs);
   launch_rope(stream_, dx, b, t, ld, heads, hs, pos0, theta, -1.0f);
 }
 
 void CudaOps::swiglu_forward(float* y, const float* gu, int n, int f) {
+  OpScope timed(timer_.get(), "swiglu_forward");
   launch_swiglu_forward(stream_, y, gu, n, f);
 }
 
 void CudaOps::swiglu_backward(float* dgu, const float* gu, const float* dy, int n, int f) {
+  OpScope timed(timer_.get(), "swiglu_backward");
   launch_swiglu_backward(stream_, dgu, gu, dy, n, f);
 }
 
@@ -170,6 +193,7 @@ void CudaOps::attention_decode(float* out, float* scratch, const float* q, const
                                const float* v, int b, int s, int nh, int nkv, int hs,
                                std::int64_t ld_q, std::int64_t ld_kv, std::int64_t kv_batch,
                                std::int64_t ld_o) {
+  OpScope timed(timer_.get(), "attention_decode");
   TRIDENT_CHECK(nkv >= 1 && nh % nkv == 0, "attention_decode: ", nh, " query heads over ", nkv,
                 " kv heads");
   launch_attention_decode(stream_, out, scratch, q, k, v, b, s, nh, nkv, hs, ld_q, ld_kv,
@@ -177,14 +201,17 @@ void CudaOps::attention_decode(float* out, float* scratch, const float* q, const
 }
 
 void CudaOps::gelu_forward(float* y, const float* x, std::int64_t n) {
+  OpScope timed(timer_.get(), "gelu_forward");
   launch_gelu_forward(stream_, y, x, n);
 }
 
 void CudaOps::gelu_backward(float* dx, const float* x, const float* dy, std::int64_t n) {
+  OpScope timed(timer_.get(), "gelu_backward");
   launch_gelu_backward(stream_, dx, x, dy, n);
 }
 
 void CudaOps::add(float* y, const float* a, const float* b, std::int64_t n) {
+  OpScope timed(timer_.get(), "add");
   launch_add(stream_, y, a, b, n);
 }
 
@@ -193,20 +220,24 @@ void CudaOps::scale(float* x, float alpha, std::int64_t n) { launch_scale(stream
 void CudaOps::fill(float* x, float value, std::int64_t n) { launch_fill(stream_, x, value, n); }
 
 void CudaOps::copy(float* dst, const float* src, std::int64_t n) {
+  OpScope timed(timer_.get(), "scale");
   if (n <= 0 || dst == src) return;
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::size_t(n) * sizeof(float),
                                      cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaOps::to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) {
+  OpScope timed(timer_.get(), "to_bf16");
   launch_to_bf16(stream_, dst, src, 1, n, n);
 }
 
 void CudaOps::from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) {
+  OpScope timed(timer_.get(), "from_bf16");
   launch_from_bf16(stream_, dst, src, n);
 }
 
 double CudaOps::sum_squares(const float* x, std::int64_t n) {
+  OpScope timed(timer_.get(), "sum_squares");
   launch_sum_squares(stream_, sum_result_, sum_partial_, x, n);
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_result_, sum_result_, sizeof(double),
                                      cudaMemcpyDeviceToHost, stream_));
@@ -218,45 +249,85 @@ double CudaOps::sum_squares(const float* x, std::int64_t n) {
 
 void CudaOps::embedding_forward(float* x, const std::int32_t* tokens, const float* wte, int n,
                                 int c, int vocab_start, int v) {
+  OpScope timed(timer_.get(), "embedding_forward");
   launch_embedding_forward(stream_, x, tokens, wte, n, c, vocab_start, v);
 }
 
 void CudaOps::embedding_backward(float* dwte, const float* dx, const std::int32_t* tokens, int n,
                                  int c, int vocab_start, int v) {
+  OpScope timed(timer_.get(), "embedding_backward");
   launch_embedding_backward(stream_, dwte, dx, tokens, n, c, vocab_start, v);
 }
 
 void CudaOps::position_forward(float* x, const float* wpe, int b, int t, int c) {
+  OpScope timed(timer_.get(), "position_forward");
   launch_position_forward(stream_, x, wpe, b, t, c);
 }
 
 void CudaOps::position_backward(float* dwpe, const float* dx, int b, int t, int c) {
+  OpScope timed(timer_.get(), "position_backward");
   launch_position_backward(stream_, dwpe, dx, b, t, c);
 }
 
 // ---- softmax cross-entropy ----------------------------------------------------------------
 
 void CudaOps::xent_row_max(float* row_max, const float* logits, int n, int ld, int v_valid) {
+  OpScope timed(timer_.get(), "xent_row_max");
   launch_xent_row_max(stream_, row_max, logits, n, ld, v_valid);
 }
 
 void CudaOps::xent_sumexp(float* sumexp, float* target_logit, const float* logits,
                           const float* row_max, const std::int32_t* targets, int n, int ld,
                           int v_valid, int vocab_start) {
+  OpScope timed(timer_.get(), "xent_sumexp");
   launch_xent_sumexp(stream_, sumexp, target_logit, logits, row_max, targets, n, ld, v_valid,
                      vocab_start);
 }
 
 void CudaOps::xent_loss(float* loss, const float* row_max, const float* sumexp,
                         const float* target_logit, int n) {
+  OpScope timed(timer_.get(), "xent_loss");
   launch_xent_loss(stream_, loss, row_max, sumexp, target_logit, n);
 }
 
 void CudaOps::xent_backward(float* logits, const float* row_max, const float* sumexp,
                             const std::int32_t* targets, int n, int ld, int v_valid,
                             int vocab_start, float scale) {
+  OpScope timed(timer_.get(), "xent_backward");
   launch_xent_backward(stream_, logits, row_max, sumexp, targets, n, ld, v_valid, vocab_start,
                        scale);
+}
+
+void CudaOps::xent_shard_stats(float* row_max, float* sumexp, float* target_logit,
+                               const float* logits, const std::int32_t* targets, int n, int ld,
+                               int v_valid, int vocab_start) {
+  OpScope timed(timer_.get(), "xent_shard_stats");
+  if (baseline_) {
+    Ops::xent_shard_stats(row_max, sumexp, target_logit, logits, targets, n, ld, v_valid,
+                          vocab_start);
+    return;
+  }
+  launch_xent_forward(stream_, nullptr, row_max, sumexp, target_logit, logits, targets, n, ld,
+                      v_valid, vocab_start);
+}
+
+void CudaOps::xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                                  int n) {
+  OpScope timed(timer_.get(), "xent_rescale_sumexp");
+  launch_xent_rescale_sumexp(stream_, sumexp, shard_max, row_max, n);
+}
+
+void CudaOps::xent_forward(float* loss, float* row_max, float* sumexp, float* target_logit,
+                           const float* logits, const std::int32_t* targets, int n, int ld,
+                           int v_valid, int vocab_start) {
+  OpScope timed(timer_.get(), "xent_forward");
+  if (baseline_) {  // the three passes (Ops' default), for before/after timings
+    Ops::xent_forward(loss, row_max, sumexp, target_logit, logits, targets, n, ld, v_valid,
+                      vocab_start);
+    return;
+  }
+  launch_xent_forward(stream_, loss, row_max, sumexp, target_logit, logits, targets, n, ld,
+                      v_valid, vocab_start);
 }
 
 // ---- optimizer ----------------------------------------------------------------------------
@@ -264,6 +335,7 @@ void CudaOps::xent_backward(float* logits, const float* row_max, const float* su
 void CudaOps::adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, float bc1,
                     float bc2) {
+  OpScope timed(timer_.get(), "adamw");
   const AdamWScalars s = adamw_scalars(lr, beta1, beta2, weight_decay, bc1, bc2);
   launch_adamw(stream_, p, g, m, v, n, beta1, beta2, s.omb1, s.omb2, eps, s.decay, s.step,
                s.bc2_sqrt);

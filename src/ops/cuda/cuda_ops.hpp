@@ -31,19 +31,27 @@
 // fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "memory.hpp"
+#include "op_timer.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
 
 namespace trident::ops::cuda {
+
+// cuBLAS's (and cuBLASLt's) workspace: NVIDIA's recommendation for Hopper (32 MiB; 4 MiB
+// would do before it).
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t(32) << 20;
 
 class CudaOps final : public Ops {
  public:
@@ -131,6 +139,14 @@ class CudaOps final : public Ops {
   void xent_backward(float* logits, const float* row_max, const float* sumexp,
                      const std::int32_t* targets, int n, int ld, int v_valid, int vocab_start,
                      float scale) override;
+  void xent_shard_stats(float* row_max, float* sumexp, float* target_logit, const float* logits,
+                        const std::int32_t* targets, int n, int ld, int v_valid,
+                        int vocab_start) override;
+  void xent_rescale_sumexp(float* sumexp, const float* shard_max, const float* row_max,
+                           int n) override;
+  void xent_forward(float* loss, float* row_max, float* sumexp, float* target_logit,
+                    const float* logits, const std::int32_t* targets, int n, int ld, int v_valid,
+                    int vocab_start) override;
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
@@ -144,6 +160,18 @@ class CudaOps final : public Ops {
   // Row-major C[m,n] = alpha op(A) op(B) + beta C in the object's precision.
   void gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                const float* b, int ldb, float beta, float* c, int ldc);
+  // Row-major C[m,n] = alpha op(A) op(B) + beta C on packed bf16 operands (lda, ldb: their
+  // leading dimensions), fp32 C and accumulation.
+  void gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, const void* a16, int lda,
+                 const void* b16, int ldb, float beta, float* c, int ldc);
+  // y[N,out] = x16 @ w16 + b through cuBLASLt with the bias in the epilogue (one write of y,
+  // no bias pass before the product); false when cuBLASLt declines the problem (the caller
+  // then falls back to the bias rows and a product with beta = 1).
+  bool linear_bias_lt(float* y, const void* x16, const void* w16, const float* b, int n, int in,
+                      int out);
+  // linear_backward under bf16 products (matmul.cpp says how the operands are converted).
+  void linear_backward_bf16(float* dx, float* dw, float* db, const float* dy, const float* x,
+                            const float* w, int n, int in, int out);
   // `batch` row-major products, operand i at a + i*sa, b + i*sb, c + i*sc.
   void gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
                        int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb,
@@ -160,6 +188,19 @@ class CudaOps final : public Ops {
   double* sum_partial_ = nullptr;       // in the arena: sum_squares_blocks() doubles
   double* sum_result_ = nullptr;        // in the arena
   double* host_result_ = nullptr;       // pinned host memory, one double
+  std::unique_ptr<OpTimer> timer_;      // per-op timing (TRIDENT_OP_TIMING), null when off
+  // TRIDENT_CUDA_BASELINE=1: the paths before issue 27 (three-pass classifier, per-product
+  // conversions and the GEMV bias gradient in linear_backward), for before/after timings.
+  bool baseline_ = false;
+  // cuBLASLt (the bias epilogue): a plan per shape and pointer alignments, made at first use.
+  struct LtPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;  // cuBLASLt offered an algorithm and has not refused one since
+  };
+  cublasLtHandle_t lt_ = nullptr;
+  std::map<std::array<std::int64_t, 4>, LtPlan> lt_plans_;  // {n, in, out, alignments}
 };
 
 }  // namespace trident::ops::cuda

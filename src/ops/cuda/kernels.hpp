@@ -78,6 +78,14 @@ void launch_xent_loss(cudaStream_t s, float* loss, const float* row_max, const f
 void launch_xent_backward(cudaStream_t s, float* logits, const float* row_max,
                           const float* sumexp, const std::int32_t* targets, int n, int ld,
                           int v_valid, int vocab_start, float scale);
+// One pass of the unsharded forward: what xent_row_max, xent_sumexp and xent_loss write (loss
+// null: the first three only, at the shard's max: Ops::xent_shard_stats).
+void launch_xent_forward(cudaStream_t s, float* loss, float* row_max, float* sumexp,
+                         float* target_logit, const float* logits, const std::int32_t* targets,
+                         int n, int ld, int v_valid, int vocab_start);
+// sumexp[i] *= exp(shard_max[i] - row_max[i]); 0 where shard_max is -inf.
+void launch_xent_rescale_sumexp(cudaStream_t s, float* sumexp, const float* shard_max,
+                                const float* row_max, int n);
 
 // ---- embedding.cu -----------------------------------------------------------------------
 void launch_embedding_forward(cudaStream_t s, float* x, const std::int32_t* tokens,
@@ -105,6 +113,16 @@ void launch_bias_rows(cudaStream_t s, float* y, const float* bias, int n, int ou
 // dst[rows, cols] (packed) = bf16(src[rows, cols] with row stride ld), round to nearest even
 void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t rows,
                     std::int64_t cols, std::int64_t ld);
+// linear_backward's dy under bf16 in one read: dst[n, cols] (packed) = bf16(src[n, cols]) and
+// db[cols] += the column sums of src (fp32, row blocks of kColsumRows summed in row order,
+// then the blocks in order: deterministic). partial holds colsum_partial_floats(n, cols).
+constexpr int kColsumRows = 64;
+inline int colsum_row_blocks(int n) { return (n + kColsumRows - 1) / kColsumRows; }
+inline std::int64_t colsum_partial_floats(int n, int cols) {
+  return std::int64_t(colsum_row_blocks(n)) * cols;
+}
+void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
+                           const float* src, int n, int cols);
 // dst[n] = float(src[n] bf16), exact
 void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n);
 // *result = sum x^2 in double, deterministic (fixed grid, fixed reduction order); `partial`

@@ -7,6 +7,7 @@
 //
 // Row-major to cuBLAS: see col_major in plans.hpp (C^T = op(B)^T op(A)^T), which also holds
 // the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
+#include <algorithm>
 #include <cmath>
 
 #include "check.hpp"
@@ -58,13 +59,8 @@ void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const 
     void* b16 = s.alloc(bbytes);
     launch_to_bf16(stream_, a16, a, ra, ca, lda);
     launch_to_bf16(stream_, b16, b, rb, cb, ldb);
-    // the mapping with the packed leading dimensions (the pointers are the bf16 copies)
-    const ColMajor g = col_major(ta, tb, m, n, k, nullptr, static_cast<int>(ca), 0, nullptr,
-                                 static_cast<int>(cb), 0);
-    TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
-                                      &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
-                                      &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+    gemm_rm16(ta, tb, m, n, k, alpha, a16, static_cast<int>(ca), b16, static_cast<int>(cb), beta,
+              c, ldc);
     return;
   }
   const cublasComputeType_t compute =
@@ -73,6 +69,16 @@ void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const 
   TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
                                     &alpha, g.p1, CUDA_R_32F, g.ld1, g.p2, CUDA_R_32F, g.ld2,
                                     &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, const void* a16,
+                        int lda, const void* b16, int ldb, float beta, float* c, int ldc) {
+  // the mapping with the bf16 operands' leading dimensions (col_major only swaps them)
+  const ColMajor g = col_major(ta, tb, m, n, k, nullptr, lda, 0, nullptr, ldb, 0);
+  TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
+                                    &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
+                                    &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaOps::gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
@@ -88,19 +94,128 @@ void CudaOps::gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha
 
 void CudaOps::gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                    int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  OpScope timed(timer_.get(), [&] { return str("gemm ", trans_a ? "T" : "N", trans_b ? "T" : "N",
+                                                 " m=", m, " n=", n, " k=", k); }, 0);
   gemm_rm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void CudaOps::linear_forward(float* y, const float* x, const float* w, const float* b, int n,
                              int in, int out) {
+  OpScope timed(
+      timer_.get(), [&] { return str("linear_forward n=", n, " in=", in, " out=", out); }, 0);
+  if (precision_ == Precision::bf16 && b && !baseline_ && n > 0 && in > 0 && out > 0) {
+    // bf16 copies of x and w, then the product with the bias in cuBLASLt's epilogue
+    const std::size_t xbytes = std::size_t(n) * in * 2, wbytes = std::size_t(in) * out * 2;
+    BumpBlock& s = scratch(aligned_bytes(xbytes) + aligned_bytes(wbytes));
+    void* x16 = s.alloc(xbytes);
+    void* w16 = s.alloc(wbytes);
+    launch_to_bf16(stream_, x16, x, n, in, in);
+    launch_to_bf16(stream_, w16, w, in, out, out);
+    if (linear_bias_lt(y, x16, w16, b, n, in, out)) return;
+    launch_bias_rows(stream_, y, b, n, out);
+    gemm_rm16(false, false, n, out, in, 1.0f, x16, in, w16, out, 1.0f, y, out);
+    return;
+  }
   // y starts as the bias rows and the product is added (beta = 1), as the CPU backend.
-  // (A cuBLASLt bias epilogue would save the pass over y: a later optimization.)
   if (b) launch_bias_rows(stream_, y, b, n, out);
   gemm_rm(false, false, n, out, in, 1.0f, x, in, w, out, b ? 1.0f : 0.0f, y, out);
 }
 
+namespace {
+// The largest power of two (at most 256) dividing the address: cuBLASLt's alignment hints.
+std::int64_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::int64_t al = 256;
+  while (al > 1 && a % std::uintptr_t(al) != 0) al /= 2;
+  return al;
+}
+
+bool lt_declined(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
+         s == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+}  // namespace
+
+bool CudaOps::linear_bias_lt(float* y, const void* x16, const void* w16, const float* b, int n,
+                             int in, int out) {
+  // Column-major: y^T[out, N] = w^T[out, in] x^T[in, N] + b[out] per column, i.e. A = w16
+  // (out x in, ld out), B = x16 (in x N, ld in), D = y (out x N, ld out), bias over D's rows.
+  const std::int64_t align = alignment_of(y) | (alignment_of(b) << 16) |
+                             (alignment_of(x16) << 32) | (alignment_of(w16) << 48);
+  const std::array<std::int64_t, 4> key{n, in, out, align};
+  auto it = lt_plans_.find(key);
+  if (it == lt_plans_.end()) {
+    LtPlan plan;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_n = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op_n, sizeof(op_n)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op_n, sizeof(op_n)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
+                                                    std::uint64_t(in), out));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),
+                                                    std::uint64_t(n), in));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, std::uint64_t(out),
+                                                    std::uint64_t(n), out));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t workspace = kCublasWorkspaceBytes;
+    const std::uint32_t al_a = std::uint32_t(alignment_of(w16)),
+                        al_b = std::uint32_t(alignment_of(x16)),
+                        al_d = std::uint32_t(alignment_of(y));
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &al_a, sizeof(al_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &al_b, sizeof(al_b));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &al_d, sizeof(al_d));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &al_d, sizeof(al_d));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
+                                          &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    plan.algo = result.algo;
+    it = lt_plans_.emplace(key, plan).first;
+  }
+  LtPlan& plan = it->second;
+  if (!plan.ok) return false;
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &b, sizeof(b)));
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st =
+      cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &zero, y, plan.d, y, plan.d,
+                     &plan.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_);
+  if (lt_declined(st)) {  // refused before running: the fallback for this shape from now on
+    plan.ok = false;
+    return false;
+  }
+  TRIDENT_CUBLAS_CHECK(st);
+  return true;
+}
+
 void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                               const float* w, int n, int in, int out) {
+  OpScope timed(
+      timer_.get(), [&] { return str("linear_backward n=", n, " in=", in, " out=", out); }, 0);
+  if (precision_ == Precision::bf16 && !baseline_ && n > 0 && in > 0 && out > 0) {
+    linear_backward_bf16(dx, dw, db, dy, x, w, n, in, out);
+    return;
+  }
   // dx[N,in] = dy[N,out] @ w[in,out]^T
   if (dx) gemm_rm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   // dw[in,out] += x[N,in]^T @ dy[N,out]
@@ -116,8 +231,38 @@ void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, 
   }
 }
 
+// bf16 products with each operand converted once: dy (with db's column sums in the same
+// read) for both products, then w for dx, then x for dw in w's place (the stream orders the
+// dx product's reads of w16 before x16's writes), so the scratch is no larger than one
+// product's two operands (model::predict_memory's count) plus the column partials.
+void CudaOps::linear_backward_bf16(float* dx, float* dw, float* db, const float* dy,
+                                   const float* x, const float* w, int n, int in, int out) {
+  const std::size_t dy_bytes = std::size_t(n) * out * 2;
+  const std::size_t other_bytes = std::max(dx ? std::size_t(in) * out * 2 : 0,
+                                           std::size_t(n) * in * 2);
+  const std::size_t partial_floats = db ? std::size_t(colsum_partial_floats(n, out)) : 0;
+  BumpBlock& s = scratch(aligned_bytes(dy_bytes) + aligned_bytes(other_bytes) +
+                         aligned_bytes(std::max<std::size_t>(partial_floats, 1) * sizeof(float)));
+  void* dy16 = s.alloc(dy_bytes);
+  void* other16 = s.alloc(other_bytes);
+  if (db) {
+    float* partial = s.alloc_n<float>(partial_floats);
+    launch_to_bf16_colsum(stream_, dy16, db, partial, dy, n, out);
+  } else {
+    launch_to_bf16(stream_, dy16, dy, n, out, out);
+  }
+  if (dx) {  // dx[N,in] = dy[N,out] @ w[in,out]^T
+    launch_to_bf16(stream_, other16, w, in, out, out);
+    gemm_rm16(false, true, n, in, out, 1.0f, dy16, out, other16, out, 0.0f, dx, in);
+  }
+  // dw[in,out] += x[N,in]^T @ dy[N,out]
+  launch_to_bf16(stream_, other16, x, n, in, in);
+  gemm_rm16(true, false, in, out, n, 1.0f, other16, in, dy16, out, 1.0f, dw, out);
+}
+
 void CudaOps::attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                                 int nh) {
+  OpScope timed(timer_.get(), "attention_naive_forward");
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_forward: C = ", c,
                 " is not a multiple of NH = ", nh);
   attention_forward_steps(
@@ -128,6 +273,7 @@ void CudaOps::attention_naive_forward(float* out, float* att, const float* qkv, 
 
 void CudaOps::attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                  const float* att, int b, int t, int c, int nh) {
+  OpScope timed(timer_.get(), "attention_naive_backward");
   TRIDENT_CHECK(nh > 0 && c % nh == 0, "attention_backward: C = ", c,
                 " is not a multiple of NH = ", nh);
   attention_backward_steps(
@@ -150,12 +296,14 @@ FlashShape flash_shape(const Ops::AttentionShape& s, const char* op) {
 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const AttentionShape& s) {
+  OpScope timed(timer_.get(), "attention_forward");
   launch_flash_attention_forward(stream_, out, lse, q, k, v, flash_shape(s, "attention_forward"));
 }
 
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, const AttentionShape& s) {
+  OpScope timed(timer_.get(), "attention_backward");
   launch_flash_attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v,
                                   flash_shape(s, "attention_backward"));
 }

@@ -100,6 +100,36 @@ __global__ void to_bf16_kernel(unsigned short* dst, const float* src, std::int64
   TRIDENT_GRID_STRIDE(i, rows * cols) dst[i] = bf16_bits(src[(i / cols) * ld + i % cols]);
 }
 
+// dst[n, cols] = bf16(src[n, cols]) and partial[rb, cols] = the column sums of row block rb
+// (kColsumRows rows, in row order): one read of src for linear_backward's dy under bf16.
+__global__ void to_bf16_colsum_kernel(unsigned short* dst, float* partial, const float* src,
+                                      int n, int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int blocks = (n + kColsumRows - 1) / kColsumRows;
+  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {  // gridDim.y is capped at 65535
+    const int r0 = rb * kColsumRows;
+    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+    float sum = 0.0f;
+    for (int r = r0; r < r1; r++) {
+      const std::int64_t i = std::int64_t(r) * cols + c;
+      const float v = src[i];
+      dst[i] = bf16_bits(v);
+      sum += v;
+    }
+    partial[std::int64_t(rb) * cols + c] = sum;
+  }
+}
+
+// db[c] += the row blocks' partial sums, in block order (deterministic).
+__global__ void colsum_add_kernel(float* db, const float* partial, int blocks, int cols) {
+  TRIDENT_GRID_STRIDE(c, cols) {
+    float sum = 0.0f;
+    for (int b = 0; b < blocks; b++) sum += partial[std::int64_t(b) * cols + c];
+    db[c] += sum;
+  }
+}
+
 __global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, std::int64_t n) {
   TRIDENT_GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
 }
@@ -205,6 +235,19 @@ void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t ro
   to_bf16_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<unsigned short*>(dst), src,
                                                           rows, cols, ld);
   check_launch("to_bf16");
+}
+
+void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
+                           const float* src, int n, int cols) {
+  if (n <= 0 || cols <= 0) return;
+  const int blocks = colsum_row_blocks(n);
+  const dim3 grid(static_cast<unsigned>((cols + kBlock - 1) / kBlock),
+                  static_cast<unsigned>(blocks < 65535 ? blocks : 65535));
+  to_bf16_colsum_kernel<<<grid, kBlock, 0, s>>>(static_cast<unsigned short*>(dst), partial, src,
+                                                n, cols);
+  check_launch("to_bf16_colsum");
+  colsum_add_kernel<<<grid_for(cols), kBlock, 0, s>>>(db, partial, blocks, cols);
+  check_launch("colsum_add");
 }
 
 void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n) {

@@ -180,7 +180,8 @@ void check_linear_backward(Ops& g, double tol, int n, int in, int out) {
   g.linear_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), n, in, out);
   EXPECT_TRUE(near(gdx.host(), dx, tol)) << "dx";
   EXPECT_TRUE(near(gdw.host(), dw, tol)) << "dw (+=)";
-  EXPECT_TRUE(near(gdb.host(), db, 1e-5)) << "db (+=, an fp32 GEMV in every precision)";
+  // db: fp32 sums in every precision (a GEMV, or under bf16 the dy conversion's column sums)
+  EXPECT_TRUE(near(gdb.host(), db, 1e-5)) << "db (+=)";
   // again without dx and db: dw accumulates a second time, db stays
   cpu().linear_backward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(), n, in, out);
   g.linear_backward(nullptr, gdw.get(), nullptr, gdy.get(), gx.get(), gw.get(), n, in, out);
@@ -477,6 +478,67 @@ void check_xent(Ops& g, double tol, int n, int ld, int v_valid, int vocab_start,
   EXPECT_EQ(pad, 0u) << "padding columns must get exactly 0";
 }
 
+// The one-pass forward (online max and sum of exponentials) against the CPU's three passes;
+// `ascending` makes every row increase, so each thread's running max grows at every element.
+void check_xent_forward(Ops& g, double tol, int n, int ld, int v_valid, int vocab_start,
+                        double offset, double sd, bool ascending) {
+  Rng r(2003u + unsigned(n + ld + v_valid));
+  FVec logits = r.normal(std::size_t(n) * ld, sd, offset);
+  if (ascending)
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < ld; j++) logits[std::size_t(i) * ld + j] = 0.01f * float(j) + float(i);
+  for (int i = 0; i < n; i++)
+    for (int j = v_valid; j < ld; j++) logits[std::size_t(i) * ld + j] = 1e4f;  // padding
+  IVec tg(n);
+  for (int i = 0; i < n; i++) tg[i] = vocab_start + r.integer(0, v_valid - 1);
+  tg[0] = vocab_start - 1;  // a target in another shard
+  FVec row_max(n), sumexp(n), tl(n), loss(n);
+  cpu().xent_forward(loss.data(), row_max.data(), sumexp.data(), tl.data(), logits.data(),
+                     tg.data(), n, ld, v_valid, vocab_start);
+  DevVec<float> gl(g, logits), gmax(g, FVec(n, 777.0f)), gsum(g, FVec(n, 777.0f)),
+      gtl(g, FVec(n, 777.0f)), gloss(g, FVec(n, 777.0f));
+  DevVec<std::int32_t> gtg(g, tg);
+  g.xent_forward(gloss.get(), gmax.get(), gsum.get(), gtl.get(), gl.get(), gtg.get(), n, ld,
+                 v_valid, vocab_start);
+  EXPECT_TRUE(near(gmax.host(), row_max, 0.0)) << "row_max";
+  EXPECT_TRUE(near(gtl.host(), tl, 0.0)) << "target_logit";
+  EXPECT_TRUE(near(gsum.host(), sumexp, tol)) << "sumexp";
+  EXPECT_TRUE(near(gloss.host(), loss, tol)) << "loss";
+  EXPECT_TRUE(near(gl.host(), logits, 0.0)) << "the logits are only read";
+}
+
+// A vocabulary in two shards, as under TP (vocab_parallel_xent_forward): each shard's one-pass
+// stats, the global max (here on the host), each shard's sum rescaled on the device, summed;
+// against the CPU's unsharded forward. Shard 1 holds one row's max far above the rest.
+void check_xent_shards(Ops& g, double tol, int n, int v0, int v1) {
+  const int ld = v0 + v1;
+  Rng r(2005u + unsigned(n + ld));
+  FVec logits = r.normal(std::size_t(n) * ld, 2.0, 1.0);
+  logits[std::size_t(n / 2) * ld + v0 + v1 / 2] = 40.0f;
+  IVec tg(n);
+  for (int i = 0; i < n; i++) tg[i] = r.integer(0, ld - 1);
+  FVec row_max(n), sumexp(n), tl(n), loss(n);
+  cpu().xent_forward(loss.data(), row_max.data(), sumexp.data(), tl.data(), logits.data(),
+                     tg.data(), n, ld, ld, 0);
+  DevVec<float> gl(g, logits), m0(g, FVec(n, 7.0f)), s0(g, FVec(n, 7.0f)), t0(g, FVec(n, 7.0f)),
+      m1(g, FVec(n, 7.0f)), s1(g, FVec(n, 7.0f)), t1(g, FVec(n, 7.0f));
+  DevVec<std::int32_t> gtg(g, tg);
+  g.xent_shard_stats(m0.get(), s0.get(), t0.get(), gl.get(), gtg.get(), n, ld, v0, 0);
+  g.xent_shard_stats(m1.get(), s1.get(), t1.get(), gl.get() + v0, gtg.get(), n, ld, v1, v0);
+  const FVec hm0 = m0.host(), hm1 = m1.host();
+  FVec gm(n);
+  for (int i = 0; i < n; i++) gm[i] = std::max(hm0[i], hm1[i]);
+  DevVec<float> ggm(g, gm);
+  g.xent_rescale_sumexp(s0.get(), m0.get(), ggm.get(), n);
+  g.xent_rescale_sumexp(s1.get(), m1.get(), ggm.get(), n);
+  const FVec hs0 = s0.host(), hs1 = s1.host(), ht0 = t0.host(), ht1 = t1.host();
+  FVec ss(n), ts(n);
+  for (int i = 0; i < n; i++) ss[i] = hs0[i] + hs1[i], ts[i] = ht0[i] + ht1[i];
+  EXPECT_TRUE(near(gm, row_max, 0.0)) << "global max";
+  EXPECT_TRUE(near(ts, tl, 0.0)) << "target logit (one shard holds it)";
+  EXPECT_TRUE(near(ss, sumexp, tol)) << "sum of exponentials at the global max";
+}
+
 void check_adamw(Ops& g, double tol, std::int64_t n) {
   Rng r(2101u + unsigned(n));
   const FVec p0 = r.normal(std::size_t(n)), m0 = r.normal(std::size_t(n), 0.1);
@@ -569,6 +631,16 @@ std::vector<CudaCase> cases() {
                 [](Ops& g, double tol) { check_xent(g, tol, 64, 1008, 1000, 0, 80.0, 5.0); }});
   cs.push_back({"xent_n3_ld50304_v50257_vs50257", false, false,
                 [](Ops& g, double tol) { check_xent(g, tol, 3, 50304, 50257, 50257, -30.0, 3.0); }});
+  cs.push_back({"xent_forward_n5_ld13_v11_vs20", false, false,
+                [](Ops& g, double tol) { check_xent_forward(g, tol, 5, 13, 11, 20, 0.0, 1.0, false); }});
+  cs.push_back({"xent_forward_n64_ld50304_v50257_offset80", false, false,
+                [](Ops& g, double tol) { check_xent_forward(g, tol, 64, 50304, 50257, 0, 80.0, 5.0, false); }});
+  cs.push_back({"xent_forward_n4_ld5000_v4999_ascending", false, false,
+                [](Ops& g, double tol) { check_xent_forward(g, tol, 4, 5000, 4999, 7, 0.0, 1.0, true); }});
+  cs.push_back({"xent_shards_n6_v700_5", false, false,
+                [](Ops& g, double tol) { check_xent_shards(g, tol, 6, 700, 5); }});
+  cs.push_back({"xent_shards_n16_v25152_25152", false, false,
+                [](Ops& g, double tol) { check_xent_shards(g, tol, 16, 25152, 25152); }});
   for (std::int64_t n : {5, 100003})
     cs.push_back({name_of("adamw_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_adamw(g, tol, n); }});

@@ -5,6 +5,7 @@
 // shapes. Norm as in cuda_ops_test.cpp: ||emulated - cpu||_inf <= tol ||cpu||_inf.
 // Not a CTest test; run.sh builds and runs it (about 10 s, most of it compiling).
 #include <cblas.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -172,6 +173,80 @@ int main() {
     launch_xent_backward(nullptr, gr2.data(), mx2.data(), se2.data(), tg.data(), s.n, s.ld, s.v, s.vs, scale);
     snprintf(name, sizeof name, "xent n%d ld%d v%d row_max", s.n, s.ld, s.v); cmp(name, mx2, mx, 0);
     cmp("  target_logit", tl2, tl, 0); cmp("  sumexp", se2, se, 1e-5); cmp("  loss", loss2, loss, 1e-5); cmp("  grad", gr2, gr, 1e-5);
+  }
+  // A vocabulary in two shards, as under TP: each shard's one-pass stats (xent_shard_stats),
+  // the global max, each shard's sum rescaled (xent_rescale_sumexp), summed; on the kernels
+  // and on the CPU backend, against the CPU's unsharded forward. Shard 1 is narrow, and in
+  // one row holds the row's max (the other shard's sum then shrinks by its rescale).
+  {
+    const int n = 6, v0 = 700, v1 = 5, ld = v0 + v1;
+    V l = rnd(size_t(n) * ld, 2, 1);
+    l[size_t(2) * ld + v0 + 3] = 40.0f;
+    std::vector<std::int32_t> tg(n);
+    for (int i = 0; i < n; i++) tg[i] = int(g() % ld);
+    tg[1] = v0 + 1;
+    V mx(n), se(n), tl(n), loss(n);
+    cpu->xent_forward(loss.data(), mx.data(), se.data(), tl.data(), l.data(), tg.data(), n, ld, ld, 0);
+    for (int backend = 0; backend < 2; backend++) {
+      V m0(n, 7), s0(n, 7), t0(n, 7), m1(n, 7), s1(n, 7), t1(n, 7), gm(n);
+      // shard 0: columns [0, v0), shard 1: [v0, ld) (row stride ld, its own vocab_start)
+      if (backend == 0) {
+        launch_xent_forward(nullptr, nullptr, m0.data(), s0.data(), t0.data(), l.data(), tg.data(), n, ld, v0, 0);
+        launch_xent_forward(nullptr, nullptr, m1.data(), s1.data(), t1.data(), l.data() + v0, tg.data(), n, ld, v1, v0);
+      } else {
+        cpu->xent_shard_stats(m0.data(), s0.data(), t0.data(), l.data(), tg.data(), n, ld, v0, 0);
+        cpu->xent_shard_stats(m1.data(), s1.data(), t1.data(), l.data() + v0, tg.data(), n, ld, v1, v0);
+      }
+      for (int i = 0; i < n; i++) gm[i] = std::max(m0[i], m1[i]);
+      if (backend == 0) {
+        launch_xent_rescale_sumexp(nullptr, s0.data(), m0.data(), gm.data(), n);
+        launch_xent_rescale_sumexp(nullptr, s1.data(), m1.data(), gm.data(), n);
+      } else {
+        cpu->xent_rescale_sumexp(s0.data(), m0.data(), gm.data(), n);
+        cpu->xent_rescale_sumexp(s1.data(), m1.data(), gm.data(), n);
+      }
+      V ss(n), ts(n);
+      for (int i = 0; i < n; i++) ss[i] = s0[i] + s1[i], ts[i] = t0[i] + t1[i];
+      const char* who = backend == 0 ? "kernels" : "cpu";
+      snprintf(name, sizeof name, "xent two shards (%s) row_max", who); cmp(name, gm, mx, 0);
+      cmp("  target_logit", ts, tl, 0); cmp("  sumexp", ss, se, 1e-6);
+    }
+  }
+  // linear_backward's dy under bf16: the packed copy (bit-identical to to_bf16) and db +=
+  // column sums in one read, against double sums; n not a multiple of the row block.
+  for (int shape = 0; shape < 2; shape++) {
+    const int n = shape ? 200 : 3, cols = shape ? 300 : 5;
+    V src = rnd(size_t(n) * cols), db0 = rnd(size_t(cols)), db = db0, partial(size_t(colsum_partial_floats(n, cols)), 7);
+    std::vector<unsigned short> d1(src.size(), 1), d2(src.size(), 2);
+    launch_to_bf16(nullptr, d1.data(), src.data(), n, cols, cols);
+    launch_to_bf16_colsum(nullptr, d2.data(), db.data(), partial.data(), src.data(), n, cols);
+    V want(cols);
+    for (int c = 0; c < cols; c++) { double sum = db0[c]; for (int r = 0; r < n; r++) sum += src[size_t(r) * cols + c]; want[c] = float(sum); }
+    snprintf(name, sizeof name, "to_bf16_colsum n%d cols%d db", n, cols);
+    cmp(name, db, want, 1e-5);
+    const bool same = d1 == d2;
+    if (!same) bad++;
+    printf("%-44s %s\n", "  packed bf16 = to_bf16", same ? "ok  " : "BAD ");
+  }
+  // The one-pass forward (online max and sum) against the CPU's default (the three passes),
+  // on the shapes above and on ascending rows (each thread's max grows at every element, so
+  // its sum is rescaled every time) and descending ones.
+  for (int shape = 0; shape < 5; shape++) {
+    X s = shape < 3 ? xs[shape] : X{4, 5000, 4999, 7, 0, 1};
+    V l = rnd(size_t(s.n) * s.ld, s.sd, s.off);
+    if (shape >= 3)
+      for (int i = 0; i < s.n; i++)
+        for (int j = 0; j < s.ld; j++) l[size_t(i) * s.ld + j] = 0.01f * float(shape == 3 ? j : s.ld - j) + float(i);
+    for (int i = 0; i < s.n; i++) for (int j = s.v; j < s.ld; j++) l[size_t(i) * s.ld + j] = 1e4f;
+    std::vector<std::int32_t> tg(s.n);
+    for (int i = 0; i < s.n; i++) tg[i] = s.vs + int(g() % s.v);
+    tg[0] = s.vs - 1;
+    V mx(s.n), se(s.n), tl(s.n), loss(s.n), mx2(s.n, 7), se2(s.n, 7), tl2(s.n, 7), loss2(s.n, 7);
+    cpu->xent_forward(loss.data(), mx.data(), se.data(), tl.data(), l.data(), tg.data(), s.n, s.ld, s.v, s.vs);
+    launch_xent_forward(nullptr, loss2.data(), mx2.data(), se2.data(), tl2.data(), l.data(), tg.data(), s.n, s.ld, s.v, s.vs);
+    snprintf(name, sizeof name, "xent_forward n%d ld%d v%d%s row_max", s.n, s.ld, s.v, shape == 3 ? " ascending" : shape == 4 ? " descending" : "");
+    cmp(name, mx2, mx, 0);
+    cmp("  target_logit", tl2, tl, 0); cmp("  sumexp", se2, se, 1e-6); cmp("  loss", loss2, loss, 1e-6);
   }
   { int n = 300, c = 130, vs = 1000, v = 57;
     V wte = rnd(size_t(v) * c), dx = rnd(size_t(n) * c), dw0 = rnd(wte.size());

@@ -1,9 +1,11 @@
-// emulate/shim/cublas.cpp — the cuBLAS calls of cublas_v2.h on the CPU (see there for the
-// arithmetic and what is checked). Column-major throughout, as cuBLAS.
+// emulate/shim/cublas.cpp — the cuBLAS calls of cublas_v2.h and the cuBLASLt calls of
+// cublasLt.h on the CPU (see there for the arithmetic and what is checked). Column-major
+// throughout, as cuBLAS.
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "emu.hpp"
@@ -257,6 +259,174 @@ cublasStatus_t cublasSgemv(cublasHandle_t h, cublasOperation_t trans, int m, int
     float& out = y[std::int64_t(i) * incy];
     const float prod = al * float(acc);
     out = be == 0.0f ? prod : prod + be * out;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- cuBLASLt ------------------------------------------------------------------------------
+
+struct cublasLtContext {};
+struct cublasLtMatmulDescOpaque_t {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+};
+struct cublasLtMatrixLayoutOpaque_t {
+  cudaDataType type;
+  std::uint64_t rows, cols;
+  std::int64_t ld;
+};
+struct cublasLtMatmulPreferenceOpaque_t {
+  std::uint64_t workspace = 0;
+};
+
+namespace {
+template <class T>
+cublasStatus_t get_attr(T& out, const void* buf, std::size_t size) {
+  if (!buf || size != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(&out, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The problem the descriptors describe: m, n, k from D and op(A); INVALID_VALUE when the
+// layouts disagree, NOT_SUPPORTED outside what cublasLt.h says is modelled.
+cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                          cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                          cublasLtMatrixLayout_t d, int& m, int& n, int& k) {
+  if (!desc || !a || !b || !d) return CUBLAS_STATUS_INVALID_VALUE;
+  if (desc->compute != CUBLAS_COMPUTE_32F || desc->scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a->type != b->type || d->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (c && (c->type != d->type || c->rows != d->rows || c->cols != d->cols || c->ld != d->ld))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool ta = desc->ta == CUBLAS_OP_T, tb = desc->tb == CUBLAS_OP_T;
+  m = int(d->rows), n = int(d->cols);
+  k = int(ta ? a->rows : a->cols);
+  if (int(ta ? a->cols : a->rows) != m || int(tb ? b->cols : b->rows) != k ||
+      int(tb ? b->rows : b->cols) != n)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  for (auto* l : {a, b, d})
+    if (l->ld < std::int64_t(l->rows > 1 ? l->rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // namespace
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
+  *h = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  if (!desc) return CUBLAS_STATUS_INVALID_VALUE;
+  *desc = new cublasLtMatmulDescOpaque_t{compute, scale};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, std::size_t size) {
+  if (!desc) return CUBLAS_STATUS_NOT_INITIALIZED;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: return get_attr(desc->ta, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return get_attr(desc->tb, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return get_attr(desc->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return get_attr(desc->bias, buf, size);
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          std::uint64_t rows, std::uint64_t cols,
+                                          std::int64_t ld) {
+  if (!layout) return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = new cublasLtMatmulPreferenceOpaque_t;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, std::size_t size) {
+  if (!pref) return CUBLAS_STATUS_NOT_INITIALIZED;
+  std::uint32_t a = 0;
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return get_attr(pref->workspace, buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return get_attr(a, buf, size);  // recorded by cuBLASLt to pick kernels; nothing here
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!pref || requested < 1 || !results || !returned) return CUBLAS_STATUS_INVALID_VALUE;
+  int m, n, k;
+  const cublasStatus_t s = lt_problem(desc, a, b, c, d, m, n, k);
+  *returned = 0;
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  results[0] = cublasLtMatmulHeuristicResult_t{};
+  results[0].algo.data[0] = 0x7eu;  // the one emulated "algorithm"
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* a, cublasLtMatrixLayout_t adesc, const void* b,
+                              cublasLtMatrixLayout_t bdesc, const void* beta, const void* c,
+                              cublasLtMatrixLayout_t cdesc, void* d,
+                              cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, std::size_t workspace_bytes, cudaStream_t) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  int m, n, k;
+  const cublasStatus_t s = lt_problem(desc, adesc, bdesc, cdesc, ddesc, m, n, k);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  if (!alpha || !beta || (algo && algo->data[0] != 0x7eu)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (workspace_bytes && !emu::is_device(workspace, workspace_bytes)) return not_device("cublasLtMatmul", "workspace");
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  if (be != 0.0f && c != d) return CUBLAS_STATUS_NOT_SUPPORTED;  // out of place C: not emulated
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const bool ta = desc->ta == CUBLAS_OP_T, tb = desc->tb == CUBLAS_OP_T;
+  const std::size_t e = type_size(adesc->type);
+  const bool reads = k > 0 && al != 0.0f;
+  if (reads && !emu::is_device(a, extent(adesc->rows, adesc->cols, adesc->ld, e))) return not_device("cublasLtMatmul", "A");
+  if (reads && !emu::is_device(b, extent(bdesc->rows, bdesc->cols, bdesc->ld, e))) return not_device("cublasLtMatmul", "B");
+  if (!emu::is_device(d, extent(m, n, ddesc->ld, 4))) return not_device("cublasLtMatmul", "D");
+  const bool bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bias) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (bias && !emu::is_device(desc->bias, std::size_t(m) * 4)) return not_device("cublasLtMatmul", "bias");
+  float* out = static_cast<float*>(d);
+  gemm_one(ta, tb, m, n, reads ? k : 0, al, a, adesc->type, int(adesc->ld), b, bdesc->type,
+           int(bdesc->ld), be, out, int(ddesc->ld), CUBLAS_COMPUTE_32F);
+  if (bias) {
+    const float* bv = static_cast<const float*>(desc->bias);
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < m; i++) out[std::int64_t(j) * ddesc->ld + i] += bv[i];
   }
   return CUBLAS_STATUS_SUCCESS;
 }

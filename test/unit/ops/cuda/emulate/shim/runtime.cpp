@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -270,16 +271,33 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+// An event holds the host clock at its last record (OpTimer's timing under the stand-in).
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at{};
+  bool recorded = false;
+};
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = reinterpret_cast<cudaEvent_t>(new char);
+  *e = new CUevent_st;
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<char*>(e);
+  delete e;
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  if (!e) return fail(cudaErrorInvalidValue, "cudaEventRecord", "null event");
+  e->at = std::chrono::steady_clock::now();
+  e->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end) return fail(cudaErrorInvalidValue, "cudaEventElapsedTime", "null argument");
+  if (!start->recorded || !end->recorded)
+    return fail(cudaErrorInvalidValue, "cudaEventElapsedTime", "an event never recorded");
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }

@@ -2,12 +2,14 @@
 // cuBLAS's column-major GEMM (every transpose pair, padded leading dimensions, strided
 // batches, bf16 inputs, the TF32/bf16 rounding of the fast compute types) against a plain
 // double loop, cuBLAS's argument checks, and that the checks of device pointers, poisoned
-// fresh memory and launch limits fire. Built with TRIDENT_EMU_DEVICE_POINTERS.
+// fresh memory and launch limits fire; cuBLASLt's bias epilogue against the GEMM plus the bias,
+// its layout checks and its device-pointer check of the bias. Built with TRIDENT_EMU_DEVICE_POINTERS.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cuda_runtime.h"
@@ -148,6 +150,59 @@ int main() {
         "a host pointer to a kernel: launch error, kernel not run");
   emu_launch(add_one_kernel, "add_one_kernel", dim3(1), dim3(2048), d, 256);
   check(cudaGetLastError() == cudaErrorInvalidConfiguration, "2048 threads a block: launch error");
+  {  // cuBLASLt: D[m,n] = A[m,k] B[k,n] + bias[m] per column (both N), fp32
+    const int lm = 6, ln = 3, lk = 5;
+    std::vector<float> a(lm * lk), b(lk * ln), bias(lm), want(lm * ln);
+    for (std::size_t i = 0; i < a.size(); i++) a[i] = std::sin(float(i) + 1.0f);
+    for (std::size_t i = 0; i < b.size(); i++) b[i] = std::cos(float(i) + 2.0f);
+    for (int i = 0; i < lm; i++) bias[i] = float(i) - 2.5f;
+    for (int j = 0; j < ln; j++)
+      for (int i = 0; i < lm; i++) {
+        double acc = 0;
+        for (int l = 0; l < lk; l++) acc += double(a[l * lm + i]) * b[j * lk + l];
+        want[j * lm + i] = float(acc) + bias[i];
+      }
+    float *da = dev(a.size()), *dbm = dev(b.size()), *dbias = dev(bias.size()), *dd = dev(want.size());
+    cudaMemcpy(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dbm, b.data(), b.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dbias, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice);
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld, lbad;
+    cublasLtMatmulPreference_t pref;
+    cublasLtCreate(&lt);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof(dbias));
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, lm, lk, lm);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, lk, ln, lk);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, lm, ln, lm);
+    cublasLtMatrixLayoutCreate(&lbad, CUDA_R_32F, lk + 1, ln, lk + 1);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found) ==
+              CUBLAS_STATUS_SUCCESS && found == 1, "cuBLASLt heuristic: one algorithm");
+    const float one = 1.0f, zero = 0.0f;
+    check(cublasLtMatmul(lt, desc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &res.algo, nullptr,
+                         0, nullptr) == CUBLAS_STATUS_SUCCESS, "cuBLASLt matmul with the bias epilogue");
+    std::vector<float> got(want.size());
+    cudaMemcpy(got.data(), dd, got.size() * 4, cudaMemcpyDeviceToHost);
+    double err = 0;
+    for (std::size_t i = 0; i < got.size(); i++) err = std::fmax(err, std::fabs(got[i] - want[i]));
+    check(err <= 1e-6, "  D = A B + bias per row");
+    check(cublasLtMatmul(lt, desc, &one, da, la, dbm, lbad, &zero, dd, ld, dd, ld, &res.algo, nullptr,
+                         0, nullptr) == CUBLAS_STATUS_INVALID_VALUE, "  B's layout disagreeing with A's: INVALID_VALUE");
+    const float* host_bias = bias.data();
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &host_bias, sizeof(host_bias));
+    check(cublasLtMatmul(lt, desc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &res.algo, nullptr,
+                         0, nullptr) == CUBLAS_STATUS_EXECUTION_FAILED, "  a host bias: EXECUTION_FAILED");
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (auto l : {la, lb, ld, lbad}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+  }
   cublasDestroy(h);
   std::printf(bad ? "shim selftest: %d FAILED\n" : "shim selftest: all ok\n", bad);
   return bad != 0;

@@ -1,0 +1,88 @@
+"""The CUDA backend's per-op timing (TRIDENT_OP_TIMING, src/ops/cuda/op_timer.hpp) in real
+training: `trident train` on runtime.device = "cuda" (the CPU stand-in under emulate/train.sh,
+where the events are host clock readings; a real GPU under bench/gpu_check.sh).
+Checks: no file when the variable is unset; with it, a JSON table whose shares sum to 1, whose
+total is within the run's wall time, and whose counts are the step's: adamw every step, the
+one-pass classifier (xent_forward) once per microbatch in a serial run and the three-pass one
+per shard (xent_shard_stats, xent_rescale_sumexp, xent_loss) at tp 2, where the vocabulary is
+sharded; rank 1 writes
+FILE.rank1 (left out where there is no mpirun). usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 op_timing.py
+"""
+import json
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.environ.get("TRIDENT_SOURCE_DIR", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "..")), "test", "mpi"))
+import layout_common as lc  # noqa: E402
+
+V, T, L, H, C = 64, 16, 2, 4, 32
+MBS, GBS, STEPS = 2, 8, 3
+DEVICE = ["runtime.device=\"cuda\""]
+
+
+def table(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def calls(tab, name):
+    return sum(r["calls"] for r in tab["ops"] if r["op"] == name)
+
+
+def main():
+    t = lc.LayoutTest("cuda.op_timing", lc.deck_text(V, T, L, H, C, MBS, GBS, STEPS, 1), V, T,
+                      GBS, 11)
+    os.environ.pop("TRIDENT_OP_TIMING", None)
+    t.train(1, "off", sets=DEVICE)
+    t.check(not any(n.startswith("ops") for n in os.listdir(t.out)),
+            "TRIDENT_OP_TIMING unset: no table written")
+
+    path = t.path("ops.json")
+    os.environ["TRIDENT_OP_TIMING"] = path
+    t0 = time.monotonic()
+    t.train(1, "serial", sets=DEVICE)
+    wall_ms = 1e3 * (time.monotonic() - t0)
+    tab = table(path)
+    shares = sum(r["share"] for r in tab["ops"])
+    t.check(abs(shares - 1.0) <= 1e-4, f"serial: shares sum to {shares:.6f}")
+    t.check(0 < tab["total_ms"] <= wall_ms,
+            f"serial: {tab['total_ms']:.1f} ms of ops within the run's {wall_ms:.0f} ms ({tab['events']} events)")
+    t.check(all(r["total_ms"] >= 0 and r["calls"] > 0 for r in tab["ops"]), "serial: every row has calls and time")
+    micro = STEPS * GBS // MBS
+    t.check(calls(tab, "xent_forward") == micro,
+            f"serial: xent_forward {calls(tab, 'xent_forward')} calls = {micro} microbatches")
+    t.check(calls(tab, "xent_row_max") == 0 and calls(tab, "xent_shard_stats") == 0,
+            "serial: no sharded or three-pass classifier")
+    t.check(calls(tab, "xent_backward") == micro, f"serial: xent_backward once per microbatch")
+    t.check(calls(tab, "adamw") >= STEPS, f"serial: adamw {calls(tab, 'adamw')} calls >= {STEPS} steps")
+    for op in ["embedding_forward", "layernorm_forward", "attention_forward", "attention_backward"]:
+        t.check(calls(tab, op) > 0, f"serial: {op} timed ({calls(tab, op)} calls)")
+    linears = [r for r in tab["ops"] if r["op"].startswith("linear_forward n=")]
+    t.check(len(linears) >= 2, f"serial: linear_forward per shape ({[r['op'] for r in linears]})")
+    print("serial table (first rows):")
+    for r in tab["ops"][:8]:
+        print(f"  {r['op']:<40} {r['calls']:>5} {r['total_ms']:9.2f} ms {100 * r['share']:5.1f}%")
+
+    if not shutil.which("mpirun"):  # a GPU machine with the bundle only (bench/gpu_check.sh)
+        print("tp 2: skipped (no mpirun)")
+        os.environ.pop("TRIDENT_OP_TIMING", None)
+        t.finish()
+        return
+    path2 = t.path("ops-tp2.json")
+    os.environ["TRIDENT_OP_TIMING"] = path2
+    t.train(2, "tp2", sets=DEVICE + ["parallel.tp=2"])
+    for p in [path2, path2 + ".rank1"]:
+        tab = table(p)
+        name = os.path.basename(p)
+        t.check(calls(tab, "xent_shard_stats") == micro and calls(tab, "xent_rescale_sumexp") == micro
+                and calls(tab, "xent_forward") == 0 and calls(tab, "xent_row_max") == 0,
+                f"tp 2, {name}: one pass per shard and the rescale, {calls(tab, 'xent_shard_stats')} calls")
+    os.environ.pop("TRIDENT_OP_TIMING", None)
+    t.finish()
+
+
+if __name__ == "__main__":
+    main()

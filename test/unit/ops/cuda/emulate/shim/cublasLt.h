@@ -1,0 +1,78 @@
+// emulate/shim/cublasLt.h — the cuBLASLt calls trident's src/ops/cuda makes (the forward linear
+// with its bias in the GEMM's epilogue), on the CPU (cublas.cpp), with cuBLASLt's names; the
+// values of the enums are the shim's own. Modelled: one matmul D = alpha op(A) op(B) + beta C
+// (+ bias[m] per row of D under CUBLASLT_EPILOGUE_BIAS), compute CUBLAS_COMPUTE_32F with fp32
+// scale, A and B both fp32 or both bf16, C and D fp32 with the same layout; the layouts'
+// shapes checked against the operations (CUBLAS_STATUS_INVALID_VALUE otherwise), every matrix
+// and the bias in device memory of the runtime shim (else EXECUTION_FAILED, as a GPU would
+// fault). The heuristic offers one algorithm for any valid problem, needing no workspace.
+// Arithmetic as cublas_v2.h's GEMMs; the bias is added in float after alpha * product.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cublas_v2.h"
+
+struct cublasLtContext;
+typedef cublasLtContext* cublasLtHandle_t;
+struct cublasLtMatmulDescOpaque_t;
+typedef cublasLtMatmulDescOpaque_t* cublasLtMatmulDesc_t;
+struct cublasLtMatrixLayoutOpaque_t;
+typedef cublasLtMatrixLayoutOpaque_t* cublasLtMatrixLayout_t;
+struct cublasLtMatmulPreferenceOpaque_t;
+typedef cublasLtMatmulPreferenceOpaque_t* cublasLtMatmulPreference_t;
+typedef struct {
+  std::uint64_t data[8];
+} cublasLtMatmulAlgo_t;
+typedef struct {
+  cublasLtMatmulAlgo_t algo;
+  std::size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+
+enum cublasLtMatmulDescAttributes_t {
+  CUBLASLT_MATMUL_DESC_TRANSA = 3,
+  CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+};
+enum cublasLtEpilogue_t { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 };
+enum cublasLtMatmulPreferenceAttributes_t {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+};
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle);
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale_type);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, std::size_t size);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          std::uint64_t rows, std::uint64_t cols,
+                                          std::int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, std::size_t size);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                              const void* alpha, const void* a, cublasLtMatrixLayout_t adesc,
+                              const void* b, cublasLtMatrixLayout_t bdesc, const void* beta,
+                              const void* c, cublasLtMatrixLayout_t cdesc, void* d,
+                              cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
