@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -664,6 +665,19 @@ class Loader {
     const Config::Train& t = c.train;
     need(t.steps >= 1, "train.steps", ">= 1", t.steps);
     need(t.global_batch_size >= 1, "train.global_batch_size", ">= 1", t.global_batch_size);
+    {
+      // The sample index holds 8-byte entries per sequence drawn: bounded (and checked for
+      // overflow) here, before a build of terabytes starts (issue 32: steps = 1e12, 2^63 - 1).
+      constexpr std::int64_t kMaxSequences = std::int64_t(1) << 40;
+      std::int64_t sequences = 0;
+      if (__builtin_mul_overflow(std::int64_t(t.steps), std::int64_t(t.global_batch_size),
+                                 &sequences) ||
+          sequences > kMaxSequences)
+        fail(where("train.steps", "train.global_batch_size"), ": train.steps * ",
+             "train.global_batch_size = ", t.steps, " * ", t.global_batch_size,
+             " sequences is more than the ", kMaxSequences,
+             " the sample index can hold (8 bytes each: over 8 TiB)");
+    }
     if (t.global_batch_size % p.micro_batch_size != 0)
       fail(where("train.global_batch_size", "parallel.micro_batch_size"),
            ": train.global_batch_size = ", t.global_batch_size,

@@ -89,10 +89,13 @@ struct DatasetInfo {
 std::int64_t sequences_in(std::int64_t tokens, int T) { return tokens > T ? (tokens - 1) / T : 0; }
 
 std::vector<double> normalized(const std::vector<DataSource>& sources) {
+  // Scaled by the largest weight first: weights of 1e308 summed to inf and normalised to 0.
+  double largest = 0;
+  for (const auto& s : sources) largest = std::max(largest, s.weight);
   double total = 0;
-  for (const auto& s : sources) total += s.weight;
+  for (const auto& s : sources) total += s.weight / largest;
   std::vector<double> w;
-  for (const auto& s : sources) w.push_back(s.weight / total);
+  for (const auto& s : sources) w.push_back(s.weight / largest / total);
   return w;
 }
 

@@ -872,6 +872,20 @@ def _(c):
     return argv
 
 
+# --- issue 32, unbounded sizes (helper `faults`) ---------------------------------------------
+
+@case("cli_grid_product_overflows", ["--tp * --pp * --dp", "4294967296", "1048576"])
+def _(c):
+    return ["grid", "--tp", "65536", "--pp", "65536", "--dp", "1"]
+
+deck_case("rule_steps_overflow_int64", {"train.steps": 9223372036854775807},
+          ["deck.toml:", "train.steps", "train.global_batch_size", "sample index"])
+deck_case("rule_steps_unbounded_index", {"train.steps": 1000000000000},
+          ["deck.toml:", "train.steps", "1099511627776", "8 TiB"])
+
+# --- end of issue 32, unbounded sizes -------------------------------------------------------
+
+
 class Skip(Exception):
     pass
 

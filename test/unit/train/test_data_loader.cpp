@@ -183,6 +183,26 @@ TEST(DataLoader, BlendHoldsItsWeightsExactlyPerWindow) {
   }
 }
 
+// Issue 32: weights near DBL_MAX summed to inf and normalised to 0 (every sequence from one
+// dataset); scaled by the largest first they give the same draw as 0.7 / 0.3.
+TEST(DataLoader, HugeBlendWeightsNormaliseLikeSmallOnes) {
+  Scratch s;
+  make_dataset(s / "a.h5", 801, 0, 100);
+  make_dataset(s / "b.h5", 801, 100, 100);
+  const auto list = [&](const std::string& wa, const std::string& wb) {
+    return parse_data_sources("[{path = \"" + (s / "a.h5") + "\", weight = " + wa +
+                                  "}, {path = \"" + (s / "b.h5") + "\", weight = " + wb + "}]",
+                              "data.train");
+  };
+  build_sample_index(list("0.7", "0.3"), options(s / "small.h5", 200, 8));
+  build_sample_index(list("1.4e308", "0.6e308"), options(s / "huge.h5", 200, 8));
+  const auto small = read_all(s / "small.h5", "blend/dataset");
+  const auto huge = read_all(s / "huge.h5", "blend/dataset");
+  ASSERT_EQ(small.size(), 200u);
+  EXPECT_EQ(small, huge);
+  EXPECT_EQ(std::count(huge.begin(), huge.end(), 1), 60);
+}
+
 TEST(DataLoader, StaleIndexIsRebuiltTamperedOneRefused) {
   Scratch s;
   make_dataset(s / "a.h5", 1000);
