@@ -13,6 +13,7 @@
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/io/dataset.hpp"
+#include "trident/io/out_dir_lock.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/checkpointer.hpp"
 #include "trident/train/data_loader.hpp"
@@ -98,6 +99,13 @@ void run_training(Trainer& tr) {
   const Config& cfg = tr.config();
   parallel::ParallelState& ps = tr.state();
   const StopPolicy stop(cfg);  // from here SIGUSR1/SIGTERM stop the run after a checkpoint
+  // One run per out_dir: rank 0 takes its lock before anything is written there; every rank
+  // learns the verdict (agree), so a refused run exits whole and touches nothing.
+  io::OutDirLock lock;
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    if (ps.world_rank == 0)
+      lock = io::OutDirLock::acquire(cfg.io.out_dir, io::OutDirLock::default_wait_seconds());
+  });
   std::optional<DataLoader> train_data, valid_data;
   open_data(cfg, ps, train_data, valid_data);
   Checkpointer checkpoints(tr);
