@@ -6,7 +6,10 @@
    first's curve and final weights are bitwise those of an undisturbed run;
 2. a requeued run waits (TRIDENT_LOCK_WAIT_S) for the old run to end, then goes on;
 3. a stale lock, left by a run that died (TRIDENT_FAULT exit), is taken over with a warning
-   naming the dead holder, and the run resumes.
+   naming the dead holder, and the run resumes;
+4. `trident sample` streams (issue 32): with --tokens 10**8 (hours), the prompt and generated
+   text arrive on the pipe while the process still runs, and they are the first bytes of what
+   a --tokens 200 run prints.
 """
 import os
 import shutil
@@ -162,6 +165,26 @@ def main():
     check("resuming from" in p.stdout and "step-00000004.h5" in p.stdout, "and resumes from step 4")
     steps, loss = curve("stale")
     check(np.array_equal(loss, ref_loss), "its curve is the undisturbed one")
+
+    # 4. sample streams its tokens
+    ck = os.path.join("ref", "checkpoints", "step-00000012.h5")
+    short = run("sample", "--checkpoint", ck, "--prompt", "and the", "--tokens", "200")
+    check(short.returncode == 0 and short.stdout.startswith("and the"), "sample --tokens 200")
+    proc = subprocess.Popen([TRIDENT, "sample", "--checkpoint", ck, "--prompt", "and the",
+                             "--tokens", str(10**8)], cwd=OUT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env_with())
+    got = b""
+    while len(got) < len("and the") + 50:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            break
+        got += chunk
+    running = proc.poll() is None
+    proc.kill()
+    proc.wait()
+    print(f"streamed {len(got)} bytes before the end: {got[:60]!r}")
+    check(running and len(got) >= len("and the") + 50, "sample's tokens arrive while it runs")
+    check(short.stdout.encode().startswith(got), "and they are those of the shorter run")
 
     if failures:
         sys.exit(f"FAIL: {len(failures)} check(s): {failures}")
