@@ -141,6 +141,30 @@ def main():
     check(open(os.path.join(OUT, "shared", ".trident.lock")).read() == "",
           "a clean exit leaves the lock file empty")
 
+    # 1b. io.resume = "none" over another run's files: refused, unless io.overwrite = true
+    def digests(d):
+        import hashlib
+        out = {}
+        for root, _, files in os.walk(os.path.join(OUT, d)):
+            for f in files:
+                p = os.path.join(root, f)
+                out[os.path.relpath(p, OUT)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+        return out
+    before = digests("shared")
+    p = run("train", "deck.toml", "--set", "io.out_dir=shared", "--set", "io.resume=none")
+    print(p.stderr.strip())
+    check(p.returncode != 0 and "io.resume" in p.stderr and "io.overwrite" in p.stderr,
+          "resume = none over another run's files is refused naming io.overwrite")
+    check(digests("shared") == before, "and touches none of them")
+    p = run("train", "deck.toml", "--set", "io.out_dir=shared", "--set", "io.resume=none",
+            "--set", "io.overwrite=true")
+    check(p.returncode == 0 and "deleted the previous run" in p.stderr,
+          "io.overwrite = true deletes the old run's files, with a warning")
+    ck = sorted(os.listdir(os.path.join(OUT, "shared", "checkpoints")))
+    check(ck == ["step-00000004.h5", "step-00000008.h5", "step-00000012.h5"], f"only the new run's checkpoints: {ck}")
+    steps, loss = curve("shared")
+    check(np.array_equal(loss, ref_loss), "the new run's curve starts afresh (= the undisturbed one)")
+
     # 2. a requeued job waits for the old one's ranks to exit
     first = start("train", "deck.toml", "--set", "io.out_dir=requeue",
                   env=env_with(TRIDENT_FAULT="slow:0:150"))
