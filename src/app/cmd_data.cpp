@@ -53,7 +53,6 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
   io::read_weights(checkpoint, MPI_COMM_NULL, cfg, chunk.specs(), chunk.params());
 
   std::vector<std::int32_t> ids = tok->encode(prompt.empty() ? "\n" : prompt);
-  const std::size_t prompt_len = ids.size();
   std::vector<float> logits(std::size_t(cfg.vocab_size));
   std::vector<int> order(std::size_t(cfg.vocab_size));
   const std::uint64_t stream = rng::key_of("sample");
@@ -67,6 +66,26 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
       chunk.generation_step(ids[i], logits.data());
   };
   refill(std::size_t(cfg.seq_len));
+  // Tokens are printed as they come (issue 32): the text of ids[window..] is decoded again
+  // after each token and its new tail printed. The window restarts every 512 tokens one token
+  // back, so that a SentencePiece piece's leading space is decoded as in the whole text.
+  std::size_t window = 0, shown = 0;  // shown: bytes of decode(ids[window..]) already out
+  {
+    const std::string head = tok->decode(ids);
+    if (!prompt.empty()) std::fputs(head.c_str(), stdout);
+    shown = head.size();
+    std::fflush(stdout);
+  }
+  auto show_new = [&] {
+    if (ids.size() - window > 512) {
+      window = ids.size() - 2;
+      shown = tok->decode({ids[window]}).size();
+    }
+    const std::string text = tok->decode({ids.begin() + long(window), ids.end()});
+    if (text.size() > shown) std::fwrite(text.data() + shown, 1, text.size() - shown, stdout);
+    shown = std::max(shown, text.size());
+    std::fflush(stdout);
+  };
   for (int n = 0; n < tokens; ++n) {
     int next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
     if (temperature > 0) {
@@ -87,15 +106,13 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
         }
     }
     ids.push_back(next);
+    show_new();
     if (n + 1 == tokens) break;
     if (chunk.generation_position() == cfg.seq_len)
       refill(std::size_t(cfg.seq_len) / 2 + 1);
     else
       chunk.generation_step(next, logits.data());
   }
-  const std::string text = tok->decode(ids);
-  const std::string head = tok->decode({ids.begin(), ids.begin() + long(prompt_len)});
-  std::fputs((prompt.empty() ? text.substr(head.size()) : text).c_str(), stdout);
   std::fputc('\n', stdout);
   return 0;
 }
@@ -105,6 +122,7 @@ int run_export(const std::string& checkpoint, const std::string& out) {
   parallel::agree(MPI_COMM_WORLD, [&] {
     const int world = parallel::world_size();
     TRIDENT_CHECK(world == 1, "export runs on one process (not under mpirun -np ", world, ")");
+    refuse_output_over_input("--out", out, "--checkpoint", checkpoint);
     io::read_checkpoint_state(checkpoint);  // a checkpoint, not some other HDF5 file
     cfg = io::read_model_config(checkpoint);
   });

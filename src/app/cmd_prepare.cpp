@@ -292,6 +292,9 @@ int run_prepare_data(const PrepareOptions& opt_in) {
                     "--tokenizer byte has a vocabulary of 256, not --vocab-size ", opt.vocab_size);
     if (rank != 0) return;
     inputs = expand_inputs(opt);
+    for (const auto& i : inputs)  // issue 32: --output X --input X destroyed the corpus
+      for (const auto& [key, o] : {std::pair{"--output", opt.output}, {"--valid-output", opt.valid_output}})
+        refuse_output_over_input(key, o, "--input", i.path);
     std::uint64_t total = 0;
     bool has_stdin = false;
     for (const auto& i : inputs) total += i.bytes, has_stdin |= i.path == "-";

@@ -84,5 +84,9 @@ int run_calibrate(const CalibrateArgs& args);
 // Threads per rank when runtime.threads = 0: the cores this rank may use, shared with the
 // node's other ranks.
 int default_threads(int local_ranks);
+// Refuses an output that is one of the command's inputs (the same file by inode, whatever the
+// path says): writing it would destroy the input. Either may not exist yet.
+void refuse_output_over_input(const std::string& out_key, const std::string& out,
+                              const std::string& in_key, const std::string& in);
 
 }  // namespace trident::app

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 
 #include "commands.hpp"
 #include "trident/core/fault.hpp"
@@ -34,6 +35,14 @@ ops::BackendOptions backend_options(const train::Config& c, const parallel::Node
   backend.local_rank = node.rank;
   backend.local_size = node.size;
   return backend;
+}
+
+void refuse_output_over_input(const std::string& out_key, const std::string& out,
+                              const std::string& in_key, const std::string& in) {
+  std::error_code ec;
+  if (out.empty() || in.empty() || in == "-") return;
+  TRIDENT_CHECK(!std::filesystem::equivalent(out, in, ec) || ec, out_key, " '", out,
+                "' is the same file as ", in_key, " '", in, "'; writing it would destroy the input");
 }
 
 Session open_session(const DeckArgs& args, const std::string& vocab_from, bool allow_tp2d) {

@@ -107,6 +107,7 @@ const std::vector<KeyDef>& key_table() {
       {"io", "checkpoint_every", [](Config& c) -> Field { return &c.io.checkpoint_every; }},
       {"io", "keep_checkpoints", [](Config& c) -> Field { return &c.io.keep_checkpoints; }},
       {"io", "resume", [](Config& c) -> Field { return &c.io.resume; }},
+      {"io", "overwrite", [](Config& c) -> Field { return &c.io.overwrite; }},
       {"io", "init_weights", [](Config& c) -> Field { return &c.io.init_weights; }},
       {"io", "trace_step", [](Config& c) -> Field { return &c.io.trace_step; }},
 

@@ -13,6 +13,7 @@
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/io/dataset.hpp"
+#include "trident/io/out_dir_lock.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/checkpointer.hpp"
 #include "trident/train/data_loader.hpp"
@@ -92,12 +93,45 @@ void write_resolved_deck(const Config& cfg, const parallel::ParallelState& ps) {
   });
 }
 
+// io.resume = "none" starts afresh: over another run's metrics.h5 and checkpoints it would
+// overwrite some and leave the rest for a later "auto" to resume (issue 32). Refused unless
+// io.overwrite = true, which deletes them first. Rank 0, under the out_dir lock.
+void clear_for_fresh_run(const Config& cfg) {
+  if (cfg.io.resume != "none") return;
+  const fs::path dir(cfg.io.out_dir);
+  std::error_code ec;
+  std::vector<fs::path> old;
+  if (fs::exists(dir / "metrics.h5", ec)) old.push_back(dir / "metrics.h5");
+  if (fs::is_directory(dir / "checkpoints", ec))
+    for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec))
+      if (e.path().extension() == ".h5") old.push_back(e.path());
+  if (old.empty()) return;
+  TRIDENT_CHECK(cfg.io.overwrite, "io.resume = \"none\": io.out_dir '", cfg.io.out_dir,
+                "' holds another run's files (", old.size(), ", e.g. ", old.front().string(),
+                "); set io.overwrite = true to delete them, io.resume = \"auto\" to continue "
+                "that run, or use another io.out_dir");
+  for (const auto& p : old) {
+    fs::remove(p, ec);
+    TRIDENT_CHECK(!ec, "io.overwrite: cannot delete '", p.string(), "': ", ec.message());
+  }
+  log::warn("io.overwrite = true: deleted the previous run's metrics.h5 and checkpoints in '",
+            cfg.io.out_dir, "' (", old.size(), " files)");
+}
+
 }  // namespace
 
 void run_training(Trainer& tr) {
   const Config& cfg = tr.config();
   parallel::ParallelState& ps = tr.state();
   const StopPolicy stop(cfg);  // from here SIGUSR1/SIGTERM stop the run after a checkpoint
+  // One run per out_dir: rank 0 takes its lock before anything is written there; every rank
+  // learns the verdict (agree), so a refused run exits whole and touches nothing.
+  io::OutDirLock lock;
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    if (ps.world_rank != 0) return;
+    lock = io::OutDirLock::acquire(cfg.io.out_dir, io::OutDirLock::default_wait_seconds());
+    clear_for_fresh_run(cfg);
+  });
   std::optional<DataLoader> train_data, valid_data;
   open_data(cfg, ps, train_data, valid_data);
   Checkpointer checkpoints(tr);

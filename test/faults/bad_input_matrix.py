@@ -320,6 +320,47 @@ def _(c):
     return ["prepare-data", "--input", "nothing-*.txt", "--output", "out.h5"]
 
 
+# --- issue 32 (out_dir guard): an output that is an input is refused, the input intact --------
+# (the inputs live in out_dir, whose files the runner checks are unchanged)
+
+def _in_out_dir(c, name, content=None, fixture=None):
+    os.makedirs(c.out_dir, exist_ok=True)
+    p = os.path.join(c.out_dir, name)
+    if fixture:
+        shutil.copyfile(os.path.join(c.fixtures, fixture), p)
+    else:
+        with open(p, "w") as f:
+            f.write(content)
+    return p
+
+
+@case("prepare_data_output_is_input", ["--output", "same file", "--input", "corpus.txt"])
+def _(c):
+    p = _in_out_dir(c, "corpus.txt", "hello\n" * 50)
+    return ["prepare-data", "--input", p, "--output", p]
+
+
+@case("prepare_data_output_links_to_input", ["--output", "same file", "--input"])
+def _(c):
+    p = _in_out_dir(c, "corpus.txt", "hello\n" * 50)
+    os.symlink(p, c.path("link.h5"))
+    return ["prepare-data", "--input", p, "--output", c.path("link.h5")]
+
+
+@case("prepare_data_valid_output_is_input", ["--valid-output", "same file", "--input"])
+def _(c):
+    p = _in_out_dir(c, "corpus.txt", "hello\n" * 50)
+    return ["prepare-data", "--input", p, "--output", c.path("out.h5"), "--valid-output", p]
+
+
+@case("export_out_is_checkpoint", ["--out", "same file", "--checkpoint"])
+def _(c):
+    p = _in_out_dir(c, "ckpt.h5", fixture="ckpt.h5")
+    return ["export", "--checkpoint", p, "--out", os.path.join(c.out_dir, "..", "run", "ckpt.h5")]
+
+# --- end of issue 32 (out_dir guard) ----------------------------------------------------------
+
+
 @case("sample_checkpoint_not_trident", ["tokens.h5", "format"])
 def _(c):
     return ["sample", "--checkpoint", c.copy("tokens.h5"), "--tokens", "4"]

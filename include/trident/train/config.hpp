@@ -163,6 +163,9 @@ struct Config {
     std::int64_t checkpoint_every = 0;  // steps; 0: only at the end
     std::int64_t keep_checkpoints = 2;
     std::string resume = "auto";  // "auto" | "none" | path to a checkpoint
+    // resume = "none" over an out_dir holding another run's metrics/checkpoints: refused
+    // unless true, which deletes them first (issue 32)
+    bool overwrite = false;
     std::string init_weights;     // weights file to start from ("" = fresh init)
     std::int64_t trace_step = 0;  // write <out_dir>/trace/rank-<r>.json of this step; 0: off
   } io;

@@ -155,7 +155,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
       "seed = 1234", "eval_every = 0", "eval_batches = 4", "on_nonfinite = \"abort\"", "[data]", "train = \"\"",
       "valid = \"\"", "[io]", "out_dir = \"output/run\"", "checkpoint_every = 0",
-      "keep_checkpoints = 2", "resume = \"auto\"", "init_weights = \"\"", "trace_step = 0",
+      "keep_checkpoints = 2", "resume = \"auto\"", "overwrite = false", "init_weights = \"\"", "trace_step = 0",
       "[runtime]", "device = \"cpu\"", "precision = \"fp32\"", "threads = 0",
       "watchdog_s = 0.0"};
   std::size_t pos = 0;
@@ -166,7 +166,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 42u);
+  EXPECT_EQ(assignments, 43u);
 }
 
 // model.arch = "llama": its keys print (after d_model, resolved as written), parse back, and
