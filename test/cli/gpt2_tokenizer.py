@@ -184,7 +184,7 @@ def main():
     with open(os.path.join(OUT, "tiny.toml"), "w") as f:
         f.write(open(os.path.join(SRC, "input/default.toml")).read())
     sets = ["--set", "model.seq_len=16", "--set", "model.n_layer=1", "--set", "model.n_head=2",
-            "--set", "model.d_model=16", "--set", "train.steps=1", "--set", "train.micro_batch_size=2",
+            "--set", "model.d_model=16", "--set", "train.steps=1", "--set", "parallel.micro_batch_size=2",
             "--set", "train.global_batch_size=2", "--set", "train.eval_every=0",
             "--set", "train.warmup_steps=0", "--set", "data.train=kjv1.h5", "--set", "data.valid=",
             "--set", "io.out_dir=tiny", "--set", "io.checkpoint_every=1"]
@@ -215,7 +215,7 @@ def main():
         json.dump({"model": {"type": "Unigram", "vocab": []}}, f)
     cases = [
         ("a missing folder", os.path.join(OUT, "nowhere"), "nowhere"),
-        ("a folder without the files", os.path.join(OUT, "tiny"), "holds neither"),
+        ("a folder without the files", os.path.join(OUT, "hf", ".."), "holds neither"),
         ("malformed encoder.json", bad, os.path.join(bad, "encoder.json") + "' is not valid JSON"),
         ("a bad merges line", bad2, os.path.join(bad2, "vocab.bpe") + "':3: expected a merge"),
         ("tokenizer.json not a BPE", os.path.join(OUT, "notbpe.json"), "expected \"BPE\""),
