@@ -128,7 +128,10 @@ def main():
     with open(os.path.join(OUT, "small.txt"), "w") as f:
         f.write(small)
     # Plain text whose lines often may not be cut (indents, blank lines, trailing spaces).
-    awkward = "\n".join(DOCS * 12) + "\n"
+    # Six of every seven line ends here may not end a block ("\n" + indent is one pre-token,
+    # so is "  \n" at a block's end): cutting at any line end changes tokens.
+    code = [f"def f{i}(x):\n    y = x  \n\n    return y\n\tz = {i}\n  \nSection {i}." for i in range(300)]
+    awkward = "\n".join(DOCS * 4 + code) + "\n"
     with open(os.path.join(OUT, "awkward.txt"), "w", encoding="utf-8", newline="") as f:
         f.write(awkward)
     with open(os.path.join(OUT, "docs.jsonl"), "w", encoding="utf-8") as f:
