@@ -243,18 +243,20 @@ void tokenize(const io::Tokenizer& tok, const Part& p, std::vector<std::int32_t>
               std::vector<std::int64_t>& docs) {
   out.clear();
   docs.clear();
-  std::vector<std::uint64_t> cuts = p.doc_starts;
-  cuts.push_back(p.text.size());
-  if (cuts.front() != 0) cuts.insert(cuts.begin(), 0);
-  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
-    const std::size_t before = out.size();
-    const auto doc = std::find(p.doc_starts.begin(), p.doc_starts.end(), cuts[i]);
-    const bool is_doc = doc != p.doc_starts.end();
-    if (is_doc && tok.end_of_text() >= 0 && p.docs_before + std::uint64_t(doc - p.doc_starts.begin()) > 0)
-      out.push_back(tok.end_of_text());
-    auto ids = tok.encode(std::string_view(p.text).substr(cuts[i], cuts[i + 1] - cuts[i]));
+  const std::string_view text(p.text);
+  const auto& starts = p.doc_starts;
+  auto encode = [&](std::uint64_t begin, std::uint64_t end) {
+    auto ids = tok.encode(text.substr(begin, end - begin));
     out.insert(out.end(), ids.begin(), ids.end());
-    if (is_doc && out.size() > before) docs.push_back(std::int64_t(before));
+  };
+  // The end of a document begun in an earlier block, then each document (GPT-2's empty
+  // JSON Lines records make documents of no text, starting where the next one does).
+  if (starts.empty() || starts.front() != 0) encode(0, starts.empty() ? text.size() : starts.front());
+  for (std::size_t k = 0; k < starts.size(); ++k) {
+    const std::size_t before = out.size();
+    if (tok.end_of_text() >= 0 && p.docs_before + k > 0) out.push_back(tok.end_of_text());
+    encode(starts[k], k + 1 < starts.size() ? starts[k + 1] : text.size());
+    if (out.size() > before) docs.push_back(std::int64_t(before));
   }
 }
 

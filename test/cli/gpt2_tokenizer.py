@@ -155,6 +155,17 @@ def main():
         compare(f"JSON Lines, {np_} rank(s)", got, want_docs)
         check(len(docs) == len(DOCS), f"JSON Lines, {np_} rank(s): one document per record")
 
+    # Empty records, the first one among them: only separators.
+    empties = ["", "x", "", "", "y z"]
+    with open(os.path.join(OUT, "empties.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" for d in empties))
+    run("prepare-data", "--input", "empties.jsonl", "--output", "empties.h5", "--tokenizer", "gpt2",
+        "--tokenizer-model", openai)
+    got, docs, _ = tokens_of("empties.h5")
+    compare("JSON Lines of empty records", got, reference(empties, "empties"))
+    check(docs.tolist() == [0, 2, 3, 4], f"empty records: /documents {docs.tolist()} = [0, 2, 3, 4] "
+                                         "(the first, empty, has no token)")
+
     # 2. the other spellings of the files, and the dataset's record of them
     _, _, attrs = tokens_of("kjv1.h5")
     check(attrs["tokenizer"] == "gpt2" and int(attrs["vocab_size"]) == 50257,
