@@ -27,7 +27,8 @@ struct TokenizerFile {
   std::string sha256;  // lower-case hex
 };
 
-// Immutable once made; copies share the SentencePiece model.
+// Immutable once made; copies share the SentencePiece model or the GPT-2 tables (whose
+// cache of encoded words is behind a mutex).
 class Tokenizer {
  public:
   static Tokenizer byte();
