@@ -3,7 +3,8 @@
 # measured in this one run on the same threads (bench/bench.py does the measuring and prints
 # the table; results.json goes to $OUT if set, else to BUILD/bench-work/), then checkpoint
 # I/O at 8 ranks against dd (bench/checkpoint_bench.py; checkpoint.json beside it), and long-
-# sequence attention (bench/attention_bench.py; attention.json).
+# sequence attention (bench/attention_bench.py; attention.json), and GPT-2 tokenizer throughput
+# against js-tiktoken (bench/gpt2_bench.py; gpt2.json).
 # usage: bench/run.sh BUILD_DIR
 # Knobs (environment): BENCH_THREADS (2), BENCH_TRIDENT_STEPS (30), BENCH_TORCH_STEPS (20),
 #   OPENBLAS_CORETYPE (left alone if set; see bench.py), PYTHON (/usr/bin/python3).
@@ -69,4 +70,13 @@ fi
 # 1024): median step time and comm/tp/bytes (bench/tp2d_train_bench.py; tp2d_train.json).
 if (( ${#skip[@]} == 0 )); then
   "$python" "$src/bench/tp2d_train_bench.py" --build "$build" --json "$results/tp2d_train.json"
+fi
+# GPT-2's BPE (issue 31): prepare-data --tokenizer gpt2 on 1 and 2 ranks against npm's
+# js-tiktoken on the same KJV text (bench/gpt2_bench.py; gpt2.json). Says so and goes on
+# without npm/node.
+if (( ${#skip[@]} == 0 )); then
+  results=${OUT:-$build/bench-work}
+  mkdir -p "$results"
+  "$python" "$src/bench/gpt2_bench.py" --build "$build" --json "$results/gpt2.json" ||
+    echo "bench: gpt2_bench.py failed" >&2
 fi

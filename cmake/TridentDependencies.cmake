@@ -54,6 +54,11 @@ find_library(SENTENCEPIECE_TRAIN_LIBRARY NAMES sentencepiece_train)
 trident_need(SENTENCEPIECE_TRAIN_LIBRARY "SentencePiece trainer library" "libsentencepiece-dev")
 add_library(trident::sentencepiece INTERFACE IMPORTED)
 target_link_libraries(trident::sentencepiece INTERFACE PkgConfig::SENTENCEPIECE ${SENTENCEPIECE_TRAIN_LIBRARY})
+# GPT-2's tokenizer: ICU's Unicode letter/number/space tables, OpenSSL's SHA-256 of its files.
+pkg_check_modules(ICU IMPORTED_TARGET icu-uc)
+trident_need(ICU_FOUND "ICU (icu-uc)" "libicu-dev")
+pkg_check_modules(LIBCRYPTO IMPORTED_TARGET libcrypto)
+trident_need(LIBCRYPTO_FOUND "OpenSSL libcrypto" "libssl-dev")
 
 find_package(GTest)
 trident_need(GTest_FOUND "GoogleTest" "libgtest-dev")

@@ -52,7 +52,12 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
   model::GptChunk chunk(cfg, model::StageLayout{0, cfg.n_layer, true, true}, ps, *ops, 1);
   io::read_weights(checkpoint, MPI_COMM_NULL, cfg, chunk.specs(), chunk.params());
 
-  std::vector<std::int32_t> ids = tok->encode(prompt.empty() ? "\n" : prompt);
+  // No prompt: GPT-2 starts from <|endoftext|> (a document's start), the others from a line.
+  std::vector<std::int32_t> ids =
+      prompt.empty() && tok->end_of_text() >= 0 ? std::vector<std::int32_t>{tok->end_of_text()}
+                                                : tok->encode(prompt.empty() ? "\n" : prompt);
+  // A model's vocabulary may be padded past the tokenizer's (for TP): never sample padding.
+  const int vocab = std::min(cfg.vocab_size, tok->vocab_size());
   std::vector<float> logits(std::size_t(cfg.vocab_size));
   std::vector<int> order(std::size_t(cfg.vocab_size));
   const std::uint64_t stream = rng::key_of("sample");
@@ -87,11 +92,11 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
     std::fflush(stdout);
   };
   for (int n = 0; n < tokens; ++n) {
-    int next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    int next = int(std::max_element(logits.begin(), logits.begin() + vocab) - logits.begin());
     if (temperature > 0) {
-      std::iota(order.begin(), order.end(), 0);
-      const int k = top_k > 0 ? std::min(top_k, cfg.vocab_size) : cfg.vocab_size;
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+      std::iota(order.begin(), order.begin() + vocab, 0);
+      const int k = top_k > 0 ? std::min(top_k, vocab) : vocab;
+      std::partial_sort(order.begin(), order.begin() + k, order.begin() + vocab,
                         [&](int a, int b) { return logits[a] > logits[b]; });
       std::vector<double> p(static_cast<std::size_t>(k));
       double total = 0;

@@ -4,8 +4,10 @@
 // Lines), cuts them into blocks of whole lines (records), splits off the held-out lines for
 // validation and hands one block to each rank per round; every rank tokenizes its block
 // and the ranks append their tokens in rank order to one file (io::TokenWriter, MPI-IO).
-// Tokens never depend on where blocks are cut (the tokenizers encode line by line), so any
-// number of ranks writes the same file. Memory: a block per rank, never the corpus.
+// Tokens never depend on where blocks are cut (bytes and SentencePiece encode line by line;
+// for GPT-2, whose pre-tokens can span lines, a block ends only where Tokenizer::can_cut
+// says the cut changes nothing), so any number of ranks writes the same file. GPT-2's
+// <|endoftext|> goes between documents. Memory: a block per rank, never the corpus.
 #include <glob.h>
 #include <mpi.h>
 
@@ -89,6 +91,7 @@ std::vector<Input> expand_inputs(const PrepareOptions& opt) {
 struct Part {
   std::string text;
   std::vector<std::uint64_t> doc_starts;
+  std::uint64_t docs_before = 0;  // documents this part's output held before this block
 };
 struct Block {
   Part train, valid;
@@ -110,6 +113,7 @@ std::string pack(const Block& b) {
     s += p->text;
     put_u64(s, p->doc_starts.size());
     for (auto d : p->doc_starts) put_u64(s, d);
+    put_u64(s, p->docs_before);
   }
   put_u64(s, b.input_bytes);
   return s;
@@ -123,6 +127,7 @@ Block unpack(const std::string& s) {
     at += n;
     const std::uint64_t d = get_u64(s, at);
     for (std::uint64_t i = 0; i < d; ++i) p->doc_starts.push_back(get_u64(s, at));
+    p->docs_before = get_u64(s, at);
   }
   b.input_bytes = get_u64(s, at);
   return b;
@@ -132,23 +137,37 @@ Block unpack(const std::string& s) {
 // bound for train or valid, each file (record) a document.
 class Reader {
  public:
-  Reader(std::vector<Input> inputs, int valid_every)
-      : inputs_(std::move(inputs)), valid_every_(valid_every) {}
+  // tok: where a block may end (Tokenizer::can_cut) and whether JSON Lines records get a
+  // final newline (not for GPT-2, whose tokens would change).
+  Reader(std::vector<Input> inputs, int valid_every, const io::Tokenizer* tok = nullptr)
+      : inputs_(std::move(inputs)), valid_every_(valid_every), tok_(tok) {
+    record_newline_ = !tok_ || tok_->kind() != io::TokenizerKind::gpt2;
+  }
 
-  // Appends whole units to `b` until it holds about `bytes`; false when the inputs are done
-  // and nothing was added.
+  // Appends whole units to `b` until it holds about `bytes` and the next unit may begin a
+  // new block (a document's start always may; past 4 x `bytes` the block ends anyway);
+  // false when the inputs are done and nothing was added.
   bool next(Block& b, std::uint64_t bytes) {
-    std::string unit;
-    bool new_doc = false;
-    while (b.train.text.size() + b.valid.text.size() < bytes && read_unit(unit, new_doc)) {
+    b.train.docs_before = docs_[0];
+    b.valid.docs_before = docs_[1];
+    for (;;) {
+      if (!have_pending_ && !read_unit(pending_, pending_new_doc_)) break;
+      have_pending_ = true;
+      const std::uint64_t size = b.train.text.size() + b.valid.text.size();
+      if (size >= bytes &&
+          (pending_new_doc_ || !tok_ || size >= 4 * bytes || tok_->can_cut(tail_, pending_)))
+        break;
+      have_pending_ = false;
       const bool held = valid_every_ > 0 && (units_ / kBlockLines) % valid_every_ == valid_every_ - 1;
       ++units_;
       if (held) ++valid_units_;
-      if (new_doc) started_[0] = started_[1] = false;
+      if (pending_new_doc_) started_[0] = started_[1] = false, tail_.clear();
       Part& p = held ? b.valid : b.train;
-      if (!started_[held]) p.doc_starts.push_back(p.text.size());
+      if (!started_[held]) p.doc_starts.push_back(p.text.size()), ++docs_[held];
       started_[held] = true;
-      p.text += unit;
+      p.text += pending_;
+      tail_ += pending_;
+      if (tail_.size() > 16) tail_.erase(0, tail_.size() - 16);
     }
     return !b.empty();
   }
@@ -188,7 +207,8 @@ class Reader {
           fail("--input: ", cur_.path == "-" ? "stdin" : cur_.path, ":", line_no_,
                ": expected a JSON object with a string field \"text\" (JSON Lines)");
         unit = j["text"].get<std::string>();
-        if (unit.empty() || unit.back() != '\n') unit += '\n';  // documents end a line
+        if (record_newline_ && (unit.empty() || unit.back() != '\n'))
+          unit += '\n';  // documents end a line
         new_doc = true;
       } else {
         unit = std::move(line);
@@ -202,6 +222,11 @@ class Reader {
 
   std::vector<Input> inputs_;
   int valid_every_;
+  const io::Tokenizer* tok_;
+  bool record_newline_ = true;
+  std::string pending_, tail_;  // the unit read ahead; the last bytes added
+  bool have_pending_ = false, pending_new_doc_ = false;
+  std::uint64_t docs_[2] = {0, 0};  // documents started in train, valid
   std::size_t next_ = 0;
   Input cur_;
   std::ifstream file_;
@@ -212,20 +237,26 @@ class Reader {
 };
 
 // Tokens of a part, segment by segment between document starts (no piece spans a document
-// boundary); a document start is kept only where its segment has tokens.
+// boundary); a document start is kept only where its segment has tokens. With GPT-2 every
+// document but a file's first begins with <|endoftext|>.
 void tokenize(const io::Tokenizer& tok, const Part& p, std::vector<std::int32_t>& out,
               std::vector<std::int64_t>& docs) {
   out.clear();
   docs.clear();
-  std::vector<std::uint64_t> cuts = p.doc_starts;
-  cuts.push_back(p.text.size());
-  if (cuts.front() != 0) cuts.insert(cuts.begin(), 0);
-  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
-    const std::size_t before = out.size();
-    auto ids = tok.encode(std::string_view(p.text).substr(cuts[i], cuts[i + 1] - cuts[i]));
+  const std::string_view text(p.text);
+  const auto& starts = p.doc_starts;
+  auto encode = [&](std::uint64_t begin, std::uint64_t end) {
+    auto ids = tok.encode(text.substr(begin, end - begin));
     out.insert(out.end(), ids.begin(), ids.end());
-    const bool is_doc = std::find(p.doc_starts.begin(), p.doc_starts.end(), cuts[i]) != p.doc_starts.end();
-    if (is_doc && out.size() > before) docs.push_back(std::int64_t(before));
+  };
+  // The end of a document begun in an earlier block, then each document (GPT-2's empty
+  // JSON Lines records make documents of no text, starting where the next one does).
+  if (starts.empty() || starts.front() != 0) encode(0, starts.empty() ? text.size() : starts.front());
+  for (std::size_t k = 0; k < starts.size(); ++k) {
+    const std::size_t before = out.size();
+    if (tok.end_of_text() >= 0 && p.docs_before + k > 0) out.push_back(tok.end_of_text());
+    encode(starts[k], k + 1 < starts.size() ? starts[k + 1] : text.size());
+    if (out.size() > before) docs.push_back(std::int64_t(before));
   }
 }
 
@@ -280,9 +311,13 @@ int run_prepare_data(const PrepareOptions& opt_in) {
     if (opt.valid_every == 0 && !opt.valid_output.empty()) opt.valid_every = 20;
     TRIDENT_CHECK(opt.valid_every >= 0, "--valid-every must be >= 0");
     if (opt.valid_output.empty()) opt.valid_every = 0;
-    if (!opt.tokenizer_model.empty()) {
+    if (opt.tokenizer == "gpt2")
+      TRIDENT_CHECK(!opt.tokenizer_model.empty(),
+                    "--tokenizer gpt2 needs --tokenizer-model PATH (a folder with encoder.json + "
+                    "vocab.bpe or vocab.json + merges.txt, or a tokenizer.json)");
+    if (!opt.tokenizer_model.empty() && opt.tokenizer != "gpt2") {
       TRIDENT_CHECK(opt.tokenizer != "byte" || opt_in.tokenizer == "byte",
-                    "--tokenizer-model needs --tokenizer sentencepiece");
+                    "--tokenizer-model needs --tokenizer sentencepiece or gpt2");
       opt.tokenizer = "sentencepiece";
     }
     if (opt.tokenizer == "sentencepiece" && opt.tokenizer_model.empty())
@@ -303,9 +338,15 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   });
 
   // The tokenizer, the same on every rank.
-  std::string model;
+  std::string model, gpt2_files;  // gpt2_files: "name sha256" lines
   parallel::agree(MPI_COMM_WORLD, [&] {
-    if (rank != 0 || opt.tokenizer != "sentencepiece") return;
+    if (rank != 0 || opt.tokenizer == "byte") return;
+    if (opt.tokenizer == "gpt2") {
+      io::Tokenizer t = io::Tokenizer::gpt2(opt.tokenizer_model);
+      model = t.serialized();
+      for (const auto& f : t.files()) gpt2_files += f.name + " " + f.sha256 + "\n";
+      return;
+    }
     if (!opt.tokenizer_model.empty()) {
       std::ifstream f(opt.tokenizer_model, std::ios::binary);
       TRIDENT_CHECK(f.good(), "--tokenizer-model: cannot read '", opt.tokenizer_model, "'");
@@ -331,17 +372,19 @@ int run_prepare_data(const PrepareOptions& opt_in) {
     model = io::Tokenizer::train_sentencepiece(text, opt.vocab_size).serialized();
   });
   bcast_string(world_comm, model, 0);
+  bcast_string(world_comm, gpt2_files, 0);
   io::Tokenizer tok = io::Tokenizer::byte();
   parallel::agree(MPI_COMM_WORLD, [&] {
     if (model.empty()) return;
     try {
-      tok = io::Tokenizer::from_serialized(model);
+      tok = opt.tokenizer == "gpt2" ? io::Tokenizer::gpt2_from_serialized(model)
+                                    : io::Tokenizer::from_serialized(model);
     } catch (const Error& e) {
       fail("--tokenizer-model: '", opt.tokenizer_model, "': ", e.what());
     }
     if (!opt.tokenizer_model.empty() && opt.vocab_size > 0)
       TRIDENT_CHECK(opt.vocab_size == tok.vocab_size(), "--vocab-size ", opt.vocab_size,
-                    " differs from the ", tok.vocab_size(), " pieces of --tokenizer-model '",
+                    " differs from the ", tok.vocab_size(), " tokens of --tokenizer-model '",
                     opt.tokenizer_model, "'");
   });
 
@@ -349,6 +392,11 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   header.vocab_size = tok.vocab_size();
   header.tokenizer = tok.kind_name();
   header.tokenizer_model = tok.serialized();
+  for (std::size_t at = 0; at < gpt2_files.size();) {
+    const std::size_t sp = gpt2_files.find(' ', at), nl = gpt2_files.find('\n', at);
+    header.tokenizer_files.emplace_back(gpt2_files.substr(at, sp - at), gpt2_files.substr(sp + 1, nl - sp - 1));
+    at = nl + 1;
+  }
   parallel::Comm* comm = world > 1 ? &world_comm : nullptr;
   std::unique_ptr<io::TokenWriter> train, valid;
   // Collective inside, but every rank fails alike (the directory, the file system).
@@ -363,7 +411,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   bool size_known = true;
   if (rank == 0) {
     for (const auto& i : inputs) total_bytes += i.bytes, size_known &= i.path != "-";
-    reader = std::make_unique<Reader>(inputs, opt.valid_every);
+    reader = std::make_unique<Reader>(inputs, opt.valid_every, &tok);
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto last_report = t0;

@@ -92,11 +92,13 @@ int run(int argc, char** argv) {
                    "text or JSON Lines: files, directories, globs, - for stdin (repeatable)")
       ->required();
   prep->add_option("--output", prep_opt.output, "token dataset to write (HDF5)")->required();
-  prep->add_option("--tokenizer", prep_opt.tokenizer, "byte | sentencepiece")
-      ->check(CLI::IsMember({"byte", "sentencepiece"}));
+  prep->add_option("--tokenizer", prep_opt.tokenizer, "byte | sentencepiece | gpt2")
+      ->check(CLI::IsMember({"byte", "sentencepiece", "gpt2"}));
   prep->add_option("--vocab-size", prep_opt.vocab_size, "vocabulary of the BPE (sentencepiece)");
   prep->add_option("--tokenizer-model", prep_opt.tokenizer_model,
-                   "an existing SentencePiece model (.model) to encode with, instead of training");
+                   "an existing SentencePiece model (.model) to encode with, instead of training; "
+                   "gpt2: a folder with encoder.json + vocab.bpe or vocab.json + merges.txt, "
+                   "or a tokenizer.json");
   prep->add_option("--format", prep_opt.format,
                    "auto (by extension: .jsonl/.json are JSON Lines) | text | jsonl")
       ->check(CLI::IsMember({"auto", "text", "jsonl"}));

@@ -30,17 +30,17 @@ TokenDataset read_header(const h5::File& f, h5::Hid& tokens) {
     fail(f.path(), ": vocab_size = ", vocab, ", expected a positive integer");
   d.vocab_size = int(vocab);
   d.tokenizer = h5::read_attr_string(f, "tokenizer");
-  if (d.tokenizer == "sentencepiece") {
+  if (d.tokenizer == "sentencepiece" || d.tokenizer == "gpt2") {
     h5::Hid m = h5::open_dataset(f, "tokenizer/model");
     auto shape = h5::dataset_shape(m);
     if (h5::dataset_class(m) != H5T_INTEGER || shape.size() != 1 || shape[0] <= 0)
-      fail(f.path(), ": /tokenizer/model must be a non-empty 1-D uint8 dataset (the serialized "
-                     "SentencePiece model)");
+      fail(f.path(), ": /tokenizer/model must be a non-empty 1-D uint8 dataset (the serialized ",
+           d.tokenizer == "gpt2" ? "GPT-2 vocabulary and merges)" : "SentencePiece model)");
     d.tokenizer_model.resize(std::size_t(shape[0]));
     if (H5Dread(m, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.tokenizer_model.data()) < 0)
       fail(f.path(), ": cannot read /tokenizer/model");
   } else if (d.tokenizer != "byte") {
-    fail(f.path(), ": tokenizer = \"", d.tokenizer, "\", expected \"byte\" or \"sentencepiece\"");
+    fail(f.path(), ": tokenizer = \"", d.tokenizer, "\", expected \"byte\", \"sentencepiece\" or \"gpt2\"");
   }
   // Chunk cache off: a random read of one sequence must not pull (and keep) whole chunks.
   h5::Hid dapl(H5Pcreate(H5P_DATASET_ACCESS));
@@ -127,16 +127,26 @@ TokenWriter::TokenWriter(const std::string& path, const TokenDataset& d, paralle
   if (d.tokenizer == "byte")
     TRIDENT_CHECK(d.vocab_size == 256 && d.tokenizer_model.empty(), path,
                   ": the byte tokenizer has vocab_size 256 and no model");
-  else if (d.tokenizer == "sentencepiece")
-    TRIDENT_CHECK(!d.tokenizer_model.empty(), path, ": a SentencePiece dataset needs its model");
+  else if (d.tokenizer == "sentencepiece" || d.tokenizer == "gpt2")
+    TRIDENT_CHECK(!d.tokenizer_model.empty(), path, ": a ", d.tokenizer, " dataset needs its model");
   else
-    fail(path, ": tokenizer = \"", d.tokenizer, "\", expected \"byte\" or \"sentencepiece\"");
+    fail(path, ": tokenizer = \"", d.tokenizer, "\", expected \"byte\", \"sentencepiece\" or \"gpt2\"");
 
   h5::make_parent_dir(path, mpi_comm());
   file_ = mpi_comm() == MPI_COMM_NULL ? h5::open_file(tmp_, h5::Mode::create)
                                       : h5::open_file_parallel(tmp_, mpi_comm(), h5::Mode::create);
   h5::write_attr_int(file_, "vocab_size", d.vocab_size);
   h5::write_attr_string(file_, "tokenizer", d.tokenizer);
+  // Where the tokenizer came from (GPT-2: its files' names and SHA-256), for provenance.
+  if (!d.tokenizer_files.empty()) {
+    std::string names, sums;
+    for (const auto& [name, sum] : d.tokenizer_files) {
+      names += (names.empty() ? "" : "\n") + name;
+      sums += (sums.empty() ? "" : "\n") + sum;
+    }
+    h5::write_attr_string(file_, "tokenizer_files", names);
+    h5::write_attr_string(file_, "tokenizer_sha256", sums);
+  }
   auto extendable = [&](const char* name, hid_t type, std::int64_t chunk) {
     h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
     hsize_t c = hsize_t(chunk);

@@ -1,4 +1,5 @@
-// Byte and SentencePiece tokenizers (see trident/io/tokenizer.hpp).
+// Byte and SentencePiece tokenizers (see trident/io/tokenizer.hpp); GPT-2's BPE is in
+// tokenizer_gpt2.cpp.
 #include "trident/io/tokenizer.hpp"
 
 #include <sentencepiece_processor.h>
@@ -12,12 +13,30 @@
 
 namespace trident::io {
 
+// tokenizer_gpt2.cpp
+std::vector<std::int32_t> gpt2_encode(Gpt2Bpe& bpe, std::string_view text);
+std::string gpt2_decode(const Gpt2Bpe& bpe, const std::vector<std::int32_t>& ids);
+bool gpt2_can_cut(std::string_view before, std::string_view after);
+
 namespace {
 // <unk> and the 256 byte-fallback pieces come before any learned piece.
 constexpr int kReservedPieces = 1 + 256;
 }  // namespace
 
 Tokenizer Tokenizer::byte() { return Tokenizer(); }
+
+const char* Tokenizer::kind_name() const {
+  switch (kind_) {
+    case TokenizerKind::byte: return "byte";
+    case TokenizerKind::sentencepiece: return "sentencepiece";
+    case TokenizerKind::gpt2: return "gpt2";
+  }
+  return "?";
+}
+
+bool Tokenizer::can_cut(std::string_view before, std::string_view after) const {
+  return kind_ != TokenizerKind::gpt2 || gpt2_can_cut(before, after);
+}
 
 Tokenizer Tokenizer::train_sentencepiece(const std::string& text_path, int vocab_size,
                                          int num_threads) {
@@ -72,6 +91,7 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text) const {
     for (unsigned char c : text) out.push_back(std::int32_t(c));
     return out;
   }
+  if (kind_ == TokenizerKind::gpt2) return gpt2_encode(*bpe_, text);
   // Line by line (each with its newline): SentencePiece trains on lines, so no piece
   // spans a newline and the result equals encoding the whole text at once, without one
   // huge normalization buffer for a corpus.
@@ -99,6 +119,7 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids) const {
     for (std::size_t i = 0; i < ids.size(); ++i) s[i] = char(static_cast<unsigned char>(ids[i]));
     return s;
   }
+  if (kind_ == TokenizerKind::gpt2) return gpt2_decode(*bpe_, ids);
   std::string s;
   auto status = sp_->Decode(std::vector<int>(ids.begin(), ids.end()), &s);
   if (!status.ok()) fail("SentencePiece cannot decode the ids: ", status.ToString());
@@ -114,14 +135,17 @@ Tokenizer load_tokenizer(const std::string& dataset_path) {
   }
   Tokenizer t = [&] {
     try {
+      if (d.tokenizer == "gpt2") return Tokenizer::gpt2_from_serialized(d.tokenizer_model);
       return Tokenizer::from_serialized(d.tokenizer_model);
     } catch (const Error& e) {
       fail(dataset_path, ": /tokenizer/model: ", e.what());
     }
   }();
   if (t.vocab_size() != d.vocab_size)
-    fail(dataset_path, ": the SentencePiece model has ", t.vocab_size(),
-         " pieces but vocab_size = ", d.vocab_size);
+    fail(dataset_path, t.kind() == TokenizerKind::gpt2 ? ": the GPT-2 vocabulary has "
+                                                       : ": the SentencePiece model has ",
+         t.vocab_size(), t.kind() == TokenizerKind::gpt2 ? " tokens" : " pieces",
+         " but vocab_size = ", d.vocab_size);
   return t;
 }
 

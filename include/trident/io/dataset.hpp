@@ -1,8 +1,8 @@
 // trident/io/dataset.hpp — the token dataset (FORMAT.md), written by `trident
 // prepare-data` and read by training: /tokens, a 1-D integer dataset of token ids (uint16
-// when vocab_size <= 65536, else int32), root attributes vocab_size and tokenizer ("byte"
-// or "sentencepiece"), and for SentencePiece the serialized model as the uint8 dataset
-// /tokenizer/model. Files written since issue 17 also hold /documents (int64, the offset
+// when vocab_size <= 65536, else int32), root attributes vocab_size and tokenizer ("byte",
+// "sentencepiece" or "gpt2"), and for SentencePiece and GPT-2 the serialized model as the
+// uint8 dataset /tokenizer/model (GPT-2: also tokenizer_files, tokenizer_sha256). Files written since issue 17 also hold /documents (int64, the offset
 // of each document's first token) and the attribute tokens_checksum (token_checksum of
 // /tokens); older files without them are still read.
 // defines: trident::io::TokenDataset, token_checksum, write_token_dataset,
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trident/io/h5.hpp"
@@ -24,7 +25,9 @@ namespace trident::io {
 struct TokenDataset {
   int vocab_size = 0;
   std::string tokenizer;             // "byte" | "sentencepiece"
-  std::string tokenizer_model;       // serialized SentencePiece model; empty for "byte"
+  std::string tokenizer_model;       // serialized SentencePiece model or GPT-2 tables; empty for "byte"
+  // Written only: the files the tokenizer was read from, (name, SHA-256 hex) (GPT-2).
+  std::vector<std::pair<std::string, std::string>> tokenizer_files;
   std::int64_t num_tokens = 0;
   std::vector<std::int32_t> tokens;  // (num_tokens,); empty from read_token_dataset_header
   // Offsets of the documents' first tokens, ascending, the first 0 (empty: not recorded).

@@ -73,9 +73,12 @@ TEST(Dataset, WriterRefusesBadData) {
   EXPECT_EQ(error_of([&] { io::write_token_dataset(path, d); }),
             path + ": no tokens to write (empty input?)");
   d = bytes_of("abc");
-  d.tokenizer = "gpt2";
+  d.tokenizer = "tiktoken";
   EXPECT_EQ(error_of([&] { io::write_token_dataset(path, d); }),
-            path + ": tokenizer = \"gpt2\", expected \"byte\" or \"sentencepiece\"");
+            path + ": tokenizer = \"tiktoken\", expected \"byte\", \"sentencepiece\" or \"gpt2\"");
+  d.tokenizer = "gpt2";  // without its vocabulary and merges
+  EXPECT_EQ(error_of([&] { io::write_token_dataset(path, d); }),
+            path + ": a gpt2 dataset needs its model");
   EXPECT_FALSE(fs::exists(path));
 }
 
@@ -134,7 +137,7 @@ TEST(Dataset, ReaderErrors) {
 
   p = make("kind.h5", [](RawFile& r) { r.attr_fixed_string("tokenizer", "tiktoken"); });
   EXPECT_EQ(error_of([&] { io::read_token_dataset(p); }),
-            p + ": tokenizer = \"tiktoken\", expected \"byte\" or \"sentencepiece\"");
+            p + ": tokenizer = \"tiktoken\", expected \"byte\", \"sentencepiece\" or \"gpt2\"");
 
   p = make("nomodel.h5", [](RawFile& r) { r.attr_fixed_string("tokenizer", "sentencepiece"); });
   EXPECT_EQ(error_of([&] { io::read_token_dataset(p); }), p + ": missing dataset /tokenizer/model");
