@@ -313,7 +313,8 @@ void write_hf_folder(const std::string& dir, const model::ModelConfig& cfg, cons
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string f = e.path().filename().string();
     if (is_model_file(f) && std::find(names.begin(), names.end(), f) == names.end())
-      fail(dir, ": holds ", f, " from another model; remove it or choose another folder");
+      fail(dir, ": holds ", f, ", which this export would not replace (a model saved before?); ",
+           "remove it or choose another folder");
   }
 
   const std::map<std::string, std::string> meta{{"format", "pt"}};
