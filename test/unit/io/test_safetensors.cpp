@@ -350,3 +350,36 @@ TEST(HfFolder, ExportRefusesAFolderHoldingAnotherModel) {
   EXPECT_EQ(error_of([&] { export_folder(dir, small_model(), "y"); }), "");
   EXPECT_TRUE(fs::exists(dir / "y/tokenizer.json"));
 }
+
+// Random damage to a valid file (a byte of the header or data changed, or the file cut
+// short): the reader either reads it or throws trident::Error, never anything else (under
+// make test-asan: never an out-of-bounds access).
+TEST(Safetensors, RandomlyDamagedFilesAreErrorsOrValid) {
+  ScratchDir dir;
+  const std::vector<float> a(12, 0.5f), b(5, -1.0f);
+  const std::string good = dir / "good.safetensors", bad = dir / "bad.safetensors";
+  st::write_file(good, {{"a", {3, 4}, a.data()}, {"b", {5}, b.data()}}, st::DType::BF16);
+  const std::string bytes = read_bytes(good);
+  std::uint64_t state = 12345;
+  auto next = [&] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL; };
+  int errors = 0, valid = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::string damaged = bytes;
+    if (trial % 5 == 4) {
+      damaged.resize(std::size_t(next() >> 33) % bytes.size());
+    } else {
+      const std::size_t at = std::size_t(next() >> 33) % damaged.size();
+      damaged[at] = char(next() >> 56);
+    }
+    write_text(bad, damaged);
+    try {
+      st::Reader r(bad);
+      for (const auto& n : r.names()) r.read_f32(n);
+      ++valid;
+    } catch (const trident::Error&) {
+      ++errors;
+    }
+  }
+  EXPECT_EQ(errors + valid, 400);
+  EXPECT_GT(errors, 100);  // most damage to a small file is caught
+}
