@@ -856,6 +856,21 @@ def _(c):
     return ["convert", "--from", c.copy("batch.h5"), "--to", "out"]
 
 
+@case("hf_import_with_dtype", ["--dtype", "export", "hf", "import"])
+def _(c):
+    return ["convert", "--from", _hf_gpt2(c), "--to", "w.h5", "--dtype", "bf16"]
+
+
+@case("hf_export_with_seq_len", ["--seq-len", "import", "weights.h5", "export"])
+def _(c):
+    return ["convert", "--from", c.copy("weights.h5"), "--to", "out", "--seq-len", "4"]
+
+
+@case("hf_import_seq_len_too_long", ["--seq-len 9", "n_positions = 8"])
+def _(c):
+    return ["convert", "--from", _hf_gpt2(c), "--to", "w.h5", "--seq-len", "9"]
+
+
 @case("hf_convert_under_mpirun", ["convert", "one process"], np=2)
 def _(c):
     return ["convert", "--from", c.copy("weights.h5"), "--to", "out"]
