@@ -13,7 +13,10 @@ export them to a Hugging Face folder (float32 and bfloat16, one file and shards)
    numpy), Hugging Face's tensor names, layouts and config.json keys (GPT-2's Conv1D [in, out],
    Llama's [out, in] with rotate_half rotary and repeat_kv) — gives the loss and gradients of
    `trident grad` on a random batch within grad_oracle's tolerances (float64 reference);
-4. a training run at tp 2 (vocabulary 67: padded to 68) from an imported folder via
+4. a folder written here as other tools write them (F16 or BF16, GPT-2 names without
+   "transformer.", buffers, a saved tied head, hand-made shards) imports to exactly its
+   values and agrees with the oracle the same way;
+5. a training run at tp 2 (vocabulary 67: padded to 68) from an imported folder via
    io.init_weights follows the tp 1 run from the original file, and exporting its checkpoint
    gives that checkpoint's weights.
 """
@@ -63,6 +66,8 @@ def read_safetensors(path):
         raw = data[b:e]
         if t["dtype"] == "F32":
             a = np.frombuffer(raw, dtype="<f4")
+        elif t["dtype"] == "F16":
+            a = np.frombuffer(raw, dtype="<f2")
         elif t["dtype"] == "BF16":
             a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         else:
@@ -88,7 +93,40 @@ def read_folder(folder):
             assert all(wmap[n] == fn for n in t), f"{fn}: index disagrees"
         tensors.update(t)
     with open(os.path.join(folder, "config.json")) as f:
-        return json.load(f), tensors
+        cfg = json.load(f)
+    # Hugging Face's loader: buffers are not parameters; GPT2Model-era files lack the prefix.
+    tensors = {n: a for n, a in tensors.items()
+               if not n.endswith((".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"))}
+    if cfg["model_type"] == "gpt2":
+        tensors = {(n if n.startswith("transformer.") or n == "lm_head.weight"
+                    else "transformer." + n): a for n, a in tensors.items()}
+        if "lm_head.weight" in tensors:  # tied: the same matrix
+            assert np.array_equal(tensors.pop("lm_head.weight"), tensors["transformer.wte.weight"])
+    elif cfg.get("tie_word_embeddings", False) and "lm_head.weight" in tensors:
+        assert np.array_equal(tensors.pop("lm_head.weight"), tensors["model.embed_tokens.weight"])
+    return cfg, tensors
+
+
+def write_safetensors(path, tensors, dtype):
+    """name -> float32 array (or (array, "F32") for a buffer kept in float32), as
+    save_pretrained would: sorted names, `dtype` F32 | F16 | BF16."""
+    header, chunks, at = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        a, dt = tensors[name] if isinstance(tensors[name], tuple) else (tensors[name], dtype)
+        a = np.asarray(a, dtype=np.float32)
+        if dt == "F16":
+            raw = a.astype("<f2").tobytes()
+        elif dt == "BF16":
+            raw = (bf16_round(a).view(np.uint32) >> 16).astype("<u2").tobytes()
+        else:
+            raw = a.astype("<f4").tobytes()
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [at, at + len(raw)]}
+        chunks.append(raw)
+        at += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
 
 
 # --- Hugging Face's models, from their config and state dict --------------------------------
@@ -292,12 +330,10 @@ def run_case(cname, keys, fails, seed):
             bad = [n for n in want if n in got and not same_bits(got[n], expect[n])]
             fails.check(not bad, f"{tag}: round trip not bitwise for {bad}")
             print(f"  {tag}: round trip bitwise over {len(want)} tensors: {not bad}")
-            if dtype == "bf16":  # bf16 -> trident -> bf16: the same bytes
+            if dtype == "bf16" and not sharded:  # bf16 -> trident -> bf16: the same bytes
                 again = folder + "-again"
-                args = ["convert", "--from", back, "--to", again, "--dtype", "bf16"]
-                if sharded:
-                    args += ["--max-shard-size", "3KB"]
-                oc.run_trident(NAME, args, work)
+                oc.run_trident(NAME, ["convert", "--from", back, "--to", again, "--dtype", "bf16"],
+                               work)
                 for fn in os.listdir(folder):
                     with open(os.path.join(folder, fn), "rb") as a, open(os.path.join(again, fn), "rb") as b:
                         fails.check(a.read() == b.read(), f"{tag}: re-export of {fn} differs")
@@ -373,10 +409,94 @@ def train_from_import(fails):
     print(f"  export of the tp 2 checkpoint: {len(tensors)} tensors, bitwise: {not bad}")
 
 
+def import_foreign(cname, keys, work, orig, deck, fails):
+    """A folder written here as other tools write them, not by trident: GPT-2 in F16 without
+    the "transformer." prefix (openai-community/gpt2's spelling), with the attn.bias and
+    attn.masked_bias buffers and the tied lm_head.weight saved; Llama in BF16 (the tied one
+    in F16, its lm_head.weight saved too) with rotary_emb.inv_freq buffers, in two shards and
+    an index made by hand. Imported, it must hold exactly the rounded weights, and
+    `trident grad` on it must agree with the Hugging Face-convention model of the folder."""
+    arch = keys.get("arch", "gpt2")
+    tied = arch == "gpt2" or keys.get("tie_embeddings", False)
+    dtype = "F16" if tied else "BF16"
+    want, _ = model_group(orig)
+    rounded = {n: a.astype(np.float16).astype(np.float32) if dtype == "F16" else bf16_round(a)
+               for n, a in want.items()}
+    folder = os.path.join(work, "foreign")
+    os.makedirs(folder)
+    T, L = keys["seq_len"], keys["n_layer"]
+    if arch == "gpt2":
+        tensors = {(n + ".weight" if n in ("wte", "wpe") else n): a for n, a in want.items()}
+        for i in range(L):
+            tensors[f"h.{i}.attn.bias"] = (np.tril(np.ones((T, T), np.float32))[None, None], "F32")
+            tensors[f"h.{i}.attn.masked_bias"] = (np.array(-1e4, np.float32), "F32")
+        tensors["lm_head.weight"] = want["wte"]
+        write_safetensors(os.path.join(folder, "model.safetensors"), tensors, dtype)
+        config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                  "vocab_size": keys["vocab_size"], "n_positions": T, "n_ctx": T,
+                  "n_embd": keys["d_model"], "n_layer": L, "n_head": keys["n_head"],
+                  "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new",
+                  "torch_dtype": "float16"}
+    else:
+        tensors = dict(want)
+        hd = keys["d_model"] // keys["n_head"]
+        theta = keys.get("rope_theta", 10000.0)
+        for i in range(L):
+            tensors[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = (
+                1.0 / theta ** (np.arange(0, hd, 2) / hd), "F32")
+        if tied:
+            tensors["lm_head.weight"] = want["model.embed_tokens.weight"]
+        first = {n for n in tensors if "layers.0." in n or "embed" in n}
+        parts = {"model-00001-of-00002.safetensors": {n: tensors[n] for n in first},
+                 "model-00002-of-00002.safetensors": {n: a for n, a in tensors.items()
+                                                      if n not in first}}
+        wmap = {}
+        for fn, part in parts.items():
+            write_safetensors(os.path.join(folder, fn), part, dtype)
+            wmap.update({n: fn for n in part})
+        with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": 0}, "weight_map": wmap}, f)
+        config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                  "vocab_size": keys["vocab_size"], "hidden_size": keys["d_model"],
+                  "intermediate_size": keys["ffn_hidden"], "num_hidden_layers": L,
+                  "num_attention_heads": keys["n_head"],
+                  "num_key_value_heads": keys.get("n_kv_head", keys["n_head"]),
+                  "max_position_embeddings": 4096, "rms_norm_eps": keys.get("norm_eps", 1e-5),
+                  "rope_theta": theta, "tie_word_embeddings": tied, "hidden_act": "silu"}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    tag = f"{cname} foreign {dtype}"
+    back = os.path.join(work, "foreign.h5")
+    oc.run_trident(NAME, ["convert", "--from", folder, "--to", back, "--seq-len", T], work)
+    got, _ = model_group(back)
+    bad = [n for n in want if n not in got or not same_bits(got[n], rounded[n])]
+    fails.check(not bad and set(got) == set(want), f"{tag}: imported weights differ from the "
+                f"{dtype} values: {bad}")
+    print(f"  {tag}: imported bitwise equal to the {dtype} weights: {not bad}")
+    gpath = os.path.join(work, "grad-foreign.h5")
+    oc.run_trident(NAME, ["grad", deck, "--weights", back, "--batch",
+                          os.path.join(work, "batch.h5"), "--out", gpath], work)
+    with h5py.File(gpath, "r") as f:
+        loss = float(f.attrs["loss"])
+        grads = {n: f["grad"][n][...] for n in f["grad"]}
+        with h5py.File(os.path.join(work, "batch.h5"), "r") as b:
+            inputs, targets = b["inputs"][...].astype(np.int64), b["targets"][...].astype(np.int64)
+    _, ref_loss, ref_grads = hf_loss_and_grads(folder, inputs, targets)
+    rel = abs(loss - ref_loss) / abs(ref_loss)
+    print(f"  {tag}: loss trident {loss:.10f}  HF-convention torch(float64) {ref_loss:.10f}"
+          f"  rel {rel:.2e}")
+    fails.check(rel <= LOSS_TOL, f"{tag}: loss {loss:.10g} vs {ref_loss:.10g}: rel {rel:.2e}")
+    mapped = {trident_name(n, arch): g for n, g in ref_grads.items()}
+    worst = oc.compare_tensors(np, grads, {n: g for n, g in mapped.items() if n in grads},
+                               GRAD_TOL, fails, f"{tag}: gradient")
+    print(f"  worst gradient max|d|/max|ref| = {worst:.2e} (tolerance {GRAD_TOL:g})")
+
+
 def main():
     fails = oc.Failures(NAME)
     for i, (cname, keys) in enumerate(CASES.items()):
-        run_case(cname, keys, fails, seed=31 + i)
+        work, orig, deck = run_case(cname, keys, fails, seed=31 + i)
+        import_foreign(cname, keys, work, orig, deck, fails)
     train_from_import(fails)
     return fails.report()
 
