@@ -113,9 +113,13 @@ def prepare(args):
 def transformers_loss_and_grads(folder, inputs, targets):
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
-                                                 torch_dtype=torch.float32,
-                                                 attn_implementation="eager")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                     torch_dtype=torch.float32,
+                                                     attn_implementation="eager")
+    except TypeError:  # transformers < 4.36 has no attn_implementation (eager is its only one)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                     torch_dtype=torch.float32)
     model.eval()  # no dropout (the exported configs say 0 anyway)
     logits = model(input_ids=torch.from_numpy(inputs).long(), use_cache=False).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
