@@ -56,6 +56,16 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
                double temperature, int top_k, std::uint64_t seed,
                const std::string& tokenizer_data);
 int run_export(const std::string& checkpoint, const std::string& out);
+// `trident convert` (FORMAT.md, "Hugging Face models"): `from` a folder imports it into the
+// weights file `to`; `from` a trident file exports it into the folder `to`.
+struct ConvertArgs {
+  std::string from, to;
+  std::string dtype = "f32";     // export: f32 | bf16
+  bool dtype_given = false;
+  std::string max_shard_size;    // export: "" (one file) or a size ("5GB")
+  int seq_len = 0;               // import: 0: the config's positions
+};
+int run_convert(const ConvertArgs& args);
 int run_grid(int tp, int pp, int dp);
 int run_schedule(const std::string& name, int pp, int microbatches, int vpp);
 

@@ -130,6 +130,22 @@ int run(int argc, char** argv) {
   exp->add_option("--checkpoint", export_checkpoint, "checkpoint to read")->required();
   exp->add_option("--out", export_out, "weights file to write (FORMAT.md)")->required();
 
+  ConvertArgs conv;
+  auto* convert = app.add_subcommand(
+      "convert", "a trident weights file or checkpoint <-> a Hugging Face model folder");
+  convert->add_option("--from", conv.from,
+                      "trident weights file or checkpoint (export), or Hugging Face folder (import)")
+      ->required();
+  convert->add_option("--to", conv.to, "Hugging Face folder (export) or weights file (import)")
+      ->required();
+  auto* conv_dtype = convert->add_option("--dtype", conv.dtype, "export: f32 | bf16 (default f32)")
+                         ->check(CLI::IsMember({"f32", "bf16"}));
+  convert->add_option("--max-shard-size", conv.max_shard_size,
+                      "export: shard above this size (5GB, 500MiB, bytes); default one file");
+  convert->add_option("--seq-len", conv.seq_len,
+                      "import: the model's seq_len (default n_positions / max_position_embeddings)")
+      ->check(kPositive);
+
   int tp = 1, pp = 1, dp = 1, microbatches = 1, vpp = 1;
   std::string schedule_name;
   auto* grid = app.add_subcommand("grid", "print the TP, PP and DP groups as JSON");
@@ -211,6 +227,10 @@ int run(int argc, char** argv) {
     return run_prepare_data(prep_opt);
   if (*sample) return run_sample(checkpoint, prompt, n_tokens, temperature, top_k, seed, tokenizer_data);
   if (*exp) return run_export(export_checkpoint, export_out);
+  if (*convert) {
+    conv.dtype_given = conv_dtype->count() > 0;
+    return run_convert(conv);
+  }
   if (*grid) return run_grid(tp, pp, dp);
   if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp);
   if (*plan) return run_plan(plan_args);

@@ -2,7 +2,8 @@
 """faults.bad_input: a matrix of bad input over every entry point of trident: the deck
 (syntax, unknown keys, types, ranges, every divisibility rule of every parallel
 dimension), the command line, every HDF5 file the program reads (data.train, data.valid,
-io.init_weights, io.resume, the batch file of `grad`, `sample --checkpoint`), the world
+io.init_weights, io.resume, the batch file of `grad`, `sample --checkpoint`), the Hugging
+Face folders and options of `convert` (damaged safetensors headers, config.json), the world
 size against the deck, and the environment (unwritable out_dir, a full disk).
 
 Each case runs trident once, directly (one rank) or under `mpirun -np N`, in its own fresh
@@ -774,6 +775,146 @@ grad_case("batch_not_divisible_over_dp", ["b.h5", "3 sequences", "micro_batch_si
                                           "dp = 2"],
           lambda f: (f.create_dataset("inputs", data=_ids[:3, :-1]),
                      f.create_dataset("targets", data=_ids[:3, 1:])), np=2)
+
+
+# -- `trident convert`: Hugging Face folders (safetensors + config.json) in, trident files
+#    out, and back. Each import writes over run/w.h5, which must survive the failure. --
+
+def _hf_gpt2(c, folder="hf", header_edit=None, data_edit=None, config_edit=None, length_edit=None):
+    """A GPT-2 Hugging Face folder of the fixture's weights, written here by hand
+    (safetensors: 8-byte little-endian header length, JSON header, data; wte is the last
+    tensor); the edits damage the header dict, the data bytes, the header length or
+    config.json's dict before writing."""
+    import json
+    import struct
+    os.makedirs(c.path(folder), exist_ok=True)
+    header, chunks, at = {"__metadata__": {"format": "pt"}}, [], 0
+    with h5py.File(os.path.join(c.fixtures, "weights.h5"), "r") as f:
+        for n in f["model"]:
+            a = f["model"][n][...].astype("<f4")
+            hf = "transformer." + (n + ".weight" if n in ("wte", "wpe") else n)
+            header[hf] = {"dtype": "F32", "shape": list(a.shape),
+                          "data_offsets": [at, at + a.nbytes]}
+            chunks.append(a.tobytes())
+            at += a.nbytes
+    data = b"".join(chunks)
+    if header_edit:
+        header_edit(header)
+    if data_edit:
+        data = data_edit(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    n = length_edit(len(text)) if length_edit else len(text)
+    c.text(os.path.join(folder, "model.safetensors"), struct.pack("<Q", n) + text + data)
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 8,
+              "n_layer": 2, "n_head": 2, "n_positions": 8, "vocab_size": 16,
+              "layer_norm_epsilon": 1e-5}
+    if config_edit:
+        config_edit(config)
+    c.text(os.path.join(folder, "config.json"), json.dumps(config))
+    return folder
+
+
+def convert_case(name, needles, np_=1, **kw):
+    def setup(c):
+        os.makedirs(c.out_dir, exist_ok=True)
+        shutil.copyfile(os.path.join(c.fixtures, "weights.h5"), os.path.join(c.out_dir, "w.h5"))
+        return ["convert", "--from", _hf_gpt2(c, **kw), "--to", "run/w.h5"]
+    CASES.append((name, np_, setup, needles))
+
+
+def _entry(name, key, value):
+    return lambda h: h[name].__setitem__(key, value)
+
+
+convert_case("hf_header_length_past_end", ["model.safetensors", "header length", "past the end"],
+             length_edit=lambda n: n + 10 ** 6)
+convert_case("hf_header_not_json", ["model.safetensors", "not valid JSON"],
+             header_edit=lambda h: h.__setitem__("x", float("nan")))
+convert_case("hf_unknown_dtype", ["model.safetensors", "transformer.ln_f.bias", "unknown dtype", "F33"],
+             header_edit=_entry("transformer.ln_f.bias", "dtype", "F33"))
+convert_case("hf_dtype_not_float", ["transformer.ln_f.bias", "dtype I32", "F32, BF16 or F16"],
+             header_edit=_entry("transformer.ln_f.bias", "dtype", "I32"))
+convert_case("hf_offsets_out_of_range", ["transformer.wte.weight", "data_offsets", "out of range"],
+             data_edit=lambda d: d[:-4])
+convert_case("hf_offsets_overlap", ["model.safetensors", "overlaps"],
+             header_edit=lambda h: h["transformer.wpe.weight"].__setitem__(
+                 "data_offsets", [o - 4 for o in h["transformer.wpe.weight"]["data_offsets"]]))
+convert_case("hf_offsets_hole", ["model.safetensors", "belong to no tensor"],
+             header_edit=lambda h: h.__delitem__("transformer.wpe.weight"))
+convert_case("hf_shape_vs_offsets", ["transformer.wpe.weight", "shape [8, 9]", "data_offsets"],
+             header_edit=_entry("transformer.wpe.weight", "shape", [8, 9]))
+convert_case("hf_shape_vs_config", ["transformer.wpe.weight", "shape [4, 16]", "expected [8, 8]",
+                                    "config.json"],
+             header_edit=_entry("transformer.wpe.weight", "shape", [4, 16]))
+convert_case("hf_missing_tensor", ["hf", "no tensor 'transformer.wte.weight'"],
+             header_edit=lambda h: h.__delitem__("transformer.wte.weight"),
+             data_edit=lambda d: d[:-16 * 8 * 4])
+convert_case("hf_config_layers", ["config.json", "n_layer = 0", "positive integer"],
+             config_edit=lambda j: j.__setitem__("n_layer", 0))
+convert_case("hf_config_model_type", ["config.json", "model_type", "bert", "gpt2"],
+             config_edit=lambda j: j.__setitem__("model_type", "bert"))
+convert_case("hf_config_wider", ["transformer.wte.weight", "expected [16, 16]"],
+             config_edit=lambda j: j.__setitem__("n_embd", 16))
+
+
+@case("hf_no_safetensors", ["hf", "no model.safetensors or model.safetensors.index.json"])
+def _(c):
+    folder = _hf_gpt2(c)
+    os.remove(c.path(os.path.join(folder, "model.safetensors")))
+    return ["convert", "--from", folder, "--to", "w.h5"]
+
+
+@case("hf_index_missing_shard", ["model-00002-of-00002.safetensors", "cannot open"])
+def _(c):
+    import json
+    folder = _hf_gpt2(c)
+    os.rename(c.path("hf/model.safetensors"), c.path("hf/model-00001-of-00002.safetensors"))
+    wmap = {"transformer.ln_f.bias": "model-00002-of-00002.safetensors"}
+    c.text("hf/model.safetensors.index.json", json.dumps({"weight_map": wmap}))
+    return ["convert", "--from", folder, "--to", "w.h5"]
+
+
+@case("hf_export_dtype", ["--dtype", "f16"])
+def _(c):
+    return ["convert", "--from", c.copy("weights.h5"), "--to", "out", "--dtype", "f16"]
+
+
+@case("hf_export_shard_size", ["--max-shard-size", "lots"])
+def _(c):
+    return ["convert", "--from", c.copy("weights.h5"), "--to", "out", "--max-shard-size", "lots"]
+
+
+@case("hf_export_over_other_shards", ["out", "model-00001-of-00003.safetensors", "would not replace"])
+def _(c):
+    os.makedirs(c.path("out"))
+    c.text("out/model-00001-of-00003.safetensors", b"old")
+    return ["convert", "--from", c.copy("weights.h5"), "--to", "out"]
+
+
+@case("hf_export_not_trident", ["batch.h5", "format"])
+def _(c):
+    return ["convert", "--from", c.copy("batch.h5"), "--to", "out"]
+
+
+@case("hf_import_with_dtype", ["--dtype", "export", "hf", "import"])
+def _(c):
+    return ["convert", "--from", _hf_gpt2(c), "--to", "w.h5", "--dtype", "bf16"]
+
+
+@case("hf_export_with_seq_len", ["--seq-len", "import", "weights.h5", "export"])
+def _(c):
+    return ["convert", "--from", c.copy("weights.h5"), "--to", "out", "--seq-len", "4"]
+
+
+@case("hf_import_seq_len_too_long", ["--seq-len 9", "n_positions = 8"])
+def _(c):
+    return ["convert", "--from", _hf_gpt2(c), "--to", "w.h5", "--seq-len", "9"]
+
+
+@case("hf_convert_under_mpirun", ["convert", "one process"], np=2)
+def _(c):
+    return ["convert", "--from", c.copy("weights.h5"), "--to", "out"]
 
 
 # -- the environment --
