@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
@@ -95,21 +97,34 @@ void write_resolved_deck(const Config& cfg, const parallel::ParallelState& ps) {
 
 // io.resume = "none" starts afresh: over another run's metrics.h5 and checkpoints it would
 // overwrite some and leave the rest for a later "auto" to resume (issue 32). Refused unless
-// io.overwrite = true, which deletes them first. Rank 0, under the out_dir lock.
-void clear_for_fresh_run(const Config& cfg) {
-  if (cfg.io.resume != "none") return;
+// io.overwrite = true. Rank 0, under the out_dir lock.
+std::vector<fs::path> previous_run_files(const Config& cfg) {
+  std::vector<fs::path> old;
+  if (cfg.io.resume != "none") return old;
   const fs::path dir(cfg.io.out_dir);
   std::error_code ec;
-  std::vector<fs::path> old;
   if (fs::exists(dir / "metrics.h5", ec)) old.push_back(dir / "metrics.h5");
   if (fs::is_directory(dir / "checkpoints", ec))
     for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec))
       if (e.path().extension() == ".h5") old.push_back(e.path());
-  if (old.empty()) return;
-  TRIDENT_CHECK(cfg.io.overwrite, "io.resume = \"none\": io.out_dir '", cfg.io.out_dir,
-                "' holds another run's files (", old.size(), ", e.g. ", old.front().string(),
+  return old;
+}
+
+void refuse_fresh_run_over_another(const Config& cfg) {
+  const auto old = previous_run_files(cfg);
+  TRIDENT_CHECK(old.empty() || cfg.io.overwrite, "io.resume = \"none\": io.out_dir '",
+                cfg.io.out_dir, "' holds another run's files (", old.size(), ", e.g. ",
+                old.empty() ? std::string() : old.front().string(),
                 "); set io.overwrite = true to delete them, io.resume = \"auto\" to continue "
                 "that run, or use another io.out_dir");
+}
+
+// io.overwrite = true deletes them only once the data and the initial weights have been
+// read: a run that fails on its inputs leaves the previous run whole.
+void delete_previous_run(const Config& cfg) {
+  const auto old = previous_run_files(cfg);
+  if (old.empty()) return;
+  std::error_code ec;
   for (const auto& p : old) {
     fs::remove(p, ec);
     TRIDENT_CHECK(!ec, "io.overwrite: cannot delete '", p.string(), "': ", ec.message());
@@ -130,12 +145,15 @@ void run_training(Trainer& tr) {
   parallel::agree(MPI_COMM_WORLD, [&] {
     if (ps.world_rank != 0) return;
     lock = io::OutDirLock::acquire(cfg.io.out_dir, io::OutDirLock::default_wait_seconds());
-    clear_for_fresh_run(cfg);
+    refuse_fresh_run_over_another(cfg);
   });
   std::optional<DataLoader> train_data, valid_data;
   open_data(cfg, ps, train_data, valid_data);
   Checkpointer checkpoints(tr);
   const std::int64_t start = checkpoints.start();
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    if (ps.world_rank == 0) delete_previous_run(cfg);
+  });
   write_resolved_deck(cfg, ps);
   if (start >= cfg.train.steps) {
     log::info("nothing to do: the run already has ", start, " of ", cfg.train.steps, " steps");

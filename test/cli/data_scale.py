@@ -116,7 +116,7 @@ def rss_case():
         write_tokens(data, n, seed=1)
         d = deck(f"{name}.toml", f'"{data}"', 3, f"run-{name}")
         run("train", d)  # builds the sample index
-        rss[name] = peak_rss_mb("train", d, "--set", "io.resume=none")
+        rss[name] = peak_rss_mb("train", d, "--set", "io.resume=none", "--set", "io.overwrite=true")
         os.remove(data)
         shutil.rmtree(os.path.join(OUT, f"run-{name}"))
         print(f"  {name}: {n / 1e6:.0f} M tokens, peak RSS {rss[name]:.1f} MB", flush=True)

@@ -58,7 +58,8 @@ BASE_DECK = {
     "parallel": {"micro_batch_size": 1},
     "train": {"steps": 1, "warmup_steps": 0, "global_batch_size": 4},
     "data": {"train": "tokens.h5"},
-    "io": {"out_dir": "run", "resume": "none"},
+    # overwrite: the sentinel is another run's out_dir; a case must fail before deleting it
+    "io": {"out_dir": "run", "resume": "none", "overwrite": True},
 }
 SENTINEL_STEP = 2
 SENTINEL_CKPT = f"checkpoints/step-{SENTINEL_STEP:08d}.h5"

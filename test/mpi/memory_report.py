@@ -133,7 +133,7 @@ def main():
     # the difference, where that common part cancels.
     peaks = {}
     for sched in ("1f1b", "pipedream-2bw"):
-        extra = ["parallel.tp=4", "parallel.tp_mode=2d", "model.d_model=1024", "model.seq_len=64",
+        extra = ["parallel.tp=4", "parallel.tp_mode=2d", "model.d_model=2048", "model.seq_len=64",
                  "parallel.micro_batch_size=2", "train.global_batch_size=2",
                  f"parallel.schedule={sched}", f"io.out_dir=out-2d-{sched}"]
         shutil.rmtree(os.path.join(OUT, f"out-2d-{sched}"), ignore_errors=True)
