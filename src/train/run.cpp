@@ -103,10 +103,11 @@ std::vector<fs::path> previous_run_files(const Config& cfg) {
   if (cfg.io.resume != "none") return old;
   const fs::path dir(cfg.io.out_dir);
   std::error_code ec;
-  if (fs::exists(dir / "metrics.h5", ec)) old.push_back(dir / "metrics.h5");
+  // Regular files only: anything else where a run's file should be is an error at its write.
+  if (fs::is_regular_file(dir / "metrics.h5", ec)) old.push_back(dir / "metrics.h5");
   if (fs::is_directory(dir / "checkpoints", ec))
     for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec))
-      if (e.path().extension() == ".h5") old.push_back(e.path());
+      if (e.path().extension() == ".h5" && e.is_regular_file(ec)) old.push_back(e.path());
   return old;
 }
 

@@ -971,7 +971,7 @@ def _sentinel_into(c, root):
     c.out_dir = dst
 
 
-@case("env_out_dir_read_only_fs", ["io.out_dir", "ro/run", "config.toml", "read-only"], np=2)
+@case("env_out_dir_read_only_fs", ["io.out_dir", "ro/run/.trident.lock", "read-only"], np=2)
 def _(c):
     if not _mount_tmpfs(c, "ro", 8 << 20, readonly=True, fill=lambda p: _sentinel_into(c, p)):
         raise Skip("cannot mount a tmpfs here (not root?)")
@@ -1019,6 +1019,8 @@ def _(c):
     c.env["PMIX_MCA_gds"] = "hash"  # not PMIx's shared-memory store: its files are larger
     # mpirun starts its ranks with default signal dispositions: ignore SIGXFSZ again.
     c.wrapper = ["/bin/sh", "-c", 'trap "" XFSZ; exec "$0" "$@"']
+    # io.overwrite deletes the old run's files: leave it only metrics.h5, which is replaced.
+    shutil.rmtree(os.path.join(c.out_dir, "checkpoints"))
     c.mutable = {"metrics.h5", "config.toml"}
     return c.train({"model.d_model": 64})
 
@@ -1037,6 +1039,8 @@ def _(c):
     os.remove(os.path.join(c.out_dir, "metrics.h5"))
     os.makedirs(os.path.join(c.out_dir, "metrics.h5"))
     c.mutable = {"config.toml"}
+    # A fresh run with nothing for io.overwrite to delete (resume = "auto" moves it aside).
+    shutil.rmtree(os.path.join(c.out_dir, "checkpoints"))
     return c.train({"data.train": c.copy("tokens.h5")})
 
 
