@@ -201,7 +201,7 @@ def run_trident(build, work, env, model=MODEL, run_name="trident-run"):
                   "eval_every": 0},
         "data": {"train": data},
         "io": {"out_dir": out_dir, "checkpoint_every": 0, "keep_checkpoints": 1,
-               "resume": "none"},
+               "resume": "none", "overwrite": True},  # benchmarks rerun in one work dir
         "runtime": {"threads": THREADS},
     })
     metrics = os.path.join(out_dir, "metrics.h5")

@@ -113,6 +113,7 @@ train = "{data}"
 [io]
 out_dir = "{out}"
 resume = "none"
+overwrite = true
 [runtime]
 threads = 1
 """

@@ -84,6 +84,7 @@ train = "{data}"
 [io]
 out_dir = "{out_dir}"
 resume = "none"
+overwrite = true
 trace_step = {STEPS}
 [runtime]
 threads = 1
