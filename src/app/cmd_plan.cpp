@@ -232,6 +232,51 @@ double spearman(const std::vector<double>& x, const std::vector<double>& y) {
 
 }  // namespace
 
+void require_fitting_layout(const train::Config& deck, const plan::Machine& machine,
+                            const plan::PlanOptions& opt,
+                            const std::vector<plan::StepPrediction>& ranked) {
+  TRIDENT_CHECK(!ranked.empty(), deck.source, ": no layout of this model (", deck.model.n_layer,
+                " layers, ", deck.model.n_head, " heads, global batch ",
+                deck.train.global_batch_size, ") is valid on ", opt.nodes, " x ",
+                opt.ranks_per_node, " ranks");
+  if (ranked.front().fits) return;
+  const plan::StepPrediction& s = ranked.front();
+  fail(deck.source, ": no layout fits ", mib(machine.memory_bytes()), " per rank (", machine.source,
+       ": machine.memory_gib = ", machine.memory_gib, ") on ", opt.nodes, " x ",
+       opt.ranks_per_node, " ranks; the smallest, ", s.layout.str(), ", needs ",
+       mib(s.memory.peak()), " on pipeline stage ", s.memory_pp_rank, ", mostly ",
+       plan::memory_dominant(s.memory), " (", s.memory.describe(), ")");
+}
+
+plan::CalibrateOptions calibrate_options(const train::Config& deck, int world) {
+  plan::CalibrateOptions opt;
+  opt.model = deck.model;
+  opt.tps.clear();
+  for (int tp = 1; tp <= world; ++tp)
+    if (world % tp == 0 && deck.model.n_head % tp == 0) opt.tps.push_back(tp);
+  opt.micro_batches.clear();
+  const std::int64_t G = deck.train.global_batch_size;
+  for (int b = 1; b <= std::min<std::int64_t>(G, 64); b *= 2)
+    if (G % b == 0) opt.micro_batches.push_back(b);
+  if (std::find(opt.micro_batches.begin(), opt.micro_batches.end(),
+                deck.parallel.micro_batch_size) == opt.micro_batches.end())
+    opt.micro_batches.push_back(deck.parallel.micro_batch_size);
+  return opt;
+}
+
+void write_machine_file(const std::string& path, const plan::Machine& m,
+                        const std::string& header) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << plan::machine_toml(m, header);
+    TRIDENT_CHECK(f.good(), tmp, ": write failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  TRIDENT_CHECK(!ec, path, ": cannot write the machine file: ", ec.message());
+}
+
 int run_plan(const PlanArgs& a) {
   train::Config deck;
   plan::Machine machine;
@@ -254,18 +299,9 @@ int run_plan(const PlanArgs& a) {
     opt.ranks_per_node = a.ranks_per_node > 0 ? a.ranks_per_node : machine.ranks_per_node;
     opt.host_memory = deck.runtime.device != "cuda";
     opt.precision = deck.runtime.precision.get();
-    if (log::rank() == 0) ranked = plan::make_plan(deck, machine, opt);
-    TRIDENT_CHECK(log::rank() != 0 || !ranked.empty(), deck.source, ": no layout of this model (",
-                  deck.model.n_layer, " layers, ", deck.model.n_head, " heads, global batch ",
-                  deck.train.global_batch_size, ") is valid on ", opt.nodes, " x ",
-                  opt.ranks_per_node, " ranks");
-    if (log::rank() == 0 && !ranked.front().fits) {
-      const plan::StepPrediction& s = ranked.front();
-      fail(deck.source, ": no layout fits ", mib(machine.memory_bytes()), " per rank (", machine.source,
-           ": machine.memory_gib = ", machine.memory_gib, ") on ", opt.nodes, " x ",
-           opt.ranks_per_node, " ranks; the smallest, ", s.layout.str(), ", needs ",
-           mib(s.memory.peak()), " on pipeline stage ", s.memory_pp_rank, ", mostly ",
-           plan::memory_dominant(s.memory), " (", s.memory.describe(), ")");
+    if (log::rank() == 0) {
+      ranked = plan::make_plan(deck, machine, opt);
+      require_fitting_layout(deck, machine, opt, ranked);
     }
   });
   if (log::rank() != 0) return 0;
@@ -374,20 +410,10 @@ int run_calibrate(const CalibrateArgs& a) {
     train::Config deck;
     if (!a.deck.deck.empty()) deck = load_deck_with_vocab(a.deck);
     else deck.model.vocab_size = 50304;  // GPT-2's, padded: shapes of a default model
-    opt.model = deck.model;
+    opt = calibrate_options(deck, world);
     opt.min_seconds = a.min_seconds;
     opt.best = a.best;
     opt.cpu_time = a.cpu_time;
-    opt.tps.clear();
-    for (int tp = 1; tp <= world; ++tp)
-      if (world % tp == 0 && deck.model.n_head % tp == 0) opt.tps.push_back(tp);
-    opt.micro_batches.clear();
-    const std::int64_t G = deck.train.global_batch_size;
-    for (int b = 1; b <= std::min<std::int64_t>(G, 64); b *= 2)
-      if (G % b == 0) opt.micro_batches.push_back(b);
-    if (std::find(opt.micro_batches.begin(), opt.micro_batches.end(),
-                  deck.parallel.micro_batch_size) == opt.micro_batches.end())
-      opt.micro_batches.push_back(deck.parallel.micro_batch_size);
     const parallel::NodeRanks node = parallel::node_ranks();
     ops = ops::make_ops(backend_options(deck, node));
     // The file must be writable before minutes of measuring.
@@ -399,18 +425,13 @@ int run_calibrate(const CalibrateArgs& a) {
   plan::Machine m = plan::calibrate(opt, *ops);
   m.name = a.name.empty() ? str("calibrated (", ops->name(), ", ", world, " ranks)") : a.name;
   if (log::rank() == 0) {
-    const std::string tmp = a.out + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << plan::machine_toml(
-          m, str("# trident machine file: measured by `trident calibrate` on ", world,
-                 " ranks (", m.ranks_per_node, " per node), backend ", ops->name(),
-                 ", model d_model ", opt.model.d_model, " seq_len ", opt.model.seq_len,
-                 ".\n# Rates are per rank with every rank working at once; links fitted to "
-                 "alpha + bytes/beta of a ring allreduce.\n\n"));
-      TRIDENT_CHECK(f.good(), tmp, ": write failed");
-    }
-    std::filesystem::rename(tmp, a.out);
+    write_machine_file(
+        a.out, m,
+        str("# trident machine file: measured by `trident calibrate` on ", world, " ranks (",
+            m.ranks_per_node, " per node), backend ", ops->name(), ", model d_model ",
+            opt.model.d_model, " seq_len ", opt.model.seq_len,
+            ".\n# Rates are per rank with every rank working at once; links fitted to "
+            "alpha + bytes/beta of a ring allreduce.\n\n"));
     std::printf("calibrate: wrote %s: GEMM up to %.3g FLOP/s, attention %.3g FLOP/s, kernels "
                 "%.3g B/s; intra allreduce alpha %.3g s beta %.3g B/s, p2p %.3g s %.3g B/s; "
                 "inter allreduce alpha %.3g s beta %.3g B/s, p2p %.3g s %.3g B/s; libraries' "

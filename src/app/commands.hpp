@@ -10,6 +10,8 @@
 
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
+#include "trident/plan/calibrate.hpp"
+#include "trident/plan/planner.hpp"
 #include "trident/train/config.hpp"
 
 namespace trident::app {
@@ -33,6 +35,20 @@ struct Session {
 // allow_tp2d: the command runs parallel.tp_mode = "2d" (train, step, grad, init; load_config).
 Session open_session(const DeckArgs& args, const std::string& vocab_from,
                      bool allow_tp2d = false);
+
+// parallel.layout = "auto" (auto_layout.cpp): the planner's fastest fitting layout for this
+// world, put into cfg's [parallel] (collective: may calibrate the machine first).
+void choose_auto_layout(train::Config& cfg, ops::Ops& ops, const parallel::NodeRanks& node,
+                        int world);
+// What plan and the auto layout share (cmd_plan.cpp): one clear error when no layout is
+// valid or none fits; the measurements calibrate takes for a deck on `world` ranks; a
+// machine file written whole (tmp + rename).
+void require_fitting_layout(const train::Config& deck, const plan::Machine& machine,
+                            const plan::PlanOptions& opt,
+                            const std::vector<plan::StepPrediction>& ranked);
+plan::CalibrateOptions calibrate_options(const train::Config& deck, int world);
+void write_machine_file(const std::string& path, const plan::Machine& m,
+                        const std::string& header);
 
 // The kernel backend a deck asks for on this node (runtime.device, threads, precision).
 ops::BackendOptions backend_options(const train::Config& c, const parallel::NodeRanks& node);

@@ -59,11 +59,15 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from, bool a
       c.model.vocab_size =
           io::read_token_dataset_header(train::first_token_file(data, "data.train")).vocab_size;
     }
-    train::resolve_world(c, world);
+    if (c.parallel.layout != "auto") train::resolve_world(c, world);
     // A malformed test fault (TRIDENT_FAULT, core/fault.hpp) fails here, agreed.
     fault::validate();
     s.ops = ops::make_ops(backend_options(c, node));
   });
+  if (s.cfg.parallel.layout == "auto") {
+    choose_auto_layout(s.cfg, *s.ops, node, world);
+    parallel::agree(MPI_COMM_WORLD, [&] { train::resolve_world(s.cfg, world); });
+  }
   parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);
   s.ps = parallel::make_parallel_state(
       parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp});

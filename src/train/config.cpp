@@ -83,6 +83,8 @@ const std::vector<KeyDef>& key_table() {
       {"parallel", "grad_bucket_mb",
        [](Config& c) -> Field { return &c.parallel.grad_bucket_mb; }},
       {"parallel", "recompute", [](Config& c) -> Field { return &c.parallel.recompute; }},
+      {"parallel", "layout", [](Config& c) -> Field { return &c.parallel.layout; }},
+      {"parallel", "machine", [](Config& c) -> Field { return &c.parallel.machine; }},
 
       {"train", "steps", [](Config& c) -> Field { return &c.train.steps; }},
       {"train", "global_batch_size",
@@ -661,6 +663,7 @@ class Loader {
            ": parallel.sequence_parallel needs model.seq_len = ", c.model.seq_len,
            " divisible by parallel.tp = ", p.tp);
     validate_tp_mode();
+    validate_layout_choice();
 
     // [train]
     const Config::Train& t = c.train;
@@ -734,6 +737,25 @@ class Loader {
     need_finite(c.runtime.watchdog_s, "runtime.watchdog_s");
     need(c.runtime.watchdog_s >= 0, "runtime.watchdog_s", ">= 0 (0: off)",
          toml_float(c.runtime.watchdog_s));
+  }
+
+  // parallel.layout = "auto" chooses these keys itself: one written too would be ignored.
+  void validate_layout_choice() const {
+    const Config::Parallel& p = cfg_.parallel;
+    need_one_of(p.layout, "parallel.layout", {"deck", "auto"});
+    if (p.layout == "deck") {
+      if (!p.machine.empty())
+        fail(where("parallel.machine"), ": parallel.machine is read by parallel.layout = "
+             "\"auto\" only; set that too, or remove parallel.machine");
+      return;
+    }
+    for (const char* key : {"tp", "pp", "dp", "vpp", "schedule", "micro_batch_size",
+                            "sequence_parallel", "tp_mode", "zero_stage", "recompute"}) {
+      const std::string full = str("parallel.", key);
+      if (origin_.count(full))
+        fail(where(full), ": ", full, " is chosen by parallel.layout = \"auto\"; remove it, "
+             "or set parallel.layout = \"deck\" to lay the run out by hand");
+    }
   }
 
   std::string source_;

@@ -31,6 +31,7 @@ import functools
 import hashlib
 import multiprocessing
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -43,6 +44,7 @@ import h5py
 import numpy as np
 
 TEST = "faults.bad_input"
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CASE_TIMEOUT_S = 10
 WORKERS = 2  # cases run at once
 PREFIX = "trident: error:"
@@ -450,6 +452,27 @@ deck_case("rule_tf32_on_cpu", {"runtime.precision": "tf32"},
           ["deck.toml:", "runtime.precision", "runtime.device", "cuda"])
 deck_case("rule_vpp_needs_interleaved_schedule", {"parallel.vpp": 2},
           ["deck.toml:", "parallel.vpp", "parallel.schedule", "interleaved-1f1b"])
+
+# parallel.layout = "auto" (issue 32, elastic restarts): the planner chooses the layout keys,
+# so one written too is refused (it would be ignored); a machine file needs "auto".
+deck_case("range_parallel_layout_manual", {"parallel.layout": "manual"},
+          ["deck.toml:", "parallel.layout", "deck or auto"])
+deck_case("rule_layout_auto_with_micro_batch_size", {"parallel.layout": "auto"},
+          ["deck.toml:", "parallel.micro_batch_size", 'parallel.layout = "auto"'])
+deck_case("rule_machine_without_layout_auto", {"parallel.machine": "m.toml"},
+          ["deck.toml:", "parallel.machine", '"auto"'])
+deck_case("layout_auto_machine_missing", {"parallel.layout": "auto", "parallel.micro_batch_size": None,
+                                          "parallel.machine": "nowhere.toml"},
+          ["parallel.machine", "nowhere.toml", "not a file"], np=2)
+
+
+@case("layout_auto_nothing_fits", ["no layout fits", "machine.memory_gib", "small.toml"], np=2)
+def _(c):
+    with open(os.path.join(SRC, "input", "machines", "h100-sxm-dgx.toml")) as f:
+        text = re.sub(r"(?m)^memory_gib = .*$", "memory_gib = 0.000001", f.read())
+    c.text("small.toml", text)
+    return c.train({"parallel.layout": "auto", "parallel.micro_batch_size": None,
+                    "parallel.machine": "small.toml"})
 
 # -- divisibility of every parallel dimension, and the world size against the deck
 #    (bad_input.py has: global_batch_size % micro_batch_size, d_model % n_head) --

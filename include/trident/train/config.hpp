@@ -132,6 +132,10 @@ struct Config {
     int zero_stage = 0;             // 0 | 1
     double grad_bucket_mb = 25.0;   // DP gradient buckets (MiB), overlapped with the backward
     Choice<model::Recompute> recompute = model::Recompute::none;
+    // "deck": the keys above as written; "auto": trident plan's fastest fitting layout for
+    // the ranks the job was given, chosen at start-up (elastic restarts, FORMAT.md).
+    std::string layout = "deck";
+    std::string machine;  // layout = "auto": machine file; "": calibrated, cached in out_dir
   } parallel;
 
   struct Train {

@@ -35,6 +35,9 @@ tp_mode = "1d"          # 1d (Megatron) | 2d (SUMMA on a q x q grid, tp = q*q: r
 zero_stage = 0          # 0 | 1 (1: Adam moments sharded over dp, Megatron's distributed optimizer)
 grad_bucket_mb = 25.0   # MiB per DP gradient bucket, reduced during the last backward
 recompute = "none"      # none | selective | full
+layout = "deck"         # deck: the keys above | auto: the fastest layout that fits the job's
+                        # ranks, chosen at start-up by the planner (no layout key above set)
+machine = ""            # layout = "auto": machine file (""; calibrated, cached in out_dir)
 
 [train]
 steps = 200
@@ -150,7 +153,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
       "[model]", "vocab_size = 0", "seq_len = 128", "n_layer = 4", "n_head = 4",
       "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "vpp = 1",
       "schedule = \"1f1b\"", "micro_batch_size = 4", "sequence_parallel = false", "tp_mode = \"1d\"",
-      "zero_stage = 0", "grad_bucket_mb = 25.0", "recompute = \"none\"", "[train]", "steps = 200",
+      "zero_stage = 0", "grad_bucket_mb = 25.0", "recompute = \"none\"", "layout = \"deck\"", "machine = \"\"", "[train]", "steps = 200",
       "global_batch_size = 32", "lr = 0.0003", "min_lr = 3e-05", "warmup_steps = 20",
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
       "seed = 1234", "eval_every = 0", "eval_batches = 4", "on_nonfinite = \"abort\"", "[data]", "train = \"\"",
