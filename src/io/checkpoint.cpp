@@ -179,16 +179,34 @@ CheckpointState read_checkpoint_state(const std::string& path) {
   return st;
 }
 
-std::optional<std::string> find_latest_checkpoint(const std::string& checkpoint_dir) {
+std::optional<std::string> find_latest_checkpoint(const std::string& checkpoint_dir,
+                                                  bool set_damaged_aside_too) {
   for (const auto& e : scan(checkpoint_dir)) {
     if (e.tmp) continue;
     if (auto why = unusable(e)) {
-      log::warn("skipping checkpoint: ", *why);
+      if (set_damaged_aside_too)
+        set_damaged_aside(e.path.string(), *why);
+      else
+        log::warn("skipping checkpoint: ", *why);
       continue;
     }
     return e.path.string();
   }
   return std::nullopt;
+}
+
+std::string set_damaged_aside(const std::string& path, const std::string& why) {
+  std::string aside = path + ".damaged";
+  std::error_code ec;
+  for (int k = 1; fs::exists(aside, ec); ++k) aside = str(path, ".damaged.", k);
+  fs::rename(path, aside, ec);
+  if (ec) {
+    log::warn("skipping damaged checkpoint (", why, "); cannot rename it to ", aside, ": ",
+              ec.message());
+    return path;
+  }
+  log::warn("skipping damaged checkpoint, kept as ", aside, ": ", why);
+  return aside;
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& checkpoint_dir, int keep) {

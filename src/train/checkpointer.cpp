@@ -9,6 +9,8 @@
 
 #include "trident/core/log.hpp"
 #include "trident/io/checkpoint.hpp"
+#include "trident/io/format.hpp"
+#include "trident/io/h5.hpp"
 #include "trident/io/weights.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/run.hpp"
@@ -33,7 +35,7 @@ std::optional<std::string> resume_path(const Config& cfg, parallel::ParallelStat
   }
   std::string found;
   if (ps.world_rank == 0) {
-    auto latest = io::find_latest_checkpoint(cfg.io.out_dir + "/checkpoints");
+    auto latest = io::find_latest_checkpoint(cfg.io.out_dir + "/checkpoints", true);
     if (latest) found = *latest;
   }
   std::int64_t n = std::int64_t(found.size());
@@ -42,6 +44,15 @@ std::optional<std::string> resume_path(const Config& cfg, parallel::ParallelStat
   ps.world.broadcast(found.data(), n, 0);
   if (found.empty()) return std::nullopt;
   return found;
+}
+
+// What the deck must share with a checkpoint (the model's shape, the seed), checked before
+// its tensors are read: a mismatch is the deck's error, never damage to fall back past.
+void check_resumable(const std::string& path, const Config& cfg) {
+  const io::CheckpointState st = io::read_checkpoint_state(path);
+  io::check_model_attrs(io::h5::open_file(path, io::h5::Mode::read), cfg.model);
+  TRIDENT_CHECK(st.seed == std::uint64_t(cfg.train.seed), path, ": written with seed ", st.seed,
+                ", the deck has train.seed = ", cfg.train.seed, " (the data order would differ)");
 }
 
 // "52.1 MB in 0.41 s, 127 MB/s": a file's size over the time its read or write took.
@@ -108,38 +119,33 @@ std::string Checkpointer::path_of(std::int64_t step) const {
 std::int64_t Checkpointer::start() {
   parallel::ParallelState& ps = tr_.state();
   model::StageModel& model = tr_.model();
-  parallel::agree(MPI_COMM_WORLD, [&] { resume_ = resume_path(cfg_, ps); });
   std::int64_t start = 0;
   double read_s = 0;  // the checkpoint's read, for the log line (make bench reads it)
+  // io.resume = "auto" falls back past damaged checkpoints (issue 32): a requeue chain goes
+  // on from the newest good one; each damaged one is kept aside, renamed, for a human.
+  for (;;) {
+    parallel::agree(MPI_COMM_WORLD, [&] { resume_ = resume_path(cfg_, ps); });
+    if (!resume_) break;
+    parallel::agree(MPI_COMM_WORLD, [&] { check_resumable(*resume_, cfg_); });
+    try {
+      parallel::agree(MPI_COMM_WORLD, [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        start = load(*resume_);
+        read_s = seconds_since(t0);
+      });
+      break;
+    } catch (const parallel::AgreedError& damage) {
+      if (cfg_.io.resume != "auto") throw;
+      if (ps.world_rank == 0) io::set_damaged_aside(*resume_, damage.what());
+    }
+  }
+  if (resume_) {
+    last_saved_ = start;
+    log::info("resuming from ", *resume_, " at step ", start, " (", rate(*resume_, read_s), ")");
+    return start;
+  }
   parallel::agree(MPI_COMM_WORLD, [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (resume_) {
-      // Parameters and moments come through host memory (HostMirror, HostMoments).
-      HostMirror params(model.memory(), model.params(), model.num_params(), false);
-      HostMoments moments(model.memory(), tr_.optimizer(), tr_.grad_sync(), model.num_params(),
-                          false);
-      std::optional<HostMirror> previous;  // PipeDream-2BW's W(t-1)
-      if (float* slot = tr_.previous_weights_slot())
-        previous.emplace(model.memory(), slot, model.num_params(), false);
-      io::CheckpointState st = io::read_checkpoint(
-          *resume_, MPI_COMM_WORLD, cfg_.model, model.specs(), params.data(), moments.m(),
-          moments.v(), role_, previous ? previous->data() : nullptr);
-      params.commit();
-      moments.commit();
-      if (previous && st.has_previous_params) {
-        previous->commit();
-        tr_.keep_previous_weights();
-      } else if (previous) {
-        log::info(*resume_, " holds no previous weight version (not written by a pipedream-2bw "
-                  "run): the first step computes with the loaded weights");
-      }
-      TRIDENT_CHECK(st.seed == std::uint64_t(cfg_.train.seed), *resume_, ": written with seed ",
-                    st.seed, ", the deck has train.seed = ", cfg_.train.seed,
-                    " (the data order would differ)");
-      start = st.step;
-      tr_.optimizer().set_steps_taken(st.optimizer_steps);
-      read_s = seconds_since(t0);
-    } else if (!cfg_.io.init_weights.empty()) {
+    if (!cfg_.io.init_weights.empty()) {
       HostMirror params(model.memory(), model.params(), model.num_params(), false);
       io::read_weights(cfg_.io.init_weights, MPI_COMM_WORLD, cfg_.model, model.specs(),
                        params.data(), role_);
@@ -148,11 +154,32 @@ std::int64_t Checkpointer::start() {
       model.init_weights(std::uint64_t(cfg_.train.seed));
     }
   });
-  if (resume_) {
-    last_saved_ = start;
-    log::info("resuming from ", *resume_, " at step ", start, " (", rate(*resume_, read_s), ")");
+  return 0;
+}
+
+std::int64_t Checkpointer::load(const std::string& path) {
+  model::StageModel& model = tr_.model();
+  // Parameters and moments come through host memory (HostMirror, HostMoments).
+  HostMirror params(model.memory(), model.params(), model.num_params(), false);
+  HostMoments moments(model.memory(), tr_.optimizer(), tr_.grad_sync(), model.num_params(),
+                      false);
+  std::optional<HostMirror> previous;  // PipeDream-2BW's W(t-1)
+  if (float* slot = tr_.previous_weights_slot())
+    previous.emplace(model.memory(), slot, model.num_params(), false);
+  io::CheckpointState st = io::read_checkpoint(
+      path, MPI_COMM_WORLD, cfg_.model, model.specs(), params.data(), moments.m(), moments.v(),
+      role_, previous ? previous->data() : nullptr);
+  params.commit();
+  moments.commit();
+  if (previous && st.has_previous_params) {
+    previous->commit();
+    tr_.keep_previous_weights();
+  } else if (previous) {
+    log::info(path, " holds no previous weight version (not written by a pipedream-2bw "
+              "run): the first step computes with the loaded weights");
   }
-  return start;
+  tr_.optimizer().set_steps_taken(st.optimizer_steps);
+  return st.step;
 }
 
 bool Checkpointer::due(std::int64_t step) const {

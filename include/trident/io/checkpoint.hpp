@@ -8,7 +8,7 @@
 // functions of (seed, step), AdamW's bias correction of step.
 // defines: trident::io::CheckpointState, checkpoint_path, write_checkpoint,
 //          read_checkpoint, read_checkpoint_state, find_latest_checkpoint,
-//          prune_checkpoints
+//          set_damaged_aside, prune_checkpoints
 //
 // Atomicity: a checkpoint is written as step-NNNNNNNN.h5.tmp, flushed and closed by every
 // rank, then renamed by rank 0 (after a barrier). A crash leaves at worst a .tmp file,
@@ -84,7 +84,14 @@ CheckpointState read_checkpoint_state(const std::string& path);
 // whose `step` attribute matches its name); the others are skipped with a warning. None
 // when the directory is missing or holds no usable checkpoint. Serial: call it on one
 // rank and broadcast, or on every rank of a shared file system.
-std::optional<std::string> find_latest_checkpoint(const std::string& checkpoint_dir);
+// set_damaged_aside: each skipped one is renamed (set_damaged_aside below), so that neither
+// pruning nor a later save of the same step overwrites it.
+std::optional<std::string> find_latest_checkpoint(const std::string& checkpoint_dir,
+                                                  bool set_damaged_aside = false);
+
+// Renames a damaged checkpoint to <path>.damaged (.damaged.1, ... when taken) with a
+// warning that says why; returns the new name. Serial (rank 0).
+std::string set_damaged_aside(const std::string& path, const std::string& why);
 
 // Keeps the newest `keep` complete checkpoints (as find_latest_checkpoint judges them) and
 // deletes every step-*.h5 and step-*.h5.tmp older than the oldest kept one; keep <= 0

@@ -19,6 +19,7 @@ class Checkpointer {
 
   // Loads the weights the run starts from and returns the step it starts after (0: a new
   // run). Collective over the world; a failure on any rank fails on every rank (agree).
+  // io.resume = "auto" falls back past damaged checkpoints, renaming each to *.damaged.
   std::int64_t start();
   bool resumed() const { return resume_.has_value(); }
 
@@ -31,6 +32,9 @@ class Checkpointer {
   std::string path_of(std::int64_t step) const;
 
  private:
+  // Reads checkpoint `path` into the model and optimizer; returns its step. Collective.
+  std::int64_t load(const std::string& path);
+
   Trainer& tr_;
   const Config& cfg_;
   io::ShardRole role_;

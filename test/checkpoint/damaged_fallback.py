@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""A requeue chain goes on past a damaged checkpoint (issue 32).
+
+A 2-rank run (dp 2) checkpoints steps 2 and 4 and dies at the start of step 5 (TRIDENT_FAULT
+exit). Then its newest checkpoint is damaged in three ways, each on its own copy of the
+out_dir: a weight changed under its checksum, a moment dataset deleted, the file cut in half.
+Each time `io.resume = "auto"`:
+  - warns once, naming the file and what is wrong, and keeps it as step-00000004.h5.damaged;
+  - resumes from step 2 and finishes step 6 with the losses of an uninterrupted run, bitwise;
+  - a later save of step 4 leaves the damaged copy alone.
+What is not damage stays an error and renames nothing: the damaged file named by
+`io.resume = PATH`, and a good checkpoint resumed with another train.seed.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+TRIDENT = os.environ["TRIDENT"]
+OUT = os.path.join(os.environ.get("TRIDENT_TEST_OUT", "/tmp"), "checkpoint.damaged_fallback")
+failures = []
+
+DECK = """
+[model]
+seq_len = 32
+n_layer = 2
+n_head = 2
+d_model = 32
+[parallel]
+micro_batch_size = 2
+[train]
+steps = 6
+global_batch_size = 4
+lr = 3e-3
+warmup_steps = 1
+[data]
+train = "train.h5"
+[io]
+out_dir = "run"
+checkpoint_every = 2
+keep_checkpoints = 3
+[runtime]
+threads = 1
+"""
+CK4 = "checkpoints/step-00000004.h5"
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def train(out_dir, *sets, env=None):
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", TRIDENT, "train",
+           "deck.toml", "--set", f"io.out_dir={out_dir}"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, cwd=OUT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **(env or {})})
+    return p.returncode, p.stdout + p.stderr
+
+
+def losses(out_dir):
+    with h5py.File(os.path.join(OUT, out_dir, "metrics.h5"), "r") as f:
+        return {int(s): float(v) for s, v in zip(f["step"][:], f["loss"][:]) if s > 0}
+
+
+def damage_checksum(path):
+    with h5py.File(path, "r+") as f:
+        d = f["model/h.0.mlp.c_fc.weight"]
+        w = d[...]
+        w.flat[7] += 1e-3
+        d[...] = w
+
+
+def damage_missing_dataset(path):
+    with h5py.File(path, "r+") as f:
+        del f["optimizer/exp_avg_sq/h.1.attn.c_proj.weight"]
+
+
+def damage_truncated(path):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+
+
+def main():
+    shutil.rmtree(OUT, ignore_errors=True)
+    os.makedirs(OUT)
+    words = "the and of to in that he shall unto for his a lord they be is him not".split()
+    with open(os.path.join(OUT, "corpus.txt"), "w") as f:
+        f.write("\n".join(" ".join(words[(i * 5 + j * 3) % len(words)] for j in range(11))
+                          for i in range(800)))
+    subprocess.run([TRIDENT, "prepare-data", "--input", "corpus.txt", "--output", "train.h5"],
+                   cwd=OUT, check=True, capture_output=True)
+    with open(os.path.join(OUT, "deck.toml"), "w") as f:
+        f.write(DECK)
+
+    rc, out = train("ref")
+    check(rc == 0, "the uninterrupted run finishes")
+    ref = losses("ref")
+    rc, out = train("died", env={"TRIDENT_FAULT": "exit:0:5"})
+    check(rc != 0 and os.path.exists(os.path.join(OUT, "died", CK4)),
+          "a run that dies at step 5 leaves the checkpoints of steps 2 and 4")
+
+    for name, damage, needle in [("checksum", damage_checksum, "checksum"),
+                                 ("missing_dataset", damage_missing_dataset, "exp_avg_sq"),
+                                 ("truncated", damage_truncated, "")]:
+        run = f"run-{name}"
+        shutil.copytree(os.path.join(OUT, "died"), os.path.join(OUT, run))
+        damage(os.path.join(OUT, run, CK4))
+        rc, out = train(run)
+        warn = [l for l in out.splitlines() if l.startswith("trident: warning:")
+                and "step-00000004.h5" in l]
+        check(rc == 0, f"{name}: the requeued run finishes")
+        check(len(warn) == 1 and "kept as" in warn[0] and needle in warn[0],
+              f"{name}: one warning names the damaged file and what is wrong: {warn}")
+        check("resuming from " + run + "/checkpoints/step-00000002.h5" in out,
+              f"{name}: resumes from the step-2 checkpoint")
+        check(os.path.exists(os.path.join(OUT, run, CK4 + ".damaged")),
+              f"{name}: the damaged checkpoint is kept as step-00000004.h5.damaged")
+        got = losses(run)
+        check(got == ref, f"{name}: losses of steps 1-6 bitwise the uninterrupted run's")
+
+    # Not damage: an explicit path is the user's choice, a seed mismatch the deck's error.
+    run = "run-explicit"
+    shutil.copytree(os.path.join(OUT, "died"), os.path.join(OUT, run))
+    damage_checksum(os.path.join(OUT, run, CK4))
+    rc, out = train(run, f"io.resume={run}/{CK4}")
+    check(rc != 0 and "checksum" in out and os.path.exists(os.path.join(OUT, run, CK4)),
+          "io.resume = PATH to a damaged checkpoint: an error, the file left where it is")
+    run = "run-seed"
+    shutil.copytree(os.path.join(OUT, "died"), os.path.join(OUT, run))
+    rc, out = train(run, "train.seed=7")
+    check(rc != 0 and "seed" in out and os.path.exists(os.path.join(OUT, run, CK4))
+          and not os.path.exists(os.path.join(OUT, run, CK4 + ".damaged")),
+          "another train.seed: an error, no checkpoint set aside")
+
+    print("checkpoint.damaged_fallback:", "FAIL" if failures else "PASS")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
