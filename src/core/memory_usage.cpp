@@ -2,8 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 namespace trident {
 
@@ -24,7 +26,41 @@ std::int64_t status_kb(const char* key) {
   std::fclose(f);
   return kb < 0 ? -1 : kb * 1024;
 }
+// The first integer of a file ("max" and unreadable files: -1).
+std::int64_t file_integer(const char* path) {
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return -1;
+  long long v = -1;
+  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
+  std::fclose(f);
+  return v;
+}
 }  // namespace
+
+std::int64_t available_memory_bytes() {
+  std::int64_t avail = -1;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    long long kb = 0;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) {
+        avail = std::int64_t(kb) * 1024;
+        break;
+      }
+    std::fclose(f);
+  }
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_file, usage_file] : cgroups) {
+    const std::int64_t limit = file_integer(limit_file), usage = file_integer(usage_file);
+    // v1 reports "no limit" as a huge number: anything past 2^60 is none.
+    if (limit <= 0 || usage < 0 || limit > (std::int64_t(1) << 60)) continue;
+    const std::int64_t left = std::max<std::int64_t>(0, limit - usage);
+    avail = avail < 0 ? left : std::min(avail, left);
+  }
+  return avail;
+}
 
 std::int64_t resident_bytes() {
   const std::int64_t b = status_kb("VmRSS");

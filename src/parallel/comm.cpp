@@ -353,4 +353,13 @@ NodeRanks node_ranks() {
   return r;
 }
 
+std::int64_t node_sum(std::int64_t value) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  std::int64_t sum = 0;
+  MPI_Allreduce(&value, &sum, 1, MPI_INT64_T, MPI_SUM, node);
+  MPI_Comm_free(&node);
+  return sum;
+}
+
 }  // namespace trident::parallel

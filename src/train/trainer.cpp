@@ -12,6 +12,7 @@
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/core/memory_usage.hpp"
+#include "trident/parallel/agree.hpp"
 #include "trident/parallel/cuda_aware.hpp"
 #include "trident/pipeline/simulator.hpp"
 #include "trident/io/trace.hpp"
@@ -24,6 +25,50 @@ std::vector<model::StageLayout> stage_layout(const Config& cfg,
   return model::chunk_layouts(cfg.model, ps.shape.pp, cfg.parallel.vpp, ps.coord.pp);
 }
 
+namespace {
+
+// Refused before the first large allocation (issue 32): a model that cannot fit would end
+// in std::bad_alloc or the OOM killer after seconds of allocating. The prediction counts
+// trident's buffers only, so it refuses what surely does not fit, never what might.
+const char* kShrink = "; spread the model over more ranks (parallel.tp, parallel.pp, "
+                      "zero_stage), recompute activations (parallel.recompute), lower "
+                      "parallel.micro_batch_size, or shrink the model";
+
+// A lower bound of a rank's bytes in floating point (weights and gradients, one stashed
+// layer input per layer): absurd shapes are refused by it before predict_memory's int64
+// sums could overflow.
+void refuse_absurd_shapes(const model::ModelConfig& m, const Config::Parallel& p,
+                          std::int64_t available) {
+  const double d = double(m.d_model), layers = double(m.n_layer) / p.pp;
+  const double params = (12.0 * d * d * m.n_layer + double(m.vocab_size + m.seq_len) * d) /
+                        (double(p.tp) * p.pp);
+  const double bound = 8.0 * params + 4.0 * double(m.seq_len) * p.micro_batch_size * d * layers;
+  const double limit = available > 0 ? double(available) : std::ldexp(1.0, 56);
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    TRIDENT_CHECK(bound <= limit, "memory: a rank needs at least ",
+                  model::format_bytes(std::int64_t(std::min(bound, std::ldexp(1.0, 62)))),
+                  " (model.n_layer = ", m.n_layer, ", model.d_model = ", m.d_model,
+                  ", model.seq_len = ", m.seq_len, "), more than the ",
+                  model::format_bytes(std::int64_t(limit)), available > 0 ?
+                  " the node has available (MemAvailable, cgroup limit)" : " any node has",
+                  kShrink);
+  });
+}
+
+void refuse_what_cannot_fit(const model::MemoryEstimate& rank, bool host_memory,
+                            std::int64_t available) {
+  if (!host_memory) return;  // a device's memory is the backend's to refuse
+  const std::int64_t node = parallel::node_sum(rank.peak());
+  parallel::agree(MPI_COMM_WORLD, [&] {
+    TRIDENT_CHECK(available < 0 || node <= available, "memory: this node's ranks need ",
+                  model::format_bytes(node), " by the start-up prediction (this rank ",
+                  rank.describe(), "), more than the ", model::format_bytes(available),
+                  " the node has available (MemAvailable, cgroup limit)", kShrink);
+  });
+}
+
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
     : cfg_(cfg), ps_(ps), ops_(ops), rss_at_start_(resident_bytes()) {
   TRIDENT_CHECK(cfg.model.vocab_size > 0, "model.vocab_size is 0 and no dataset gave one");
@@ -35,21 +80,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   options.recompute = cfg.parallel.recompute.get();
   options.sequence_parallel = cfg.parallel.sequence_parallel;
   options.tp_mode = model::tp_mode_of(cfg.parallel.tp_mode);
-  model_ = model::make_stage_model(cfg.model, stage_layout(cfg, ps), ps, ops, options);
-  sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
-                                     cfg.parallel.zero_stage == 1);
-  if (sync_->active())
-    model_->set_grad_ready_hook([sync = sync_.get()](std::int64_t offset, std::int64_t count) {
-      sync->ready(offset, count);
-    });
-  optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
   update_ = pipeline::weight_update_of(cfg.parallel.schedule);
-  if (update_ == pipeline::WeightUpdate::delayed) {  // PipeDream's stash grows in its first step
-    const std::int64_t n = model_->num_params();
-    older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
-    swap_buffer_ = FloatBuffer(std::size_t(std::min(n, model::kVersionSwapFloats)), ops.memory());
-  }
-
   model::MemoryLayout lay;
   lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
   lay.pp_rank = ps.coord.pp, lay.tp_rank = ps.coord.tp;
@@ -74,6 +105,26 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
       // A schedule that cannot be made is reported by the first step, with its context.
     }
   }
+  const std::int64_t available = available_memory_bytes();
+  refuse_absurd_shapes(cfg.model, cfg.parallel, lay.host_memory ? available : -1);
+  memory_estimate_ = model::predict_memory(cfg.model, lay);
+  memory_estimate_.libraries = backend_bytes;
+  refuse_what_cannot_fit(memory_estimate_, lay.host_memory, available);
+
+  model_ = model::make_stage_model(cfg.model, stage_layout(cfg, ps), ps, ops, options);
+  sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
+                                     cfg.parallel.zero_stage == 1);
+  if (sync_->active())
+    model_->set_grad_ready_hook([sync = sync_.get()](std::int64_t offset, std::int64_t count) {
+      sync->ready(offset, count);
+    });
+  optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
+  if (update_ == pipeline::WeightUpdate::delayed) {  // PipeDream's stash grows in its first step
+    const std::int64_t n = model_->num_params();
+    older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
+    swap_buffer_ = FloatBuffer(std::size_t(std::min(n, model::kVersionSwapFloats)), ops.memory());
+  }
+
   // Every command that builds a trainer says so (train, step, grad), rank 0 only.
   if (update_ == pipeline::WeightUpdate::delayed)
     log::info("trident: schedule ", cfg.parallel.schedule, " is asynchronous, not equivalent "
@@ -84,8 +135,6 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
               "to the serial run: each stage updates its weights after every microbatch's "
               "backward, which computes with the weights its forward used (weight stashing); "
               "this stage holds up to ", lay.weight_versions, " weight versions");
-  memory_estimate_ = model::predict_memory(cfg.model, lay);
-  memory_estimate_.libraries = backend_bytes;
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
             lay.peak_stash, " microbatch-chunks of ",
             model::format_bytes(memory_estimate_.activations_per_microbatch),

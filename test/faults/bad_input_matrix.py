@@ -453,6 +453,13 @@ deck_case("rule_tf32_on_cpu", {"runtime.precision": "tf32"},
 deck_case("rule_vpp_needs_interleaved_schedule", {"parallel.vpp": 2},
           ["deck.toml:", "parallel.vpp", "parallel.schedule", "interleaved-1f1b"])
 
+# Shapes no node holds (issue 32): refused from the start-up prediction before anything is
+# allocated (they ended in std::bad_alloc or the OOM killer after 9-31 s), naming the keys.
+deck_case("memory_d_model_1e6", {"model.d_model": 1000000, "model.n_head": 1},
+          ["memory:", "model.d_model = 1000000", "available"], np=2)
+deck_case("memory_n_layer_1e6", {"model.n_layer": 1000000, "model.d_model": 1024},
+          ["memory:", "model.n_layer = 1000000", "available"])
+
 # parallel.layout = "auto" (issue 32, elastic restarts): the planner chooses the layout keys,
 # so one written too is refused (it would be ignored); a machine file needs "auto".
 deck_case("range_parallel_layout_manual", {"parallel.layout": "manual"},

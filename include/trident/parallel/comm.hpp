@@ -1,7 +1,7 @@
 // trident/parallel/comm.hpp — communicators and every collective trident issues, with a
 // call and byte counter per communicator (reported in the metrics as comm/<group>/bytes).
 // defines: trident::parallel::Comm, CommCounters, ParallelState, make_parallel_state,
-//          NodeRanks, node_ranks
+//          NodeRanks, node_ranks, node_sum
 #pragma once
 
 #include <mpi.h>
@@ -163,5 +163,7 @@ struct NodeRanks {
   int size = 1;
 };
 NodeRanks node_ranks();
+// The sum of `value` over the ranks of MPI_COMM_WORLD on this rank's node. Collective.
+std::int64_t node_sum(std::int64_t value);
 
 }  // namespace trident::parallel
