@@ -24,6 +24,9 @@ train::Config with_layout(const train::Config& deck, const Layout& l) {
   train::Config c = deck;
   c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
   c.parallel.schedule = l.schedule;
+  // The planner plans even splits (n_layer divisible by pp * vpp); a deck's own
+  // parallel.pipeline_layers names counts for its own pp and vpp only.
+  c.parallel.pipeline_layers = "even";
   c.parallel.micro_batch_size = l.micro_batch;
   c.parallel.recompute = recompute_name(l.recompute);
   c.parallel.sequence_parallel = l.sequence_parallel;
