@@ -456,8 +456,8 @@ class Loader {
       for (const toml::node& n : *node.as_array()) {
         const std::optional<std::int64_t> v = n.value_exact<std::int64_t>();
         if (!n.is_integer() || !v || *v < INT_MIN || *v > INT_MAX)
-          fail(where, ": ", key, ": expected a list of layer counts (integers), got an element ",
-               "of type ", toml_type_name(n.type()));
+          fail(where, ": ", key, ": expected a list of layer counts (integers), got ",
+               toml_type_name(n.type()), " in it");
         text += str(text.size() > 1 ? ", " : "", *v);
       }
       *std::get<std::string*>(f) = text + "]";

@@ -308,6 +308,17 @@ void Trainer::report_startup() {
                 static_cast<long long>(cfg_.train.global_batch_size) * cfg_.model.seq_len,
                 bubble);
   log::info(line);
+  // A split other than today's even one (named, "auto", or n_layer not dividing pp * vpp).
+  const std::vector<int> split = pipeline_stage_layers(cfg_);
+  if (!split.empty()) {
+    std::string counts;
+    for (int n : split) counts += str(counts.empty() ? "" : ", ", n);
+    log::info(str("trident: layers per virtual stage [", counts, "] (parallel.pipeline_layers = ",
+                  cfg_.parallel.pipeline_layers.rfind("[", 0) == 0
+                      ? cfg_.parallel.pipeline_layers
+                      : "\"" + cfg_.parallel.pipeline_layers + "\"",
+                  ")"));
+  }
   std::snprintf(line, sizeof line,
                 "trident: %lld parameters on rank 0 (at most %lld on a rank), optimizer state "
                 "%lld bytes on rank 0 (at most %lld on a rank), zero_stage=%d, %d DP bucket%s "
