@@ -533,9 +533,12 @@ TEST(ConfigErrors, Divisibility) {
   // Only n_head was written: the message points at it.
   expect_error("[model]\nn_head = 3\n", {"deck.toml:2:1:", "model.d_model", "model.n_head"});
   expect_error("", {"parallel.tp=8"}, {"model.n_head = 4", "parallel.tp = 8"});
-  expect_error("", {"parallel.pp=3"}, {"model.n_layer = 4", "parallel.pp * parallel.vpp"});
-  expect_error("", {"parallel.pp=2", "parallel.vpp=4", "parallel.schedule=interleaved-1f1b"},
-               {"model.n_layer", "parallel.pp * parallel.vpp = 2 * 4"});
+  // n_layer need not divide pp * vpp (the balanced split, parallel.pipeline_layers), but
+  // every virtual stage needs a layer.
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.pp=3"}));
+  expect_error("", {"parallel.pp=5"}, {"model.n_layer = 4", "fewer than", "parallel.pp * parallel.vpp"});
+  expect_error("", {"parallel.pp=3", "parallel.vpp=2", "parallel.schedule=looped-bfs"},
+               {"model.n_layer", "parallel.pp * parallel.vpp = 3 * 2"});
   expect_error("", {"parallel.vpp=2"}, {"parallel.vpp = 2", "parallel.schedule", "\"1f1b\""});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.vpp=2", "parallel.pp=2",
                                               "parallel.schedule=interleaved-1f1b"}));
