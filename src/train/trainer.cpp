@@ -298,7 +298,20 @@ void Trainer::report_startup() {
   const int m = microbatches_per_rank(cfg_);
   const auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
                                              cfg_.parallel.vpp, m);
-  const double bubble = pipeline::simulate(sched).bubble_fraction;
+  // An uneven split: each virtual stage's actions cost its layers plus the embedding's or
+  // the head's predicted share (model::stage_end_costs), relative to the heaviest stage.
+  const std::vector<int> split = pipeline_stage_layers(cfg_);
+  pipeline::Costs costs;
+  if (!split.empty()) {
+    const model::EndCosts ends = model::stage_end_costs(cfg_.model, ps_.shape.tp);
+    for (std::size_t v = 0; v < split.size(); ++v)
+      costs.stage_weight.push_back(split[v] + (v == 0 ? ends.embedding : 0.0) +
+                                   (v + 1 == split.size() ? ends.head : 0.0));
+    const double heaviest = *std::max_element(costs.stage_weight.begin(), costs.stage_weight.end());
+    for (double& w : costs.stage_weight) w = w / heaviest;
+    costs.f = 100, costs.b = 200, costs.b_split = 100, costs.w = 100;  // room to round
+  }
+  const double bubble = pipeline::simulate(sched, costs).bubble_fraction;
   char line[512];
   std::snprintf(line, sizeof line,
                 "trident: layout tp=%d x pp=%d x dp=%d, vpp=%d, schedule %s, %d microbatches "
@@ -309,7 +322,6 @@ void Trainer::report_startup() {
                 bubble);
   log::info(line);
   // A split other than today's even one (named, "auto", or n_layer not dividing pp * vpp).
-  const std::vector<int> split = pipeline_stage_layers(cfg_);
   if (!split.empty()) {
     std::string counts;
     for (int n : split) counts += str(counts.empty() ? "" : ", ", n);
