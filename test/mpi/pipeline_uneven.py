@@ -12,6 +12,7 @@ with no split named (7 layers: the balanced split) on the serial curve (checkpoi
 keyed by global layer, not by stage).
 """
 import os
+import shutil
 
 from layout_common import LayoutTest, deck_text
 
@@ -28,7 +29,8 @@ def main():
     (ref_curve,) = t.train(1, "serial")
     # (name, ranks, sets, train too)
     cases = [
-        ("pp3_1-3-3", 3, ["parallel.pp=3", layers(1, 3, 3)], True),
+        ("pp3_1-3-3", 3, ["parallel.pp=3", layers(1, 3, 3), "io.checkpoint_every=2",
+                          "io.keep_checkpoints=2"], True),
         ("pp4_1-2-2-2_zb", 4, ["parallel.pp=4", "parallel.schedule=zb-h1", layers(1, 2, 2, 2)],
          False),
         ("pp2_vpp2_3-1-1-2", 2, ["parallel.pp=2", "parallel.vpp=2",
@@ -47,17 +49,19 @@ def main():
         if train:
             (got,) = t.train(ranks, f"train_{name}", sets)
             t.check_curve(name, got, ref_curve)
-    # Checkpoints are layout-independent: written at pp 3 [1, 3, 3] (steps 2 and 4), the one
-    # of step 2 resumes at pp 2 x vpp 2 [3, 1, 1, 2] and at pp 4 (7 layers: the "auto" split).
-    ck = ["parallel.pp=3", layers(1, 3, 3), "io.checkpoint_every=2", "io.keep_checkpoints=2"]
+    # Checkpoints are layout-independent: written at pp 3 [1, 3, 3] (steps 2 and 4, by the
+    # training above), the one of step 2 resumes at pp 2 x vpp 2 [3, 1, 1, 2] and at pp 4
+    # (7 layers: the balanced split).
     for name, ranks, sets in [
             ("pp2_vpp2", 2, ["parallel.pp=2", "parallel.vpp=2",
                              "parallel.schedule=interleaved-1f1b", layers(3, 1, 1, 2)]),
             ("pp4_even", 4, ["parallel.pp=4"])]:
         out = f"resume_{name}"
-        t.train(3, out, ck)
+        shutil.copytree(t.path("train_pp3_1-3-3"), t.path(out))
         os.remove(t.path(out, "checkpoints", "step-00000004.h5"))
         (resumed,) = t.train(ranks, out, sets + ["io.resume=auto"])
+        t.check("step-00000002.h5 at step 2" in t.last_stdout,
+                f"resume at {name}: started from the step-2 checkpoint")
         t.check_curve(f"resume at {name} from a pp3 [1, 3, 3] checkpoint of step 2", resumed,
                       ref_curve)
     t.finish()
