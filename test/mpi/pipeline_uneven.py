@@ -4,7 +4,7 @@
 A 7-layer model (7 divides no pp * vpp used here) cut into virtual stages of unequal layer
 counts: pp 3 [1, 3, 3] (1f1b), pp 4 [1, 2, 2, 2] (zb-h1), pp 2 x vpp 2 [3, 1, 1, 2]
 (interleaved-1f1b: rank 0's chunks hold 3 and 1 layers), pp 3 x vpp 2 [1, 1, 2, 1, 1, 1]
-(looped-bfs), tp 2 x pp 3 with "auto", tp 2 x pp 2 x vpp 2
+(looped-bfs, full recompute), tp 2 x pp 3 with "auto", tp 2 x pp 2 x vpp 2
 with a list. `trident grad` gives the serial loss to 1e-6 relative and the serial gradients
 to max|d| <= 1e-5 * max|g|; 4 training steps give the serial curve to 1e-5 relative. A
 checkpoint written at pp 3 [1, 3, 3] resumes at pp 2 x vpp 2 [3, 1, 1, 2] and at pp 4
@@ -36,7 +36,7 @@ def main():
         ("pp2_vpp2_3-1-1-2", 2, ["parallel.pp=2", "parallel.vpp=2",
                                  "parallel.schedule=interleaved-1f1b", layers(3, 1, 1, 2)], True),
         ("pp3_vpp2_1-1-2-1-1-1", 3, ["parallel.pp=3", "parallel.vpp=2",
-                                     "parallel.schedule=looped-bfs",
+                                     "parallel.schedule=looped-bfs", "parallel.recompute=full",
                                      layers(1, 1, 2, 1, 1, 1)], False),
         ("tp2_pp3_auto", 6, ["parallel.pp=3", "parallel.tp=2", "parallel.pipeline_layers=auto"],
          False),
