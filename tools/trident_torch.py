@@ -530,6 +530,8 @@ def toml_text(deck):
             return repr(v)
         if isinstance(v, str):
             return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
         raise TypeError(f"unsupported TOML value {v!r}")
     lines = []
     for section, keys in deck.items():

@@ -35,10 +35,16 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
       recompute_(recompute) {
   const int tp = ps.tp.size(), tp_rank = ps.tp.rank();
   TRIDENT_CHECK(!chunks_.empty(), "a pipeline rank needs at least one model chunk");
-  L_ = chunks_[0].last_layer - chunks_[0].first_layer;
-  for (const StageLayout& c : chunks_)
-    TRIDENT_CHECK(c.last_layer - c.first_layer == L_, "model chunks of unequal size (",
-                  c.last_layer - c.first_layer, " and ", L_, " layers)");
+  // Chunks may differ in size (parallel.pipeline_layers): rank-local layer indices run
+  // through the chunks in order; per-microbatch buffers are sized for the largest chunk.
+  L_ = 0;
+  local_first_.assign(1, 0);
+  for (const StageLayout& c : chunks_) {
+    TRIDENT_CHECK(c.last_layer >= c.first_layer, "model chunk with layers [", c.first_layer,
+                  ", ", c.last_layer, ")");
+    L_ = std::max(L_, c.last_layer - c.first_layer);
+    local_first_.push_back(local_first_.back() + c.last_layer - c.first_layer);
+  }
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
   TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
@@ -77,8 +83,8 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   std::vector<int> local_layer(std::size_t(cfg.n_layer), -1);
   for (std::size_t c = 0; c < chunks_.size(); ++c)
     for (int l = chunks_[c].first_layer; l < chunks_[c].last_layer; ++l)
-      local_layer[std::size_t(l)] = int(c) * L_ + (l - chunks_[c].first_layer);
-  role_index_.assign(std::size_t(1 + num_chunks() * L_) * kRoleCount, -1);
+      local_layer[std::size_t(l)] = local_first_[c] + (l - chunks_[c].first_layer);
+  role_index_.assign(std::size_t(1 + local_first_.back()) * kRoleCount, -1);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     const ShardSpec& s = specs_[i];
     const int slot = s.layer < 0 ? 0 : 1 + local_layer[std::size_t(s.layer)];
@@ -88,7 +94,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   if (find(Role::lm_head)) head_role_ = Role::lm_head;
   params_ = buffer(num_params_);
   grads_ = buffer(num_params_);
-  for (int l = 0; l < num_chunks() * L_; ++l) {
+  for (int l = 0; l < local_first_.back(); ++l) {
     p_layers_.push_back(layer_params(params_.data(), l));
     g_layers_.push_back(layer_params(grads_.data(), l));
   }
@@ -354,7 +360,7 @@ std::unique_ptr<StageActivations> GptChunk::make_activations(int chunk,
 std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
                                                                    bool split_backward) const {
   const std::int64_t N = std::int64_t(B_) * T_, NrC = boundary_numel();
-  const int L = L_;
+  const int L = chunk < 0 ? L_ : chunk_layers(chunk);  // -1: any chunk (the largest)
   const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
   auto a = std::make_unique<ChunkActivations>();
   a->input = buffer(NrC);
@@ -381,7 +387,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
     a->lnf_mean = buffer(Nr_);
     a->lnf_rstd = buffer(Nr_);
   }
-  a->last_output = output(*a);
+  a->last_output = L == 0 ? a->input.data() : a->outputs.data() + std::int64_t(L - 1) * NrC;
   return a;
 }
 
@@ -410,10 +416,11 @@ void GptChunk::unpack_layer(ChunkActivations& a, int l) {
   }
 }
 
-float* GptChunk::output(ChunkActivations& a) const {
-  const int L = L_;
-  if (L == 0) return a.input.data();
-  return a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
+float* GptChunk::output(ChunkActivations& a) const { return a.last_output; }
+
+void GptChunk::set_output(ChunkActivations& a, int chunk) const {
+  const int L = chunk_layers(chunk);
+  a.last_output = L == 0 ? a.input.data() : a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
 }
 
 // ---- forward ---------------------------------------------------------------------------
@@ -474,7 +481,8 @@ double GptChunk::forward(int chunk, StageActivations& activations, const std::in
   const std::int64_t NC = boundary_numel();
   if (st.has_embedding) embed_forward(a.input.data(), stage_tokens(a.tokens, inputs), B_, T_);
   if (st.has_head) targets = stage_tokens(a.targets, targets);
-  const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
+  set_output(a, chunk);  // pooled activations serve chunks of any size
+  const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
@@ -633,7 +641,7 @@ LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, in
     return la;
   }
   LayerActivations& la = recompute_layer_[0];
-  block_forward(chunk * L_ + l, x, dbuf_.data(), la, B_, T_);
+  block_forward(local_first_[std::size_t(chunk)] + l, x, dbuf_.data(), la, B_, T_);
   return la;
 }
 
@@ -642,12 +650,13 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
   ChunkActivations& a = own(activations);
   const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
-  TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) == L_,
+  TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) >= chunk_layers(chunk),
                 "an input-gradient-only backward needs make_activations(chunk, true)");
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput.data(), NC);
   if (grad_ready_ && st.has_head) report_grads_ready(-2);  // ln_f: done in forward
-  const int L = L_, first = chunk * L_;  // rank-local index of the chunk's first layer
+  set_output(a, chunk);
+  const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = layer_activations(a, chunk, l, x);
@@ -671,10 +680,10 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
 void GptChunk::backward_weights(int chunk, StageActivations& activations) {
   ChunkActivations& a = own(activations);
   const StageLayout& chunk_layout = this->chunk(chunk);
-  TRIDENT_CHECK(int(a.grad_stash.size()) == L_,
+  TRIDENT_CHECK(int(a.grad_stash.size()) >= chunk_layers(chunk),
                 "backward_weights needs make_activations(chunk, true)");
   const std::int64_t NC = boundary_numel();
-  const int L = L_, first = chunk * L_;
+  const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = layer_activations(a, chunk, l, x);
@@ -732,7 +741,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   // The chunks one after the other (all on this rank), each from the previous one's output.
   const float* x = a.input.data();
   for (int c = 0; c < num_chunks(); ++c) {
-    for (int l = 0; l < L_; ++l) {
+    for (int l = 0; l < chunk_layers(c); ++l) {
       LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
                              : bf16_store_ ? bf16_working(a.layers[l])  // nothing to keep
                                            : a.layers[l];
@@ -741,7 +750,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
         ops_.copy(a.input.data(), x, tC);
         x = a.input.data();
       }
-      block_forward(c * L_ + l, x, out, la, 1, t);
+      block_forward(local_first_[std::size_t(c)] + l, x, out, la, 1, t);
       x = out;
     }
   }

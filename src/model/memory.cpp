@@ -81,7 +81,8 @@ void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayo
 
 MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   MemoryEstimate e;
-  const std::vector<StageLayout> chunks = chunk_layouts(cfg, lay.pp, lay.vpp, lay.pp_rank);
+  const std::vector<StageLayout> chunks =
+      chunk_layouts(cfg, lay.pp, lay.vpp, lay.pp_rank, lay.stage_layers);
   std::int64_t params = 0;
   for (const ShardSpec& s : gpt_param_specs(cfg, chunks, lay.tp_rank, lay.tp, 0, lay.tp_2d))
     params += s.local_numel();
@@ -100,7 +101,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   }
   const bool head = std::any_of(chunks.begin(), chunks.end(),
                                 [](const StageLayout& c) { return c.has_head; });
-  const int L = chunks.empty() ? 0 : chunks[0].last_layer - chunks[0].first_layer;
+  int L = 0;  // the largest chunk's layers: the activation slots are sized for it
+  for (const StageLayout& c : chunks) L = std::max(L, c.last_layer - c.first_layer);
 
   // GptChunk's dimensions (its constructor).
   const ChunkDims d = chunk_dims(cfg, lay.tp, lay.micro_batch, lay.sequence_parallel);

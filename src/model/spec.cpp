@@ -227,17 +227,92 @@ const RoleTable& model_roles(const ModelConfig& cfg) {
   return cfg.tie_embeddings ? llama_tied : llama;
 }
 
-std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank) {
+std::string stage_layers_problem(const std::vector<int>& stage_layers, int n_layer,
+                                 int stages) {
+  if (int(stage_layers.size()) != stages)
+    return str("expected ", stages, " entries (parallel.pp * parallel.vpp, one per virtual "
+               "stage), got ", stage_layers.size());
+  std::int64_t sum = 0;
+  for (std::size_t v = 0; v < stage_layers.size(); ++v) {
+    if (stage_layers[v] < 1)
+      return str("entry ", v, " is ", stage_layers[v], "; every virtual stage needs >= 1 layer");
+    sum += stage_layers[v];
+  }
+  if (sum != n_layer)
+    return str("the entries sum to ", sum, ", expected model.n_layer = ", n_layer);
+  return "";
+}
+
+EndCosts stage_end_costs(const ModelConfig& cfg, int tp) {
+  // Forward FLOPs per token per TP rank; the backward is ~2x the forward for all of them,
+  // so the ratios hold for forward + backward. tp divides the block and the head alike.
+  const double d = cfg.d_model, T = cfg.seq_len, V = std::max(1, cfg.vocab_size);
+  (void)tp;
+  const double block = 24.0 * d * d + 4.0 * T * d;
+  EndCosts e;
+  e.head = (2.0 * d * V + 5.0 * V) / block;  // logits matmul + softmax / cross-entropy
+  e.embedding = 2.0 * d / block;             // the lookup and the positions: a memory pass
+  return e;
+}
+
+std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int tp) {
+  const int n = cfg.n_layer;
+  TRIDENT_CHECK(stages >= 1 && n >= stages, "cannot split model.n_layer = ", n, " over ",
+                stages, " virtual stages of >= 1 layer each");
+  const EndCosts ends = stage_end_costs(cfg, tp);
+  std::vector<double> extra(std::size_t(stages), 0.0);
+  extra.front() += ends.embedding;
+  extra.back() += ends.head;
+  // The layers a stage can take under a cost cap K (at least 1).
+  auto capacity = [&](double K, int v) {
+    return std::max(1, int(std::floor(K - extra[std::size_t(v)] + 1e-9)));
+  };
+  // The smallest cap, among the costs a stage can have, under which the stages hold n layers.
+  std::vector<double> caps;
+  for (int v = 0; v < stages; ++v)
+    for (int l = 1; l <= n; ++l) caps.push_back(l + extra[std::size_t(v)]);
+  std::sort(caps.begin(), caps.end());
+  std::vector<int> layers(std::size_t(stages), 1);
+  for (double K : caps) {
+    std::int64_t sum = 0;
+    for (int v = 0; v < stages; ++v) sum += capacity(K, v);
+    if (sum < n) continue;
+    for (int v = 0; v < stages; ++v) layers[std::size_t(v)] = capacity(K, v);
+    // Over by sum - n: take layers off the costliest stages (the first of equals).
+    for (; sum > n; --sum) {
+      int worst = -1;
+      for (int v = 0; v < stages; ++v)
+        if (layers[std::size_t(v)] > 1 &&
+            (worst < 0 || layers[std::size_t(v)] + extra[std::size_t(v)] >
+                              layers[std::size_t(worst)] + extra[std::size_t(worst)] + 1e-9))
+          worst = v;
+      --layers[std::size_t(worst)];
+    }
+    break;
+  }
+  return layers;
+}
+
+std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank,
+                                       const std::vector<int>& stage_layers) {
   TRIDENT_CHECK(pp >= 1 && vpp >= 1 && pp_rank >= 0 && pp_rank < pp, "bad pipeline placement: ",
                 "rank ", pp_rank, " of pp = ", pp, ", vpp = ", vpp);
   const int stages = pp * vpp;
-  TRIDENT_CHECK(cfg.n_layer % stages == 0, "model.n_layer = ", cfg.n_layer,
-                " is not divisible by parallel.pp * parallel.vpp = ", pp, " * ", vpp);
-  const int per = cfg.n_layer / stages;
+  std::vector<int> layers = stage_layers;
+  if (layers.empty()) {
+    TRIDENT_CHECK(cfg.n_layer % stages == 0, "model.n_layer = ", cfg.n_layer,
+                  " is not divisible by parallel.pp * parallel.vpp = ", pp, " * ", vpp);
+    layers.assign(std::size_t(stages), cfg.n_layer / stages);
+  }
+  const std::string problem = stage_layers_problem(layers, cfg.n_layer, stages);
+  TRIDENT_CHECK(problem.empty(), "parallel.pipeline_layers: ", problem);
+  std::vector<int> first(std::size_t(stages) + 1, 0);  // each virtual stage's first layer
+  for (int v = 0; v < stages; ++v) first[std::size_t(v) + 1] = first[std::size_t(v)] + layers[std::size_t(v)];
   std::vector<StageLayout> chunks;
   for (int c = 0; c < vpp; ++c) {
     const int v = c * pp + pp_rank;  // virtual stage
-    chunks.push_back(StageLayout{v * per, (v + 1) * per, v == 0, v == stages - 1});
+    chunks.push_back(StageLayout{first[std::size_t(v)], first[std::size_t(v) + 1], v == 0,
+                                 v == stages - 1});
   }
   return chunks;
 }

@@ -2,6 +2,7 @@
 #include "trident/pipeline/simulator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -13,10 +14,12 @@ namespace trident::pipeline {
 
 namespace {
 
-int cost_of(const Action& a, const Costs& c, bool split) {
-  if (a.type == ActionType::F) return c.f;
-  if (a.type == ActionType::W) return c.w;
-  return split ? c.b_split : c.b;
+int cost_of(const Action& a, const Costs& c, bool split, int vstage) {
+  const int base = a.type == ActionType::F ? c.f : a.type == ActionType::W ? c.w
+                   : split                 ? c.b_split
+                                           : c.b;
+  if (c.stage_weight.empty()) return base;
+  return std::max(1, int(std::lround(base * c.stage_weight[std::size_t(vstage)])));
 }
 
 // Index of (type, chunk, mb) in per-rank tables of 3 * vpp * m entries.
@@ -147,6 +150,9 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   check_counts_and_order(s, split);
 
   const int vstages = s.pp * s.vpp;
+  TRIDENT_CHECK(costs.stage_weight.empty() || int(costs.stage_weight.size()) == vstages,
+                "schedule ", s.name, ": ", costs.stage_weight.size(),
+                " stage weights for pp * vpp = ", vstages, " virtual stages");
   // finish[type][virtual stage][mb]: when the action's result is available, -1 until then.
   const ActionIndex vidx{vstages, s.microbatches};
   std::vector<int> finish(vidx.size(), -1);
@@ -185,7 +191,7 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
                                virtual_stage(r, a.chunk, s.pp);
           ready = std::max(ready, at + (producer % s.pp == r ? 0 : costs.comm));
         }
-        const int c = cost_of(a, costs, split);
+        const int c = cost_of(a, costs, split, virtual_stage(r, a.chunk, s.pp));
         sim.start[r].push_back(ready);
         finish[vidx(a.type, virtual_stage(r, a.chunk, s.pp), a.mb)] = ready + c;
         free_at[r] = ready + c;
@@ -238,7 +244,7 @@ std::string format_timeline(const Schedule& s, const Simulation& sim, const Cost
   for (int r = 0; r < s.pp; ++r)
     for (std::size_t i = 0; i < s.stages[r].size(); ++i) {
       const Action& a = s.stages[r][i];
-      const int c = cost_of(a, costs, split);
+      const int c = cost_of(a, costs, split, virtual_stage(r, a.chunk, s.pp));
       for (int t = 0; t < c; ++t) cells[r][sim.start[r][i] + t] = a.str();
       width = std::max(width, a.str().size());
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "trident/core/error.hpp"
+#include "trident/model/spec.hpp"
 #include "trident/pipeline/schedule.hpp"
 #include "trident/pipeline/simulator.hpp"
 
@@ -173,12 +174,19 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   const pipeline::Schedule sched =
       pipeline::make_schedule(lay.schedule, lay.pp, lay.vpp, p.microbatches);
   const bool split = pipeline::splits_weight_grad(sched);
+  // Layers per virtual stage as `trident train` cuts them for the plan's decks
+  // (parallel.pipeline_layers = "even": the balanced split where n_layer does not divide).
+  const int stages = lay.pp * lay.vpp;
+  const std::vector<int> stage_layers =
+      cfg.n_layer % stages == 0 ? std::vector<int>{}
+                                : model::balanced_stage_layers(cfg, stages, lay.tp);
 
   // Memory: every pipeline stage (their stashes and chunks differ); the largest.
   for (int r = 0; r < lay.pp; ++r) {
     model::MemoryLayout ml;
     ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp;
     ml.pp_rank = r, ml.tp_rank = 0;
+    ml.stage_layers = stage_layers;
     ml.micro_batch = lay.micro_batch;
     ml.sequence_parallel = lay.sequence_parallel;
     ml.recompute = lay.recompute;
@@ -206,9 +214,9 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   const Shapes s = shapes(cfg, lay.tp, lay.micro_batch);
 
   // The slowest chunk sets every action's time (the pipeline runs at its pace).
-  const int stages = lay.pp * lay.vpp, L = cfg.n_layer / stages;
   ChunkCost worst;
-  for (int v : {0, stages - 1, std::min(1, stages - 1)}) {
+  for (int v = 0; v < stages; ++v) {
+    const int L = stage_layers.empty() ? cfg.n_layer / stages : stage_layers[std::size_t(v)];
     const ChunkCost c = chunk_cost(cfg, s, L, v == 0, v == stages - 1, lay, mc, tp_link);
     if (c.total() > worst.total()) worst = c;
   }

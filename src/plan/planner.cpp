@@ -24,6 +24,9 @@ train::Config with_layout(const train::Config& deck, const Layout& l) {
   train::Config c = deck;
   c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
   c.parallel.schedule = l.schedule;
+  // The planner plans the default split (even, or balanced where n_layer does not divide
+  // pp); a deck's own parallel.pipeline_layers names counts for its own pp and vpp only.
+  c.parallel.pipeline_layers = "even";
   c.parallel.micro_batch_size = l.micro_batch;
   c.parallel.recompute = recompute_name(l.recompute);
   c.parallel.sequence_parallel = l.sequence_parallel;
@@ -54,7 +57,8 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
   for (int tp : divisors(world)) {
     if (m.n_head % tp) continue;
     for (int pp : divisors(world / tp)) {
-      if (m.n_layer % pp) continue;
+      // pp need not divide n_layer (the balanced split); every stage needs a layer.
+      if (m.n_layer < pp) continue;
       const int dp = world / (tp * pp);
       if (G % dp) continue;
       std::set<int> mbs_set{deck.parallel.micro_batch_size};
@@ -65,7 +69,7 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
       } else {
         for (const char* s : {"naive", "gpipe", "1f1b", "zb-h1"}) scheds.push_back({1, s});
         for (int v = 2; v <= 8; ++v)
-          if ((m.n_layer / pp) % v == 0)
+          if (m.n_layer % (pp * v) == 0)  // virtual stages: even splits only
             for (const char* s : {"interleaved-1f1b", "looped-bfs"}) scheds.push_back({v, s});
       }
       for (int mbs : mbs_set) {

@@ -29,6 +29,7 @@
 #include <variant>
 
 #include "trident/core/error.hpp"
+#include "trident/model/spec.hpp"
 #include "trident/pipeline/schedule.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 #include "trident/train/data_loader.hpp"
@@ -74,6 +75,8 @@ const std::vector<KeyDef>& key_table() {
       {"parallel", "dp", [](Config& c) -> Field { return &c.parallel.dp; }},
       {"parallel", "vpp", [](Config& c) -> Field { return &c.parallel.vpp; }},
       {"parallel", "schedule", [](Config& c) -> Field { return &c.parallel.schedule; }},
+      {"parallel", "pipeline_layers",
+       [](Config& c) -> Field { return &c.parallel.pipeline_layers; }},
       {"parallel", "micro_batch_size",
        [](Config& c) -> Field { return &c.parallel.micro_batch_size; }},
       {"parallel", "sequence_parallel",
@@ -139,6 +142,27 @@ bool splits_backward(const std::string& schedule, int pp) {
 }
 
 bool is_data_list_key(const std::string& key) { return key == "data.train" || key == "data.valid"; }
+
+// parallel.pipeline_layers as a list ("[1, 2, 2]"); false when it is a word.
+bool parse_layer_list(const std::string& text, std::vector<int>& out) {
+  if (text.rfind("[", 0) != 0) return false;
+  std::vector<int> v;
+  try {
+    const toml::table t = toml::parse("v = " + text);
+    const toml::array* a = t.get("v") ? t.get("v")->as_array() : nullptr;
+    if (!a) return false;
+    for (const toml::node& n : *a) {
+      if (!n.is_integer()) return false;
+      const std::int64_t x = n.as_integer()->get();
+      if (x < INT_MIN || x > INT_MAX) return false;
+      v.push_back(int(x));
+    }
+  } catch (const toml::parse_error&) {
+    return false;
+  }
+  out = v;
+  return true;
+}
 
 const KeyDef* find_key(const std::string& section, const std::string& name) {
   for (const KeyDef& k : key_table())
@@ -429,6 +453,19 @@ class Loader {
       origin_[key] = where;
       return;
     }
+    if (key == "parallel.pipeline_layers" && node.is_array()) {  // kept as its TOML text
+      std::string text = "[";
+      for (const toml::node& n : *node.as_array()) {
+        const std::optional<std::int64_t> v = n.value_exact<std::int64_t>();
+        if (!n.is_integer() || !v || *v < INT_MIN || *v > INT_MAX)
+          fail(where, ": ", key, ": expected a list of layer counts (integers), got ",
+               toml_type_name(n.type()), " in it");
+        text += str(text.size() > 1 ? ", " : "", *v);
+      }
+      *std::get<std::string*>(f) = text + "]";
+      origin_[key] = where;
+      return;
+    }
     auto wrong = [&]() {
       fail(where, ": ", key, ": expected ", expected_name(f), ", got ",
            toml_type_name(node.type()));
@@ -587,6 +624,29 @@ class Loader {
            m.n_head, " = ", m.head_dim());
   }
 
+  // parallel.pipeline_layers: "even", "auto" or pp * vpp counts >= 1 summing to n_layer.
+  void validate_pipeline_layers() const {
+    const Config& c = cfg_;
+    const Config::Parallel& p = c.parallel;
+    const std::string key = "parallel.pipeline_layers";
+    const std::int64_t stages = static_cast<std::int64_t>(p.pp) * p.vpp;
+    std::vector<int> list;
+    if (parse_layer_list(p.pipeline_layers, list)) {
+      const std::string problem = model::stage_layers_problem(list, c.model.n_layer, int(stages));
+      if (!problem.empty())
+        fail(where(key), ": ", key, " = ", p.pipeline_layers, ": ", problem, " (parallel.pp = ",
+             p.pp, ", parallel.vpp = ", p.vpp, ", model.n_layer = ", c.model.n_layer, ")");
+      return;
+    }
+    if (p.pipeline_layers != "even" && p.pipeline_layers != "auto")
+      fail(where(key), ": ", key, ": expected \"even\", \"auto\" or a list of layer counts ",
+           "(one per virtual stage), got ", toml_string(p.pipeline_layers));
+    if (c.model.n_layer < stages)
+      fail(where("model.n_layer", "parallel.pp"), ": model.n_layer = ", c.model.n_layer,
+           " is fewer than parallel.pp * parallel.vpp = ", p.pp, " * ", p.vpp,
+           " virtual stages (each needs >= 1 layer)");
+  }
+
   void validate() const {
     const Config& c = cfg_;
     // [model]
@@ -655,9 +715,7 @@ class Loader {
         fail(where("model.ffn_hidden", "parallel.tp"), ": model.ffn_hidden = ",
              c.model.d_ff(), " is not divisible by parallel.tp = ", p.tp);
     }
-    if (static_cast<std::int64_t>(c.model.n_layer) % (static_cast<std::int64_t>(p.pp) * p.vpp))
-      fail(where("model.n_layer", "parallel.pp"), ": model.n_layer = ", c.model.n_layer,
-           " is not divisible by parallel.pp * parallel.vpp = ", p.pp, " * ", p.vpp);
+    validate_pipeline_layers();
     if (p.sequence_parallel && c.model.seq_len % p.tp != 0)
       fail(where("parallel.sequence_parallel", "model.seq_len"),
            ": parallel.sequence_parallel needs model.seq_len = ", c.model.seq_len,
@@ -749,7 +807,7 @@ class Loader {
              "\"auto\" only; set that too, or remove parallel.machine");
       return;
     }
-    for (const char* key : {"tp", "pp", "dp", "vpp", "schedule", "micro_batch_size",
+    for (const char* key : {"tp", "pp", "dp", "vpp", "schedule", "pipeline_layers", "micro_batch_size",
                             "sequence_parallel", "tp_mode", "zero_stage", "recompute"}) {
       const std::string full = str("parallel.", key);
       if (origin_.count(full))
@@ -804,7 +862,8 @@ std::string to_toml(const Config& cfg) {
       section = k.section;
     }
     const Field f = k.field(c);
-    const bool list = is_data_list_key(k.full()) && std::get<std::string*>(f)->rfind("[", 0) == 0;
+    const bool list = (is_data_list_key(k.full()) || k.full() == "parallel.pipeline_layers") &&
+                      std::get<std::string*>(f)->rfind("[", 0) == 0;
     out += str(k.name, " = ", list ? *std::get<std::string*>(f) : field_value(f), "\n");
   }
   return out;
@@ -860,6 +919,15 @@ void resolve_world(Config& cfg, int world_size) {
     fail(src, ": parallel.schedule = ", toml_string(p.schedule), " with parallel.vpp = ", p.vpp,
          " needs the microbatches per rank (train.global_batch_size / (parallel.micro_batch_size"
          " * parallel.dp) = ", m, ") divisible by parallel.pp = ", p.pp);
+}
+
+std::vector<int> pipeline_stage_layers(const Config& cfg) {
+  const Config::Parallel& p = cfg.parallel;
+  const int stages = p.pp * p.vpp;
+  std::vector<int> list;
+  if (parse_layer_list(p.pipeline_layers, list)) return list;
+  if (p.pipeline_layers == "even" && cfg.model.n_layer % stages == 0) return {};
+  return model::balanced_stage_layers(cfg.model, stages, p.tp);
 }
 
 int microbatches_per_rank(const Config& cfg) {

@@ -22,7 +22,8 @@ namespace trident::train {
 
 std::vector<model::StageLayout> stage_layout(const Config& cfg,
                                              const parallel::ParallelState& ps) {
-  return model::chunk_layouts(cfg.model, ps.shape.pp, cfg.parallel.vpp, ps.coord.pp);
+  return model::chunk_layouts(cfg.model, ps.shape.pp, cfg.parallel.vpp, ps.coord.pp,
+                              pipeline_stage_layers(cfg));
 }
 
 namespace {
@@ -84,6 +85,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   model::MemoryLayout lay;
   lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
   lay.pp_rank = ps.coord.pp, lay.tp_rank = ps.coord.tp;
+  lay.stage_layers = pipeline_stage_layers(cfg);
   lay.micro_batch = cfg.parallel.micro_batch_size;
   lay.sequence_parallel = cfg.parallel.sequence_parallel;
   lay.recompute = cfg.parallel.recompute.get();
@@ -345,7 +347,20 @@ void Trainer::report_startup() {
   const int m = microbatches_per_rank(cfg_);
   const auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
                                              cfg_.parallel.vpp, m);
-  const double bubble = pipeline::simulate(sched).bubble_fraction;
+  // An uneven split: each virtual stage's actions cost its layers plus the embedding's or
+  // the head's predicted share (model::stage_end_costs), relative to the heaviest stage.
+  const std::vector<int> split = pipeline_stage_layers(cfg_);
+  pipeline::Costs costs;
+  if (!split.empty()) {
+    const model::EndCosts ends = model::stage_end_costs(cfg_.model, ps_.shape.tp);
+    for (std::size_t v = 0; v < split.size(); ++v)
+      costs.stage_weight.push_back(split[v] + (v == 0 ? ends.embedding : 0.0) +
+                                   (v + 1 == split.size() ? ends.head : 0.0));
+    const double heaviest = *std::max_element(costs.stage_weight.begin(), costs.stage_weight.end());
+    for (double& w : costs.stage_weight) w = w / heaviest;
+    costs.f = 100, costs.b = 200, costs.b_split = 100, costs.w = 100;  // room to round
+  }
+  const double bubble = pipeline::simulate(sched, costs).bubble_fraction;
   char line[512];
   std::snprintf(line, sizeof line,
                 "trident: layout tp=%d x pp=%d x dp=%d, vpp=%d, schedule %s, %d microbatches "
@@ -355,6 +370,16 @@ void Trainer::report_startup() {
                 static_cast<long long>(cfg_.train.global_batch_size) * cfg_.model.seq_len,
                 bubble);
   log::info(line);
+  // A split other than today's even one (named, "auto", or n_layer not dividing pp * vpp).
+  if (!split.empty()) {
+    std::string counts;
+    for (int n : split) counts += str(counts.empty() ? "" : ", ", n);
+    log::info(str("trident: layers per virtual stage [", counts, "] (parallel.pipeline_layers = ",
+                  cfg_.parallel.pipeline_layers.rfind("[", 0) == 0
+                      ? cfg_.parallel.pipeline_layers
+                      : "\"" + cfg_.parallel.pipeline_layers + "\"",
+                  ")"));
+  }
   std::snprintf(line, sizeof line,
                 "trident: %lld parameters on rank 0 (at most %lld on a rank), optimizer state "
                 "%lld bytes on rank 0 (at most %lld on a rank), zero_stage=%d, %d DP bucket%s "

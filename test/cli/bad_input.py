@@ -324,7 +324,7 @@ CASES = [
      ["deck.toml", "train.global_batch_size", "parallel.micro_batch_size"]),
     ("vpp_needs_interleaving_schedule", c_vpp_needs_schedule,
      ["deck.toml", "parallel.vpp", "parallel.schedule"]),
-    ("n_layer_not_divisible_by_pp_vpp", c_vpp_layers,
+    ("n_layer_fewer_than_pp_vpp", c_vpp_layers,
      ["deck.toml", "model.n_layer", "parallel.pp * parallel.vpp"]),
     ("vpp_needs_pp", c_vpp_needs_pp, ["deck.toml", "parallel.vpp", "parallel.pp"]),
     ("watchdog_negative", c_watchdog_negative, ["deck.toml", "runtime.watchdog_s"]),

@@ -485,8 +485,22 @@ def _(c):
 #    (bad_input.py has: global_batch_size % micro_batch_size, d_model % n_head) --
 
 deck_case("div_n_head_by_tp", {"parallel.tp": 4}, ["deck.toml:", "model.n_head = 2", "parallel.tp = 4"], np=4)
-deck_case("div_n_layer_by_pp", {"model.n_layer": 3, "parallel.pp": 2},
-          ["deck.toml:", "model.n_layer = 3", "parallel.pp"], np=2)
+# n_layer need not divide pp * vpp (parallel.pipeline_layers, issue 29), but every virtual
+# stage needs a layer.
+deck_case("div_n_layer_fewer_than_pp", {"model.n_layer": 1, "parallel.pp": 2},
+          ["deck.toml:", "model.n_layer = 1", "parallel.pp", "fewer than"], np=2)
+# parallel.pipeline_layers: one count >= 1 per virtual stage, summing to n_layer.
+deck_case("pipeline_layers_wrong_count", {"parallel.pp": 2, "parallel.pipeline_layers": Raw("[2]")},
+          ["deck.toml:", "parallel.pipeline_layers = [2]", "expected 2 entries"])
+deck_case("pipeline_layers_wrong_sum", {"parallel.pp": 2, "parallel.pipeline_layers": Raw("[1, 2]")},
+          ["deck.toml:", "parallel.pipeline_layers", "sum to 3", "model.n_layer = 2"])
+deck_case("pipeline_layers_zero", {"parallel.pp": 2, "parallel.pipeline_layers": Raw("[0, 2]")},
+          ["deck.toml:", "parallel.pipeline_layers", "entry 0 is 0", ">= 1 layer"])
+deck_case("pipeline_layers_not_integers",
+          {"parallel.pp": 2, "parallel.pipeline_layers": Raw("[1.5, 0.5]")},
+          ["deck.toml:", "parallel.pipeline_layers", "list of layer counts", "float"])
+deck_case("pipeline_layers_unknown_word", {"parallel.pipeline_layers": "balanced"},
+          ["deck.toml:", "parallel.pipeline_layers", '"auto"', '"balanced"'])
 deck_case("div_n_layer_by_pp_vpp", {"parallel.pp": 2, "parallel.vpp": 2,
                                     "parallel.schedule": "interleaved-1f1b"},
           ["deck.toml:", "model.n_layer = 2", "parallel.pp * parallel.vpp"], np=2)

@@ -49,6 +49,13 @@ CONFIGS = {
     # ... and with pp = 2 (8 ranks): one layer per stage, the tied wte on both.
     "tp4_pp2_2d": (dict(vocab_size=61, seq_len=12, n_layer=2, n_head=2, d_model=16), 4, 2,
                    {"tp": 4, "pp": 2, "tp_mode": "2d"}),
+    # Uneven pipeline splits (parallel.pipeline_layers): 5 layers at tp 2 x pp 3 as [1, 2, 2],
+    # and at pp 2 x vpp 2 as [2, 1, 1, 1] (rank 0's chunks of 2 and 1 layers).
+    "uneven_tp2_pp3": (dict(vocab_size=64, seq_len=8, n_layer=5, n_head=2, d_model=16), 3, 1,
+                       {"tp": 2, "pp": 3, "pipeline_layers": [1, 2, 2]}),
+    "uneven_pp2_vpp2": (dict(vocab_size=64, seq_len=8, n_layer=5, n_head=2, d_model=16), 4, 1,
+                        {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b",
+                         "pipeline_layers": [2, 1, 1, 1]}),
     # Llama: n_kv_head 2 of 4, 1 (multi-query, tied head, Llama 3's theta) and n_head; odd
     # seq_len; ffn_hidden 40 and 24 (not multiples of 64) and Llama's rule (256 here).
     "llama_gqa": (dict(vocab_size=64, seq_len=15, n_layer=2, n_head=4, d_model=32, arch="llama",

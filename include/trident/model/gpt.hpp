@@ -224,7 +224,8 @@ class GptChunk final : public StageModel {
   // backward (no-op when there are none).
   void reduce_param_grads() override;
 
-  float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output (any chunk)
+  float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output (a.last_output)
+  void set_output(ChunkActivations& a, int chunk) const;  // points last_output at chunk's
 
   // ---- grad-ready hook (data-parallel overlap, train/grad_sync.hpp) ----
   // When set, backward() calls hook(offset, count) for each tensor (flat range) whose
@@ -296,7 +297,11 @@ class GptChunk final : public StageModel {
 
   ModelConfig cfg_;
   std::vector<StageLayout> chunks_;
-  int L_;  // layers per chunk
+  int L_;  // layers of the largest chunk (buffers are sized for it)
+  std::vector<int> local_first_;  // rank-local index of each chunk's first layer (+ the total)
+  int chunk_layers(int c) const {
+    return local_first_[std::size_t(c) + 1] - local_first_[std::size_t(c)];
+  }
   parallel::ParallelState& ps_;
   ops::Ops& ops_;  // StageModel::ops(), kept here for the kernels' calls
   parallel::TpMappings tpm_;
@@ -315,7 +320,7 @@ class GptChunk final : public StageModel {
   // 1 + l for rank-local layer l; -1 where not held. Built once: no name lookups.
   std::vector<int> role_index_;
   FloatBuffer params_, grads_;
-  // Views, by rank-local layer index: chunk c's layer i is c * L_ + i.
+  // Views, by rank-local layer index: chunk c's layer i is local_first_[c] + i.
   std::vector<LayerParams> p_layers_, g_layers_;
 
   // Backward scratch, shared by all microbatches (only one backward runs at a time).

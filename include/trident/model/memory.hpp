@@ -29,6 +29,7 @@ namespace trident::model {
 struct MemoryLayout {
   int tp = 1, pp = 1, dp = 1, vpp = 1;
   int pp_rank = 0, tp_rank = 0;  // the rank predicted for (its stage and shard)
+  std::vector<int> stage_layers;  // parallel.pipeline_layers resolved (empty: even split)
   int micro_batch = 1;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;

@@ -184,12 +184,38 @@ struct StageLayout {
 };
 
 // The chunks of pipeline rank `pp_rank` with vpp chunks per rank, in chunk order. The model
-// is cut into pp * vpp virtual stages of n_layer / (pp * vpp) layers; virtual stage v sits
-// on rank v % pp as its chunk v / pp (Megatron's round-robin placement), so chunk c of rank
-// r is virtual stage c * pp + r. Example, n_layer 8, pp 2, vpp 2: rank 0 holds layers 0-1
-// (chunk 0, with the embedding) and 4-5 (chunk 1); rank 1 holds 2-3 and 6-7 (with the head).
-// n_layer must be divisible by pp * vpp (the deck checks it).
-std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank);
+// is cut into pp * vpp virtual stages; virtual stage v sits on rank v % pp as its chunk
+// v / pp (Megatron's round-robin placement), so chunk c of rank r is virtual stage c * pp + r.
+// stage_layers names each virtual stage's layer count, in virtual-stage order (summing to
+// n_layer, each >= 1: parallel.pipeline_layers); empty: n_layer / (pp * vpp) each, which
+// needs n_layer divisible by pp * vpp. Example, n_layer 8, pp 2, vpp 2, even: rank 0 holds
+// layers 0-1 (chunk 0, with the embedding) and 4-5 (chunk 1); rank 1 holds 2-3 and 6-7
+// (with the head). With stage_layers {1, 3, 3, 1}: rank 0 holds 0 and 4-6, rank 1 1-3 and 7.
+std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank,
+                                       const std::vector<int>& stage_layers = {});
+
+// Why a split is refused ("" when it is fine): `stages` entries, each >= 1, summing to n_layer.
+std::string stage_layers_problem(const std::vector<int>& stage_layers, int n_layer, int stages);
+
+// The split of n_layer layers over `stages` virtual stages that balances a predicted cost
+// per stage (parallel.pipeline_layers = "auto"): every layer costs the same, the first stage
+// also carries the embedding and the last the final norm, LM head and cross-entropy
+// (stage_cost_units). Minimises the largest stage's cost; ties keep the layers toward the
+// middle stages. Needs n_layer >= stages. With no extra cost on the ends and n_layer
+// divisible by stages it is the even split.
+std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int tp);
+
+// The predicted cost of the embedding and of the head (ln_f, LM head, cross-entropy), in
+// layers (forward + backward FLOPs per token, relative to one block's), the model
+// balanced_stage_layers uses. A block: 24 T d^2 + 4 T^2 d FLOPs forward (its matrices and
+// attention); the head: 2 T d V/tp forward for the logits, x3 with the backward, relative to
+// the block's (also x3); the embedding: a lookup, costed as the head's softmax-sized memory
+// pass, 2 T d (tiny). Both per TP rank.
+struct EndCosts {
+  double embedding = 0.0;  // in units of one layer
+  double head = 0.0;
+};
+EndCosts stage_end_costs(const ModelConfig& cfg, int tp);
 
 // Llama's MLP width: 2/3 of 4 d_model, rounded up to a multiple of multiple_of
 // (d_model 4096 -> 11008 with 256).

@@ -33,6 +33,10 @@ struct Costs {
   int b = 2;  // a B that computes input and weight gradients together
   int b_split = 1, w = 1;  // when the schedule splits B and W
   int comm = 0;  // added to a dependency on an action of another rank (p2p latency)
+  // Per virtual stage (pp * vpp entries, or empty: all 1): each compute action of that
+  // stage costs its slots above times this weight, rounded, at least 1 slot. Uneven stages
+  // (parallel.pipeline_layers, or the LM head on the last one) make the bubble uneven too.
+  std::vector<double> stage_weight;
 };
 
 struct Simulation {

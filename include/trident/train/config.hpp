@@ -125,6 +125,10 @@ struct Config {
     int pp = 1;
     int dp = 0;   // 0: world size / (tp * pp), filled in by resolve_world
     int vpp = 1;  // model chunks per pipeline rank (interleaved-1f1b, looped-bfs)
+    // Layers per virtual stage: "even" (n_layer / (pp * vpp); "auto" where that does not
+    // divide), "auto" (balanced by predicted cost, model::balanced_stage_layers) or a TOML
+    // list of pp * vpp counts in virtual-stage order, kept as its text ("[1, 2, 2]").
+    std::string pipeline_layers = "even";
     std::string schedule = "1f1b";  // one of kSchedules
     int micro_batch_size = 4;
     bool sequence_parallel = false;
@@ -212,6 +216,11 @@ std::string to_toml(const Config& cfg);
 // world (tp*pp*dp == world_size) and the batch (global_batch_size % (micro_batch_size*dp)
 // == 0). Throws Error naming the keys and cfg.source.
 void resolve_world(Config& cfg, int world_size);
+
+// parallel.pipeline_layers resolved: each virtual stage's layer count, in virtual-stage
+// order (pp * vpp entries), or empty for today's even split ("even" where n_layer divides).
+// "auto" needs the model's vocab_size (the dataset's when the deck gives 0).
+std::vector<int> pipeline_stage_layers(const Config& cfg);
 
 // Microbatches each DP rank runs per optimizer step: global_batch_size / (mbs * dp).
 // Needs a resolved dp (resolve_world).

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 
@@ -70,6 +71,53 @@ TEST(Spec, ChunkLayoutsPlaceVirtualStagesRoundRobin) {
   EXPECT_TRUE(one[0].has_head);
   EXPECT_THROW(chunk_layouts(cfg, 3, 1, 0), trident::Error);  // 8 layers over 3 stages
   EXPECT_THROW(chunk_layouts(cfg, 2, 3, 0), trident::Error);  // over 6 virtual stages
+}
+
+TEST(Spec, ChunkLayoutsTakeUnevenStageLayers) {
+  ModelConfig cfg{50, 16, 7, 2, 8};
+  // pp 2, vpp 2, virtual stages of 3, 1, 1, 2 layers: rank 0 holds v0 [0,3) and v2 [4,5),
+  // rank 1 v1 [3,4) and v3 [5,7) with the head.
+  auto r0 = chunk_layouts(cfg, 2, 2, 0, {3, 1, 1, 2}), r1 = chunk_layouts(cfg, 2, 2, 1, {3, 1, 1, 2});
+  ASSERT_EQ(r0.size(), 2u);
+  EXPECT_EQ(r0[0].first_layer, 0);
+  EXPECT_EQ(r0[0].last_layer, 3);
+  EXPECT_EQ(r0[1].first_layer, 4);
+  EXPECT_EQ(r0[1].last_layer, 5);
+  EXPECT_EQ(r1[0].first_layer, 3);
+  EXPECT_EQ(r1[0].last_layer, 4);
+  EXPECT_EQ(r1[1].first_layer, 5);
+  EXPECT_EQ(r1[1].last_layer, 7);
+  EXPECT_TRUE(r0[0].has_embedding && r1[1].has_head);
+  EXPECT_THROW(chunk_layouts(cfg, 2, 2, 0, {3, 1, 1}), trident::Error);     // 3 of 4 stages
+  EXPECT_THROW(chunk_layouts(cfg, 2, 2, 0, {3, 1, 1, 1}), trident::Error);  // sums to 6
+  EXPECT_THROW(chunk_layouts(cfg, 2, 2, 0, {4, 0, 1, 2}), trident::Error);  // an empty stage
+  EXPECT_EQ(stage_layers_problem({3, 1, 1, 2}, 7, 4), "");
+  EXPECT_NE(stage_layers_problem({4, 0, 1, 2}, 7, 4).find("entry 1 is 0"), std::string::npos);
+}
+
+TEST(Spec, BalancedStageLayersCarryTheHeadOnTheLastStage) {
+  // A vocabulary of 2 makes the ends nearly free: the even split where it divides, else the
+  // remainder off the head's stage first (then the first stage's).
+  ModelConfig tiny{2, 16, 8, 2, 64};
+  EXPECT_EQ(balanced_stage_layers(tiny, 4, 1), (std::vector<int>{2, 2, 2, 2}));
+  tiny.n_layer = 5;
+  EXPECT_EQ(balanced_stage_layers(tiny, 3, 1), (std::vector<int>{2, 2, 1}));
+  tiny.n_layer = 7;
+  EXPECT_EQ(balanced_stage_layers(tiny, 4, 1), (std::vector<int>{2, 2, 2, 1}));
+  // GPT-2 124M's head (d 768, V 50257, T 1024) costs (2 d V + 5 V) / (24 d^2 + 4 T d) = 4.47
+  // layers: at pp 4 the last stage keeps one layer and the others share the rest.
+  ModelConfig gpt2{50257, 1024, 12, 12, 768};
+  EXPECT_NEAR(stage_end_costs(gpt2, 1).head, 4.47, 0.01);
+  const std::vector<int> split = balanced_stage_layers(gpt2, 4, 1);
+  EXPECT_EQ(split.back(), 1);
+  EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), 12);
+  EXPECT_LE(*std::max_element(split.begin(), split.end()), 4);
+  // 32 layers at pp 3 (the example): 11 + 11 + 10 minus what the head costs.
+  ModelConfig big{32000, 2048, 32, 32, 4096};
+  const std::vector<int> b = balanced_stage_layers(big, 3, 1);
+  EXPECT_EQ(std::accumulate(b.begin(), b.end(), 0), 32);
+  EXPECT_LT(b.back(), b.front());
+  EXPECT_THROW(balanced_stage_layers(tiny, 8, 1), trident::Error);  // 7 layers, 8 stages
 }
 
 TEST(Spec, OneTableOverARanksChunksNamesEachTensorOnce) {

@@ -101,6 +101,29 @@ TEST(Schedule, GPipeAndOneFOneBHaveTheClosedFormBubble) {
     }
 }
 
+// Costs::stage_weight: one microbatch crosses the stages one after the other, so the
+// makespan is the sum of every stage's F + B (3 slots times its weight); with many
+// microbatches the heaviest stage sets the pace (at least m * 3 * its weight) and the others
+// wait, so the bubble grows; weights of 1 change nothing.
+TEST(Schedule, StageWeightsMakeTheHeaviestStageSetThePace) {
+  Costs weighted;
+  weighted.stage_weight = {1.0, 2.0, 1.0};
+  const Simulation one = simulate(make_schedule("1f1b", 3, 1, 1), weighted);
+  EXPECT_EQ(one.makespan, 3 * (1 + 2 + 1));
+  weighted.stage_weight = {1.0, 1.0, 2.0};
+  const Simulation uniform = simulate(make_schedule("1f1b", 3, 1, 8));
+  const Simulation heavy = simulate(make_schedule("1f1b", 3, 1, 8), weighted);
+  EXPECT_GE(heavy.makespan, 8 * 3 * 2);
+  EXPECT_GT(heavy.bubble_fraction, uniform.bubble_fraction + 0.1);
+  EXPECT_LT(heavy.idle_fraction[2], heavy.idle_fraction[0]);
+  Costs ones;
+  ones.stage_weight = {1.0, 1.0, 1.0, 1.0};  // pp 2 x vpp 2
+  const Schedule il = make_schedule("interleaved-1f1b", 2, 2, 4);
+  EXPECT_EQ(simulate(il, ones).start, simulate(il).start);
+  ones.stage_weight = {1.0, 1.0};
+  EXPECT_THROW(simulate(il, ones), trident::Error);  // 2 weights for 4 virtual stages
+}
+
 TEST(Schedule, NaiveRunsOneStageAtATime) {
   for (int p : {1, 2, 4})
     for (int m : {1, 2, 4, 8}) {

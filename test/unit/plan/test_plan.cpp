@@ -173,7 +173,7 @@ TEST(Plan, EveryLayoutIsValidAndTheBestComesFirst) {
   std::set<std::string> seen;
   for (const Layout& l : all) {
     EXPECT_EQ(l.tp * l.pp * l.dp, 4) << l.str();
-    EXPECT_EQ(deck.model.n_layer % (l.pp * l.vpp), 0) << l.str();
+    EXPECT_EQ(deck.model.n_layer % (l.pp * l.vpp), 0) << l.str();  // 4 layers: all even
     EXPECT_TRUE(seen.insert(l.str()).second) << "twice: " << l.str();
   }
   EXPECT_GT(all.size(), 100u);
@@ -185,6 +185,35 @@ TEST(Plan, EveryLayoutIsValidAndTheBestComesFirst) {
   PlanOptions spread = opt;
   spread.nodes = 4, spread.ranks_per_node = 1;
   EXPECT_GE(make_plan(deck, m, spread).front().step_s, plan.front().step_s);
+}
+
+// n_layer 3 at 2 ranks: pp 2 is planned with the balanced split (2 + 1 with the head's
+// stage the lighter), its slowest chunk the 2-layer one; vpp only where it divides.
+TEST(Plan, UnevenPipelineSplitsArePlanned) {
+  train::Config deck = train::parse_config(
+      "[model]\nvocab_size = 256\nseq_len = 64\nn_layer = 3\nn_head = 4\nd_model = 64\n"
+      "[train]\nglobal_batch_size = 8\n", "deck.toml");
+  Machine m = parse_machine(kMachine, "m.toml");
+  PlanOptions opt;
+  opt.ranks_per_node = 2;
+  bool pp2 = false;
+  for (const Layout& l : enumerate_layouts(deck, opt)) {
+    EXPECT_EQ(l.vpp, 1) << l.str();
+    pp2 = pp2 || l.pp == 2;
+  }
+  EXPECT_TRUE(pp2);
+  Layout l;
+  l.pp = 2, l.dp = 1, l.micro_batch = 2, l.schedule = "1f1b";
+  const StepPrediction p = predict(deck.model, 8, l, m, true);
+  // Its slowest chunk (2 layers + the embedding) is slower than 1 layer + the head (n_layer
+  // 2 at pp 2) and faster than 2 layers + the head (n_layer 4).
+  model::ModelConfig other = deck.model;
+  other.n_layer = 4;
+  const double four = predict(other, 8, l, m, true).compute_s;
+  other.n_layer = 2;
+  const double two = predict(other, 8, l, m, true).compute_s;
+  EXPECT_LT(p.compute_s, four);
+  EXPECT_GT(p.compute_s, two);
 }
 
 TEST(Plan, MemoryIsTheStartupReportsPrediction) {

@@ -152,7 +152,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   const std::vector<std::string> lines = {
       "[model]", "vocab_size = 0", "seq_len = 128", "n_layer = 4", "n_head = 4",
       "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "vpp = 1",
-      "schedule = \"1f1b\"", "micro_batch_size = 4", "sequence_parallel = false", "tp_mode = \"1d\"",
+      "schedule = \"1f1b\"", "pipeline_layers = \"even\"", "micro_batch_size = 4", "sequence_parallel = false", "tp_mode = \"1d\"",
       "zero_stage = 0", "grad_bucket_mb = 25.0", "recompute = \"none\"", "layout = \"deck\"", "machine = \"\"", "[train]", "steps = 200",
       "global_batch_size = 32", "lr = 0.0003", "min_lr = 3e-05", "warmup_steps = 20",
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
@@ -169,7 +169,31 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 45u);
+  EXPECT_EQ(assignments, 46u);
+}
+
+// parallel.pipeline_layers: "even" by default, "auto", or a list that prints and parses back;
+// the resolved split: empty (even) where n_layer divides, balanced where it does not.
+TEST(Config, PipelineLayers) {
+  Config c = parse_config("[model]\nvocab_size = 64\nn_layer = 7\n[parallel]\npp = 2\nvpp = 2\n"
+                          "schedule = \"interleaved-1f1b\"\npipeline_layers = [3, 1, 1, 2]\n"
+                          "[train]\nglobal_batch_size = 8\n",
+                          "uneven.toml");
+  EXPECT_EQ(c.parallel.pipeline_layers, "[3, 1, 1, 2]");
+  EXPECT_EQ(pipeline_stage_layers(c), (std::vector<int>{3, 1, 1, 2}));
+  const std::string text = to_toml(c);
+  EXPECT_NE(text.find("pipeline_layers = [3, 1, 1, 2]\n"), std::string::npos) << text;
+  EXPECT_EQ(parse_config(text, "again.toml"), c);
+  Config d = parse_config("[model]\nvocab_size = 64\nn_layer = 8\n[parallel]\npp = 2\n",
+                          "even.toml", {"parallel.pipeline_layers=[5,3]"});
+  EXPECT_EQ(pipeline_stage_layers(d), (std::vector<int>{5, 3}));
+  d.parallel.pipeline_layers = "even";
+  EXPECT_TRUE(pipeline_stage_layers(d).empty()) << "8 layers at pp 2: today's even split";
+  d.model.n_layer = 7;
+  EXPECT_EQ(pipeline_stage_layers(d).size(), 2u) << "7 layers at pp 2: the balanced split";
+  EXPECT_NE(to_toml(Config{}).find("pipeline_layers = \"even\"\n"), std::string::npos);
+  EXPECT_THROW(parse_config("[parallel]\npp = 2\npipeline_layers = [1, 2]\n", "bad.toml"),
+               trident::Error);  // 3 layers, the deck has 4
 }
 
 // model.arch = "llama": its keys print (after d_model, resolved as written), parse back, and
@@ -512,9 +536,12 @@ TEST(ConfigErrors, Divisibility) {
   // Only n_head was written: the message points at it.
   expect_error("[model]\nn_head = 3\n", {"deck.toml:2:1:", "model.d_model", "model.n_head"});
   expect_error("", {"parallel.tp=8"}, {"model.n_head = 4", "parallel.tp = 8"});
-  expect_error("", {"parallel.pp=3"}, {"model.n_layer = 4", "parallel.pp * parallel.vpp"});
-  expect_error("", {"parallel.pp=2", "parallel.vpp=4", "parallel.schedule=interleaved-1f1b"},
-               {"model.n_layer", "parallel.pp * parallel.vpp = 2 * 4"});
+  // n_layer need not divide pp * vpp (the balanced split, parallel.pipeline_layers), but
+  // every virtual stage needs a layer.
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.pp=3"}));
+  expect_error("", {"parallel.pp=5"}, {"model.n_layer = 4", "fewer than", "parallel.pp * parallel.vpp"});
+  expect_error("", {"parallel.pp=3", "parallel.vpp=2", "parallel.schedule=looped-bfs"},
+               {"model.n_layer", "parallel.pp * parallel.vpp = 3 * 2"});
   expect_error("", {"parallel.vpp=2"}, {"parallel.vpp = 2", "parallel.schedule", "\"1f1b\""});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.vpp=2", "parallel.pp=2",
                                               "parallel.schedule=interleaved-1f1b"}));
