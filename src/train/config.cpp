@@ -807,8 +807,9 @@ class Loader {
              "\"auto\" only; set that too, or remove parallel.machine");
       return;
     }
-    for (const char* key : {"tp", "pp", "dp", "vpp", "schedule", "pipeline_layers", "micro_batch_size",
-                            "sequence_parallel", "tp_mode", "zero_stage", "recompute"}) {
+    for (const char* key : {"tp", "pp", "dp", "vpp", "schedule", "pipeline_layers",
+                            "micro_batch_size", "sequence_parallel", "tp_mode", "zero_stage",
+                            "recompute"}) {
       const std::string full = str("parallel.", key);
       if (origin_.count(full))
         fail(where(full), ": ", full, " is chosen by parallel.layout = \"auto\"; remove it, "
