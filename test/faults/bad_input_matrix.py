@@ -46,7 +46,7 @@ import numpy as np
 TEST = "faults.bad_input"
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CASE_TIMEOUT_S = 10
-WORKERS = 4  # cases run at once (each mostly waits on mpirun start-up: ~0.3 s CPU in 2.5 s)
+WORKERS = 4  # cases at once: each mostly waits on mpirun's start-up (0.3 s CPU in 2.5 s)
 PREFIX = "trident: error:"
 # Lines that may come besides the error: trident's own warnings and notes (e.g. about the
 # machine); they depend on the CPU and its environment, which no case may.
@@ -1331,7 +1331,7 @@ def main():
     chosen = [i for i, c in enumerate(CASES) if selected(c[0])]
     job = functools.partial(run_case_at, exe, mpirun, base, fixtures)
     # The cases share nothing (each has its own folder and process marker), and most of a
-    # case is MPI's start-up, so two at a time cut the wall time by about 40%. Forked workers,
+    # case is MPI's start-up, so running WORKERS at a time cuts the wall time. Forked workers,
     # not threads: some cases use preexec_fn, which is not safe in a threaded parent.
     with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
         results = pool.map(job, chosen, chunksize=1)
