@@ -59,7 +59,8 @@ def main():
         text = f.read()
     text = text.replace('train = "tokens.h5"', 'train = "tokens.h5"\nvalid = "tokens.h5"')
     text = text.replace("[train]", "[train]\neval_every = 3\neval_batches = 1", 1)
-    text = text.replace("[io]", "[io]\ncheckpoint_every = 3", 1)
+    # overwrite: the CUDA-aware pass below trains into the dev-* out_dirs a second time
+    text = text.replace("[io]", "[io]\ncheckpoint_every = 3\noverwrite = true", 1)
     with open(t.path("deck.toml"), "w") as f:
         f.write(text)
 
