@@ -13,15 +13,15 @@ What is not damage stays an error and renames nothing: the damaged file named by
 """
 import os
 import shutil
-import subprocess
 import sys
 
 import h5py
-import numpy as np
 
-TRIDENT = os.environ["TRIDENT"]
-OUT = os.path.join(os.environ.get("TRIDENT_TEST_OUT", "/tmp"), "checkpoint.damaged_fallback")
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import tinyrun as T  # noqa: E402
+
+OUT = T.out_dir("checkpoint.damaged_fallback")
+check = T.Checks("checkpoint.damaged_fallback")
 
 DECK = """
 [model]
@@ -37,7 +37,7 @@ global_batch_size = 4
 lr = 3e-3
 warmup_steps = 1
 [data]
-train = "train.h5"
+train = "data/train.h5"
 [io]
 out_dir = "run"
 checkpoint_every = 2
@@ -48,25 +48,22 @@ threads = 1
 CK4 = "checkpoints/step-00000004.h5"
 
 
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def train(out_dir, *sets, env=None):
-    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", TRIDENT, "train",
-           "deck.toml", "--set", f"io.out_dir={out_dir}"]
+def train(out_dir, *sets, fault=None):
+    args = ["train", "deck.toml", "--set", f"io.out_dir={out_dir}"]
     for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, cwd=OUT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, **(env or {})})
+        args += ["--set", s]
+    if fault:
+        os.environ["TRIDENT_FAULT"] = fault
+    try:
+        p = T.trident(*args, cwd=OUT, np_=2, timeout=120, check=False)
+    finally:
+        os.environ.pop("TRIDENT_FAULT", None)
     return p.returncode, p.stdout + p.stderr
 
 
 def losses(out_dir):
-    with h5py.File(os.path.join(OUT, out_dir, "metrics.h5"), "r") as f:
-        return {int(s): float(v) for s, v in zip(f["step"][:], f["loss"][:]) if s > 0}
+    m = T.read_metrics(os.path.join(OUT, out_dir, "metrics.h5"))
+    return {int(s): float(v) for s, v in zip(m["step"], m["loss"]) if s > 0}
 
 
 def damage_checksum(path):
@@ -91,19 +88,14 @@ def damage_truncated(path):
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
-    words = "the and of to in that he shall unto for his a lord they be is him not".split()
-    with open(os.path.join(OUT, "corpus.txt"), "w") as f:
-        f.write("\n".join(" ".join(words[(i * 5 + j * 3) % len(words)] for j in range(11))
-                          for i in range(800)))
-    subprocess.run([TRIDENT, "prepare-data", "--input", "corpus.txt", "--output", "train.h5"],
-                   cwd=OUT, check=True, capture_output=True)
+    T.make_data(OUT)
     with open(os.path.join(OUT, "deck.toml"), "w") as f:
         f.write(DECK)
 
     rc, out = train("ref")
     check(rc == 0, "the uninterrupted run finishes")
     ref = losses("ref")
-    rc, out = train("died", env={"TRIDENT_FAULT": "exit:0:5"})
+    rc, out = train("died", fault="exit:0:5")
     check(rc != 0 and os.path.exists(os.path.join(OUT, "died", CK4)),
           "a run that dies at step 5 leaves the checkpoints of steps 2 and 4")
 
@@ -140,9 +132,8 @@ def main():
           and not os.path.exists(os.path.join(OUT, run, CK4 + ".damaged")),
           "another train.seed: an error, no checkpoint set aside")
 
-    print("checkpoint.damaged_fallback:", "FAIL" if failures else "PASS")
-    return 1 if failures else 0
+    check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -15,17 +15,16 @@ ranks it was given.
 import os
 import re
 import shutil
-import subprocess
 import sys
 
-import h5py
 import numpy as np
 
-TRIDENT = os.environ["TRIDENT"]
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-OUT = os.path.join(os.environ.get("TRIDENT_TEST_OUT", "/tmp"), "cli.elastic_layout")
-MACHINE = os.path.join(SRC, "input", "machines", "h100-sxm-dgx.toml")
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import tinyrun as T  # noqa: E402
+
+OUT = T.out_dir("cli.elastic_layout")
+MACHINE = os.path.join(T.SOURCE, "input", "machines", "h100-sxm-dgx.toml")
+check = T.Checks("cli.elastic_layout")
 
 DECK = """
 [model]
@@ -41,7 +40,7 @@ global_batch_size = 4
 lr = 3e-3
 warmup_steps = 1
 [data]
-train = "train.h5"
+train = "data/train.h5"
 [io]
 out_dir = "{out}"
 checkpoint_every = 2
@@ -51,16 +50,13 @@ threads = 1
 CHOSEN = re.compile(r'parallel\.layout = "auto": tp(\d+) pp(\d+) dp(\d+) ')
 
 
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def run(np_, *args, env=None, expect=0):
-    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", TRIDENT, *args]
-    p = subprocess.run(cmd, cwd=OUT, capture_output=True, text=True, timeout=240,
-                       env={**os.environ, **(env or {})})
+def run(np_, *args, fault=None, expect=0):
+    if fault:
+        os.environ["TRIDENT_FAULT"] = fault
+    try:
+        p = T.trident(*args, cwd=OUT, np_=np_, timeout=240, check=False)
+    finally:
+        os.environ.pop("TRIDENT_FAULT", None)
     if (p.returncode == 0) != (expect == 0):
         print(p.stdout, p.stderr)
     check((p.returncode == 0) == (expect == 0),
@@ -76,19 +72,14 @@ def chosen_world(out, what):
 
 
 def losses(out_dir):
-    with h5py.File(os.path.join(OUT, out_dir, "metrics.h5"), "r") as f:
-        steps, loss = f["step"][:], f["loss"][:]
-    return {int(s): float(v) for s, v in zip(steps, loss) if s > 0}
+    m = T.read_metrics(os.path.join(OUT, out_dir, "metrics.h5"))
+    return {int(s): float(v) for s, v in zip(m["step"], m["loss"]) if s > 0}
 
 
 def main():
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
-    words = "the and of to in that he shall unto for his a lord they be is him not".split()
-    with open(os.path.join(OUT, "corpus.txt"), "w") as f:
-        f.write("\n".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(11))
-                          for i in range(800)))
-    run(1, "prepare-data", "--input", "corpus.txt", "--output", "train.h5")
+    T.make_data(OUT)
     with open(os.path.join(OUT, "serial.toml"), "w") as f:
         f.write(DECK.format(parallel="micro_batch_size = 4", out="serial"))
     with open(os.path.join(OUT, "auto.toml"), "w") as f:
@@ -96,7 +87,7 @@ def main():
     run(1, "train", "serial.toml")
 
     # 1. four ranks, the machine measured and cached; a rank lost at the start of step 3
-    out = run(4, "train", "auto.toml", env={"TRIDENT_FAULT": "exit:0:3"}, expect=1)
+    out = run(4, "train", "auto.toml", fault="exit:0:3", expect=1)
     check("measuring this machine" in out, "4 ranks: measures the machine (no machine file)")
     check(chosen_world(out, "4 ranks") == 4, "4 ranks: the chosen layout has 4 ranks")
     check(os.path.exists(os.path.join(OUT, "run", "machine-1x4.toml")),
@@ -124,9 +115,8 @@ def main():
     check("measuring" not in out and "machine-1x4.toml" in out,
           "4 ranks again: the cached machine file is used")
 
-    print("cli.elastic_layout:", "FAIL" if failures else "PASS")
-    return 1 if failures else 0
+    check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
