@@ -16,6 +16,7 @@
 #include "commands.hpp"
 #include "trident/ops/blas_core.hpp"
 #include "trident/core/log.hpp"
+#include "trident/io/h5.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/process.hpp"
 #include "trident/train/signals.hpp"
@@ -253,6 +254,7 @@ int main(int argc, char** argv) {
   }
   // `train` stops gracefully on SIGUSR1/SIGTERM; catch them before the (slow) start-up.
   if (argc > 1 && std::string(argv[1]) == "train") trident::train::StopSignals::catch_early();
+  trident::io::h5::start_library();  // before MPI: see io/h5.hpp
   trident::parallel::init(argc, argv);
   trident::log::set_rank(trident::parallel::world_rank());
   int status = 0;
@@ -268,6 +270,7 @@ int main(int argc, char** argv) {
     if (!alone) trident::parallel::abort_job(1);
     status = 1;
   }
+  trident::io::h5::stop_library();
   trident::parallel::finalize();
   return status;
 }

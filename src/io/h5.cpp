@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <filesystem>
@@ -42,6 +43,13 @@ herr_t first_desc(unsigned, const H5E_error2_t* e, void* data) {
 std::string hdf5_detail() {
   std::string s;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, first_desc, &s);
+  // The sec2 driver's write/read failures span two lines with a time, buffer addresses and
+  // offsets: keep "file write failed: No space left on device", so the error stays one line.
+  const std::string tag = "error message = '";
+  const std::size_t at = s.find(tag), end = at == std::string::npos ? at : s.find('\'', at + tag.size());
+  if (end != std::string::npos)
+    s = s.substr(0, s.find(':')) + ": " + s.substr(at + tag.size(), end - at - tag.size());
+  std::replace(s.begin(), s.end(), '\n', ' ');
   return s.empty() ? std::string() : " (HDF5: " + s + ")";
 }
 
@@ -168,11 +176,28 @@ int rank_of(MPI_Comm comm) {
 
 }  // namespace
 
+namespace {
+bool g_file_close_failed = false;  // see stop_library
+}  // namespace
+
+void start_library() {
+  H5dont_atexit();
+  H5open();
+}
+
+void stop_library() {
+  if (!g_file_close_failed) H5close();
+}
+
 herr_t Hid::close() {
   if (id_ < 0) return 0;
   hid_t id = release();
   switch (H5Iget_type(id)) {
-    case H5I_FILE: return H5Fclose(id);
+    case H5I_FILE: {
+      const herr_t status = H5Fclose(id);
+      if (status < 0) g_file_close_failed = true;
+      return status;
+    }
     case H5I_GROUP: return H5Gclose(id);
     case H5I_DATASET: return H5Dclose(id);
     case H5I_DATASPACE: return H5Sclose(id);

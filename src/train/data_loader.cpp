@@ -227,6 +227,16 @@ void write_index(const std::string& path, const std::vector<DatasetInfo>& infos,
   if (infos.size() == 1) drawn[0] = n;
   else blend(w, n, [&](int d, std::int64_t) { ++drawn[std::size_t(d)]; });
 
+  // Its size before any of it is written (issue 32: a full disk halfway through a build):
+  // 8 bytes per sample entry, 10 per blend entry, and a margin for HDF5's metadata.
+  std::int64_t bytes = 8 << 10;
+  for (std::size_t k = 0; k < infos.size(); ++k) {
+    const std::int64_t S = infos[k].sequences;
+    bytes += 8 * (S > 0 ? (drawn[k] + S - 1) / S * S : 0);
+  }
+  if (infos.size() > 1) bytes += 10 * n;
+  h5::check_room(tmp, bytes, MPI_COMM_NULL);
+
   std::uint64_t sum = 0;
   {
     h5::File f = h5::open_file(tmp, h5::Mode::create);

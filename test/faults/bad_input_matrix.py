@@ -1022,6 +1022,8 @@ def _(c):
     return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "ro/run"})
 
 
+@case("env_disk_full_checkpoint_1rank", ["full/run/checkpoints/step-00000003.h5", "free",
+                                        "disk full"])
 @case("env_disk_full_checkpoint", ["full/run/checkpoints/step-00000003.h5", "free", "disk full"], np=2)
 def _(c):
     # The sentinel (a step-2 checkpoint) on a tmpfs with room for the metrics row of step 3
@@ -1046,6 +1048,62 @@ def _metrics_kept(path):
     if steps != list(range(1, SENTINEL_STEP + 1)):
         return f"metrics.h5 lost its rows: steps {steps}"
     return None
+
+
+def _sentinel_leaving(c, free):
+    """fill for _mount_tmpfs: the sentinel, then a filler file beside run/ that leaves about
+    `free` bytes of the file system (tmpfs counts whole pages per file)."""
+    def fill(root):
+        _sentinel_into(c, root)
+        st = os.statvfs(root)
+        with open(os.path.join(root, "filler"), "wb") as f:
+            f.truncate(0)
+            left = st.f_bavail * st.f_frsize - free
+            block = b"\0" * (1 << 20)
+            while left > 0:
+                f.write(block[:min(left, len(block))])
+                left -= len(block)
+    return fill
+
+
+@case("env_disk_full_sample_index_1rank", ["full/run/data_index/", "2.0 MiB", "free",
+                                           "disk full"])
+@case("env_disk_full_sample_index", ["full/run/data_index/", "2.0 MiB", "free", "disk full"],
+      np=2)
+def _(c):
+    # A sample index of 2 MiB (65536 steps * 4 sequences * 8 bytes) on a tmpfs with 256 KiB
+    # left after the sentinel: refused with the figure before any of it is written.
+    if not _mount_tmpfs(c, "full", 8 << 20, fill=_sentinel_leaving(c, 256 << 10)):
+        raise Skip("cannot mount a tmpfs here (not root?)")
+    c.mutable = {"metrics.h5", "config.toml"}
+    c.after = lambda: _metrics_kept(os.path.join(c.out_dir, "metrics.h5"))
+    return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/run",
+                    "io.resume": "auto", "train.steps": 65536})
+
+
+def _metrics_no_partial_row(path):
+    """The earlier rows kept and no row with step -1 or NaN after them (a half-written row)."""
+    why = _metrics_kept(path)
+    if why:
+        return why
+    with h5py.File(path, "r") as f:
+        steps = list(f["step"][:])
+        loss = f["loss"][:]
+    if len(steps) != SENTINEL_STEP or any(np.isnan(loss)):
+        return f"metrics.h5 holds a half-written row: steps {steps}, loss {list(loss)}"
+    return None
+
+
+@case("env_disk_full_metrics_1rank", ["full/run/metrics.h5", "disk full"])
+@case("env_disk_full_metrics", ["full/run/metrics.h5", "disk full"], np=2)
+def _(c):
+    # The sentinel on a tmpfs with no room to spare: the row of step 3 cannot be written.
+    if not _mount_tmpfs(c, "full", 8 << 20, fill=_sentinel_leaving(c, 24 << 10)):
+        raise Skip("cannot mount a tmpfs here (not root?)")
+    c.mutable = {"metrics.h5", "config.toml"}
+    c.after = lambda: _metrics_no_partial_row(os.path.join(c.out_dir, "metrics.h5"))
+    return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/run",
+                    "io.resume": "auto", "train.steps": SENTINEL_STEP + 1})
 
 
 @case("env_file_size_limit_checkpoint", ["run/checkpoints/step-00000001.h5", "ulimit -f"], np=2)

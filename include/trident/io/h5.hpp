@@ -5,7 +5,7 @@
 //          file_name, object_name, shape_str, exists, create_group, open_group,
 //          open_dataset, create_dataset, dataset_shape, dataset_class, class_name,
 //          read_attr_int/_u64/_double/_string/_ints/_doubles, write_attr_* (same kinds),
-//          has_attr, commit_file, make_parent_dir, check_room
+//          has_attr, commit_file, make_parent_dir, check_room, start_library, stop_library
 //
 // Every function here silences HDF5's own error-stack printing first (quiet()), so that a
 // user sees only our line, e.g. "run/ck.h5: missing dataset /model/wte".
@@ -29,6 +29,14 @@ namespace trident::io::h5 {
 // Turns off HDF5's automatic printing of its error stack (H5Eset_auto2(H5E_DEFAULT,
 // nullptr, nullptr)). Called by every open; cheap to call again.
 void quiet();
+
+// HDF5's start and end, around MPI's (main calls them). Started before MPI_Init, HDF5 does
+// not hook its shutdown into MPI_Finalize (nor, with H5dont_atexit, into exit): a file whose
+// H5Fclose failed (a full disk) is left half-closed by HDF5 1.10, and its shutdown then
+// crashes in H5F__close_cb. stop_library shuts HDF5 down unless such a close failed (then
+// the process exits with the error it already has; the OS closes the descriptors).
+void start_library();
+void stop_library();
 
 // An owned HDF5 identifier of any kind; closed with the function for its type (H5Fclose,
 // H5Gclose, H5Dclose, H5Sclose, H5Tclose, H5Aclose, H5Pclose) when it goes away.
