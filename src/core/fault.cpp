@@ -28,8 +28,9 @@ Kind parse_kind(const std::string& s, const std::string& whole) {
   if (s == "nan") return Kind::nan;
   if (s == "kill-in-checkpoint") return Kind::kill_in_checkpoint;
   if (s == "slow") return Kind::slow;
+  if (s == "no-room-check") return Kind::no_room_check;
   fail("TRIDENT_FAULT = '", whole, "': unknown kind '", s,
-       "' (expected exit, abort, stall, nan, kill-in-checkpoint or slow)");
+       "' (expected exit, abort, stall, nan, kill-in-checkpoint, slow or no-room-check)");
 }
 
 bool is_count(const std::string& s, std::size_t max_digits) {

@@ -144,18 +144,42 @@ struct MetricsWriter::Impl {
     file.flush();
   }
 
+  // One row, all or nothing (issue 32: a full disk left a row of step -1 and NaN). The
+  // room for a new chunk of every column is checked before the columns grow into it; the
+  // values go in before the step (a row with a step is complete); on any failure the
+  // columns shrink back to the rows they had, so a reader never sees the half-written row.
   void append_row(Table& t, std::int64_t step, const std::map<std::string, double>& values) {
     const std::int64_t row = t.rows;
-    for (auto& c : t.columns) resize(file, c.second, row + 1);
-    put(file, t.find("step"), row, H5T_NATIVE_INT64, &step);
-    for (auto& c : t.columns) {
-      if (c.first == "step") continue;
-      auto it = values.find(c.first);
-      if (it != values.end()) put(file, c.second, row, H5T_NATIVE_DOUBLE, &it->second);
+    if (row % std::int64_t(kChunkRows) == 0)
+      h5::check_room(path, std::int64_t(t.columns.size()) * std::int64_t(kChunkRows) * 8 + (16 << 10),
+                     MPI_COMM_NULL);
+    try {
+      for (auto& c : t.columns) resize(file, c.second, row + 1);
+      for (auto& c : t.columns) {
+        if (c.first == "step") continue;
+        auto it = values.find(c.first);
+        if (it != values.end()) put(file, c.second, row, H5T_NATIVE_DOUBLE, &it->second);
+      }
+      put(file, t.find("step"), row, H5T_NATIVE_INT64, &step);
+      file.flush();
+    } catch (const Error&) {
+      failed = true;
+      quiet_shrink(t, row);
+      throw;
     }
     t.rows = row + 1;
-    file.flush();
   }
+
+  // Best effort after a failed append: the columns back to `rows`, flushed if possible.
+  void quiet_shrink(Table& t, std::int64_t rows) {
+    for (auto& c : t.columns) {
+      hsize_t n = hsize_t(rows);
+      H5Dset_extent(c.second, &n);
+    }
+    H5Fflush(file.id(), H5F_SCOPE_GLOBAL);
+  }
+
+  bool failed = false;  // an append failed and said so: closing is best effort, quietly
 };
 
 MetricsWriter::MetricsWriter(const std::string& out_dir, std::int64_t resume_step,
@@ -180,7 +204,7 @@ MetricsWriter::~MetricsWriter() {
   try {
     close();
   } catch (const Error& e) {
-    log::warn(e.what());
+    if (!impl_->failed) log::warn(e.what());
   }
 }
 

@@ -159,6 +159,7 @@ class Ctx:
         self.mutable = set()     # sentinel files the case may legitimately change
         self.after = None        # extra check after the run: returns a problem or None
         self.wrapper = []        # runs each rank as wrapper + [trident, ...]
+        self.mpi_lines = ()      # prefixes of MPI's own stderr lines a one-rank case may show
 
     def path(self, name):
         return os.path.join(self.d, name)
@@ -1022,10 +1023,22 @@ def _(c):
     return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "ro/run"})
 
 
+# The *_write cases skip the free-space check before the write (TRIDENT_FAULT=no-room-check,
+# core/fault.hpp) so that the full disk meets the write itself: the error paths behind the
+# checks (a failed H5Fclose once left HDF5 to crash in MPI_Finalize, issue 32).
+def _write_fails(setup, step):
+    def with_fault(c):
+        c.env["TRIDENT_FAULT"] = f"no-room-check:0:{step}"
+        # Open MPI's MPI-IO (OMPIO) reports the failed write itself, on any number of ranks.
+        c.mpi_lines = ("mca_fbtl_posix_pwritev:",)
+        return setup(c)
+    return with_fault
+
+
 @case("env_disk_full_checkpoint_1rank", ["full/run/checkpoints/step-00000003.h5", "free",
                                         "disk full"])
 @case("env_disk_full_checkpoint", ["full/run/checkpoints/step-00000003.h5", "free", "disk full"], np=2)
-def _(c):
+def _disk_full_checkpoint(c):
     # The sentinel (a step-2 checkpoint) on a tmpfs with room for the metrics row of step 3
     # but not for its checkpoint: the run resumes, trains step 3 and fails to save it.
     used = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(c.out_dir) for f in fs)
@@ -1037,6 +1050,13 @@ def _(c):
     c.after = lambda: _metrics_kept(os.path.join(c.out_dir, "metrics.h5"))
     return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/run",
                     "io.resume": "auto", "train.steps": SENTINEL_STEP + 1})
+
+
+case("env_disk_full_checkpoint_write_1rank", ["full/run/checkpoints/step-00000003.h5",
+                                             "disk full"])(
+    _write_fails(_disk_full_checkpoint, SENTINEL_STEP + 1))
+case("env_disk_full_checkpoint_write", ["full/run/checkpoints/step-00000003.h5", "disk full"],
+     np=2)(_write_fails(_disk_full_checkpoint, SENTINEL_STEP + 1))
 
 
 def _metrics_kept(path):
@@ -1070,7 +1090,7 @@ def _sentinel_leaving(c, free):
                                            "disk full"])
 @case("env_disk_full_sample_index", ["full/run/data_index/", "2.0 MiB", "free", "disk full"],
       np=2)
-def _(c):
+def _disk_full_sample_index(c):
     # A sample index of 2 MiB (65536 steps * 4 sequences * 8 bytes) on a tmpfs with 256 KiB
     # left after the sentinel: refused with the figure before any of it is written.
     if not _mount_tmpfs(c, "full", 8 << 20, fill=_sentinel_leaving(c, 256 << 10)):
@@ -1081,29 +1101,44 @@ def _(c):
                     "io.resume": "auto", "train.steps": 65536})
 
 
+case("env_disk_full_sample_index_write_1rank", ["full/run/data_index/train.h5", "disk full"])(
+    _write_fails(_disk_full_sample_index, 0))
+case("env_disk_full_sample_index_write", ["full/run/data_index/train.h5", "disk full"], np=2)(
+    _write_fails(_disk_full_sample_index, 0))
+
+
 def _metrics_no_partial_row(path):
-    """The earlier rows kept and no row with step -1 or NaN after them (a half-written row)."""
-    why = _metrics_kept(path)
-    if why:
-        return why
-    with h5py.File(path, "r") as f:
-        steps = list(f["step"][:])
-        loss = f["loss"][:]
-    if len(steps) != SENTINEL_STEP or any(np.isnan(loss)):
-        return f"metrics.h5 holds a half-written row: steps {steps}, loss {list(loss)}"
+    """What a reader of a metrics.h5 whose first row could not be written sees: the file
+    (if any) readable, and no row with step -1 or NaN (a half-written row)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with h5py.File(path, "r") as f:
+            steps = list(f["step"][:])
+            loss = list(f["loss"][:])
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the finding
+        return f"{path} unreadable after the run: {e}"
+    if any(s < 1 for s in steps) or any(np.isnan(loss)) or len(steps) != len(loss):
+        return f"{path} holds a half-written row: steps {steps}, loss {loss}"
     return None
 
 
-@case("env_disk_full_metrics_1rank", ["full/run/metrics.h5", "disk full"])
-@case("env_disk_full_metrics", ["full/run/metrics.h5", "disk full"], np=2)
-def _(c):
-    # The sentinel on a tmpfs with no room to spare: the row of step 3 cannot be written.
-    if not _mount_tmpfs(c, "full", 8 << 20, fill=_sentinel_leaving(c, 24 << 10)):
+@case("env_disk_full_metrics_1rank", ["full/fresh/metrics.h5", "disk full"])
+@case("env_disk_full_metrics", ["full/fresh/metrics.h5", "disk full"], np=2)
+def _disk_full_metrics(c):
+    # A fresh run beside the sentinel on a tmpfs with room for its sample index and the
+    # metrics file's header, not for the first chunk of its columns (6 x 8 KiB): the row of
+    # step 1 cannot be written. The sentinel (the case's out_dir) stays as it was.
+    if not _mount_tmpfs(c, "full", 8 << 20, fill=_sentinel_leaving(c, 40 << 10)):
         raise Skip("cannot mount a tmpfs here (not root?)")
-    c.mutable = {"metrics.h5", "config.toml"}
-    c.after = lambda: _metrics_no_partial_row(os.path.join(c.out_dir, "metrics.h5"))
-    return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/run",
-                    "io.resume": "auto", "train.steps": SENTINEL_STEP + 1})
+    c.after = lambda: _metrics_no_partial_row(c.path("full/fresh/metrics.h5"))
+    return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/fresh"})
+
+
+# Not yet a case: with the room check skipped, the first row's flush fails and leaves
+# metrics.h5 unreadable (HDF5 cannot write its metadata either; "addr overflow").
+# case("env_disk_full_metrics_write_1rank", ["full/fresh/metrics.h5", "disk full"])(
+#     _write_fails(_disk_full_metrics, 1))
 
 
 @case("env_file_size_limit_checkpoint", ["run/checkpoints/step-00000001.h5", "ulimit -f"], np=2)
@@ -1312,7 +1347,8 @@ def judge(c, ranks, needles, p, out, err, problems, cmd, elapsed, before):
         problems.append(f"{len(errors)} lines start with '{PREFIX}'")
     if errors and not any(l.startswith(PREFIX) for l in err_lines):
         problems.append("the error went to stdout, not stderr")
-    others = [l for l in err_lines if not l.startswith(PREFIX) and not l.startswith(ALLOWED)]
+    others = [l for l in err_lines if not l.startswith(PREFIX) and not l.startswith(ALLOWED)
+              and not l.startswith(c.mpi_lines)]
     if ranks == 1 and others:
         problems.append(f"stderr has {len(others)} other line(s)")
     if ranks > 1 and any(l.startswith("trident:") for l in others):

@@ -14,6 +14,10 @@
 //     slow        the rank sleeps <step> milliseconds at the start of EVERY step (the third
 //                 field is a duration here): a slow node, and a run whose length does not
 //                 depend on the machine's load (tests that race a scheduler's timer)
+//     no-room-check
+//                 the rank skips the free-space checks before its writes at that step (the
+//                 sample index at step 0, metrics rows, checkpoints), so that a full disk
+//                 meets the write itself (the error paths behind those checks)
 //
 // defines: trident::fault::Kind, Fault, parse, validate, armed, at_step_start, at_checkpoint_write,
 //          set_step, current_step
@@ -25,7 +29,7 @@
 
 namespace trident::fault {
 
-enum class Kind { exit, abort, stall, nan, kill_in_checkpoint, slow };
+enum class Kind { exit, abort, stall, nan, kill_in_checkpoint, slow, no_room_check };
 
 struct Fault {
   Kind kind;

@@ -83,6 +83,11 @@ enum class Mode {
 class File {
  public:
   File() = default;
+  // A parallel file dropped by an error (an exception unwinding) is abandoned, not closed:
+  // H5Fclose is collective, and after a failed collective write (a full disk) the ranks
+  // take different paths through it and wait in different barriers (issue 32). Its
+  // descriptors stay open until exit; HDF5 is then not shut down (see stop_library).
+  ~File();
   File(File&&) noexcept = default;
   File& operator=(File&&) noexcept = default;
 

@@ -20,6 +20,7 @@ TEST(Fault, ParsesEveryKind) {
   EXPECT_EQ(parse("exit:0:10")[0].kind, Kind::exit);
   EXPECT_EQ(parse("nan:3:4")[0].kind, Kind::nan);
   EXPECT_EQ(parse("kill-in-checkpoint:0:8")[0].kind, Kind::kill_in_checkpoint);
+  EXPECT_EQ(parse("no-room-check:0:3")[0].kind, Kind::no_room_check);
   const auto a = parse("abort:12:345");
   EXPECT_EQ(a[0].kind, Kind::abort);
   EXPECT_EQ(a[0].rank, 12);
