@@ -211,7 +211,7 @@ herr_t Hid::close() {
 }
 
 File::~File() {
-  if (valid() && parallel() && std::uncaught_exceptions() > 0) {
+  if (valid() && parallel() && writing_ && std::uncaught_exceptions() > 0) {
     (void)id_.release();
     g_file_close_failed = true;
   }
@@ -265,6 +265,7 @@ File open_file_parallel(const std::string& path, MPI_Comm comm, Mode mode) {
   f.id_ = Hid(open_with(path, mode, fapl));
   f.path_ = path;
   f.comm_ = comm;
+  f.writing_ = mode != Mode::read;
   return f;
 }
 

@@ -83,7 +83,8 @@ enum class Mode {
 class File {
  public:
   File() = default;
-  // A parallel file dropped by an error (an exception unwinding) is abandoned, not closed:
+  // A parallel file being written that is dropped by an error (an exception unwinding) is
+  // abandoned, not closed:
   // H5Fclose is collective, and after a failed collective write (a full disk) the ranks
   // take different paths through it and wait in different barriers (issue 32). Its
   // descriptors stay open until exit; HDF5 is then not shut down (see stop_library).
@@ -111,6 +112,7 @@ class File {
   Hid id_;
   std::string path_;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool writing_ = false;  // opened to create or change it
 };
 
 // Opens a file with the default (POSIX, sec2) driver, for one process. Errors: a missing
