@@ -48,7 +48,8 @@ std::string hdf5_detail() {
   // The sec2 driver's write/read failures span two lines with a time, buffer addresses and
   // offsets: keep "file write failed: No space left on device", so the error stays one line.
   const std::string tag = "error message = '";
-  const std::size_t at = s.find(tag), end = at == std::string::npos ? at : s.find('\'', at + tag.size());
+  const std::size_t at = s.find(tag);
+  const std::size_t end = at == std::string::npos ? at : s.find('\'', at + tag.size());
   if (end != std::string::npos)
     s = s.substr(0, s.find(':')) + ": " + s.substr(at + tag.size(), end - at - tag.size());
   std::replace(s.begin(), s.end(), '\n', ' ');

@@ -147,11 +147,13 @@ struct MetricsWriter::Impl {
   // One row, all or nothing (issue 32: a full disk left a row of step -1 and NaN). The
   // room for a new chunk of every column is checked before the columns grow into it; the
   // values go in before the step (a row with a step is complete); on any failure the
-  // columns shrink back to the rows they had, so a reader never sees the half-written row.
+  // columns shrink back to the rows they had. (When HDF5 cannot write its own metadata
+  // either, the disk full between the check and the flush, the file may still be damaged.)
   void append_row(Table& t, std::int64_t step, const std::map<std::string, double>& values) {
     const std::int64_t row = t.rows;
     if (row % std::int64_t(kChunkRows) == 0)
-      h5::check_room(path, std::int64_t(t.columns.size()) * std::int64_t(kChunkRows) * 8 + (16 << 10),
+      h5::check_room(path,
+                     std::int64_t(t.columns.size()) * std::int64_t(kChunkRows) * 8 + (16 << 10),
                      MPI_COMM_NULL);
     try {
       for (auto& c : t.columns) resize(file, c.second, row + 1);
