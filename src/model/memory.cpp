@@ -15,7 +15,8 @@ constexpr std::int64_t kFloat = sizeof(float);
 }
 
 std::int64_t MemoryEstimate::peak() const {
-  return weights + gradients + optimizer + scratch + std::max(activations, staging) + libraries;
+  return weights + gradients + optimizer + scratch + std::max(activations, staging) + collectives +
+         libraries;
 }
 
 std::string format_bytes(std::int64_t bytes) {
@@ -36,6 +37,7 @@ std::string MemoryEstimate::describe() const {
                   " + gradients " + format_bytes(gradients) + " + optimizer " +
                   format_bytes(optimizer) + " + activations " + format_bytes(activations) +
                   " + scratch " + format_bytes(scratch);
+  if (collectives > 0) d += " + MPI temporaries " + format_bytes(collectives);
   if (libraries > 0) d += " + libraries " + format_bytes(libraries);
   if (staging > activations) d += " (start-up staging " + format_bytes(staging) + " > activations)";
   return d;
@@ -94,6 +96,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
     e.weights += ((lay.weight_versions - 1) * params + std::min(params, kVersionSwapFloats)) * kFloat;
   e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
   e.optimizer = 2 * shard * kFloat;
+  if (lay.host_memory && lay.dp > 1)
+    e.collectives = std::int64_t(lay.nonblocking_temp_ratio * double(params * kFloat));
   if (lay.tp_2d) {  // the activations and scratch of the 2D model's own carving
     predict_2d(cfg, lay, chunks.at(0), e);
     e.staging = 0;  // Gpt2d::init_weights draws in place

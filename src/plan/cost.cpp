@@ -193,13 +193,13 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.zero1 = lay.zero1;
     ml.peak_stash = pipeline::peak_activations(sched.stages[std::size_t(r)]);
     ml.split_backward = split;
+    ml.weight_versions = pipeline::weight_versions(sched.stages[std::size_t(r)],
+                                                   pipeline::weight_update_of(lay.schedule));
     ml.host_memory = host_memory;
     ml.set_precision(precision);
+    ml.nonblocking_temp_ratio = mc.nonblocking_temp_ratio;
     model::MemoryEstimate e = model::predict_memory(cfg, ml);
     e.libraries = mc.library_bytes();
-    // The DP buckets' non-blocking collectives in flight: MPI's temporaries (host ranks).
-    if (host_memory && lay.dp > 1)
-      e.libraries += std::int64_t(mc.nonblocking_temp_ratio * double(e.weights));
     if (r == 0) p.rank0_peak_bytes = e.peak();
     if (r == 0 || e.peak() > p.memory.peak()) p.memory = e, p.memory_pp_rank = r;
   }

@@ -26,6 +26,12 @@
 namespace trident::model {
 
 // What the prediction needs beyond the model's shape.
+// MPI's temporaries per byte of a non-blocking collective in flight on a CPU rank (Open MPI
+// 4.1's libnbc holds one copy of each in-place MPI_Iallreduce / MPI_Ireduce_scatter until it
+// completes): the default of MemoryLayout and of machine.nonblocking_temp_ratio, so that
+// `trident train`'s report, which has no machine file, and `trident plan` agree.
+constexpr double kNonblockingTempRatio = 1.0;
+
 struct MemoryLayout {
   int tp = 1, pp = 1, dp = 1, vpp = 1;
   int pp_rank = 0, tp_rank = 0;  // the rank predicted for (its stage and shard)
@@ -49,6 +55,10 @@ struct MemoryLayout {
   // parallel.tp_mode = "2d": tp = q*q, tp_rank row-major on the grid; the 2D model's buffers
   // (model/gpt2d: [B*T/q, C/q] blocks, wte and wpe by grid column) instead of GptChunk's.
   bool tp_2d = false;
+  // The DP buckets (GradSync: MPI_Iallreduce, or MPI_Ireduce_scatter under ZeRO-1) are all in
+  // flight at the end of a step: on a CPU rank with dp > 1, MPI holds this many bytes per
+  // gradient byte more (`trident plan`: machine.nonblocking_temp_ratio, calibrate measures it).
+  double nonblocking_temp_ratio = kNonblockingTempRatio;
   // Sets the two above from runtime.precision as GptChunk (stores_bf16) and the device
   // backend apply it; call after recompute and host_memory are set. `trident train`'s report
   // and `trident plan` both set them here, so that they agree.
@@ -66,8 +76,11 @@ struct MemoryEstimate {
   // buffers, MPI's for collectives): not known from the deck, so predict_memory leaves it 0;
   // `trident plan` fills it from the machine file (calibrate measures it).
   std::int64_t libraries = 0;
+  // MPI's temporaries of the DP buckets in flight (MemoryLayout::nonblocking_temp_ratio).
+  std::int64_t collectives = 0;
   std::int64_t activations_per_microbatch = 0;
-  // weights + gradients + optimizer + scratch + max(activations, staging) + libraries
+  // weights + gradients + optimizer + scratch + max(activations, staging) + collectives
+  // + libraries
   std::int64_t peak() const;
   // One line: "peak 812.0 MiB = weights 124.4 MiB + gradients ..."
   std::string describe() const;

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "trident/model/memory.hpp"
+
 namespace trident::plan {
 
 struct Link {
@@ -55,8 +57,9 @@ struct Machine {
   // Bytes MPI's non-blocking collectives hold per byte in flight (calibrate measures it; Open
   // MPI's libnbc: one temporary copy of each in-place allreduce or reduce-scatter, 1.0): the
   // DP gradient buckets, all in flight at once at the end of a step, so a CPU rank with
-  // dp > 1 holds this times its gradient bytes more. Optional, default 0.
-  double nonblocking_temp_ratio = 0;
+  // dp > 1 holds this times its gradient bytes more. Optional, default model::kNonblockingTempRatio
+  // (what `trident train`'s start-up report counts).
+  double nonblocking_temp_ratio = model::kNonblockingTempRatio;
   double gemm_flops = 0;
   double attention_flops = 0;
   double kernel_bytes_per_s = 0;

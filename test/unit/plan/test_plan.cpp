@@ -71,9 +71,9 @@ TEST(Machine, ParsesAndRoundTrips) {
   Machine with_lib = m;
   with_lib.library_mib = 6.5;
   EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").library_mib, 6.5);
-  EXPECT_DOUBLE_EQ(m.nonblocking_temp_ratio, 0);  // optional
-  with_lib.nonblocking_temp_ratio = 1;
-  EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").nonblocking_temp_ratio, 1);
+  EXPECT_DOUBLE_EQ(m.nonblocking_temp_ratio, model::kNonblockingTempRatio);  // optional
+  with_lib.nonblocking_temp_ratio = 2.5;
+  EXPECT_DOUBLE_EQ(parse_machine(machine_toml(with_lib), "again").nonblocking_temp_ratio, 2.5);
 }
 
 TEST(Machine, BadFiguresAreOneClearError) {
@@ -239,10 +239,25 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   Layout dp2;
   dp2.dp = 2, dp2.micro_batch = 2;
   const StepPrediction with_temp = predict(cfg, 8, dp2, m, true);
-  EXPECT_EQ(with_temp.memory.libraries, with_temp.memory.gradients);
+  EXPECT_EQ(with_temp.memory.collectives, with_temp.memory.gradients);
+  EXPECT_EQ(with_temp.memory.libraries, 0);
   m.nonblocking_temp_ratio = 0;
   EXPECT_EQ(predict(cfg, 8, dp2, m, true).rank0_peak_bytes,
             with_temp.rank0_peak_bytes - with_temp.memory.gradients);
+  // ZeRO-1 reduce-scatters the same buckets: the temporaries are the whole gradient's, not the
+  // shard's (gradients counts the shard's copy on top).
+  m.nonblocking_temp_ratio = 1;
+  Layout z1 = dp2;
+  z1.zero1 = true;
+  const StepPrediction zero1 = predict(cfg, 8, z1, m, true);
+  EXPECT_EQ(zero1.memory.collectives, zero1.memory.weights);
+  // The start-up report's figure (predict_memory with the default ratio) is plan's, less the
+  // libraries, when the machine file has the default ratio.
+  model::MemoryLayout ml_z1 = ml;
+  ml_z1.pp = 1, ml_z1.dp = 2, ml_z1.micro_batch = 2, ml_z1.zero1 = true;
+  ml_z1.peak_stash = zero1.memory.activations / zero1.memory.activations_per_microbatch;
+  EXPECT_EQ(model::predict_memory(cfg, ml_z1).peak(), zero1.rank0_peak_bytes);
+  m.nonblocking_temp_ratio = 0;
   // Full recomputation trades memory for time.
   Layout rc = l;
   rc.recompute = model::Recompute::full;
