@@ -60,8 +60,12 @@ std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer
     // Megatron user expects the plan to keep the serial run's semantics, so those are
     // candidates only when the deck already names one.
     if (k.asynchronous() && deck_schedule != k.name) continue;
-    out.push_back({1, k.name});
-    if (!k.multi_chunk) continue;
+    // A multi-chunk schedule at vpp = 1 repeats a one-chunk one (interleaved-1f1b is 1f1b):
+    // planned with vpp > 1 only.
+    if (!k.multi_chunk) {
+      out.push_back({1, k.name});
+      continue;
+    }
     for (int v = 2; v <= 8; ++v)
       if (n_layer % (pp * v) == 0)  // virtual stages: even splits only
         out.push_back({v, k.name});

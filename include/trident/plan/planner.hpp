@@ -23,8 +23,8 @@ struct PlanOptions {
 };
 
 // The (vpp, schedule) pairs planned for pp stages of an n_layer model: every schedule in
-// the pipeline registry (pipeline::schedule_kinds), vpp = 2..8 for those accepting several
-// chunks where pp * vpp divides n_layer; only "1f1b" when pp = 1. Asynchronous schedules
+// the pipeline registry (pipeline::schedule_kinds), vpp = 1 for one-chunk ones, vpp = 2..8
+// for those accepting several chunks where pp * vpp divides n_layer; only "1f1b" when pp = 1. Asynchronous schedules
 // (PipeDream: they change the update rule) only when the deck names that schedule itself.
 std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer,
                                                              const std::string& deck_schedule);
