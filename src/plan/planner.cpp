@@ -1,6 +1,8 @@
 // Enumerating and ranking layouts (see trident/plan/planner.hpp).
 #include "trident/plan/planner.hpp"
 
+#include "trident/pipeline/schedule.hpp"
+
 #include <algorithm>
 #include <exception>
 #include <set>
@@ -49,6 +51,28 @@ std::string memory_dominant(const model::MemoryEstimate& e) {
   return std::max_element(std::begin(parts), std::end(parts))->second;
 }
 
+std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer,
+                                                             const std::string& deck_schedule) {
+  std::vector<std::pair<int, std::string>> out;  // (vpp, schedule)
+  if (pp == 1) return {{1, "1f1b"}};  // no pipeline: every schedule is the same step
+  for (const pipeline::ScheduleKind& k : pipeline::schedule_kinds()) {
+    // Asynchronous updates (PipeDream) change what is trained, not only how fast: a
+    // Megatron user expects the plan to keep the serial run's semantics, so those are
+    // candidates only when the deck already names one.
+    if (k.asynchronous() && deck_schedule != k.name) continue;
+    // A multi-chunk schedule at vpp = 1 repeats a one-chunk one (interleaved-1f1b is 1f1b):
+    // planned with vpp > 1 only.
+    if (!k.multi_chunk) {
+      out.push_back({1, k.name});
+      continue;
+    }
+    for (int v = 2; v <= 8; ++v)
+      if (n_layer % (pp * v) == 0)  // virtual stages: even splits only
+        out.push_back({v, k.name});
+  }
+  return out;
+}
+
 std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptions& opt) {
   const int world = opt.nodes * opt.ranks_per_node;
   const std::int64_t G = deck.train.global_batch_size;
@@ -63,15 +87,8 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
       if (G % dp) continue;
       std::set<int> mbs_set{deck.parallel.micro_batch_size};
       for (int b = 1; b <= G / dp; b *= 2) mbs_set.insert(b);
-      std::vector<std::pair<int, std::string>> scheds;  // (vpp, schedule)
-      if (pp == 1) {
-        scheds.push_back({1, "1f1b"});
-      } else {
-        for (const char* s : {"naive", "gpipe", "1f1b", "zb-h1"}) scheds.push_back({1, s});
-        for (int v = 2; v <= 8; ++v)
-          if (m.n_layer % (pp * v) == 0)  // virtual stages: even splits only
-            for (const char* s : {"interleaved-1f1b", "looped-bfs"}) scheds.push_back({v, s});
-      }
+      const std::vector<std::pair<int, std::string>> scheds =
+          schedule_candidates(pp, m.n_layer, deck.parallel.schedule);
       for (int mbs : mbs_set) {
         if ((G / dp) % mbs) continue;
         for (const auto& [vpp, sched] : scheds)

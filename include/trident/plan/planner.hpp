@@ -1,11 +1,12 @@
 // trident/plan/planner.hpp — every layout a deck's model may train in on nodes x ranks, each
 // predicted (plan/cost.hpp) and ranked: fastest fitting layout first, then those that do not
 // fit, smallest peak first.
-// defines: trident::plan::PlanOptions, enumerate_layouts, make_plan, layout_deck_lines,
+// defines: trident::plan::PlanOptions, schedule_candidates, enumerate_layouts, make_plan, layout_deck_lines,
 //          memory_dominant
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trident/plan/cost.hpp"
@@ -20,6 +21,13 @@ struct PlanOptions {
   bool host_memory = true;  // CPU ranks (runtime.device = "cpu")
   ops::Precision precision = ops::Precision::fp32;  // runtime.precision
 };
+
+// The (vpp, schedule) pairs planned for pp stages of an n_layer model: every schedule in
+// the pipeline registry (pipeline::schedule_kinds), vpp = 1 for one-chunk ones, vpp = 2..8
+// for those accepting several chunks where pp * vpp divides n_layer; only "1f1b" when pp = 1. Asynchronous schedules
+// (PipeDream: they change the update rule) only when the deck names that schedule itself.
+std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer,
+                                                             const std::string& deck_schedule);
 
 // The layouts `trident train` accepts for the deck's model and global batch on
 // nodes * ranks_per_node ranks (the deck's own validation decides): tp dividing the heads,

@@ -11,6 +11,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/plan/calibrate.hpp"
+#include "trident/pipeline/schedule.hpp"
 #include "trident/plan/planner.hpp"
 
 namespace trident::plan {
@@ -185,6 +186,37 @@ TEST(Plan, EveryLayoutIsValidAndTheBestComesFirst) {
   PlanOptions spread = opt;
   spread.nodes = 4, spread.ranks_per_node = 1;
   EXPECT_GE(make_plan(deck, m, spread).front().step_s, plan.front().step_s);
+}
+
+// Every registered schedule is a planner candidate with pp > 1 (a schedule added to the
+// registry without the planner seeing it fails here); asynchronous ones (PipeDream) only
+// when the deck names them, and then enumerate_layouts plans them.
+TEST(Plan, EveryRegisteredScheduleIsACandidate) {
+  for (const pipeline::ScheduleKind& k : pipeline::schedule_kinds()) {
+    const auto sync = schedule_candidates(2, 4, "1f1b");
+    const auto asked = schedule_candidates(2, 4, k.name);
+    auto has = [&](const std::vector<std::pair<int, std::string>>& c, int vpp) {
+      return std::count(c.begin(), c.end(), std::make_pair(vpp, std::string(k.name))) == 1;
+    };
+    const int vpp = k.multi_chunk ? 2 : 1;  // pp 2 * vpp 2 divides 4 layers
+    EXPECT_TRUE(has(asked, vpp)) << k.name;
+    EXPECT_EQ(has(sync, vpp), !k.asynchronous()) << k.name;
+    EXPECT_NE(has(asked, 1), k.multi_chunk) << k.name;  // vpp 1: the one-chunk schedule
+    EXPECT_FALSE(has(asked, 3)) << k.name;              // 6 does not
+  }
+  EXPECT_EQ(schedule_candidates(1, 4, "pipedream"),
+            (std::vector<std::pair<int, std::string>>{{1, "1f1b"}}));
+  train::Config deck = train::parse_config(
+      "[model]\nvocab_size = 256\nseq_len = 64\nn_layer = 4\nn_head = 4\nd_model = 64\n"
+      "[train]\nglobal_batch_size = 8\n[parallel]\nschedule = \"pipedream-2bw\"\n",
+      "deck.toml");
+  PlanOptions opt;
+  opt.ranks_per_node = 2;
+  std::set<std::string> scheds;
+  for (const Layout& l : enumerate_layouts(deck, opt)) scheds.insert(l.schedule);
+  EXPECT_EQ(scheds.count("pipedream-2bw"), 1u);
+  EXPECT_EQ(scheds.count("pipedream"), 0u);
+  EXPECT_EQ(scheds.count("zb-h1"), 1u);
 }
 
 // n_layer 3 at 2 ranks: pp 2 is planned with the balanced split (2 + 1 with the head's
