@@ -154,6 +154,8 @@ JobCompType=jobcomp/none
 MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
+# The node may declare more CPUs than the machine has (tests run paced jobs side by side).
+SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
 MinJobAge=600
