@@ -100,11 +100,11 @@ def validate(deck, k, steps, ranks):
 
 
 def check_memory(rows, fails, out_dir):
-    for i, v in enumerate(rows):
+    for v in rows:
         pred, meas = v["predicted_rank0_peak_mib"], v["measured_rank0_peak_mib"]
         # plan reads its measurements from each run's metrics.h5 (the last row's
         # memory/peak_bytes), which h5py users read too: the same figure.
-        with h5py.File(os.path.join(OUT, out_dir, "plan-validate", str(i + 1), "metrics.h5"),
+        with h5py.File(os.path.join(OUT, out_dir, "plan-validate", str(v["rank"]), "metrics.h5"),
                        "r") as f:
             stored = float(f["memory/peak_bytes"][-1]) / 2**20
         if abs(stored - meas) > 1e-9 * max(1.0, meas):
