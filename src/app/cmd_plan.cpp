@@ -17,12 +17,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 
 #include "commands.hpp"
 #include "trident/core/log.hpp"
 #include "trident/io/dataset.hpp"
+#include "trident/io/metrics.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/process.hpp"
 #include "trident/parallel/comm.hpp"
@@ -174,6 +174,20 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
   double cpu_s = 0;
   train(a.validate_steps, output, cpu_s);
   Measured m;
+  // The run's metrics.h5: step times after the first (which pays for warm-up) and rank 0's
+  // measured peak after the last step (the end-of-run report's figure).
+  const std::string metrics = out_dir + "/metrics.h5";
+  const std::vector<double> steps = io::read_metrics_column(metrics, "step");
+  const std::vector<double> step_s = io::read_metrics_column(metrics, "step_time_s");
+  const std::vector<double> peak = io::read_metrics_column(metrics, "memory/peak_bytes");
+  TRIDENT_CHECK(!steps.empty() && steps.size() == step_s.size() && steps.size() == peak.size(),
+                "plan --validate: layout ", l.str(), ": ", metrics, " has no complete rows");
+  std::vector<double> times;
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (steps[i] > 1 && step_s[i] > 0) times.push_back(step_s[i]);
+  m.peak_mib = peak.back() / double(1 << 20);
+  TRIDENT_CHECK(!times.empty() || a.validate_steps == 1, "plan --validate: layout ", l.str(),
+                ": no step after the first in ", metrics);
   if (a.cpu_time) {
     // What the steps beyond the first two cost in CPU seconds, per rank.
     std::string short_output;
@@ -181,20 +195,6 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
     train(2, short_output, short_cpu);
     m.cpu_step_s = (cpu_s - short_cpu) / double(a.validate_steps - 2) / double(world);
   }
-  const double tokens = double(deck.train.global_batch_size) * deck.model.seq_len;
-  static const std::regex step_re(R"(step\s+(\d+)/\d+ \|.*\| (\d+) tok/s)");
-  static const std::regex mem_re(R"(memory: rank 0 measured peak ([0-9.]+) (KiB|MiB|GiB))");
-  std::vector<double> times;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch g;
-    if (std::regex_search(line, g, step_re) && std::stoi(g[1]) > 1 && std::stod(g[2]) > 0)
-      times.push_back(tokens / std::stod(g[2]));
-    else if (std::regex_search(line, g, mem_re))
-      m.peak_mib = std::stod(g[1]) * (g[2] == "KiB" ? 1.0 / 1024 : g[2] == "GiB" ? 1024.0 : 1.0);
-  }
-  TRIDENT_CHECK(!times.empty() || a.validate_steps == 1, "plan --validate: layout ", l.str(),
-                ": no step lines after the first in the output of `trident train`");
   std::sort(times.begin(), times.end());
   m.step_s = times.empty() ? 0.0 : times[times.size() / 2];
   m.fastest_s = times.empty() ? 0.0 : times.front();

@@ -241,6 +241,18 @@ void MetricsWriter::close() {
   impl_->file.close();
 }
 
+std::vector<double> read_metrics_column(const std::string& path, const std::string& column) {
+  h5::File f = h5::open_file(path, h5::Mode::read, /*file_locking=*/false);
+  TRIDENT_CHECK(h5::exists(f, column), path, ": no metrics column '", column, "'");
+  h5::Hid ds = h5::open_dataset(f, column);
+  const std::vector<std::int64_t> shape = h5::dataset_shape(ds);
+  TRIDENT_CHECK(shape.size() == 1, path, ": /", column, " is not a 1-D column");
+  std::vector<double> v(static_cast<std::size_t>(shape[0]));
+  if (!v.empty() && H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+    fail(path, ": cannot read /", column);
+  return v;
+}
+
 const std::string& MetricsWriter::path() const { return impl_->path; }
 std::int64_t MetricsWriter::rows() const { return impl_->train.rows; }
 std::int64_t MetricsWriter::eval_rows() const { return impl_->eval.rows; }

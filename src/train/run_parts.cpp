@@ -26,13 +26,16 @@ std::string format_duration(double seconds) {
 
 // ---- MetricsLog ----------------------------------------------------------------------------
 
-MetricsLog::MetricsLog(Trainer& trainer, std::int64_t resume_step) {
+MetricsLog::MetricsLog(Trainer& trainer, std::int64_t resume_step) : trainer_(trainer) {
   parallel::ParallelState& ps = trainer.state();
   counted_ = {&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
   tp_parts_ = trainer.model().tensor_parallel_parts();
   // skipped: 1 for a non-finite step left undone; epoch: passes over the data so far.
   // data_s: seconds this step spent reading its batch (rank 0's share).
-  std::vector<std::string> extra_columns{"skipped", "epoch", "consumed_tokens", "data_s"};
+  // memory/peak_bytes: rank 0's measured high-water mark of the steps so far (the figure of
+  // the end-of-run "measured peak" line), which `trident plan --validate` reads.
+  std::vector<std::string> extra_columns{"skipped", "epoch", "consumed_tokens", "data_s",
+                                         "memory/peak_bytes"};
   for (parallel::Comm* c : counted_)
     for (const char* what : {"bytes", "calls"})
       extra_columns.push_back("comm/" + c->name() + "/" + what);
@@ -61,6 +64,7 @@ void MetricsLog::record(std::int64_t step, const StepStats& st, double step_s,
   writer_->set("epoch", data.epoch);
   writer_->set("consumed_tokens", data.consumed_tokens);
   writer_->set("data_s", data.data_s);
+  writer_->set("memory/peak_bytes", double(trainer_.measured_peak_bytes()));
   writer_->append({step, st.loss, st.lr, st.grad_norm, step_s, tokens_per_s});
 }
 

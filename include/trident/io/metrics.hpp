@@ -2,7 +2,7 @@
 // one entry per optimizer step, `step` (int64), `loss`, `lr`, `grad_norm`, `step_time_s`,
 // `tokens_per_s` (float64) and any extra float64 columns; `eval/step`, `eval/loss` one
 // entry per evaluation. Written by rank 0 alone, serially.
-// defines: trident::io::StepMetrics, MetricsWriter
+// defines: trident::io::StepMetrics, MetricsWriter, read_metrics_column
 //
 // Every append ends with H5Fflush, so the file on disk is complete after each row, and the
 // writer opens it without HDF5 file locking: `h5py.File(path, "r")` can read it while the
@@ -55,5 +55,9 @@ class MetricsWriter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// One float64 column of metrics.h5's step table (`step` too, as float64), every row; an
+// error naming the file when the file or the column is missing.
+std::vector<double> read_metrics_column(const std::string& path, const std::string& column);
 
 }  // namespace trident::io

@@ -36,6 +36,7 @@ class MetricsLog {
   void close();
 
  private:
+  Trainer& trainer_;
   std::vector<parallel::Comm*> counted_;
   // parallel.tp_mode = "2d": the grid's row and column communicators, counted as comm/tp.
   std::vector<parallel::Comm*> tp_parts_;
