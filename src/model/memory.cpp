@@ -16,7 +16,7 @@ constexpr std::int64_t kFloat = sizeof(float);
 
 std::int64_t MemoryEstimate::peak() const {
   return weights + gradients + optimizer + scratch + std::max(activations, staging) + collectives +
-         libraries;
+         messages + files + libraries;
 }
 
 std::string format_bytes(std::int64_t bytes) {
@@ -38,6 +38,8 @@ std::string MemoryEstimate::describe() const {
                   format_bytes(optimizer) + " + activations " + format_bytes(activations) +
                   " + scratch " + format_bytes(scratch);
   if (collectives > 0) d += " + MPI temporaries " + format_bytes(collectives);
+  if (messages > 0) d += " + pipeline messages " + format_bytes(messages);
+  if (files > 0) d += " + HDF5 files " + format_bytes(files);
   if (libraries > 0) d += " + libraries " + format_bytes(libraries);
   if (staging > activations) d += " (start-up staging " + format_bytes(staging) + " > activations)";
   return d;
@@ -78,6 +80,7 @@ void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayo
   summa(cfg.d_model, 4 * cfg.d_model), summa(4 * cfg.d_model, cfg.d_model);
   if (st.has_embedding || st.has_head) scratch += q * mb * vb + 3 * mb;
   e.scratch = scratch * kFloat;
+  e.messages = lay.message_buffers * x * kFloat;  // Gpt2d::boundary_numel each
 }
 }  // namespace
 
@@ -96,6 +99,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
     e.weights += ((lay.weight_versions - 1) * params + std::min(params, kVersionSwapFloats)) * kFloat;
   e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
   e.optimizer = 2 * shard * kFloat;
+  if (lay.host_memory) e.files = lay.open_files * kHdf5FileBytes;  // host memory, not the device's
   if (lay.host_memory && lay.dp > 1)
     e.collectives = std::int64_t(lay.nonblocking_temp_ratio * double(params * kFloat));
   if (lay.tp_2d) {  // the activations and scratch of the 2D model's own carving
@@ -111,6 +115,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // GptChunk's dimensions (its constructor).
   const ChunkDims d = chunk_dims(cfg, lay.tp, lay.micro_batch, lay.sequence_parallel);
   const std::int64_t N = d.N, Nr = d.Nr, C = d.C, C3 = d.C3, F = d.F, F1 = d.F1, Vl = d.Vl;
+  e.messages = lay.message_buffers * Nr * C * kFloat;  // GptChunk::boundary_numel each
 
   // GptChunk::make_activations: boundary buffers, the layers' stash (carve_layer), the
   // zero-bubble gradient stash (carve_grad_stash), the head's LayerNorm.

@@ -10,6 +10,7 @@
 #include "trident/model/spec.hpp"
 #include "trident/pipeline/schedule.hpp"
 #include "trident/pipeline/simulator.hpp"
+#include "trident/pipeline/stage_memory.hpp"
 
 namespace trident::plan {
 
@@ -163,7 +164,7 @@ double model_flops_per_step(const model::ModelConfig& cfg, std::int64_t global_b
 
 StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
                        const Layout& lay, const Machine& mc, bool host_memory,
-                       ops::Precision precision) {
+                       ops::Precision precision, OpenFiles open_files) {
   StepPrediction p;
   p.layout = lay;
   const std::int64_t per_step = std::int64_t(lay.micro_batch) * lay.dp;
@@ -173,7 +174,6 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   p.microbatches = int(global_batch / per_step);
   const pipeline::Schedule sched =
       pipeline::make_schedule(lay.schedule, lay.pp, lay.vpp, p.microbatches);
-  const bool split = pipeline::splits_weight_grad(sched);
   // Layers per virtual stage as `trident train` cuts them for the plan's decks
   // (parallel.pipeline_layers = "even": the balanced split where n_layer does not divide).
   const int stages = lay.pp * lay.vpp;
@@ -191,11 +191,9 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.sequence_parallel = lay.sequence_parallel;
     ml.recompute = lay.recompute;
     ml.zero1 = lay.zero1;
-    ml.peak_stash = pipeline::peak_activations(sched.stages[std::size_t(r)]);
-    ml.split_backward = split;
-    ml.weight_versions = pipeline::weight_versions(sched.stages[std::size_t(r)],
-                                                   pipeline::weight_update_of(lay.schedule));
+    pipeline::set_schedule_memory(ml, sched, r);
     ml.host_memory = host_memory;
+    ml.open_files = r == 0 ? open_files.rank0 : open_files.others;  // rank 0 writes metrics
     ml.set_precision(precision);
     ml.nonblocking_temp_ratio = mc.nonblocking_temp_ratio;
     model::MemoryEstimate e = model::predict_memory(cfg, ml);

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "trident/core/error.hpp"
+#include "trident/train/trainer.hpp"
 
 namespace trident::plan {
 
@@ -123,11 +124,12 @@ std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& 
   TRIDENT_CHECK(deck.model.vocab_size > 0, deck.source, ": plan needs model.vocab_size");
   Machine mc = machine;
   mc.ranks_per_node = opt.ranks_per_node;
+  const OpenFiles files{train::files_held_open(deck, true), train::files_held_open(deck, false)};
   std::vector<StepPrediction> out;
   for (const Layout& l : enumerate_layouts(deck, opt)) {
     try {
       out.push_back(predict(deck.model, deck.train.global_batch_size, l, mc, opt.host_memory,
-                            opt.precision));
+                            opt.precision, files));
     } catch (const Error&) {
       // A schedule that cannot be made for this microbatch count: not a layout.
     }

@@ -394,6 +394,19 @@ std::string first_token_file(const std::string& value, const std::string& key) {
   return shard_files(sources[0].path, key)[0];
 }
 
+int loader_files_held_open(const std::string& value, const std::string& key) {
+  if (value.empty()) return 0;
+  std::size_t shards = 0;
+  for (const DataSource& source : parse_data_sources(value, key)) {
+    try {
+      shards += shard_files(source.path, key).size();
+    } catch (const Error&) {
+      ++shards;
+    }
+  }
+  return 1 + int(std::min(shards, kMaxOpenFiles));
+}
+
 // ---- the index ---------------------------------------------------------------------------
 
 std::string build_sample_index(const std::vector<DataSource>& sources, const LoaderOptions& opt) {

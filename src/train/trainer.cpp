@@ -15,7 +15,9 @@
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/cuda_aware.hpp"
 #include "trident/pipeline/simulator.hpp"
+#include "trident/pipeline/stage_memory.hpp"
 #include "trident/io/trace.hpp"
+#include "trident/train/data_loader.hpp"
 #include "trident/train/lr_schedule.hpp"
 
 namespace trident::train {
@@ -70,6 +72,11 @@ void refuse_what_cannot_fit(const model::MemoryEstimate& rank, bool host_memory,
 
 }  // namespace
 
+int files_held_open(const Config& cfg, bool writes_metrics) {
+  return loader_files_held_open(cfg.data.train, "data.train") +
+         loader_files_held_open(cfg.data.valid, "data.valid") + (writes_metrics ? 1 : 0) + 1;
+}
+
 Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
     : cfg_(cfg), ps_(ps), ops_(ops), rss_at_start_(resident_bytes()) {
   TRIDENT_CHECK(cfg.model.vocab_size > 0, "model.vocab_size is 0 and no dataset gave one");
@@ -92,6 +99,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.zero1 = cfg.parallel.zero_stage == 1;
   lay.tp_2d = options.tp_mode == model::TpMode::two_d;
   lay.host_memory = ops.memory() == nullptr;
+  lay.open_files = files_held_open(cfg, ps.world_rank == 0);
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
@@ -99,10 +107,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
       const auto sched = pipeline::make_schedule(cfg.parallel.schedule, ps.shape.pp,
                                                  cfg.parallel.vpp,
                                                  int(cfg.train.global_batch_size / per_step));
-      lay.peak_stash = pipeline::peak_activations(sched.stages.at(std::size_t(ps.coord.pp)));
-      lay.split_backward = pipeline::splits_weight_grad(sched);
-      lay.weight_versions = pipeline::weight_versions(sched.stages.at(std::size_t(ps.coord.pp)),
-                                                      update_);
+      pipeline::set_schedule_memory(lay, sched, ps.coord.pp);
     } catch (const std::exception&) {
       // A schedule that cannot be made is reported by the first step, with its context.
     }

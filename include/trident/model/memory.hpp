@@ -43,6 +43,13 @@ struct MemoryLayout {
   int peak_stash = 1;           // pipeline::peak_activations of this stage's actions (>= 1)
   bool split_backward = false;  // zero-bubble schedules: the B/W gradient stash
   int weight_versions = 1;      // pipeline::weight_versions of this stage (>= 1)
+  // The pipeline executor's boundary-message buffers at their peak (one boundary tensor each;
+  // pipeline::peak_message_buffers). The four fields above come from the schedule through
+  // pipeline::set_schedule_memory.
+  int message_buffers = 0;
+  // The HDF5 files the rank holds open at its peak (train::files_held_open), each with
+  // HDF5's metadata cache (kHdf5FileBytes).
+  int open_files = 0;
   bool host_memory = true;      // CPU ranks: the start-up staging shares the same memory
   // GptChunk::bf16_storage(): runtime.precision = "bf16" on a device, recompute none: each
   // layer's large tensors stashed at 2 bytes (carve_packed_layer), plus one layer's fp32
@@ -65,6 +72,11 @@ struct MemoryLayout {
   void set_precision(ops::Precision precision);
 };
 
+// HDF5's own memory for one open file: its metadata cache's hash table of 64 Ki entry
+// pointers (H5C__HASH_TABLE_LEN: 512 KiB) and the cache's state, allocated at H5Fopen
+// whatever the file's size (heaptrack, HDF5 1.10 on Debian 12: 528 kB per open file).
+constexpr std::int64_t kHdf5FileBytes = 516 * 1024;
+
 // Floats of the buffer an asynchronous schedule swaps two weight versions through
 // (train::WeightVersions), at most this many or the rank's parameters.
 constexpr std::int64_t kVersionSwapFloats = std::int64_t(1) << 18;
@@ -78,9 +90,13 @@ struct MemoryEstimate {
   std::int64_t libraries = 0;
   // MPI's temporaries of the DP buckets in flight (MemoryLayout::nonblocking_temp_ratio).
   std::int64_t collectives = 0;
+  // The pipeline's boundary messages in flight (MemoryLayout::message_buffers).
+  std::int64_t messages = 0;
+  // HDF5's metadata caches of the files held open (MemoryLayout::open_files).
+  std::int64_t files = 0;
   std::int64_t activations_per_microbatch = 0;
   // weights + gradients + optimizer + scratch + max(activations, staging) + collectives
-  // + libraries
+  // + messages + files + libraries
   std::int64_t peak() const;
   // One line: "peak 812.0 MiB = weights 124.4 MiB + gradients ..."
   std::string describe() const;

@@ -69,10 +69,16 @@ struct StepPrediction {
 // counts, as in predict_memory); precision: runtime.precision (bf16 on a device stashes the
 // layers in bf16 and adds the backend's product scratch, as `trident train` reports). The
 // machine's library_mib is added on every backend (a device's: the cuBLAS workspace, which
-// the start-up report counts as libraries). An Error when the schedule cannot be made.
+// the start-up report counts as libraries). open_files: the HDF5 files world rank 0 and
+// the other ranks hold open (train::files_held_open of the deck). An Error when the
+// schedule cannot be made.
+struct OpenFiles {
+  int rank0 = 0, others = 0;
+};
 StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
                        const Layout& layout, const Machine& machine, bool host_memory,
-                       ops::Precision precision = ops::Precision::fp32);
+                       ops::Precision precision = ops::Precision::fp32,
+                       OpenFiles open_files = {});
 
 // One transformer block's forward and backward (no recomputation, no TP collectives) of one
 // microbatch as the cost model sees it: matrix products and attention in seconds on

@@ -16,6 +16,7 @@
 // resume needs no loader state. A rank holds open files, never the corpus: it reads only
 // the tokens (and index entries) of the sequences it trains on.
 // defines: trident::train::DataSource, parse_data_sources, shard_files, LoaderOptions,
+//          loader_files_held_open,
 //          build_sample_index, DataLoader
 #pragma once
 
@@ -48,6 +49,12 @@ std::vector<std::string> shard_files(const std::string& path, const std::string&
 
 // The first file of data.train's value (every file shares its tokenizer and vocabulary).
 std::string first_token_file(const std::string& value, const std::string& key);
+
+// The HDF5 files a DataLoader of data.train's (or data.valid's) value holds open at most:
+// its sample index and its shards, up to the number it keeps open at once. Sources whose
+// files cannot be listed (not there yet, as under `trident plan`) count one shard each; an
+// empty value counts none.
+int loader_files_held_open(const std::string& value, const std::string& key);
 
 struct LoaderOptions {
   std::string key;            // "data.train": names the deck key in errors

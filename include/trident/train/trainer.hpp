@@ -1,7 +1,7 @@
 // trident/train/trainer.hpp — one rank's share of training: the model chunk, its
 // optimizer and the executor, and what one optimizer step does with a global batch.
 // The step loop with its files (metrics, checkpoints) is in train/run.hpp.
-// defines: trident::train::Trainer, StepStats
+// defines: trident::train::Trainer, StepStats, stage_layout, files_held_open
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,11 @@ struct StepStats {
 // of layers; model::chunk_layouts), in chunk order.
 std::vector<model::StageLayout> stage_layout(const Config& cfg,
                                              const parallel::ParallelState& ps);
+
+// The HDF5 files a rank of this deck holds open at its peak (model::MemoryLayout::
+// open_files): the data loaders' (loader_files_held_open), metrics.h5 on the rank that
+// writes it, and the checkpoint being written between two steps.
+int files_held_open(const Config& cfg, bool writes_metrics);
 
 class Trainer {
  public:

@@ -12,6 +12,7 @@
 #include "trident/core/error.hpp"
 #include "trident/plan/calibrate.hpp"
 #include "trident/pipeline/schedule.hpp"
+#include "trident/pipeline/stage_memory.hpp"
 #include "trident/plan/planner.hpp"
 
 namespace trident::plan {
@@ -255,8 +256,13 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   l.pp = 2, l.dp = 1, l.micro_batch = 2, l.schedule = "gpipe";
   const StepPrediction p = predict(cfg, 8, l, m, true);
   model::MemoryLayout ml;
-  ml.pp = 2, ml.pp_rank = 0, ml.micro_batch = 2, ml.peak_stash = 4;  // gpipe: all 4 in flight
+  ml.pp = 2, ml.pp_rank = 0, ml.micro_batch = 2;
+  pipeline::set_schedule_memory(ml, pipeline::make_schedule("gpipe", 2, 1, 4), 0);
+  EXPECT_EQ(ml.peak_stash, 4);  // gpipe: all 4 in flight
+  EXPECT_GE(ml.message_buffers, 2);
   EXPECT_EQ(p.rank0_peak_bytes, model::predict_memory(cfg, ml).peak());
+  EXPECT_EQ(model::predict_memory(cfg, ml).messages,
+            ml.message_buffers * 2 * 64 * 64 * 4);  // a [mb, T, C] boundary tensor each
   // Plus the libraries' working memory (the machine file's), on host ranks and on a device.
   m.library_mib = 3;
   EXPECT_EQ(predict(cfg, 8, l, m, true).rank0_peak_bytes, p.rank0_peak_bytes + 3 * 1048576);
@@ -265,6 +271,11 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   EXPECT_EQ(predict(cfg, 8, l, m, false).rank0_peak_bytes,
             model::predict_memory(cfg, on_device).peak() + 3 * 1048576);
   m.library_mib = 0;
+  // HDF5's metadata cache of each file world rank 0 holds open (host memory only).
+  const OpenFiles files{3, 2};
+  EXPECT_EQ(predict(cfg, 8, l, m, true, ops::Precision::fp32, files).rank0_peak_bytes,
+            p.rank0_peak_bytes + 3 * model::kHdf5FileBytes);
+  EXPECT_EQ(predict(cfg, 8, l, m, false, ops::Precision::fp32, files).memory.files, 0);
   // MPI's temporaries of the DP buckets in flight (CPU ranks, dp > 1): ratio x gradient bytes.
   m.nonblocking_temp_ratio = 1;
   EXPECT_EQ(predict(cfg, 8, l, m, true).rank0_peak_bytes, p.rank0_peak_bytes);  // dp 1
@@ -287,6 +298,7 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   // libraries, when the machine file has the default ratio.
   model::MemoryLayout ml_z1 = ml;
   ml_z1.pp = 1, ml_z1.dp = 2, ml_z1.micro_batch = 2, ml_z1.zero1 = true;
+  ml_z1.message_buffers = 0;  // no pipeline
   ml_z1.peak_stash = zero1.memory.activations / zero1.memory.activations_per_microbatch;
   EXPECT_EQ(model::predict_memory(cfg, ml_z1).peak(), zero1.rank0_peak_bytes);
   m.nonblocking_temp_ratio = 0;
@@ -322,7 +334,8 @@ TEST(Plan, Bf16DeviceDeckIsTheStartupReports) {
   ASSERT_NE(it, plan.end());
   // The report of world rank 0 (Trainer's MemoryLayout): gpipe stashes all 4 microbatches.
   model::MemoryLayout report;
-  report.pp = 2, report.pp_rank = 0, report.micro_batch = 2, report.peak_stash = 4;
+  report.pp = 2, report.pp_rank = 0, report.micro_batch = 2;
+  pipeline::set_schedule_memory(report, pipeline::make_schedule("gpipe", 2, 1, 4), 0);
   report.host_memory = false;
   report.set_precision(ops::Precision::bf16);
   EXPECT_TRUE(report.bf16_activations);

@@ -1,0 +1,33 @@
+// trident/pipeline/stage_memory.hpp — what a schedule makes one pipeline rank hold, for the
+// memory prediction (model::MemoryLayout): `trident train`'s start-up report and `trident
+// plan` both fill the layout here, so that they agree.
+//
+// Message buffers: how many boundary-message buffers the executor holds at its peak
+// (Executor::take_buffer: one buffer of boundary_numel floats per message in flight).
+// Receives: exact, from the lowered list (each is posted kReceiveLead compute actions ahead
+// and freed when its consumer starts). Sends: each holds its buffer until its receiver has
+// posted the receive and the sender has reaped it after one of its own compute actions; that
+// depends on timing, so it is counted on the simulator's timeline (uniform costs): a model,
+// which the executor's own count can differ from by a buffer or two.
+// defines: trident::pipeline::MessageBuffers, peak_message_buffers, set_schedule_memory
+#pragma once
+
+#include "trident/model/memory.hpp"
+#include "trident/pipeline/schedule.hpp"
+
+namespace trident::pipeline {
+
+struct MessageBuffers {
+  int sends = 0, receives = 0;
+  int total() const { return sends + receives; }
+};
+
+// Throws Error where simulate() does (an invalid schedule).
+MessageBuffers peak_message_buffers(const Schedule& s, int rank);
+
+// Sets what schedule `s` decides for pipeline rank `rank` in `layout`: its activation stash
+// (peak_activations), the zero-bubble gradient stash (splits_weight_grad), its weight
+// versions (weight_versions) and its message buffers.
+void set_schedule_memory(model::MemoryLayout& layout, const Schedule& s, int rank);
+
+}  // namespace trident::pipeline

@@ -1,0 +1,57 @@
+// What a schedule makes one pipeline rank hold: set_schedule_memory and the message
+// buffers (stage_memory.hpp).
+#include <gtest/gtest.h>
+
+#include "trident/pipeline/lower.hpp"
+#include "trident/pipeline/stage_memory.hpp"
+
+using namespace trident::pipeline;
+
+TEST(MessageBuffers, NoneWithoutAPipeline) {
+  EXPECT_EQ(peak_message_buffers(make_schedule("1f1b", 1, 1, 8), 0).total(), 0);
+}
+
+// Receives are exact: each is posted kReceiveLead compute actions ahead of its consumer.
+// Under 1F1B at pp 2 the first rank receives gradients, and in its steady F B F B two are
+// posted at once (the next B's before the F that precedes it, while this B's is still
+// waiting); the last rank runs F B F B too but its one receive per pair is consumed first.
+TEST(MessageBuffers, ReceivesFollowTheLoweredList) {
+  const Schedule s = make_schedule("1f1b", 2, 1, 8);
+  EXPECT_EQ(peak_message_buffers(s, 0).receives, 2);
+  EXPECT_EQ(peak_message_buffers(s, 1).receives, 1);
+  for (const char* name : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs"})
+    for (int pp : {2, 4}) {
+      const int vpp = std::string(name) == "interleaved-1f1b" || std::string(name) == "looped-bfs" ? 2 : 1;
+      const Schedule t = make_schedule(name, pp, vpp, 8);
+      for (int r = 0; r < pp; ++r) {
+        const MessageBuffers b = peak_message_buffers(t, r);
+        EXPECT_GE(b.receives, 1) << name << " pp " << pp << " rank " << r;
+        EXPECT_LE(b.receives, kReceiveLead + 1) << name << " pp " << pp << " rank " << r;
+        EXPECT_GE(b.sends, 1) << name << " pp " << pp << " rank " << r;
+      }
+    }
+}
+
+// Breadth-first runs every chunk-0 forward before any backward: its sends wait for a
+// receiver busy with its own forwards, so it holds several buffers where 1F1B's steady
+// state holds about one (the executor measured 8 and 1 on model C of mpi.plan_memory).
+TEST(MessageBuffers, BreadthFirstHoldsMoreSendsThan1F1B) {
+  const int bfs = peak_message_buffers(make_schedule("looped-bfs", 2, 3, 8), 0).sends;
+  const int one = peak_message_buffers(make_schedule("1f1b", 2, 1, 8), 0).sends;
+  EXPECT_EQ(one, 1);
+  EXPECT_GE(bfs, 4);
+  EXPECT_LE(bfs, 8);  // at most one per microbatch of the first chunk it sends
+}
+
+TEST(ScheduleMemory, FillsTheLayoutFromTheSchedule) {
+  const Schedule s = make_schedule("zb-h1", 4, 1, 8);
+  trident::model::MemoryLayout lay;
+  set_schedule_memory(lay, s, 1);
+  EXPECT_EQ(lay.peak_stash, peak_activations(s.stages[1]));
+  EXPECT_TRUE(lay.split_backward);
+  EXPECT_EQ(lay.weight_versions, 1);
+  EXPECT_EQ(lay.message_buffers, peak_message_buffers(s, 1).total());
+  set_schedule_memory(lay, make_schedule("pipedream-2bw", 4, 1, 8), 0);
+  EXPECT_FALSE(lay.split_backward);
+  EXPECT_EQ(lay.weight_versions, 2);
+}
