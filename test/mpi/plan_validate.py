@@ -10,10 +10,12 @@ d_model 192 model (T = 160, vocab 1000). The prediction is the start-up report's
 (model::predict_memory: at dp > 1 it counts MPI's temporaries of the DP buckets in flight,
 machine.nonblocking_temp_ratio x the gradient bytes: Open MPI 4.1's libnbc holds one copy of
 each in-place MPI_Iallreduce / MPI_Ireduce_scatter until it completes, calibrate measures 1.0
-here) plus the libraries' working memory that `trident calibrate` measured
-(machine.library_mib: what stays resident after its products and collectives, ~3 MiB here).
-Within 10% + MEM_ABS_MIB: the few MiB left are the heap's and the page cache's granularity.
-Known miss (issue 32): pipeline layouts of model C under-predict by 7-9 MiB (-12% to -13%).
+here; at pp > 1 the executor's message buffers; HDF5's metadata cache of each open file)
+plus the libraries' working memory that `trident calibrate` measured (machine.library_mib:
+what stays resident after its products and collectives, ~3 MiB here). Within 10% +
+MEM_ABS_MIB: the few MiB left are the heap's and the page cache's granularity (seen: -3% to
++6%; before the message buffers and HDF5's caches were counted, model C's pipeline layouts
+sat at -12% and -13%).
 
 `plan_validate.py time` (mpi.plan_validate, label `timing`: not in `make test`, run by
 `make test-timing`, alone): step time. `trident calibrate` (mpirun -np 2, wall clock), then
