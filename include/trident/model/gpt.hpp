@@ -128,6 +128,9 @@ class GptChunk final : public StageModel {
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
            ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,
            bool sequence_parallel = false);
+  // Not copied or moved: the block keeps references to the chunk's config and TP mappings.
+  GptChunk(const GptChunk&) = delete;
+  GptChunk& operator=(const GptChunk&) = delete;
 
   const ModelConfig& config() const override { return cfg_; }
   int num_chunks() const override { return int(chunks_.size()); }
