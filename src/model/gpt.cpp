@@ -397,16 +397,18 @@ void GptChunk::set_output(ChunkActivations& a, int chunk) const {
 // ---- forward ---------------------------------------------------------------------------
 
 // x: [local rows of b*t, C]. Each TP rank looks up its vocabulary rows (zeros elsewhere)
-// and TP rank 0 adds the positions; the reduction leaves the sum, which is exact because
-// every other term is 0.
-void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t) {
+// and TP rank 0 adds the positions (pos0, ..., pos0 + t - 1); the reduction leaves the sum,
+// which is exact because every other term is 0.
+void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t, int pos0) {
   const int n = b * t;
   const std::int64_t local_n = tpm_.local_rows(n) * C_;
   float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : x;
   ops_.embedding_forward(partial, inputs, at(params_.data(), Role::token_embedding), n, C_,
                          vocab_start_, Vl_);
   if (learned_positions_ && ps_.tp.rank() == 0)
-    ops_.position_forward(partial, at(params_.data(), Role::position_embedding), b, t, C_);
+    ops_.position_forward(partial,
+                          at(params_.data(), Role::position_embedding) + std::int64_t(pos0) * C_,
+                          b, t, C_);
   tpm_.leave_forward(partial, x, local_n);
 }
 
@@ -605,12 +607,14 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
       x = out;
     }
   }
-  const float* last = x + (t - 1) * C_;
-  block_->norm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
-                       at(params_.data(), Role::final_norm_weight),
+  head_logits(x + (t - 1) * C_, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), logits);
+}
+
+void GptChunk::head_logits(const float* x, float* lnf, float* mean, float* rstd, float* logits) {
+  block_->norm_forward(lnf, mean, rstd, x, at(params_.data(), Role::final_norm_weight),
                        at_or_null(params_.data(), Role::final_norm_bias), 1);
-  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, at(params_.data(), head_role_), C_,
-            0.0f, logits_.data(), Vl_);
+  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, lnf, C_, at(params_.data(), head_role_), C_, 0.0f,
+            logits_.data(), Vl_);
   copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
 }
 
@@ -639,19 +643,13 @@ void GptChunk::generation_step(std::int32_t token, float* logits) {
     copy_to_device(ops_.memory(), gen_token_.data(), &token, sizeof token);
   }
   float* x = gen_scratch_.data() + block_scratch;  // the residual [C]
-  ops_.embedding_forward(x, gen_token_.data(), at(params_.data(), Role::token_embedding), 1, C_, 0, Vl_);
-  if (learned_positions_)
-    ops_.position_forward(x, at(params_.data(), Role::position_embedding) + std::int64_t(pos) * C_, 1, 1, C_);
+  embed_forward(x, gen_token_.data(), 1, 1, pos);
   for (int l = 0; l < layers; ++l) {
     float* k_cache = kv_cache_.data() + std::int64_t(l) * 2 * T_ * W;
     block_->decode(p_layers_[std::size_t(l)], x, KvCache{k_cache, k_cache + T_ * W, pos});
   }
   float* lnf = x + C_;  // [C], then its statistics [2]
-  block_->norm_forward(lnf, lnf + C_, lnf + C_ + 1, x, at(params_.data(), Role::final_norm_weight),
-                       at_or_null(params_.data(), Role::final_norm_bias), 1);
-  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, lnf, C_, at(params_.data(), head_role_), C_, 0.0f,
-            logits_.data(), Vl_);
-  copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
+  head_logits(x, lnf, lnf + C_, lnf + C_ + 1, logits);
 }
 
 }  // namespace trident::model

@@ -231,8 +231,12 @@ class GptChunk final : public StageModel {
   // The tokens a kernel may read: `host` itself on a host backend, else its copy in `device`.
   const std::int32_t* stage_tokens(IntBuffer& device, const std::int32_t* host) const;
 
-  // The token embedding, plus the learned positions (wpe) where the model has them.
-  void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
+  // The token embedding of b x t tokens, plus the learned positions (wpe, from position
+  // pos0) where the model has them: training, inference and generation alike.
+  void embed_forward(float* x, const std::int32_t* inputs, int b, int t, int pos0 = 0);
+  // Inference: the logits [V] (host memory) of one row x [C] through the final norm (into
+  // lnf [C] and its statistics) and the LM head.
+  void head_logits(const float* x, float* lnf, float* mean, float* rstd, float* logits);
   // Rank-local layer l's forward through the block.
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
   void report_grads_ready(int layer);  // global block index; -1: embedding, -2: head
