@@ -51,7 +51,7 @@ void Block::leave(float* partial, float* y, int n, int out) {
 
 // decode's scratch: one token's activations in LayerActivations' order, then the scores.
 std::int64_t Block::decode_scratch_floats() const {
-  return 4 * d_.C + 4 + d_.C3 + d_.Ca + d_.F1 + d_.F +
+  return 3 * d_.C + 4 + d_.C3 + d_.Ca + d_.F1 + d_.F +
          ops::Ops::decode_scratch_floats(1, NH_, T_);
 }
 
