@@ -1,5 +1,6 @@
-// GPT-2 chunk forward and backward over the ops interface (see trident/model/gpt.hpp).
-// The backward of each block mirrors its forward line by line in reverse order.
+// A rank's model chunks over the ops interface (see trident/model/gpt.hpp): the embedding,
+// the head and the pipeline chunks' buffers; each layer runs through the architecture's block
+// (model/block.hpp).
 #include "trident/model/gpt.hpp"
 #include "trident/model/vocab_parallel_xent.hpp"
 
@@ -56,25 +57,8 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   B_ = int(dims_.B);
   T_ = int(dims_.T);
   C_ = int(dims_.C);
-  NH_ = int(dims_.NH);
-  C3_ = int(dims_.C3);
-  F_ = int(dims_.F);
-  F1_ = int(dims_.F1);
   Vl_ = int(dims_.Vl);
   Nr_ = int(dims_.Nr);
-  switch (cfg.architecture()) {  // the blocks, the head's norm, the embedding's positions
-    case Arch::gpt2: llama_ = false; break;
-    case Arch::llama: llama_ = true; break;
-  }
-  if (llama_) {
-    // Its query heads read one kv head each: its own (split over TP), or one of all of them
-    // (n_kv_head < tp: replicated), the first at kv_head0_.
-    const int kv = cfg.kv_heads();
-    const bool kv_split = kv >= tp;
-    kv_cols_ = int(dims_.kv_cols);
-    kv_heads_ = kv_split ? kv / tp : 1;
-    kv_head0_ = kv_split ? 0 : tp_rank * NH_ / (cfg.n_head / kv);  // its first query head's
-  }
   vocab_start_ = Vl_ * tp_rank;
   v_valid_ = std::max(0, std::min(cfg.vocab_size - vocab_start_, Vl_));
 
@@ -92,22 +76,30 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   }
   // The LM head's matrix ([Vl, C]): the tied embedding, or an untied lm_head.
   if (find(Role::lm_head)) head_role_ = Role::lm_head;
+  learned_positions_ = find(Role::position_embedding) != nullptr;
   params_ = buffer(num_params_);
   grads_ = buffer(num_params_);
-  for (int l = 0; l < local_first_.back(); ++l) {
-    p_layers_.push_back(layer_params(params_.data(), l));
-    g_layers_.push_back(layer_params(grads_.data(), l));
-  }
 
   const std::int64_t N = std::int64_t(B_) * T_;
   dres_ = buffer(N * C_);
   dbuf_ = buffer(N * C_);
-  dqkv_ = buffer(N * C3_);
-  dfch_ = buffer(N * F1_);
-  dgelu_ = buffer(N * F_);
+  dqkv_ = buffer(N * dims_.C3);
+  dfch_ = buffer(N * dims_.F1);
+  dact_ = buffer(N * dims_.F);
   if (tpm_.sequence_parallel()) {
     full_scratch_ = buffer(N * C_);
     local_scratch_ = buffer(std::int64_t(Nr_) * C_);
+  }
+  ln_discard_ = buffer(2 * std::int64_t(C_));
+  // The architecture's block, once; the layers' tensors as it finds them.
+  block_ = block_kind(cfg.architecture())
+               .make(BlockContext{cfg_, ops_, tpm_, tp_rank, tp, dims_, dbuf_.data(), dqkv_.data(),
+                                  dfch_.data(), dact_.data(), full_scratch_.data(),
+                                  local_scratch_.data(), ln_discard_.data()});
+  for (int l = 0; l < local_first_.back(); ++l) {
+    block_->check_layer([&](Role role) { return find(role, l); });
+    p_layers_.push_back(layer_params(params_.data(), l));
+    g_layers_.push_back(layer_params(grads_.data(), l));
   }
   if (any_head(chunks_)) {
     logits_ = buffer(N * Vl_);
@@ -134,7 +126,6 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     Carver bind{bf16_work_store_.data()};
     carve_layer(dims_, bind, bf16_work_);
   }
-  ln_discard_ = buffer(2 * std::int64_t(C_));
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
   std::int64_t partial = 0;
@@ -191,16 +182,7 @@ float* GptChunk::at(float* base, Role role, int local_layer) const {
   return base + s->offset;
 }
 
-GptChunk::LayerParams GptChunk::layer_params(float* base, int l) const {
-  if (llama_) {
-    // q, k, v (and gate, up) are adjacent in the buffer: one [q; k; v] ([gate; up]) matrix.
-    const ShardSpec &q = *find(Role::qkv_weight, l), &k = *find(Role::k_weight, l),
-                    &v = *find(Role::v_weight, l), &gate = *find(Role::fc_weight, l),
-                    &up = *find(Role::up_weight, l);
-    TRIDENT_CHECK(k.offset == q.offset + q.local_numel() && v.offset == k.offset + k.local_numel() &&
-                      up.offset == gate.offset + gate.local_numel(),
-                  "internal: Llama's q, k, v (gate, up) shards are not adjacent");
-  }
+BlockParams GptChunk::layer_params(float* base, int l) const {
   auto p = [&](Role r) { return at_or_null(base, r, l); };
   return {p(Role::attn_norm_weight), p(Role::attn_norm_bias), p(Role::qkv_weight),
           p(Role::qkv_bias),         p(Role::attn_proj_weight), p(Role::attn_proj_bias),
@@ -242,18 +224,7 @@ ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool seque
   d.Ca = d.C / tp;
   d.Vl = vocab_per_rank(cfg.vocab_size, tp);
   d.F = cfg.d_ff() / tp;
-  if (cfg.llama()) {
-    // [q | k | v] columns of this rank: its query heads, then its kv heads (split over TP),
-    // or every kv head (n_kv_head < tp: replicated).
-    const int kv = cfg.kv_heads();
-    d.kv_cols = std::int64_t(kv >= tp ? kv / tp : kv) * cfg.head_dim();
-    d.C3 = d.Ca + 2 * d.kv_cols;
-    d.F1 = 2 * d.F;  // gate | up
-  } else {
-    d.kv_cols = d.Ca;
-    d.C3 = 3 * d.Ca;
-    d.F1 = d.F;
-  }
+  block_kind(cfg.architecture()).size(cfg, tp, d);  // C3, F1, kv_cols
   return d;
 }
 
@@ -426,52 +397,24 @@ void GptChunk::set_output(ChunkActivations& a, int chunk) const {
 // ---- forward ---------------------------------------------------------------------------
 
 // x: [local rows of b*t, C]. Each TP rank looks up its vocabulary rows (zeros elsewhere)
-// and TP rank 0 adds the positions; the reduction leaves the sum, which is exact because
-// every other term is 0.
-void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t) {
+// and TP rank 0 adds the positions (pos0, ..., pos0 + t - 1); the reduction leaves the sum,
+// which is exact because every other term is 0.
+void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t, int pos0) {
   const int n = b * t;
   const std::int64_t local_n = tpm_.local_rows(n) * C_;
   float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : x;
   ops_.embedding_forward(partial, inputs, at(params_.data(), Role::token_embedding), n, C_,
                          vocab_start_, Vl_);
-  if (!llama_ && ps_.tp.rank() == 0)  // Llama's positions are rotary, in attention
-    ops_.position_forward(partial, at(params_.data(), Role::position_embedding), b, t, C_);
+  if (learned_positions_ && ps_.tp.rank() == 0)
+    ops_.position_forward(partial,
+                          at(params_.data(), Role::position_embedding) + std::int64_t(pos0) * C_,
+                          b, t, C_);
   tpm_.leave_forward(partial, x, local_n);
-}
-
-void GptChunk::row_parallel_forward(float* y, const float* x, const float* w, const float* bias,
-                                    int n, int in, int out) {
-  // The bias joins on TP rank 0 only, so that the reduction adds it exactly once.
-  float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : y;
-  if (llama_)  // w [out, in] (no bias)
-    ops_.gemm(false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, partial, out);
-  else
-    ops_.linear_forward(partial, x, w, ps_.tp.rank() == 0 ? bias : nullptr, n, in, out);
-  tpm_.leave_forward(partial, y, tpm_.local_rows(n) * out);
 }
 
 void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations& la, int b,
                              int t) {
-  if (llama_) return llama_block_forward(l, x, out, la, b, t);
-  const LayerParams& p = p_layers_[l];
-  const int n = b * t, Ca = C_ / ps_.tp.size();
-  const int nr = int(tpm_.local_rows(n));  // residual-stream rows here
-  const std::int64_t local_n = std::int64_t(nr) * C_;
-  float* ln1 = tpm_.local_part(la.ln1, local_n);
-  ops_.layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, nr, C_);
-  tpm_.enter_forward(la.ln1, local_n);
-  ops_.linear_forward(la.qkv, la.ln1, p.qkv_w, p.qkv_b, n, C_, C3_);
-  const ops::Ops::AttentionShape att = ops::attention_shape_qkv(b, t, Ca, NH_);
-  ops_.attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
-  row_parallel_forward(la.res2, la.atty, p.attproj_w, p.attproj_b, n, Ca, C_);
-  ops_.add(la.res2, la.res2, x, local_n);
-  float* ln2 = tpm_.local_part(la.ln2, local_n);
-  ops_.layernorm_forward(ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w, p.ln2_b, nr, C_);
-  tpm_.enter_forward(la.ln2, local_n);
-  ops_.linear_forward(la.fch, la.ln2, p.fc_w, p.fc_b, n, C_, F_);
-  ops_.gelu_forward(la.fch_gelu, la.fch, std::int64_t(n) * F_);
-  row_parallel_forward(out, la.fch_gelu, p.fcproj_w, p.fcproj_b, n, F_, C_);
-  ops_.add(out, out, la.res2, local_n);
+  block_->forward(p_layers_[std::size_t(l)], x, out, la, b, t);
 }
 
 double GptChunk::forward(int chunk, StageActivations& activations, const std::int32_t* inputs,
@@ -503,13 +446,9 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   float* dwte = at(grads_.data(), head_role_);
   float* lnf_w = at(params_.data(), Role::final_norm_weight);
   const float* x = output(a);  // [Nr,C]
-  if (llama_)
-    ops_.rmsnorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_rstd.data(), x, lnf_w,
-                         Nr_, C_, float(cfg_.norm_eps));
-  else
-    ops_.layernorm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_mean.data(),
-                           a.lnf_rstd.data(), x, lnf_w, at(params_.data(), Role::final_norm_bias),
-                           Nr_, C_);
+  block_->norm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_mean.data(),
+                       a.lnf_rstd.data(), x, lnf_w,
+                       at_or_null(params_.data(), Role::final_norm_bias), Nr_);
   tpm_.enter_forward(a.lnf.data(), local_n);
   // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
   float* logits = logits_.data();
@@ -529,90 +468,13 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   const float* dlnf = tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
   ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, a.lnf.data(), C_, 1.0f, dwte, C_);
   zero(a.doutput);
-  if (llama_)
-    ops_.rmsnorm_backward(a.doutput.data(), at(grads_.data(), Role::final_norm_weight), dlnf, x, lnf_w,
-                          a.lnf_rstd.data(), Nr_, C_);
-  else
-    ops_.layernorm_backward(a.doutput.data(), at(grads_.data(), Role::final_norm_weight),
-                            at(grads_.data(), Role::final_norm_bias), dlnf, x, lnf_w,
-                            a.lnf_mean.data(), a.lnf_rstd.data(), Nr_, C_);
+  block_->norm_backward(a.doutput.data(), at(grads_.data(), Role::final_norm_weight),
+                        at_or_null(grads_.data(), Role::final_norm_bias), dlnf, x, lnf_w,
+                        a.lnf_mean.data(), a.lnf_rstd.data(), Nr_);
   return loss_sum;
 }
 
 // ---- backward --------------------------------------------------------------------------
-
-void GptChunk::block_backward(int l, const float* x, float* dres, LayerActivations& la,
-                              LayerGradStash* stash) {
-  if (llama_) return llama_block_backward(l, x, dres, la, stash);
-  const LayerParams& p = p_layers_[l];
-  const LayerParams& g = g_layers_[l];
-  const int n = B_ * T_, Ca = C_ / ps_.tp.size();
-  const std::int64_t local_n = boundary_numel();
-  float* dbuf = dbuf_.data();  // [N,C] partial input gradients of column-parallel layers
-  float* dfull = full_scratch_.data();     // SP: the gathered [N,C] residual gradient
-  float* dlocal = local_scratch_.data();   // SP: [Nr,C] reduce-scattered LayerNorm gradient
-  // Without a stash: ops' fused backward (input and parameter gradients). With one (the
-  // zero-bubble B): the input gradient only, and the output gradient kept for W.
-  auto linear = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
-                    const float* w, int in, int out, float* keep) {
-    if (!keep) return ops_.linear_backward(dx, dw, db, dy, in_x, w, n, in, out);
-    ops_.gemm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
-    ops_.copy(keep, dy, std::int64_t(n) * out);
-  };
-  auto layernorm = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
-                       const float* w, const float* mean, const float* rstd, float* keep) {
-    if (keep) {
-      ops_.copy(keep, dy, local_n);
-      dw = ln_discard_.data();
-      db = ln_discard_.data() + C_;
-    }
-    ops_.layernorm_backward(dx, dw, db, dy, in_x, w, mean, rstd, Nr_, C_);
-  };
-  // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))   (dres: [Nr,C])
-  const float* dout = tpm_.leave_backward(dres, dfull, local_n);
-  linear(dgelu_.data(), g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, F_, C_,
-         stash ? stash->dmlp : nullptr);
-  ops_.gelu_backward(dfch_.data(), la.fch, dgelu_.data(), std::int64_t(n) * F_);
-  linear(dbuf, g.fc_w, g.fc_b, dfch_.data(), la.ln2, p.fc_w, C_, F_,
-         stash ? stash->dfch : nullptr);
-  const float* dln2 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  layernorm(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean, la.ln2_rstd,
-            stash ? stash->dln2 : nullptr);
-  // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x))))
-  const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
-  float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
-  linear(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, Ca, C_,
-         stash ? stash->dattn : nullptr);
-  const ops::Ops::AttentionShape att = ops::attention_shape_qkv(B_, T_, Ca, NH_);
-  float* dqkv = dqkv_.data();
-  ops_.attention_backward(dqkv, dqkv + Ca, dqkv + 2 * Ca, datty, la.atty, la.lse, la.qkv,
-                          la.qkv + Ca, la.qkv + 2 * Ca, att);
-  linear(dbuf, g.qkv_w, g.qkv_b, dqkv_.data(), la.ln1, p.qkv_w, C_, C3_,
-         stash ? stash->dqkv : nullptr);
-  const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  layernorm(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
-            stash ? stash->dln1 : nullptr);
-}
-
-// The parameter half of block_backward, from the output gradients it stashed.
-void GptChunk::block_backward_weights(int l, const float* x, LayerActivations& la,
-                                      const LayerGradStash& st) {
-  if (llama_) return llama_block_backward_weights(l, x, la, st);
-  const LayerParams& p = p_layers_[l];
-  const LayerParams& g = g_layers_[l];
-  const int n = B_ * T_, Ca = C_ / ps_.tp.size();
-  float* discard = dbuf_.data();  // [Nr,C] the LayerNorms' input gradients, not needed here
-  ops_.linear_backward(nullptr, g.fcproj_w, g.fcproj_b, st.dmlp, la.fch_gelu, p.fcproj_w, n,
-                       F_, C_);
-  ops_.linear_backward(nullptr, g.fc_w, g.fc_b, st.dfch, la.ln2, p.fc_w, n, C_, F_);
-  ops_.layernorm_backward(discard, g.ln2_w, g.ln2_b, st.dln2, la.res2, p.ln2_w, la.ln2_mean,
-                          la.ln2_rstd, Nr_, C_);
-  ops_.linear_backward(nullptr, g.attproj_w, g.attproj_b, st.dattn, la.atty, p.attproj_w, n,
-                       Ca, C_);
-  ops_.linear_backward(nullptr, g.qkv_w, g.qkv_b, st.dqkv, la.ln1, p.qkv_w, n, C_, C3_);
-  ops_.layernorm_backward(discard, g.ln1_w, g.ln1_b, st.dln1, x, p.ln1_w, la.ln1_mean,
-                          la.ln1_rstd, Nr_, C_);
-}
 
 // Layer l's stashed activations, or with full recompute its forward run again into the
 // one-layer scratch (its output is not needed, so it lands in scratch too).
@@ -624,20 +486,9 @@ LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, in
     return bf16_working(a.layers[l]);
   }
   if (recompute_ == Recompute::selective) {
-    // The attention core and the GELU (Llama: SwiGLU) again, from the kept qkv (Llama's
-    // already rotated) and c_fc (gate | up) output.
+    // The attention core and the MLP activation again, from the kept qkv and c_fc output.
     LayerActivations& la = a.layers[l];
-    const int Ca = C_ / ps_.tp.size();
-    if (llama_) {
-      const float* k = la.qkv + Ca + std::int64_t(kv_head0_) * cfg_.head_dim();
-      ops_.attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_,
-                             llama_attention_shape(B_, T_));
-      ops_.swiglu_forward(la.fch_gelu, la.fch, B_ * T_, F_);
-      return la;
-    }
-    ops_.attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca,
-                           ops::attention_shape_qkv(B_, T_, Ca, NH_));
-    ops_.gelu_forward(la.fch_gelu, la.fch, std::int64_t(B_) * T_ * F_);
+    block_->recompute(la);
     return la;
   }
   LayerActivations& la = recompute_layer_[0];
@@ -660,7 +511,8 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = layer_activations(a, chunk, l, x);
-    block_backward(first + l, x, dres, la, weight_grads ? nullptr : &a.grad_stash[l]);
+    block_->backward(p_layers_[std::size_t(first + l)], g_layers_[std::size_t(first + l)], x, dres,
+                     la, weight_grads ? nullptr : &a.grad_stash[l]);
     // An input-gradient-only backward (zb-h1's B) leaves the block's weights to its W.
     if (grad_ready_ && weight_grads) report_grads_ready(st.first_layer + l);
   }
@@ -670,7 +522,7 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
     if (ops_.memory()) inputs = a.tokens.data();  // uploaded by this microbatch's forward
     ops_.embedding_backward(at(grads_.data(), Role::token_embedding), demb, inputs, B_ * T_, C_,
                             vocab_start_, Vl_);
-    if (!llama_) ops_.position_backward(at(grads_.data(), Role::position_embedding), demb, B_, T_, C_);
+    if (learned_positions_) ops_.position_backward(at(grads_.data(), Role::position_embedding), demb, B_, T_, C_);
     if (grad_ready_) report_grads_ready(-1);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
@@ -687,7 +539,8 @@ void GptChunk::backward_weights(int chunk, StageActivations& activations) {
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = layer_activations(a, chunk, l, x);
-    block_backward_weights(first + l, x, la, a.grad_stash[l]);
+    block_->backward_weights(p_layers_[std::size_t(first + l)], g_layers_[std::size_t(first + l)],
+                             x, la, a.grad_stash[l]);
     if (grad_ready_) report_grads_ready(chunk_layout.first_layer + l);
   }
 }
@@ -754,80 +607,18 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
       x = out;
     }
   }
-  const float* last = x + (t - 1) * C_;
-  if (llama_)
-    ops_.rmsnorm_forward(a.lnf.data(), a.lnf_rstd.data(), last, at(params_.data(), Role::final_norm_weight),
-                         1, C_, float(cfg_.norm_eps));
-  else
-    ops_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last,
-                           at(params_.data(), Role::final_norm_weight),
-                           at(params_.data(), Role::final_norm_bias), 1, C_);
-  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, a.lnf.data(), C_, at(params_.data(), head_role_), C_,
-            0.0f, logits_.data(), Vl_);
+  head_logits(x + (t - 1) * C_, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), logits);
+}
+
+void GptChunk::head_logits(const float* x, float* lnf, float* mean, float* rstd, float* logits) {
+  block_->norm_forward(lnf, mean, rstd, x, at(params_.data(), Role::final_norm_weight),
+                       at_or_null(params_.data(), Role::final_norm_bias), 1);
+  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, lnf, C_, at(params_.data(), head_role_), C_, 0.0f,
+            logits_.data(), Vl_);
   copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
 }
 
 // ---- generation with a key-value cache ------------------------------------------------
-//
-// One token at position `pos`; legend as the blocks' with N = 1, and the kv width W = C for
-// GPT-2 (its k and v columns), kv columns for Llama. Scratch of one token, laid out in
-// generation_step: ln [C], qkv [C3], atty [C], res2 [C], tmp [C], fch [F1], act [F],
-// scores [NH * T].
-
-namespace {
-struct GenScratch {
-  float *ln, *stat, *qkv, *atty, *res2, *tmp, *fch, *act, *scores;
-};
-GenScratch gen_views(float* p, int C, int C3, int F1, int F, int NH, int T) {
-  GenScratch g;
-  auto take = [&p](std::int64_t n) {
-    float* r = p;
-    p += n;
-    return r;
-  };
-  g.ln = take(C), g.stat = take(2), g.qkv = take(C3), g.atty = take(C), g.res2 = take(C);
-  g.tmp = take(C), g.fch = take(F1), g.act = take(F);
-  g.scores = take(ops::Ops::decode_scratch_floats(1, NH, T));
-  return g;
-}
-}  // namespace
-
-void GptChunk::generation_block(int l, float* x, float* k_cache, float* v_cache, int pos) {
-  const LayerParams& p = p_layers_[l];
-  const int hd = cfg_.head_dim(), W = llama_ ? kv_cols_ : C_;
-  GenScratch s = gen_views(gen_scratch_.data(), C_, C3_, F1_, F_, NH_, T_);
-  // attention: the new token's q, k, v; k and v join the cache; q reads positions 0..pos
-  if (llama_) {
-    ops_.rmsnorm_forward(s.ln, s.stat, x, p.ln1_w, 1, C_, float(cfg_.norm_eps));
-    ops_.gemm(false, true, 1, C3_, C_, 1.0f, s.ln, C_, p.qkv_w, C_, 0.0f, s.qkv, C3_);
-    ops_.rope_forward(s.qkv, 1, 1, C3_, NH_ + kv_cols_ / hd, hd, pos, float(cfg_.rope_theta));
-  } else {
-    ops_.layernorm_forward(s.ln, s.stat, s.stat + 1, x, p.ln1_w, p.ln1_b, 1, C_);
-    ops_.linear_forward(s.qkv, s.ln, p.qkv_w, p.qkv_b, 1, C_, C3_);
-  }
-  ops_.copy(k_cache + std::int64_t(pos) * W, s.qkv + C_, W);
-  ops_.copy(v_cache + std::int64_t(pos) * W, s.qkv + C_ + W, W);
-  ops_.attention_decode(s.atty, s.scores, s.qkv, k_cache, v_cache, 1, pos + 1, NH_,
-                        llama_ ? kv_heads_ : NH_, hd, C3_, W, 0, C_);
-  if (llama_)
-    ops_.gemm(false, true, 1, C_, C_, 1.0f, s.atty, C_, p.attproj_w, C_, 0.0f, s.tmp, C_);
-  else
-    ops_.linear_forward(s.tmp, s.atty, p.attproj_w, p.attproj_b, 1, C_, C_);
-  ops_.add(s.res2, s.tmp, x, C_);
-  // MLP
-  if (llama_) {
-    ops_.rmsnorm_forward(s.ln, s.stat, s.res2, p.ln2_w, 1, C_, float(cfg_.norm_eps));
-    ops_.gemm(false, true, 1, F1_, C_, 1.0f, s.ln, C_, p.fc_w, C_, 0.0f, s.fch, F1_);
-    ops_.swiglu_forward(s.act, s.fch, 1, F_);
-    ops_.gemm(false, true, 1, C_, F_, 1.0f, s.act, F_, p.fcproj_w, F_, 0.0f, s.tmp, C_);
-  } else {
-    ops_.layernorm_forward(s.ln, s.stat, s.stat + 1, s.res2, p.ln2_w, p.ln2_b, 1, C_);
-    ops_.linear_forward(s.fch, s.ln, p.fc_w, p.fc_b, 1, C_, F_);
-    ops_.gelu_forward(s.act, s.fch, F_);
-    ops_.linear_forward(s.tmp, s.act, p.fcproj_w, p.fcproj_b, 1, F_, C_);
-  }
-  ops_.add(x, s.tmp, s.res2, C_);
-}
 
 void GptChunk::generation_step(std::int32_t token, float* logits) {
   TRIDENT_CHECK(chunks_.front().has_embedding && chunks_.back().has_head && ps_.tp.size() == 1 &&
@@ -835,12 +626,13 @@ void GptChunk::generation_step(std::int32_t token, float* logits) {
                 "generation needs the whole model on one rank");
   TRIDENT_CHECK(gen_pos_ < T_, "generation: the key-value cache holds ", T_,
                 " positions (model.seq_len); generation_reset() first");
-  const int W = llama_ ? kv_cols_ : C_;
+  const std::int64_t W = block_->kv_width();
   const int layers = int(p_layers_.size());
+  const std::int64_t block_scratch = block_->decode_scratch_floats();
   if (kv_cache_.empty()) {
     kv_cache_ = buffer(std::int64_t(layers) * 2 * T_ * W);
-    gen_scratch_ = buffer(2 * std::int64_t(C_) + 2 + C3_ + 3 * C_ + F1_ + F_ +
-                          ops::Ops::decode_scratch_floats(1, NH_, T_));
+    gen_scratch_ = buffer(block_scratch + 2 * std::int64_t(C_) + 2);
+    block_->set_decode_scratch(gen_scratch_.data());
   }
   const int pos = gen_pos_++;
   if (!ops_.memory()) {
@@ -850,23 +642,14 @@ void GptChunk::generation_step(std::int32_t token, float* logits) {
     if (gen_token_.empty()) gen_token_ = IntBuffer(1, ops_.memory());
     copy_to_device(ops_.memory(), gen_token_.data(), &token, sizeof token);
   }
-  float* x = gen_scratch_.data() + (gen_scratch_.size() - std::size_t(C_));  // the residual
-  ops_.embedding_forward(x, gen_token_.data(), at(params_.data(), Role::token_embedding), 1, C_, 0, Vl_);
-  if (!llama_) ops_.position_forward(x, at(params_.data(), Role::position_embedding) + std::int64_t(pos) * C_, 1, 1, C_);
+  float* x = gen_scratch_.data() + block_scratch;  // the residual [C]
+  embed_forward(x, gen_token_.data(), 1, 1, pos);
   for (int l = 0; l < layers; ++l) {
     float* k_cache = kv_cache_.data() + std::int64_t(l) * 2 * T_ * W;
-    generation_block(l, x, k_cache, k_cache + std::int64_t(T_) * W, pos);
+    block_->decode(p_layers_[std::size_t(l)], x, KvCache{k_cache, k_cache + T_ * W, pos});
   }
-  float* lnf = gen_scratch_.data();  // GenScratch::ln
-  if (llama_)
-    ops_.rmsnorm_forward(lnf, lnf + C_, x, at(params_.data(), Role::final_norm_weight), 1, C_,
-                         float(cfg_.norm_eps));
-  else
-    ops_.layernorm_forward(lnf, lnf + C_, lnf + C_ + 1, x, at(params_.data(), Role::final_norm_weight),
-                           at(params_.data(), Role::final_norm_bias), 1, C_);
-  ops_.gemm(false, true, 1, Vl_, C_, 1.0f, lnf, C_, at(params_.data(), head_role_), C_, 0.0f,
-            logits_.data(), Vl_);
-  copy_to_host(ops_.memory(), logits, logits_.data(), std::size_t(v_valid_) * sizeof(float));
+  float* lnf = x + C_;  // [C], then its statistics [2]
+  head_logits(x, lnf, lnf + C_, lnf + C_ + 1, logits);
 }
 
 }  // namespace trident::model

@@ -5,13 +5,15 @@
 // described by one ShardSpec table (each logical tensor once: a rank holding both the
 // embedding and the head chunk keeps one wte), so the optimizer, checkpoints and gradient
 // dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
-// defines: trident::model::GptChunk, ChunkActivations, LayerActivations, LayerGradStash,
-//          ChunkDims, chunk_dims, Carver, carve_layer, carve_recomputed, carve_grad_stash,
+// defines: trident::model::GptChunk, ChunkActivations, chunk_dims, Carver, carve_layer, carve_recomputed, carve_grad_stash,
 //          layer_floats, recomputed_floats, grad_stash_floats
 //
-// model.arch = "llama": the same class with Llama blocks (model/llama.cpp): the same TP
-// layers, mappings, pipeline chunks, activations and ShardSpec table; only the block's
-// kernels, the absent wpe and the head's norm and matrix differ.
+// The architecture (model.arch) is the block's (model/block.hpp: Gpt2Block, LlamaBlock),
+// picked once: the chunk runs every layer through it, in training, recomputation, inference
+// and generation, and the head's final norm is the block's norm. The rest is the role table's
+// (spec.hpp): learned positions where it has a position embedding (GPT-2; Llama's are rotary,
+// in the block), the head's matrix tied or lm_head. The same TP layers, mappings, pipeline
+// chunks, activations and ShardSpec table for every architecture.
 //
 // Legend: B = micro-batch, T = seq_len, C = d_model, NH = heads on this rank,
 // C3 = 3*C/tp (this rank's q,k,v columns), F = 4*C/tp (this rank's MLP columns),
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "trident/core/buffer.hpp"
+#include "trident/model/block.hpp"
 #include "trident/model/spec.hpp"
 #include "trident/model/stage_model.hpp"
 #include "trident/ops/ops.hpp"
@@ -47,44 +50,7 @@
 
 namespace trident::model {
 
-// What one transformer block keeps from its forward for its backward.
-struct LayerActivations {
-  float* ln1;       // [B,T,C]     (all rows: gathered under SP)
-  float* ln1_mean;  // [Nr]
-  float* ln1_rstd;  // [Nr]
-  float* qkv;       // [B,T,C3]
-  float* atty;      // [B,T,C/tp]  attention output before c_proj
-  float* lse;       // [B,NH,T]    attention's log-sum-exp per row (flash: no T x T)
-  float* res2;      // [Nr,C]      residual after attention
-  float* ln2;       // [B,T,C]     (all rows: gathered under SP)
-  float* ln2_mean;  // [Nr]
-  float* ln2_rstd;  // [Nr]
-  float* fch;       // [B,T,F]     c_fc output
-  float* fch_gelu;  // [B,T,F]
-};
-
-// What the weight-gradient pass (GptChunk::backward_weights) of one transformer block needs
-// from its input-gradient pass: the gradients at the outputs of its linears and LayerNorms.
-struct LayerGradStash {
-  float* dmlp;   // [B,T,C]   at the MLP c_proj output (all rows)
-  float* dfch;   // [B,T,F]   at the c_fc output
-  float* dln2;   // [Nr,C]    at the ln_2 output (this rank's rows)
-  float* dattn;  // [B,T,C]   at the attention c_proj output (all rows)
-  float* dqkv;   // [B,T,C3]  at the c_attn output
-  float* dln1;   // [Nr,C]    at the ln_1 output
-};
-
-// The sizes a rank's chunks are allocated by, for one microbatch: B micro_batch, T seq_len,
-// C d_model, N = B*T, Nr residual-stream rows here (N, or N/tp under SP), NH heads here,
-// Ca = C/tp this rank's attention columns, C3 its q|k|v columns, F its MLP columns and F1
-// the MLP's first product's (F; Llama's gate | up: 2F), Vl its vocabulary rows (padded).
-// Llama: kv_cols, the k (and v) columns of its qkv rows (its kv heads, or all of them when
-// n_kv_head < tp replicates them). GptChunk carves its buffers by these and predict_memory
-// (model/memory.hpp) counts the same carving.
-struct ChunkDims {
-  std::int64_t B = 0, T = 0, C = 0, N = 0, Nr = 0, NH = 0, Ca = 0, C3 = 0, F = 0, F1 = 0,
-               Vl = 0, kv_cols = 0;
-};
+// The sizes of a rank's chunks (ChunkDims, model/block.hpp), the block's part by its BlockKind.
 ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel);
 
 // Views into one buffer from one layout run twice: once counting (no base: null views) to
@@ -162,6 +128,9 @@ class GptChunk final : public StageModel {
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
            ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,
            bool sequence_parallel = false);
+  // Not copied or moved: the block keeps references to the chunk's config and TP mappings.
+  GptChunk(const GptChunk&) = delete;
+  GptChunk& operator=(const GptChunk&) = delete;
 
   const ModelConfig& config() const override { return cfg_; }
   int num_chunks() const override { return int(chunks_.size()); }
@@ -250,11 +219,7 @@ class GptChunk final : public StageModel {
   int generation_position() const { return gen_pos_; }
 
  private:
-  struct LayerParams {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
-    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
-  };
-  LayerParams layer_params(float* base, int local_layer) const;
+  BlockParams layer_params(float* base, int local_layer) const;
   // The tensor of `role` in a flat buffer (params or grads): fails when this rank holds none.
   float* at(float* base, Role role, int local_layer = -1) const;
   // The same, or null when the model has no such tensor (Llama's biases).
@@ -266,34 +231,18 @@ class GptChunk final : public StageModel {
   // The tokens a kernel may read: `host` itself on a host backend, else its copy in `device`.
   const std::int32_t* stage_tokens(IntBuffer& device, const std::int32_t* host) const;
 
-  void embed_forward(float* x, const std::int32_t* inputs, int b, int t);
+  // The token embedding of b x t tokens, plus the learned positions (wpe, from position
+  // pos0) where the model has them: training, inference and generation alike.
+  void embed_forward(float* x, const std::int32_t* inputs, int b, int t, int pos0 = 0);
+  // Inference: the logits [V] (host memory) of one row x [C] through the final norm (into
+  // lnf [C] and its statistics) and the LM head.
+  void head_logits(const float* x, float* lnf, float* mean, float* rstd, float* logits);
+  // Rank-local layer l's forward through the block.
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
-  // The Llama block (model/llama.cpp) over the same activations, stash and TP layers:
-  // rmsnorm -> [q k v] -> rope -> attention (grouped-query) -> o, rmsnorm -> [gate up] ->
-  // swiglu -> down. LayerActivations' ln*_mean and LayerParams' biases are unused.
-  void llama_block_forward(int l, const float* x, float* out, LayerActivations& la, int b,
-                           int t);
-  void llama_block_backward(int l, const float* x, float* dres, LayerActivations& la,
-                            LayerGradStash* stash);
-  void llama_block_backward_weights(int l, const float* x, LayerActivations& la,
-                                    const LayerGradStash& stash);
-  // Attention's view of this rank's qkv rows (row stride C3): q at column 0, k and v at the
-  // kv head its query heads read first.
-  ops::Ops::AttentionShape llama_attention_shape(int b, int t) const;
-  void block_backward(int l, const float* x, float* dres, LayerActivations& la);
   void report_grads_ready(int layer);  // global block index; -1: embedding, -2: head
-  // stash = nullptr: input and weight gradients; otherwise input gradients only, and the
-  // weight pass's inputs saved in *stash.
-  void block_backward(int l, const float* x, float* dres, LayerActivations& la,
-                      LayerGradStash* stash = nullptr);
-  void block_backward_weights(int l, const float* x, LayerActivations& la,
-                              const LayerGradStash& stash);
   LayerActivations& layer_activations(ChunkActivations& a, int chunk, int l, const float* x);
   double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                float loss_scale, bool with_backward);
-  // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
-  void row_parallel_forward(float* y, const float* x, const float* w, const float* bias, int n,
-                            int in, int out);
 
   ModelConfig cfg_;
   std::vector<StageLayout> chunks_;
@@ -306,12 +255,12 @@ class GptChunk final : public StageModel {
   ops::Ops& ops_;  // StageModel::ops(), kept here for the kernels' calls
   parallel::TpMappings tpm_;
   ChunkDims dims_;
-  int B_, T_, C_, NH_, C3_, F_, Vl_, vocab_start_, v_valid_;
-  int F1_;  // the MLP's first product's columns: F (GPT-2's c_fc), 2F (Llama's gate | up)
-  bool llama_ = false;
-  // Llama: kv columns of this rank's qkv rows (its kv heads, or all of them when replicated
-  // over TP), the kv heads its query heads read, and the first of them within those columns.
-  int kv_cols_ = 0, kv_heads_ = 0, kv_head0_ = 0;
+  int B_, T_, C_, Vl_, vocab_start_, v_valid_;
+  // The architecture's block (block_kind(model.arch)), made once: every layer runs through it.
+  std::unique_ptr<Block> block_;
+  // Whether the model learns positions: its role table has a position embedding (GPT-2's
+  // wpe; none where the positions are the block's, Llama's rotary). Embedding chunk only.
+  bool learned_positions_ = false;
   Role head_role_ = Role::token_embedding;  // the LM head's matrix: tied, or lm_head
   int Nr_;  // token rows of the residual stream on this rank (B*T, or B*T/tp under SP)
   Recompute recompute_;
@@ -321,10 +270,10 @@ class GptChunk final : public StageModel {
   std::vector<int> role_index_;
   FloatBuffer params_, grads_;
   // Views, by rank-local layer index: chunk c's layer i is local_first_[c] + i.
-  std::vector<LayerParams> p_layers_, g_layers_;
+  std::vector<BlockParams> p_layers_, g_layers_;
 
   // Backward scratch, shared by all microbatches (only one backward runs at a time).
-  FloatBuffer dres_, dbuf_, dqkv_, dfch_, dgelu_;
+  FloatBuffer dres_, dbuf_, dqkv_, dfch_, dact_;  // the blocks' (BlockContext) but dres_
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
   FloatBuffer sp_grad_pack_;                  // the gradients summed over TP, packed
   std::vector<const ShardSpec*> sp_norms_;    // their tensors (SP: the norms; Llama's
@@ -332,7 +281,7 @@ class GptChunk final : public StageModel {
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
   std::vector<float> host_loss_;  // token_loss_ on the host, to sum
   FloatBuffer recompute_store_;
-  FloatBuffer ln_discard_;  // [2C] LayerNorm weight gradients an input-only backward drops
+  FloatBuffer ln_discard_;  // [2C] norm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   bool bf16_store_ = false;
   FloatBuffer bf16_work_store_;    // bf16 storage: one layer's fp32 working copy
@@ -345,11 +294,11 @@ class GptChunk final : public StageModel {
   LayerActivations selective_;   // its views (atty, lse, fch_gelu)
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use
   // Generation (made on first use): per layer the keys then the values of every position so
-  // far, [T, kv width] each; one token's activations; its id on the device.
+  // far, [T, kv width] each; the block's decode scratch, then the token's residual [C] and
+  // the final norm's output [C] and statistics [2]; its id on the device.
   FloatBuffer kv_cache_, gen_scratch_;
   IntBuffer gen_token_;
   int gen_pos_ = 0;
-  void generation_block(int l, float* x, float* k_cache, float* v_cache, int pos);
   GradReadyHook grad_ready_;
 };
 

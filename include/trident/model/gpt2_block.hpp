@@ -1,0 +1,41 @@
+// trident/model/gpt2_block.hpp — GPT-2's transformer block (model.arch = "gpt2"):
+//   res2 = x + c_proj(attention(c_attn(ln_1(x))))
+//   out  = res2 + c_proj(gelu(c_fc(ln_2(res2))))
+// LayerNorms, linears with biases (w [in, out]), multi-head attention; positions are the
+// embedding's (learned wpe), not the block's.
+// defines: trident::model::Gpt2Block
+#pragma once
+
+#include "trident/model/block.hpp"
+
+namespace trident::model {
+
+class Gpt2Block final : public Block {
+ public:
+  explicit Gpt2Block(const BlockContext& ctx) : Block(ctx) {}
+  static void size(const ModelConfig& cfg, int tp, ChunkDims& dims);
+
+  void forward(const BlockParams& p, const float* x, float* out, LayerActivations& la, int b,
+               int t) override;
+  void backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
+                LayerActivations& la, LayerGradStash* stash) override;
+  void backward_weights(const BlockParams& p, const BlockParams& g, const float* x,
+                        const LayerActivations& la, const LayerGradStash& stash) override;
+  void recompute(LayerActivations& la) override;
+  void decode(const BlockParams& p, float* x, const KvCache& cache) override;
+  void norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                    const float* b, int rows) override;
+  void norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                     const float* w, const float* mean, const float* rstd, int rows) override;
+
+ private:
+  // The forward of both: cache null, attention over the b*t rows; else one token (b = t = 1)
+  // whose keys and values join the cache.
+  void run(const BlockParams& p, const float* x, float* out, LayerActivations& la, int b, int t,
+           const KvCache* cache);
+  void attend(LayerActivations& la, int b, int t);  // la.atty, la.lse from la.qkv
+  // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
+  void row_parallel(float* y, const float* x, const float* w, const float* bias, int n, int in);
+};
+
+}  // namespace trident::model

@@ -1,0 +1,84 @@
+// What every architecture's block shares, and the factory of blocks (see
+// trident/model/block.hpp).
+#include "trident/model/block.hpp"
+
+#include "trident/core/error.hpp"
+#include "trident/model/gpt2_block.hpp"
+#include "trident/model/llama_block.hpp"
+
+namespace trident::model {
+
+namespace {
+template <class B>
+const BlockKind& kind_of() {
+  static const BlockKind kind{&B::size, [](const BlockContext& ctx) -> std::unique_ptr<Block> {
+                                return std::make_unique<B>(ctx);
+                              }};
+  return kind;
+}
+}  // namespace
+
+const BlockKind& block_kind(Arch arch) {
+  switch (arch) {  // one line per architecture
+    case Arch::gpt2: return kind_of<Gpt2Block>();
+    case Arch::llama: return kind_of<LlamaBlock>();
+  }
+  throw Error(str("internal: model.arch #", int(arch), " has no transformer block"));
+}
+
+Block::Block(const BlockContext& ctx)
+    : ctx_(ctx),
+      cfg_(ctx.cfg),
+      ops_(ctx.ops),
+      tpm_(ctx.tpm),
+      d_(ctx.dims),
+      tp_rank_(ctx.tp_rank),
+      B_(int(d_.B)),
+      T_(int(d_.T)),
+      C_(int(d_.C)),
+      NH_(int(d_.NH)),
+      Ca_(int(d_.Ca)),
+      C3_(int(d_.C3)),
+      F_(int(d_.F)),
+      F1_(int(d_.F1)),
+      Nr_(int(d_.Nr)) {}
+
+void Block::check_layer(const std::function<const ShardSpec*(Role)>&) const {}
+
+void Block::leave(float* partial, float* y, int n, int out) {
+  tpm_.leave_forward(partial, y, tpm_.local_rows(n) * out);
+}
+
+// decode's scratch: one token's activations in LayerActivations' order, then the scores.
+std::int64_t Block::decode_scratch_floats() const {
+  return 3 * d_.C + 4 + d_.C3 + d_.Ca + d_.F1 + d_.F +
+         ops::Ops::decode_scratch_floats(1, NH_, T_);
+}
+
+LayerActivations Block::decode_views() const {
+  TRIDENT_CHECK(decode_scratch_, "internal: Block::decode without set_decode_scratch");
+  float* p = decode_scratch_;
+  auto take = [&p](std::int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  LayerActivations la{};
+  la.ln1 = take(C_), la.ln1_mean = take(1), la.ln1_rstd = take(1), la.qkv = take(C3_);
+  la.atty = take(Ca_), la.res2 = take(C_), la.ln2 = take(C_), la.ln2_mean = take(1);
+  la.ln2_rstd = take(1), la.fch = take(F1_), la.fch_gelu = take(F_);
+  return la;
+}
+
+void Block::attend_cached(LayerActivations& la, const KvCache& c, int kv_heads,
+                          std::int64_t k_col) {
+  const std::int64_t W = kv_width();
+  float* scores = decode_scratch_ + (decode_scratch_floats() -
+                                     ops::Ops::decode_scratch_floats(1, NH_, T_));
+  ops_.copy(c.k + std::int64_t(c.pos) * W, la.qkv + k_col, W);
+  ops_.copy(c.v + std::int64_t(c.pos) * W, la.qkv + k_col + W, W);
+  ops_.attention_decode(la.atty, scores, la.qkv, c.k, c.v, 1, c.pos + 1, NH_, kv_heads,
+                        cfg_.head_dim(), C3_, W, 0, Ca_);
+}
+
+}  // namespace trident::model

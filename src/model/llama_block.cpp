@@ -1,0 +1,192 @@
+// Llama's transformer block (see trident/model/llama_block.hpp): forward, backward
+// (mirroring the forward in reverse), the weight pass of a split backward and the
+// key-value-cache step, over the same activations, stash and TP layers as GPT-2's block.
+//
+// Legend as block.hpp: Ca = C/tp this rank's query columns (NH heads of hd), C3 = Ca + 2*kv
+// (q | k | v columns), F = ffn_hidden/tp, F1 = 2F (gate | up). Weights are [out, in] (Hugging
+// Face's orientation): y = x @ W^T is gemm(false, true), dx = dy @ W gemm(false, false),
+// dW += dy^T x gemm(true, false).
+//
+// TP: [q k v] and [gate up] are column-parallel (enter), o and down row-parallel (leave), as
+// GPT-2's c_attn/c_fc and c_proj. The kv heads are split over TP when n_kv_head >= tp; else
+// every rank holds all of them, computes them all (one product with its q rows) and its
+// query heads read one: the k/v weights' gradients are then partial on each rank (only its
+// query heads' share) and GptChunk::reduce_param_grads sums them over TP once per step.
+#include "trident/model/llama_block.hpp"
+
+#include "trident/core/error.hpp"
+
+namespace trident::model {
+
+void LlamaBlock::size(const ModelConfig& cfg, int tp, ChunkDims& d) {
+  // [q | k | v] columns of this rank: its query heads, then its kv heads (split over TP),
+  // or every kv head (n_kv_head < tp: replicated).
+  const int kv = cfg.kv_heads();
+  d.kv_cols = std::int64_t(kv >= tp ? kv / tp : kv) * cfg.head_dim();
+  d.C3 = d.Ca + 2 * d.kv_cols;
+  d.F1 = 2 * d.F;  // gate | up
+}
+
+LlamaBlock::LlamaBlock(const BlockContext& ctx) : Block(ctx), hd_(ctx.cfg.head_dim()) {
+  // Its query heads read one kv head each: its own (split over TP), or one of all of them
+  // (n_kv_head < tp: replicated), the first at kv_head0_.
+  const int kv = cfg_.kv_heads();
+  const bool kv_split = kv >= ctx.tp_size;
+  kv_cols_ = int(d_.kv_cols);
+  kv_heads_ = kv_split ? kv / ctx.tp_size : 1;
+  kv_head0_ = kv_split ? 0 : ctx.tp_rank * NH_ / (cfg_.n_head / kv);  // its first query head's
+}
+
+void LlamaBlock::check_layer(const std::function<const ShardSpec*(Role)>& spec) const {
+  const ShardSpec &q = *spec(Role::qkv_weight), &k = *spec(Role::k_weight),
+                  &v = *spec(Role::v_weight), &gate = *spec(Role::fc_weight),
+                  &up = *spec(Role::up_weight);
+  TRIDENT_CHECK(k.offset == q.offset + q.local_numel() && v.offset == k.offset + k.local_numel() &&
+                    up.offset == gate.offset + gate.local_numel(),
+                "internal: Llama's q, k, v (gate, up) shards are not adjacent");
+}
+
+ops::Ops::AttentionShape LlamaBlock::attention_shape(int b, int t) const {
+  ops::Ops::AttentionShape s;
+  s.b = b;
+  s.t = t;
+  s.nh = NH_;
+  s.nkv = kv_heads_;
+  s.hs = hd_;
+  s.ld_q = s.ld_k = s.ld_v = C3_;
+  s.ld_o = Ca_;
+  return s;
+}
+
+void LlamaBlock::row_parallel(float* y, const float* x, const float* w, int n, int in) {
+  float* partial = partial_of(y);
+  ops_.gemm(false, true, n, C_, in, 1.0f, x, in, w, in, 0.0f, partial, C_);
+  leave(partial, y, n, C_);
+}
+
+void LlamaBlock::attend(LayerActivations& la, int b, int t) {
+  const float* k = la.qkv + Ca_ + std::int64_t(kv_head0_) * hd_;
+  ops_.attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_, attention_shape(b, t));
+}
+
+void LlamaBlock::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
+                         int b, int t) {
+  run(p, x, out, la, b, t, nullptr);
+}
+
+void LlamaBlock::decode(const BlockParams& p, float* x, const KvCache& cache) {
+  LayerActivations la = decode_views();
+  run(p, x, x, la, 1, 1, &cache);
+}
+
+void LlamaBlock::run(const BlockParams& p, const float* x, float* out, LayerActivations& la,
+                     int b, int t, const KvCache* cache) {
+  const int n = b * t;
+  const int nr = int(tpm_.local_rows(n));
+  const std::int64_t local_n = std::int64_t(nr) * C_;
+  const float eps = float(cfg_.norm_eps), theta = float(cfg_.rope_theta);
+  // attention: res2 = x + o(attention(rope([q k v](rmsnorm(x)))))  (x is not read after it:
+  // out may be x)
+  ops_.rmsnorm_forward(tpm_.local_part(la.ln1, local_n), la.ln1_rstd, x, p.ln1_w, nr, C_, eps);
+  tpm_.enter_forward(la.ln1, local_n);
+  ops_.gemm(false, true, n, C3_, C_, 1.0f, la.ln1, C_, p.qkv_w, C_, 0.0f, la.qkv, C3_);
+  // q and k heads, at the positions of the rows (a cached token: at its own)
+  ops_.rope_forward(la.qkv, b, t, C3_, NH_ + kv_cols_ / hd_, hd_, cache ? cache->pos : 0, theta);
+  if (cache)
+    attend_cached(la, *cache, kv_heads_, Ca_ + std::int64_t(kv_head0_) * hd_);
+  else
+    attend(la, b, t);
+  row_parallel(la.res2, la.atty, p.attproj_w, n, Ca_);
+  ops_.add(la.res2, la.res2, x, local_n);
+  // MLP: out = res2 + down(swiglu([gate up](rmsnorm(res2))))
+  ops_.rmsnorm_forward(tpm_.local_part(la.ln2, local_n), la.ln2_rstd, la.res2, p.ln2_w, nr, C_,
+                       eps);
+  tpm_.enter_forward(la.ln2, local_n);
+  ops_.gemm(false, true, n, F1_, C_, 1.0f, la.ln2, C_, p.fc_w, C_, 0.0f, la.fch, F1_);
+  ops_.swiglu_forward(la.fch_gelu, la.fch, n, F_);
+  row_parallel(out, la.fch_gelu, p.fcproj_w, n, F_);
+  ops_.add(out, out, la.res2, local_n);
+}
+
+// From the kept qkv, already rotated, and [gate up] output.
+void LlamaBlock::recompute(LayerActivations& la) {
+  attend(la, B_, T_);
+  ops_.swiglu_forward(la.fch_gelu, la.fch, B_ * T_, F_);
+}
+
+void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
+                          LayerActivations& la, LayerGradStash* stash) {
+  const int n = B_ * T_;
+  const std::int64_t local_n = std::int64_t(Nr_) * C_;
+  float* dbuf = ctx_.dbuf;      // [N,C] partial input gradients of column-parallel layers
+  float* dfull = ctx_.full;     // SP: the gathered [N,C] residual gradient
+  float* dlocal = ctx_.local;   // SP: [Nr,C] reduce-scattered norm gradient
+  // A linear y = x @ W^T: dx = dy @ W, and dW += dy^T x now (no stash) or in the weight pass
+  // (the stash keeps dy).
+  auto linear = [&](float* dx, float* dw, const float* dy, const float* in_x, const float* w,
+                    int in, int out, float* keep) {
+    ops_.gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+    if (keep)
+      ops_.copy(keep, dy, std::int64_t(n) * out);
+    else
+      ops_.gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
+  };
+  auto rmsnorm = [&](float* dw, const float* dy, const float* in_x, const float* w,
+                     const float* rstd, float* keep) {
+    if (keep) {
+      ops_.copy(keep, dy, local_n);
+      dw = ctx_.ln_discard;
+    }
+    ops_.rmsnorm_backward(dres, dw, dy, in_x, w, rstd, Nr_, C_);
+  };
+  // MLP
+  const float* dout = tpm_.leave_backward(dres, dfull, local_n);
+  linear(ctx_.dact, g.fcproj_w, dout, la.fch_gelu, p.fcproj_w, F_, C_,
+         stash ? stash->dmlp : nullptr);
+  ops_.swiglu_backward(ctx_.dfch, la.fch, ctx_.dact, n, F_);
+  linear(dbuf, g.fc_w, ctx_.dfch, la.ln2, p.fc_w, C_, F1_, stash ? stash->dfch : nullptr);
+  rmsnorm(g.ln2_w, tpm_.enter_backward(dbuf, dlocal, local_n), la.res2, p.ln2_w, la.ln2_rstd,
+          stash ? stash->dln2 : nullptr);
+  // attention
+  const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
+  float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
+  linear(datty, g.attproj_w, dres2, la.atty, p.attproj_w, Ca_, C_, stash ? stash->dattn : nullptr);
+  float* dqkv = ctx_.dqkv;
+  // Replicated kv heads: attention writes the gradients of the one its heads read.
+  if (kv_heads_ * hd_ != kv_cols_) ops_.fill(dqkv, 0.0f, std::int64_t(n) * C3_);
+  const std::int64_t kv0 = Ca_ + std::int64_t(kv_head0_) * hd_;
+  ops_.attention_backward(dqkv, dqkv + kv0, dqkv + kv0 + kv_cols_, datty, la.atty, la.lse,
+                          la.qkv, la.qkv + kv0, la.qkv + kv0 + kv_cols_, attention_shape(B_, T_));
+  ops_.rope_backward(dqkv, B_, T_, C3_, NH_ + kv_cols_ / hd_, hd_, 0, float(cfg_.rope_theta));
+  linear(dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C_, C3_, stash ? stash->dqkv : nullptr);
+  rmsnorm(g.ln1_w, tpm_.enter_backward(dbuf, dlocal, local_n), x, p.ln1_w, la.ln1_rstd,
+          stash ? stash->dln1 : nullptr);
+}
+
+// The parameter half of backward, from the output gradients it stashed.
+void LlamaBlock::backward_weights(const BlockParams& p, const BlockParams& g, const float* x,
+                                  const LayerActivations& la, const LayerGradStash& st) {
+  const int n = B_ * T_;
+  float* discard = ctx_.dbuf;  // [Nr,C] the norms' input gradients, not needed here
+  auto weight = [&](float* dw, const float* dy, const float* in_x, int in, int out) {
+    ops_.gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
+  };
+  weight(g.fcproj_w, st.dmlp, la.fch_gelu, F_, C_);
+  weight(g.fc_w, st.dfch, la.ln2, C_, F1_);
+  ops_.rmsnorm_backward(discard, g.ln2_w, st.dln2, la.res2, p.ln2_w, la.ln2_rstd, Nr_, C_);
+  weight(g.attproj_w, st.dattn, la.atty, Ca_, C_);
+  weight(g.qkv_w, st.dqkv, la.ln1, C_, C3_);
+  ops_.rmsnorm_backward(discard, g.ln1_w, st.dln1, x, p.ln1_w, la.ln1_rstd, Nr_, C_);
+}
+
+void LlamaBlock::norm_forward(float* y, float*, float* rstd, const float* x, const float* w,
+                              const float*, int rows) {
+  ops_.rmsnorm_forward(y, rstd, x, w, rows, C_, float(cfg_.norm_eps));
+}
+
+void LlamaBlock::norm_backward(float* dx, float* dw, float*, const float* dy, const float* x,
+                               const float* w, const float*, const float* rstd, int rows) {
+  ops_.rmsnorm_backward(dx, dw, dy, x, w, rstd, rows, C_);
+}
+
+}  // namespace trident::model
