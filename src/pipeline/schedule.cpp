@@ -132,8 +132,9 @@ std::vector<Action> zb_h1_stage(int pp, int stage, int m) {
 //            while chunk 0 has forwards left or chunk 1 lags behind it;
 //   cool-down r pairs (B chunk 0, B chunk 1), then pp - r pairs (B chunk 0, W chunk 0),
 //            then the W's still owed, chunk 1's first: they fill the tail.
-// Chunk 0 holds at most 2 (pp - r) - 1 + r activations and chunk 1 at most r + 1, so rank
-// 0 holds 2 pp chunk activations (pp whole stages: 1F1B's peak on its first stage).
+// Rank r holds at most 2 (pp - r) - 1 + r chunk-0 activations and r + 1 chunk-1 ones (live
+// until W): 2 pp on every rank once m >= 2 pp - 1, i.e. pp whole stages, 1F1B's peak on its
+// first stage (fewer microbatches: fewer, and never more than 1F1B's most loaded stage).
 std::vector<Action> zb_v_stage(int pp, int rank, int m) {
   const int n = std::max(m, 2 * pp - 1);
   std::vector<Action> a;
