@@ -4,7 +4,7 @@ serial run.
 
 GPT-2 (tied wte: under the V placement rank 0 holds both the embedding and the head, so the
 tied gradient is summed within one rank) at pp 2, pp 4, tp 2 x pp 2 with sequence
-parallelism, dp 2 x pp 2 with ZeRO-1, and an uneven split; Llama (untied) at pp 2 and
+parallelism, dp 2 x pp 2 with ZeRO-1, an uneven split, full and selective recompute; Llama (untied) at pp 2 and
 tp 2 x pp 2. `trident grad` gives the serial loss to 1e-6 relative and every serial gradient
 to max|d| <= 1e-5 * max|g|; 4 training steps give the serial curve to 1e-5 relative. A
 checkpoint written under zb-v resumes under 1f1b (checkpoints are keyed by global layer, not
@@ -33,6 +33,8 @@ def main():
         ("dp2_pp2_zero1", 4, ["parallel.pp=2", "parallel.dp=2", "parallel.zero_stage=1",
                               "parallel.grad_bucket_mb=0.001"], True),
         ("pp2_3-2-2-1", 2, ["parallel.pp=2", "parallel.pipeline_layers=[3,2,2,1]"], False),
+        ("pp2_full_recompute", 2, ["parallel.pp=2", "parallel.recompute=full"], False),
+        ("pp2_selective_recompute", 2, ["parallel.pp=2", "parallel.recompute=selective"], False),
     ]
     for name, ranks, sets, train in cases:
         t.check_grad(name, t.grad(ranks, f"g_{name}.h5", ZBV + sets), ref, 1e-6)

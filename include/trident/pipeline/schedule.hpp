@@ -30,7 +30,7 @@
 //                     alternately, then F-B-W of chunk 1; steady F-B-W of chunk 0 then of
 //                     chunk 1; the cool-down B's with the W's filling the tail. Near-zero
 //                     bubble at 1F1B's peak activation memory (2 pp chunk activations on
-//                     rank 0, each half a stage's).
+//                     a rank, each half a stage's).
 //   pipedream         asynchronous (Narayanan et al. 2019, PipeDream): the 1F1B order, and
 //                     each stage updates its weights after every backward (no flush inside
 //                     the step); the backward of microbatch k computes with the weight version
@@ -45,7 +45,7 @@
 // defines: trident::pipeline::ActionType, Action, Schedule, ScheduleKind, ScheduleMisfit,
 //          schedule_kinds, find_schedule, multi_chunk_schedule_names, join_or,
 //          make_schedule, schedule_names,
-//          placement_of, stage_map_of, splits_weight_grad, peak_activations, format_actions, parse_actions,
+//          placement_of, splits_weight_grad, peak_activations, format_actions, parse_actions,
 //          WeightUpdate, weight_update_of, weight_versions
 #pragma once
 
@@ -122,13 +122,9 @@ std::string join_or(const std::vector<std::string>& words, const char* quote = "
 // schedule and the constraint that fails (ScheduleKind::misfit).
 Schedule make_schedule(const std::string& name, int pp, int vpp, int microbatches);
 
-// The placement of schedule `name` (round robin for a name the registry lacks), and its
-// map for pp ranks and vpp chunks: what the model's layer split and the tied-embedding
-// group ask before any Schedule is built.
+// The placement of schedule `name` (round robin for a name the registry lacks): what the
+// model's layer split and the tied-embedding group ask before any Schedule is built.
 Placement placement_of(const std::string& name);
-inline StageMap stage_map_of(const std::string& name, int pp, int vpp) {
-  return {placement_of(name), pp, vpp};
-}
 
 // True when the schedule has W actions, i.e. its B computes only the input gradient.
 bool splits_weight_grad(const Schedule& s);
