@@ -4,7 +4,8 @@ run_pipeline; also runs alone: /usr/bin/python3 bench/pipeline_bench.py --build 
 
 pp = 2 ranks (BENCH_PIPELINE_PP or --pp: another count), one thread each, m = 8 microbatches
 of 1 sequence, the bench model; for gpipe,
-1f1b, zb-h1 and pipedream-2bw (--schedules: another list) `trident train` runs STEPS steps with io.trace_step = STEPS (a warm step) and
+1f1b, zb-h1, zb-v (parallel.vpp = 2: two chunks per rank in a V; its 4 layers allow pp 2
+only) and pipedream-2bw (--schedules: another list) `trident train` runs STEPS steps with io.trace_step = STEPS (a warm step) and
 tools/plot_pipeline.py reads the two traces: the measured idle fraction of each stage is the
 time of the step (first action's start to last action's end over both ranks) it spent
 outside F/B/W actions; the bubble is their mean. The simulator's figures (`trident
@@ -37,7 +38,8 @@ MODEL = dict(vocab_size=4096, seq_len=128, n_layer=4, n_head=4, d_model=256)
 PP, M, MBS = int(os.environ.get("BENCH_PIPELINE_PP", "2")), 8, 1
 STEPS = int(os.environ.get("BENCH_PIPELINE_STEPS", "3"))
 # pipedream-2bw (issue 20): asynchronous, one window per step; its throughput beside 1F1B's.
-SCHEDULES = ("gpipe", "1f1b", "zb-h1", "pipedream-2bw")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-v", "pipedream-2bw")
+VPP = {"zb-v": 2}  # chunks per rank where a schedule needs more than one
 WATCHDOG_S = float(os.environ.get("BENCH_PIPELINE_WATCHDOG_S", "0"))
 
 
@@ -60,7 +62,8 @@ def mean(xs):
 
 def simulate(trident, sched):
     p = subprocess.run([trident, "schedule", "--schedule", sched, "--pp", str(PP),
-                        "--microbatches", str(M)], capture_output=True, text=True, check=True)
+                        "--microbatches", str(M), "--vpp", str(VPP.get(sched, 1))],
+                       capture_output=True, text=True, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -73,6 +76,7 @@ def run_one(trident, work, env, data, sched):
 {model}
 [parallel]
 pp = {PP}
+vpp = {VPP.get(sched, 1)}
 schedule = "{sched}"
 micro_batch_size = {MBS}
 [train]

@@ -43,6 +43,7 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
   });
   std::ostringstream json;
   json << "{\"schedule\": \"" << name << "\", \"pp\": " << pp << ", \"vpp\": " << vpp
+       << ", \"placement\": \"" << placement_name(s.placement) << "\""
        << ", \"microbatches\": " << microbatches << ", \"makespan\": " << sim.makespan
        << ", \"bubble_fraction\": " << sim.bubble_fraction << ", \"peak_activations\": [";
   for (std::size_t i = 0; i < sim.peak_activations.size(); ++i)

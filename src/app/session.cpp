@@ -14,6 +14,7 @@
 #include "trident/parallel/process.hpp"
 #include "trident/parallel/cuda_aware.hpp"
 #include "trident/parallel/wait.hpp"
+#include "trident/pipeline/schedule.hpp"
 
 namespace trident::app {
 
@@ -70,7 +71,8 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from, bool a
   }
   parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);
   s.ps = parallel::make_parallel_state(
-      parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp});
+      parallel::GridShape{s.cfg.parallel.tp, s.cfg.parallel.pp, s.cfg.parallel.dp},
+      pipeline::placement_of(s.cfg.parallel.schedule), s.cfg.parallel.vpp);
   // Device buffers reach MPI directly when it is CUDA-aware ("cuda" only: the guarded test
   // backend always stages), else through host memory.
   const bool gpu = s.cfg.runtime.device == train::RuntimeDevice::cuda;

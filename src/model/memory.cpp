@@ -87,7 +87,7 @@ void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayo
 MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   MemoryEstimate e;
   const std::vector<StageLayout> chunks =
-      chunk_layouts(cfg, lay.pp, lay.vpp, lay.pp_rank, lay.stage_layers);
+      chunk_layouts(cfg, lay.pp, lay.vpp, lay.pp_rank, lay.stage_layers, lay.placement);
   std::int64_t params = 0;
   for (const ShardSpec& s : gpt_param_specs(cfg, chunks, lay.tp_rank, lay.tp, 0, lay.tp_2d))
     params += s.local_numel();

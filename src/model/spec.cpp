@@ -294,7 +294,7 @@ std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int t
 }
 
 std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank,
-                                       const std::vector<int>& stage_layers) {
+                                       const std::vector<int>& stage_layers, Placement placement) {
   TRIDENT_CHECK(pp >= 1 && vpp >= 1 && pp_rank >= 0 && pp_rank < pp, "bad pipeline placement: ",
                 "rank ", pp_rank, " of pp = ", pp, ", vpp = ", vpp);
   const int stages = pp * vpp;
@@ -309,8 +309,9 @@ std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, 
   std::vector<int> first(std::size_t(stages) + 1, 0);  // each virtual stage's first layer
   for (int v = 0; v < stages; ++v) first[std::size_t(v) + 1] = first[std::size_t(v)] + layers[std::size_t(v)];
   std::vector<StageLayout> chunks;
+  const StageMap map{placement, pp, vpp};
   for (int c = 0; c < vpp; ++c) {
-    const int v = c * pp + pp_rank;  // virtual stage
+    const int v = map.virtual_stage(pp_rank, c);
     chunks.push_back(StageLayout{first[std::size_t(v)], first[std::size_t(v) + 1], v == 0,
                                  v == stages - 1});
   }

@@ -324,9 +324,10 @@ void ParallelState::use_device_memory(DeviceMemory* memory, bool mpi_takes_devic
   for (Comm* c : {&world, &tp, &dp, &pp, &embedding}) c->set_staging(staging);
 }
 
-ParallelState make_parallel_state(const GridShape& shape) {
+ParallelState make_parallel_state(const GridShape& shape, Placement placement, int vpp) {
   ParallelState ps;
   ps.shape = shape;
+  ps.stage_map = StageMap{placement, shape.pp, vpp};
   ps.world = Comm::world();
   ps.world_rank = ps.world.rank();
   TRIDENT_CHECK(ps.world.size() == shape.world_size(), "world size ", ps.world.size(),
@@ -337,7 +338,8 @@ ParallelState make_parallel_state(const GridShape& shape) {
   ps.tp = ps.world.split(c.dp + shape.dp * c.pp, c.tp, "tp");
   ps.dp = ps.world.split(c.tp + shape.tp * c.pp, c.dp, "dp");
   ps.pp = ps.world.split(c.tp + shape.tp * c.dp, c.pp, "pp");
-  const bool in_embedding = c.pp == 0 || c.pp == shape.pp - 1;
+  const bool in_embedding =
+      c.pp == ps.stage_map.embedding_rank() || c.pp == ps.stage_map.head_rank();
   ps.embedding = ps.world.split(in_embedding ? c.tp + shape.tp * c.dp : MPI_UNDEFINED, c.pp,
                                 "embedding");
   return ps;

@@ -32,11 +32,13 @@ std::vector<std::vector<int>> group_ranks(const GridShape& s, Axis axis) {
   return groups;
 }
 
-std::vector<std::vector<int>> embedding_group_ranks(const GridShape& s) {
+std::vector<std::vector<int>> embedding_group_ranks(const GridShape& s, Placement placement,
+                                                    int vpp) {
+  const StageMap map{placement, s.pp, vpp};
   std::vector<std::vector<int>> groups;
   for (const auto& pipe : group_ranks(s, Axis::pp)) {
-    std::vector<int> g{pipe.front()};
-    if (pipe.size() > 1) g.push_back(pipe.back());
+    std::vector<int> g{pipe[std::size_t(map.embedding_rank())]};
+    if (map.head_rank() != map.embedding_rank()) g.push_back(pipe[std::size_t(map.head_rank())]);
     groups.push_back(std::move(g));
   }
   return groups;

@@ -209,9 +209,10 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
 double Executor::forward_only(const std::function<MicrobatchTokens(int)>& tokens,
                               int microbatches) {
   // Each microbatch through the chunks in order (a topological order of the virtual stages
-  // on every rank, so blocking receives cannot deadlock), lowered as a training step is.
+  // on every rank in either placement, so blocking receives cannot deadlock), lowered as a
+  // training step is.
   const Schedule& train = lowered_.schedule;
-  Schedule eval{"forward-only", train.pp, train.vpp, microbatches, {}};
+  Schedule eval{"forward-only", train.pp, train.vpp, microbatches, {}, train.placement};
   for (int r = 0; r < train.pp; ++r) {
     eval.stages.emplace_back();
     for (int mb = 0; mb < microbatches; ++mb)

@@ -20,6 +20,7 @@ int message_tag(const Schedule& s, int mb, int receiver_vstage, Payload payload)
 
 LoweredSchedule lower(const Schedule& s) {
   const int vstages = s.pp * s.vpp;
+  const StageMap map = s.stage_map();
   // Where each action stands in its rank's list: (rank, type, chunk, mb) -> index.
   std::map<std::tuple<int, int, int, int>, int> index;
   for (int r = 0; r < int(s.stages.size()); ++r)
@@ -38,7 +39,7 @@ LoweredSchedule lower(const Schedule& s) {
   for (int r = 0; r < int(s.stages.size()); ++r)
     for (std::size_t i = 0; i < s.stages[r].size(); ++i) {
       const Action& a = s.stages[r][i];
-      const int v = virtual_stage(r, a.chunk, s.pp);
+      const int v = map.virtual_stage(r, a.chunk);
       int to = -1;  // the virtual stage the message goes to
       Payload payload = Payload::activation;
       if (a.type == ActionType::F && v + 1 < vstages) {
@@ -48,11 +49,12 @@ LoweredSchedule lower(const Schedule& s) {
         payload = Payload::gradient;
       }
       if (to < 0) continue;
-      const int peer = to % s.pp, tag = message_tag(s, a.mb, to, payload);
+      const StageSlot dest = map.slot(to);
+      const int peer = dest.rank, tag = message_tag(s, a.mb, to, payload);
       sends[r][i].push_back(Op{OpKind::send, a, payload, peer, tag});
       // The sender inserts its peer's receive (a consumer the peer's list lacks is the
       // simulator's to report).
-      const Action consumer{a.type, a.mb, to / s.pp};
+      const Action consumer{a.type, a.mb, dest.chunk};
       auto it = index.find(std::make_tuple(peer, int(a.type), consumer.chunk, consumer.mb));
       if (it == index.end()) continue;
       const int at = std::max(0, it->second - kReceiveLead);

@@ -120,6 +120,60 @@ std::vector<Action> zb_h1_stage(int pp, int stage, int m) {
   return a;
 }
 
+// ZB-V (Qi et al. 2024; the order of PyTorch's ScheduleZBVZeroBubble), V placement: chunk 0
+// of rank r is virtual stage r, chunk 1 is 2 pp - 1 - r, so rank pp - 1 turns the
+// microbatches around and rank 0 holds both ends. The list is built for
+// n = max(m, 2 pp - 1) microbatches (the steady phase needs that many in flight) and the
+// microbatches >= m are dropped afterwards: removing a microbatch from every rank leaves an
+// order that still runs (its slots become idle). Phases of rank r:
+//   warm-up  2 (pp - r) - 1 forwards of chunk 0; r pairs (F chunk 1, F chunk 0); pp - r
+//            triples F B W of chunk 1 (rank pp - 1's chunk 1 follows its own chunk 0);
+//   steady   F B W of chunk 0 (no F once the n forwards are done), then F B W of chunk 1,
+//            while chunk 0 has forwards left or chunk 1 lags behind it;
+//   cool-down r pairs (B chunk 0, B chunk 1), then pp - r pairs (B chunk 0, W chunk 0),
+//            then the W's still owed, chunk 1's first: they fill the tail.
+// Rank r holds at most 2 (pp - r) - 1 + r chunk-0 activations and r + 1 chunk-1 ones (live
+// until W): 2 pp on every rank once m >= 2 pp - 1, i.e. pp whole stages, 1F1B's peak on its
+// first stage (fewer microbatches: fewer, and never more than 1F1B's most loaded stage).
+std::vector<Action> zb_v_stage(int pp, int rank, int m) {
+  const int n = std::max(m, 2 * pp - 1);
+  std::vector<Action> a;
+  int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+  auto push = [&](ActionType t, int mb, int chunk) {
+    if (mb < m) a.push_back({t, mb, chunk});
+  };
+  for (int i = 0; i < 2 * (pp - rank) - 1; ++i) push(F, f0++, 0);
+  for (int i = 0; i < rank; ++i) {
+    push(F, f1++, 1);
+    push(F, f0++, 0);
+  }
+  for (int i = 0; i < pp - rank; ++i) {
+    push(F, f1++, 1);
+    push(B, b1, 1);
+    push(W, b1++, 1);
+  }
+  while (f1 < f0 || f0 < n) {
+    if (f0 < n) push(F, f0++, 0);
+    push(B, b0, 0);
+    push(W, b0++, 0);
+    push(F, f1++, 1);
+    push(B, b1, 1);
+    push(W, b1++, 1);
+  }
+  int w0 = b0, w1 = b1;
+  for (int i = 0; i < rank; ++i) {
+    push(B, b0++, 0);
+    push(B, b1++, 1);
+  }
+  for (int i = 0; i < pp - rank; ++i) {
+    push(B, b0++, 0);
+    push(W, w0++, 0);
+  }
+  while (w1 < b1) push(W, w1++, 1);
+  while (w0 < b0) push(W, w0++, 0);
+  return a;
+}
+
 }  // namespace
 
 const std::vector<ScheduleKind>& schedule_kinds() {
@@ -134,6 +188,9 @@ const std::vector<ScheduleKind>& schedule_kinds() {
          return vpp == 1 ? one_f_one_b_stage(pp, r, m) : interleaved_stage(pp, vpp, r, m); }},
       {"looped-bfs",       true,  false, [](int, int vpp, int, int m) { return looped_bfs_stage(vpp, m); }},
       {"zb-h1",            false, false, [](int pp, int, int r, int m) { return zb_h1_stage(pp, r, m); }},
+      // Two chunks per rank in a V (core/placement.hpp), vpp = 2 only.
+      {"zb-v",             true,  false, [](int pp, int, int r, int m) { return zb_v_stage(pp, r, m); },
+       WeightUpdate::flush, Placement::v_shape, 2},
       // Asynchronous: the 1F1B order within a window; the rule is the trainer's.
       {"pipedream",        false, false, [](int pp, int, int r, int m) { return one_f_one_b_stage(pp, r, m); },
        WeightUpdate::per_microbatch},
@@ -168,6 +225,7 @@ std::vector<std::string> multi_chunk_schedule_names() {
 
 ScheduleMisfit ScheduleKind::misfit(int pp, int vpp, int m) const {
   if (vpp > 1 && !multi_chunk) return ScheduleMisfit::chunks;
+  if (fixed_vpp > 0 && vpp != fixed_vpp) return ScheduleMisfit::chunk_count;
   // Megatron's grouping of pp microbatches per chunk needs whole groups.
   if (m > 0 && vpp > 1 && whole_groups && m % pp != 0) return ScheduleMisfit::microbatches;
   return ScheduleMisfit::none;
@@ -182,9 +240,12 @@ Schedule make_schedule(const std::string& name, int pp, int vpp, int m) {
   TRIDENT_CHECK(misfit != ScheduleMisfit::chunks, "schedule ", name, " places one chunk per rank, "
                 "so vpp must be 1 (got vpp = ", vpp, "); vpp > 1 needs ",
                 join_or(multi_chunk_schedule_names()));
+  TRIDENT_CHECK(misfit != ScheduleMisfit::chunk_count, "schedule ", name, " places exactly ",
+                kind->fixed_vpp, " chunks per rank, so parallel.vpp must be ", kind->fixed_vpp,
+                " (got vpp = ", vpp, ")");
   TRIDENT_CHECK(misfit != ScheduleMisfit::microbatches, "schedule ", name, " with vpp = ", vpp,
                 " needs microbatches divisible by pp (got ", m, " microbatches, pp = ", pp, ")");
-  Schedule s{name, pp, vpp, m, {}};
+  Schedule s{name, pp, vpp, m, {}, kind->placement};
   for (int r = 0; r < pp; ++r) s.stages.push_back(kind->stage(pp, vpp, r, m));
   return s;
 }
@@ -215,6 +276,11 @@ int peak_activations(const std::vector<Action>& actions) {
     peak = std::max(peak, int(live_set.size()));
   }
   return peak;
+}
+
+Placement placement_of(const std::string& name) {
+  const ScheduleKind* kind = find_schedule(name);
+  return kind ? kind->placement : Placement::round_robin;
 }
 
 WeightUpdate weight_update_of(const std::string& name) {

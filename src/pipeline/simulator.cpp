@@ -33,7 +33,9 @@ struct ActionIndex {
 };
 
 // The action of type t on virtual stage v, as its rank's list names it.
-Action action_on(const Schedule& s, ActionType t, int v, int mb) { return {t, mb, v / s.pp}; }
+Action action_on(const Schedule& s, ActionType t, int v, int mb) {
+  return {t, mb, s.stage_map().slot(v).chunk};
+}
 
 // "stage 0: F0 [B0] F1 | stage 1: ..." with each stage's next action in brackets.
 std::string grid_text(const Schedule& s, const std::vector<std::size_t>& next) {
@@ -105,19 +107,21 @@ void check_counts_and_order(const Schedule& s, bool split) {
 // the order the receiver consumes them.
 void check_message_order(const Schedule& s) {
   const int vstages = s.pp * s.vpp;
+  const StageMap map = s.stage_map();
   enum Kind { kActivation, kGradient };
   using Link = std::tuple<int, int, int>;         // src rank, dst rank, kind
   using Message = std::pair<int, int>;            // mb, producing virtual stage
   std::map<Link, std::vector<Message>> sent, received;
   for (int r = 0; r < s.pp; ++r)
     for (const Action& a : s.stages[r]) {
-      const int v = virtual_stage(r, a.chunk, s.pp);
+      const int v = map.virtual_stage(r, a.chunk);
       if (a.type == ActionType::F) {
-        if (v + 1 < vstages) sent[{r, (v + 1) % s.pp, kActivation}].push_back({a.mb, v});
-        if (v > 0) received[{(v - 1) % s.pp, r, kActivation}].push_back({a.mb, v - 1});
+        if (v + 1 < vstages) sent[{r, map.rank_of(v + 1), kActivation}].push_back({a.mb, v});
+        if (v > 0) received[{map.rank_of(v - 1), r, kActivation}].push_back({a.mb, v - 1});
       } else if (a.type == ActionType::B) {
-        if (v > 0) sent[{r, (v - 1) % s.pp, kGradient}].push_back({a.mb, v});
-        if (v + 1 < vstages) received[{(v + 1) % s.pp, r, kGradient}].push_back({a.mb, v + 1});
+        if (v > 0) sent[{r, map.rank_of(v - 1), kGradient}].push_back({a.mb, v});
+        if (v + 1 < vstages)
+          received[{map.rank_of(v + 1), r, kGradient}].push_back({a.mb, v + 1});
       }
     }
   for (const auto& [link, out] : sent) {
@@ -150,6 +154,7 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   check_counts_and_order(s, split);
 
   const int vstages = s.pp * s.vpp;
+  const StageMap map = s.stage_map();
   TRIDENT_CHECK(costs.stage_weight.empty() || int(costs.stage_weight.size()) == vstages,
                 "schedule ", s.name, ": ", costs.stage_weight.size(),
                 " stage weights for pp * vpp = ", vstages, " virtual stages");
@@ -187,13 +192,12 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
         if (const int tag = recv_tag[r][idx(a)]; tag >= 0) {
           const int at = sent[std::size_t(tag)];
           if (at < 0) continue;  // not sent yet
-          const int producer = (a.type == ActionType::F ? -1 : 1) +
-                               virtual_stage(r, a.chunk, s.pp);
-          ready = std::max(ready, at + (producer % s.pp == r ? 0 : costs.comm));
+          const int producer = (a.type == ActionType::F ? -1 : 1) + map.virtual_stage(r, a.chunk);
+          ready = std::max(ready, at + (map.rank_of(producer) == r ? 0 : costs.comm));
         }
-        const int c = cost_of(a, costs, split, virtual_stage(r, a.chunk, s.pp));
+        const int c = cost_of(a, costs, split, map.virtual_stage(r, a.chunk));
         sim.start[r].push_back(ready);
-        finish[vidx(a.type, virtual_stage(r, a.chunk, s.pp), a.mb)] = ready + c;
+        finish[vidx(a.type, map.virtual_stage(r, a.chunk), a.mb)] = ready + c;
         free_at[r] = ready + c;
         busy[r] += c;
         ++next[r];
@@ -207,12 +211,12 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
       for (int r = 0; r < s.pp; ++r) {
         if (next[r] == s.stages[r].size()) continue;
         const Action& a = s.stages[r][next[r]];
-        const int v = virtual_stage(r, a.chunk, s.pp);
+        const int v = map.virtual_stage(r, a.chunk);
         for (const Dep& d : deps_of(a, v, vstages))
           if (finish[vidx(d.type, d.v, a.mb)] < 0) {
             stuck << (stuck.tellp() > 0 ? ", " : "") << "stage " << r << " is stuck on "
                   << a.str() << " (action " << next[r] << ", waiting for "
-                  << action_on(s, d.type, d.v, a.mb).str() << " of stage " << d.v % s.pp
+                  << action_on(s, d.type, d.v, a.mb).str() << " of stage " << map.rank_of(d.v)
                   << ")";
             break;
           }
@@ -244,7 +248,7 @@ std::string format_timeline(const Schedule& s, const Simulation& sim, const Cost
   for (int r = 0; r < s.pp; ++r)
     for (std::size_t i = 0; i < s.stages[r].size(); ++i) {
       const Action& a = s.stages[r][i];
-      const int c = cost_of(a, costs, split, virtual_stage(r, a.chunk, s.pp));
+      const int c = cost_of(a, costs, split, s.stage_map().virtual_stage(r, a.chunk));
       for (int t = 0; t < c; ++t) cells[r][sim.start[r][i] + t] = a.str();
       width = std::max(width, a.str().size());
     }

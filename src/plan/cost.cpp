@@ -187,6 +187,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp;
     ml.pp_rank = r, ml.tp_rank = 0;
     ml.stage_layers = stage_layers;
+    ml.placement = sched.placement;
     ml.micro_batch = lay.micro_batch;
     ml.sequence_parallel = lay.sequence_parallel;
     ml.recompute = lay.recompute;

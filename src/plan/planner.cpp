@@ -68,7 +68,8 @@ std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer
       continue;
     }
     for (int v = 2; v <= 8; ++v)
-      if (n_layer % (pp * v) == 0)  // virtual stages: even splits only
+      // virtual stages: even splits only; zb-v: vpp = 2 only (its misfit rule)
+      if (n_layer % (pp * v) == 0 && k.misfit(pp, v, 0) == pipeline::ScheduleMisfit::none)
         out.push_back({v, k.name});
   }
   return out;

@@ -690,11 +690,15 @@ class Loader {
     need_finite(p.grad_bucket_mb, "parallel.grad_bucket_mb");
     need(p.grad_bucket_mb > 0, "parallel.grad_bucket_mb", "> 0", toml_float(p.grad_bucket_mb));
     need_choice("parallel.recompute");
-    if (pipeline::find_schedule(p.schedule)->misfit(p.pp, p.vpp, 0) ==
-        pipeline::ScheduleMisfit::chunks)
+    const pipeline::ScheduleKind* kind = pipeline::find_schedule(p.schedule);
+    const pipeline::ScheduleMisfit misfit = kind->misfit(p.pp, p.vpp, 0);
+    if (misfit == pipeline::ScheduleMisfit::chunks)
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,
            " needs parallel.schedule = ", pipeline::join_or(pipeline::multi_chunk_schedule_names(), "\""),
            ", got ", toml_string(p.schedule));
+    if (misfit == pipeline::ScheduleMisfit::chunk_count)  // zb-v: exactly two chunks, a V
+      fail(where("parallel.vpp", "parallel.schedule"), ": parallel.schedule = ",
+           toml_string(p.schedule), " needs parallel.vpp = ", kind->fixed_vpp, ", got ", p.vpp);
     // Chunks of one rank pass activations to each other through the pipeline's ring.
     if (p.vpp > 1 && p.pp < 2)
       fail(where("parallel.vpp", "parallel.pp"), ": parallel.vpp = ", p.vpp,

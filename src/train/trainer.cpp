@@ -25,7 +25,8 @@ namespace trident::train {
 std::vector<model::StageLayout> stage_layout(const Config& cfg,
                                              const parallel::ParallelState& ps) {
   return model::chunk_layouts(cfg.model, ps.shape.pp, cfg.parallel.vpp, ps.coord.pp,
-                              pipeline_stage_layers(cfg));
+                              pipeline_stage_layers(cfg),
+                              pipeline::placement_of(cfg.parallel.schedule));
 }
 
 namespace {
@@ -93,6 +94,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
   lay.pp_rank = ps.coord.pp, lay.tp_rank = ps.coord.tp;
   lay.stage_layers = pipeline_stage_layers(cfg);
+  lay.placement = pipeline::placement_of(cfg.parallel.schedule);
   lay.micro_batch = cfg.parallel.micro_batch_size;
   lay.sequence_parallel = cfg.parallel.sequence_parallel;
   lay.recompute = cfg.parallel.recompute.get();

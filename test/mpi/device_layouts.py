@@ -11,7 +11,7 @@ TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
                below): 20 steps within 1e-3 of the fp32 CPU loss curve, and the arena's peak
                below fp32's by the bf16 stash's predicted saving.
 Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
-parallelism; pp 2 under 1f1b, zb-h1 and interleaved-1f1b (vpp 2); dp 2, alone and with ZeRO-1
+parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """
@@ -88,6 +88,7 @@ def main():
         ("pp2-1f1b", 2, ["parallel.pp=2"]),
         ("pp2-zb", 2, ["parallel.pp=2", 'parallel.schedule="zb-h1"']),
         ("pp2-vpp2", 2, ["parallel.pp=2", "parallel.vpp=2", 'parallel.schedule="interleaved-1f1b"']),
+        ("pp2-zbv", 2, ["parallel.pp=2", "parallel.vpp=2", 'parallel.schedule="zb-v"']),
         ("dp2", 2, ["parallel.dp=2", "parallel.grad_bucket_mb=0.02"]),
         ("dp2-zero", 2, ["parallel.dp=2", "parallel.zero_stage=1", "parallel.grad_bucket_mb=0.02"]),
         ("tp2xpp2", 4, ["parallel.tp=2", "parallel.pp=2"]),

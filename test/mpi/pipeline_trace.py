@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The executor held to the simulator at run time, through its trace (io.trace_step).
 
-At pp = 2 with 4 microbatches, for gpipe, 1f1b, zb-h1 and (vpp = 2) interleaved-1f1b and
-looped-bfs, `trident grad --set io.trace_step=1` writes <out_dir>/trace/rank-<r>.json; for
+At pp = 2 with 4 microbatches, for gpipe, 1f1b, zb-h1 and (vpp = 2) interleaved-1f1b,
+looped-bfs and zb-v (V placement: virtual stages from the JSON's "placement"), `trident grad --set io.trace_step=1` writes <out_dir>/trace/rank-<r>.json; for
 each rank:
   - the F/B/W events, in time order, are exactly the rank's list in `trident schedule`'s
     JSON (`actions`), and so is the trace's `executed`;
@@ -82,7 +82,8 @@ def check_case(t, name, sched, vpp):
                 all("peer" in e["args"] for e in doc["traceEvents"] if e.get("cat") == "wait"),
                 f"{name}: stage {stage} events carry mb/chunk, waits a peer")
         for e in ev:
-            v = e["args"]["chunk"] * PP + stage
+            c = e["args"]["chunk"]  # its virtual stage, by the schedule's placement
+            v = c * PP + (PP - 1 - stage if sim["placement"] == "v-shape" and c % 2 else stage)
             end[(e["cat"], e["args"]["mb"], v)] = (e["ts"] + e["dur"], e["ts"])
     nv = PP * vpp
     late = []
@@ -102,7 +103,7 @@ def main():
     docs = {}
     for name, sched, vpp in (("gpipe", "gpipe", 1), ("1f1b", "1f1b", 1), ("zb-h1", "zb-h1", 1),
                              ("interleaved_vpp2", "interleaved-1f1b", 2),
-                             ("looped-bfs_vpp2", "looped-bfs", 2)):
+                             ("looped-bfs_vpp2", "looped-bfs", 2), ("zb-v", "zb-v", 2)):
         docs[name] = check_case(t, name, sched, vpp)
     # The comparison can fail: gpipe's executed order is not 1f1b's list.
     gp = " ".join(e["name"] for e in actions_of(docs["gpipe"][0][0]))

@@ -56,6 +56,13 @@ CONFIGS = {
     "uneven_pp2_vpp2": (dict(vocab_size=64, seq_len=8, n_layer=5, n_head=2, d_model=16), 4, 1,
                         {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b",
                          "pipeline_layers": [2, 1, 1, 1]}),
+    # ZB-V (two chunks per rank in a V, B and W split): GPT-2 at pp 2 (rank 0 holds the
+    # embedding and the tied head), Llama at tp 2 x pp 2 with a tied head.
+    "zbv_pp2": (dict(vocab_size=64, seq_len=8, n_layer=4, n_head=2, d_model=16), 4, 1,
+                {"pp": 2, "vpp": 2, "schedule": "zb-v"}),
+    "llama_zbv_tp2_pp2": (dict(vocab_size=50, seq_len=9, n_layer=4, n_head=2, d_model=16,
+                               arch="llama", n_kv_head=2, ffn_hidden=24, tie_embeddings=True),
+                          4, 1, {"tp": 2, "pp": 2, "vpp": 2, "schedule": "zb-v"}),
     # Llama: n_kv_head 2 of 4, 1 (multi-query, tied head, Llama 3's theta) and n_head; odd
     # seq_len; ffn_hidden 40 and 24 (not multiples of 64) and Llama's rule (256 here).
     "llama_gqa": (dict(vocab_size=64, seq_len=15, n_layer=2, n_head=4, d_model=32, arch="llama",

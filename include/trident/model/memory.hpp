@@ -36,6 +36,7 @@ struct MemoryLayout {
   int tp = 1, pp = 1, dp = 1, vpp = 1;
   int pp_rank = 0, tp_rank = 0;  // the rank predicted for (its stage and shard)
   std::vector<int> stage_layers;  // parallel.pipeline_layers resolved (empty: even split)
+  Placement placement = Placement::round_robin;  // the schedule's (pipeline::placement_of)
   int micro_batch = 1;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "trident/core/placement.hpp"
+
 namespace trident::model {
 
 // model.arch, parsed: the architectures the blocks are written for.
@@ -184,15 +186,18 @@ struct StageLayout {
 };
 
 // The chunks of pipeline rank `pp_rank` with vpp chunks per rank, in chunk order. The model
-// is cut into pp * vpp virtual stages; virtual stage v sits on rank v % pp as its chunk
-// v / pp (Megatron's round-robin placement), so chunk c of rank r is virtual stage c * pp + r.
+// is cut into pp * vpp virtual stages, placed by `placement` (core/placement.hpp; the
+// schedule's): round robin (Megatron's) puts chunk c of rank r on virtual stage c * pp + r;
+// the V placement of zb-v puts chunk 1 of rank r on 2 pp - 1 - r, so rank 0 holds the
+// embedding (virtual stage 0) and the head (the last) and the tied wte is within one rank.
 // stage_layers names each virtual stage's layer count, in virtual-stage order (summing to
 // n_layer, each >= 1: parallel.pipeline_layers); empty: n_layer / (pp * vpp) each, which
 // needs n_layer divisible by pp * vpp. Example, n_layer 8, pp 2, vpp 2, even: rank 0 holds
 // layers 0-1 (chunk 0, with the embedding) and 4-5 (chunk 1); rank 1 holds 2-3 and 6-7
 // (with the head). With stage_layers {1, 3, 3, 1}: rank 0 holds 0 and 4-6, rank 1 1-3 and 7.
 std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank,
-                                       const std::vector<int>& stage_layers = {});
+                                       const std::vector<int>& stage_layers = {},
+                                       Placement placement = Placement::round_robin);
 
 // Why a split is refused ("" when it is fine): `stages` entries, each >= 1, summing to n_layer.
 std::string stage_layers_problem(const std::vector<int>& stage_layers, int n_layer, int stages);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "trident/core/placement.hpp"
 #include "trident/parallel/grid.hpp"
 #include "trident/parallel/request.hpp"
 #include "trident/parallel/staging.hpp"
@@ -145,16 +146,22 @@ struct ParallelState {
   int world_rank = 0;
   Comm world, tp, dp, pp, embedding;
 
-  bool first_stage() const { return coord.pp == 0; }
+  // Which pipeline ranks hold virtual stage 0 (the embedding) and the last one (the head):
+  // the schedule's placement (core/placement.hpp). Under zb-v's V both are rank 0.
+  StageMap stage_map;
+  bool first_stage() const { return coord.pp == stage_map.embedding_rank(); }
   // The backend's device memory (null: host) and whether MPI takes device pointers: every
   // communicator above stages accordingly.
   void use_device_memory(DeviceMemory* memory, bool mpi_takes_device);
-  bool last_stage() const { return coord.pp == shape.pp - 1; }
+  bool last_stage() const { return coord.pp == stage_map.head_rank(); }
 };
 
 // Builds the tp/dp/pp/embedding communicators with MPI_Comm_split (collective on world).
-// The caller has checked that the world size equals shape.world_size().
-ParallelState make_parallel_state(const GridShape& shape);
+// The caller has checked that the world size equals shape.world_size(). The embedding
+// group joins the ranks that hold virtual stage 0 and the last one under `placement` with
+// vpp chunks per rank (one rank under zb-v's V placement: the group is then that rank).
+ParallelState make_parallel_state(const GridShape& shape,
+                                  Placement placement = Placement::round_robin, int vpp = 1);
 
 // This rank's index among the ranks of this job on its node (MPI_COMM_TYPE_SHARED; picks its
 // GPU) and their number; collective on world.

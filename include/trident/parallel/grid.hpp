@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "trident/core/placement.hpp"
+
 namespace trident::parallel {
 
 struct GridShape {
@@ -37,9 +39,11 @@ int rank_of(const GridShape& shape, const GridCoord& coord);
 // groups are ordered by the smallest rank they contain.
 std::vector<std::vector<int>> group_ranks(const GridShape& shape, Axis axis);
 
-// The embedding group of each pipeline: its first and last stage (one rank when pp == 1),
-// for every (tp, dp) position.
-std::vector<std::vector<int>> embedding_group_ranks(const GridShape& shape);
+// The embedding group of each pipeline: the ranks holding its first and its last virtual
+// stage under `placement` with vpp chunks per rank (round robin: the first and last pp
+// rank; zb-v's V: pp rank 0 alone; one rank when pp == 1), for every (tp, dp) position.
+std::vector<std::vector<int>> embedding_group_ranks(
+    const GridShape& shape, Placement placement = Placement::round_robin, int vpp = 1);
 
 // {"tp": [[0,1],...], "dp": [...], "pp": [...], "embedding": [...]} on one line.
 std::string groups_json(const GridShape& shape);

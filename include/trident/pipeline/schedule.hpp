@@ -4,8 +4,11 @@
 // model here, so schedules are testable anywhere.
 //
 // Chunks and virtual stages: with vpp chunks per rank the model is cut into pp * vpp
-// virtual stages; chunk c on pp rank r is virtual stage c * pp + r (Megatron's placement),
-// so activations go r -> r+1 within a chunk and from rank pp-1 to rank 0 between chunks.
+// virtual stages, placed on the ranks by the schedule's placement (core/placement.hpp,
+// Schedule::stage_map). Every schedule but zb-v uses Megatron's round robin: chunk c on pp
+// rank r is virtual stage c * pp + r, so activations go r -> r+1 within a chunk and from
+// rank pp-1 to rank 0 between chunks. zb-v places its two chunks in a V: chunk 0 of rank r
+// is virtual stage r, chunk 1 is 2 pp - 1 - r (down the ranks, then back up).
 //
 // The schedules (make_schedule):
 //   naive             one microbatch at a time through the whole pipeline: every rank runs
@@ -21,6 +24,13 @@
 //   zb-h1             zero bubble H1 (Qi et al. 2023): B computes only the input gradient and
 //                     W the weight gradient; 1F1B order, stage r defers its first r W's so
 //                     the backwards reach the first stage sooner, and the W's fill the tail.
+//   zb-v              zero bubble V (Qi et al. 2024, "Pipeline parallelism with controllable
+//                     memory"; PyTorch's ScheduleZBVZeroBubble): vpp = 2 in V placement,
+//                     B and W split. Warm-up forwards of chunk 0, then of chunks 1 and 0
+//                     alternately, then F-B-W of chunk 1; steady F-B-W of chunk 0 then of
+//                     chunk 1; the cool-down B's with the W's filling the tail. Near-zero
+//                     bubble at 1F1B's peak activation memory (2 pp chunk activations on
+//                     a rank, each half a stage's).
 //   pipedream         asynchronous (Narayanan et al. 2019, PipeDream): the 1F1B order, and
 //                     each stage updates its weights after every backward (no flush inside
 //                     the step); the backward of microbatch k computes with the weight version
@@ -35,12 +45,14 @@
 // defines: trident::pipeline::ActionType, Action, Schedule, ScheduleKind, ScheduleMisfit,
 //          schedule_kinds, find_schedule, multi_chunk_schedule_names, join_or,
 //          make_schedule, schedule_names,
-//          virtual_stage, splits_weight_grad, peak_activations, format_actions, parse_actions,
+//          placement_of, splits_weight_grad, peak_activations, format_actions, parse_actions,
 //          WeightUpdate, weight_update_of, weight_versions
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "trident/core/placement.hpp"
 
 namespace trident::pipeline {
 
@@ -64,6 +76,8 @@ struct Schedule {
   std::string name;
   int pp = 1, vpp = 1, microbatches = 1;
   std::vector<std::vector<Action>> stages;  // [pp rank] -> ordered actions
+  Placement placement = Placement::round_robin;  // which rank and chunk hold each virtual stage
+  StageMap stage_map() const { return {placement, pp, vpp}; }
 };
 
 // Why a schedule cannot run a layout (ScheduleKind::misfit).
@@ -71,6 +85,7 @@ enum class ScheduleMisfit {
   none,
   chunks,        // vpp > 1, and the schedule places one chunk per rank
   microbatches,  // vpp > 1 takes the microbatches in groups of pp: m % pp != 0
+  chunk_count,   // the schedule needs exactly ScheduleKind::fixed_vpp chunks per rank
 };
 
 // When the weights change, relative to the gradients computed with them.
@@ -89,6 +104,8 @@ struct ScheduleKind {
   bool whole_groups;  // with vpp > 1, microbatches in whole groups of pp
   std::vector<Action> (*stage)(int pp, int vpp, int rank, int microbatches);
   WeightUpdate update = WeightUpdate::flush;
+  Placement placement = Placement::round_robin;
+  int fixed_vpp = 0;  // > 0: the only vpp the schedule accepts (zb-v: 2)
   bool asynchronous() const { return update != WeightUpdate::flush; }
   // m = 0: the microbatches are not known yet (the deck alone); their rule is not checked.
   ScheduleMisfit misfit(int pp, int vpp, int microbatches) const;
@@ -105,8 +122,9 @@ std::string join_or(const std::vector<std::string>& words, const char* quote = "
 // schedule and the constraint that fails (ScheduleKind::misfit).
 Schedule make_schedule(const std::string& name, int pp, int vpp, int microbatches);
 
-// Virtual stage of chunk `chunk` on pipeline rank `pp_rank` (round-robin placement).
-inline int virtual_stage(int pp_rank, int chunk, int pp) { return chunk * pp + pp_rank; }
+// The placement of schedule `name` (round robin for a name the registry lacks): what the
+// model's layer split and the tied-embedding group ask before any Schedule is built.
+Placement placement_of(const std::string& name);
 
 // True when the schedule has W actions, i.e. its B computes only the input gradient.
 bool splits_weight_grad(const Schedule& s);

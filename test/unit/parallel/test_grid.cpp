@@ -17,6 +17,11 @@ TEST(Grid, MegatronSixteenRankExample) {
   EXPECT_EQ(group_ranks(s, Axis::pp),
             (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
   EXPECT_EQ(embedding_group_ranks(s), (Groups{{0, 12}, {1, 13}, {2, 14}, {3, 15}}));
+  // zb-v's V placement: pp rank 0 holds the embedding and the head, alone in its group.
+  EXPECT_EQ(embedding_group_ranks(s, trident::Placement::v_shape, 2),
+            (Groups{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(embedding_group_ranks(s, trident::Placement::round_robin, 2),
+            (Groups{{0, 12}, {1, 13}, {2, 14}, {3, 15}}));
 }
 
 TEST(Grid, CoordinatesFollowTheFormulaAndGroupsPartitionTheWorld) {

@@ -24,7 +24,7 @@ struct Case {
 const Case kCases[] = {
     {"gpipe", 2, 1, 4},      {"1f1b", 2, 1, 4},       {"zb-h1", 2, 1, 4},
     {"interleaved-1f1b", 2, 2, 4}, {"looped-bfs", 2, 2, 2}, {"1f1b", 4, 1, 8},
-    {"pipedream-2bw", 3, 1, 4}, {"pipedream", 3, 1, 4},
+    {"pipedream-2bw", 3, 1, 4}, {"pipedream", 3, 1, 4}, {"zb-v", 2, 2, 4},
 };
 
 std::string lowered_text() {
@@ -62,7 +62,10 @@ TEST(Lower, EverySendHasItsReceivePostedAhead) {
   for (const std::string& name : schedule_names())
     for (int pp : {1, 2, 4})
       for (int vpp : {1, 2}) {
-        if (vpp > 1 && (pp < 2 || (name != "interleaved-1f1b" && name != "looped-bfs"))) continue;
+        if (vpp > 1 && (pp < 2 || (name != "interleaved-1f1b" && name != "looped-bfs" &&
+                                   name != "zb-v")))
+          continue;
+        if (name == "zb-v" && vpp != 2) continue;
         const Schedule s = make_schedule(name, pp, vpp, 4);
         const LoweredSchedule l = lower(s);
         const std::string at = name + " pp=" + std::to_string(pp) + " vpp=" + std::to_string(vpp);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -24,15 +26,16 @@ std::string label(const Case& c) {
 }
 
 // Every valid combination of the grid: pp in {2,4}, m in {1,2,4,8}, vpp in {1,2}
-// for the schedules that take chunks, plus pp = 1.
+// for the schedules that take chunks, plus pp = 1; zb-v at vpp = 2 only.
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const auto& name : schedule_names())
     for (int pp : {1, 2, 4})
       for (int vpp : {1, 2})
         for (int m : {1, 2, 4, 8}) {
-          const bool chunks = name == "interleaved-1f1b" || name == "looped-bfs";
+          const bool chunks = name == "interleaved-1f1b" || name == "looped-bfs" || name == "zb-v";
           if (vpp > 1 && !chunks) continue;
+          if (name == "zb-v" && vpp != 2) continue;
           if (name == "interleaved-1f1b" && vpp > 1 && m % pp != 0) continue;
           cases.push_back({name, pp, vpp, m});
         }
@@ -68,7 +71,7 @@ TEST(Schedule, EveryScheduleIsAcceptedWithConsistentMeasures) {
     Schedule s;
     ASSERT_NO_THROW(s = make_schedule(c.name, c.pp, c.vpp, c.m));
     EXPECT_EQ(int(s.stages.size()), c.pp);
-    EXPECT_EQ(splits_weight_grad(s), c.name == "zb-h1");
+    EXPECT_EQ(splits_weight_grad(s), c.name == "zb-h1" || c.name == "zb-v");
     Simulation sim;
     ASSERT_NO_THROW(sim = simulate(s));
     // Every rank does the same work, so idle = makespan - work on each, and the bubble is
@@ -162,7 +165,7 @@ TEST(Schedule, InterleavedMatchesMegatronsBubbleExactly) {
   auto s = make_schedule("interleaved-1f1b", 2, 2, 4);
   EXPECT_EQ(format_actions(s.stages[0]), "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 "
                                          "B2.1 B3.1 B2 B3");
-  EXPECT_EQ(virtual_stage(1, 1, 2), 3);
+  EXPECT_EQ(s.stage_map().virtual_stage(1, 1), 3);
 }
 
 TEST(Schedule, LoopedBfsHasTheBreadthFirstBubble) {
@@ -364,4 +367,134 @@ TEST(Schedule, PipeDreamStashesAVersionPerMicrobatchInFlight) {
   EXPECT_EQ(weight_versions(parse_actions("F0 F1 F2 F3 B0 B1 B2 B3"),
                             WeightUpdate::per_microbatch), 2);
   EXPECT_EQ(weight_update_of("pipedream"), WeightUpdate::per_microbatch);
+}
+
+// ---- placement and ZB-V ------------------------------------------------------------------
+
+TEST(Placement, RoundRobinAndVShapeAnswerBothWays) {
+  for (int pp : {1, 2, 3, 4})
+    for (int vpp : {1, 2, 4})
+      for (trident::Placement p : {trident::Placement::round_robin, trident::Placement::v_shape}) {
+        const trident::StageMap map{p, pp, vpp};
+        std::vector<int> seen(std::size_t(pp * vpp), 0);
+        for (int r = 0; r < pp; ++r)
+          for (int c = 0; c < vpp; ++c) {
+            const int v = map.virtual_stage(r, c);
+            ASSERT_GE(v, 0);
+            ASSERT_LT(v, pp * vpp);
+            ++seen[std::size_t(v)];
+            EXPECT_EQ(map.slot(v).rank, r);
+            EXPECT_EQ(map.slot(v).chunk, c);
+            if (p == trident::Placement::round_robin) EXPECT_EQ(v, c * pp + r);  // Megatron's
+          }
+        EXPECT_EQ(seen, std::vector<int>(std::size_t(pp * vpp), 1));  // a bijection
+      }
+  const trident::StageMap v{trident::Placement::v_shape, 4, 2};
+  EXPECT_EQ(v.virtual_stage(0, 1), 7);  // rank 0 holds the last virtual stage: the head
+  EXPECT_EQ(v.virtual_stage(3, 1), 4);  // rank 3 turns the microbatches around
+  EXPECT_EQ(v.embedding_rank(), 0);
+  EXPECT_EQ(v.head_rank(), 0);
+  EXPECT_EQ((trident::StageMap{trident::Placement::round_robin, 4, 2}.head_rank()), 3);
+  for (const std::string& name : schedule_names())
+    EXPECT_EQ(placement_of(name), name == "zb-v" ? trident::Placement::v_shape
+                                                 : trident::Placement::round_robin)
+        << name;
+}
+
+TEST(Schedule, ZeroBubbleVRunsEveryActionOnceInItsV) {
+  for (int p : {1, 2, 3, 4})
+    for (int m : {1, 2, 3, 4, 5, 8, 12}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Schedule s = make_schedule("zb-v", p, 2, m);
+      EXPECT_EQ(s.placement, trident::Placement::v_shape);
+      ASSERT_EQ(int(s.stages.size()), p);
+      for (int r = 0; r < p; ++r) {
+        // F, B and W of every (microbatch, chunk), once each, F before B before W.
+        std::map<std::tuple<int, int, int>, int> at;
+        for (std::size_t i = 0; i < s.stages[r].size(); ++i) {
+          const Action& a = s.stages[r][i];
+          EXPECT_TRUE(at.emplace(std::make_tuple(int(a.type), a.chunk, a.mb), int(i)).second)
+              << a.str() << " twice on stage " << r;
+        }
+        EXPECT_EQ(s.stages[r].size(), std::size_t(6 * m));
+        for (int c = 0; c < 2; ++c)
+          for (int mb = 0; mb < m; ++mb) {
+            const int f = at.at({int(ActionType::F), c, mb}), b = at.at({int(ActionType::B), c, mb}),
+                      w = at.at({int(ActionType::W), c, mb});
+            EXPECT_LT(f, b);
+            EXPECT_LT(b, w);
+          }
+      }
+      // The simulator checks the cross-rank dependencies, deadlock and message order.
+      ASSERT_NO_THROW(simulate(s)) << error_of(s);
+    }
+  EXPECT_EQ(format_actions(make_schedule("zb-v", 2, 2, 3).stages[1]),
+            "F0 F0.1 F1 F1.1 B0.1 W0.1 F2 B0 W0 F2.1 B1.1 W1.1 B1 B2.1 B2 W1 W2.1 W2");
+}
+
+TEST(Schedule, ZeroBubbleVHasItsClosedFormBubbleBelowZbH1) {
+  // Uniform costs F = B = W = 1 slot per chunk (a chunk is half a stage, so a whole stage's
+  // F, B and W cost 2 each). Each rank has 6m slots of work. Once m >= 2p - 1 (PyTorch's
+  // condition for a full steady phase) every rank idles exactly p - 1 slots: rank r's first
+  // chunk-0 input arrives after r one-slot hops, and its last gradients after p - 1 - r, the
+  // hops of the V between it and the turn; in between the W's fill every gap. So
+  //   makespan = 6m + p - 1,  bubble = (p - 1) / (6m + p - 1).
+  // ZB-H1 at the same p and m and the same work (a stage's F = B = W = 2 slots) waits
+  // 2(p - 1): makespan 2(3m + p - 1), bubble (p - 1)/(3m + p - 1). The V halves the bubble
+  // because a chunk's hop costs half a stage's.
+  Costs uniform;
+  uniform.f = 1, uniform.b_split = 1, uniform.w = 1;
+  Costs whole_stage;  // zb-h1 with one chunk per rank: a stage is two of zb-v's chunks
+  whole_stage.f = 2, whole_stage.b_split = 2, whole_stage.w = 2;
+  for (int p : {2, 3, 4})
+    for (int m : {2 * p - 1, 2 * p, 8, 12}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Simulation zbv = simulate(make_schedule("zb-v", p, 2, m), uniform);
+      const Simulation zbh = simulate(make_schedule("zb-h1", p, 1, m), whole_stage);
+      EXPECT_EQ(zbv.makespan, 6 * m + p - 1);
+      EXPECT_NEAR(zbv.bubble_fraction, double(p - 1) / (6 * m + p - 1), 1e-12);
+      for (int r = 0; r < p; ++r)
+        EXPECT_NEAR(zbv.idle_fraction[r], double(p - 1) / (6 * m + p - 1), 1e-12) << r;
+      EXPECT_EQ(zbh.makespan, 2 * (3 * m + p - 1));
+      EXPECT_LT(zbv.bubble_fraction, zbh.bubble_fraction);
+    }
+  // Fewer microbatches: still valid, never worse than zb-h1.
+  for (int p : {2, 4})
+    for (int m : {1, 2, 3}) {
+      const Simulation zbv = simulate(make_schedule("zb-v", p, 2, m), uniform);
+      const Simulation zbh = simulate(make_schedule("zb-h1", p, 1, m), whole_stage);
+      EXPECT_LE(zbv.bubble_fraction, zbh.bubble_fraction) << "p=" << p << " m=" << m;
+    }
+}
+
+TEST(Schedule, ZeroBubbleVHoldsNoMoreActivationsThanOneFOneB) {
+  // zb-v counts chunk activations (half a stage each, live F to W); 1F1B whole stages (F to
+  // B). The most loaded rank decides the memory per device.
+  for (int p : {2, 4})
+    for (int m : {1, 2, 4, 7, 8, 16}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Schedule zbv = make_schedule("zb-v", p, 2, m);
+      const Schedule one = make_schedule("1f1b", p, 1, m);
+      int zbv_peak = 0, one_peak = 0;
+      for (int r = 0; r < p; ++r) {
+        zbv_peak = std::max(zbv_peak, peak_activations(zbv.stages[r]));
+        one_peak = std::max(one_peak, peak_activations(one.stages[r]));
+      }
+      EXPECT_LE(zbv_peak, 2 * one_peak);  // in half stages
+      if (m >= 2 * p) EXPECT_EQ(zbv_peak, 2 * p);
+    }
+}
+
+TEST(Schedule, ZeroBubbleVNeedsTwoChunks) {
+  for (int vpp : {1, 3, 4}) {
+    try {
+      make_schedule("zb-v", 2, vpp, 4);
+      ADD_FAILURE() << "zb-v accepted vpp = " << vpp;
+    } catch (const trident::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel.vpp must be 2"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(find_schedule("zb-v")->misfit(4, 2, 5), ScheduleMisfit::none);  // any m
+  EXPECT_EQ(find_schedule("zb-v")->misfit(4, 1, 0), ScheduleMisfit::chunk_count);
 }

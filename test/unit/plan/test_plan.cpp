@@ -220,6 +220,21 @@ TEST(Plan, EveryRegisteredScheduleIsACandidate) {
   EXPECT_EQ(scheds.count("zb-h1"), 1u);
 }
 
+// zb-v places exactly two chunks per rank (its misfit rule): a candidate at vpp 2 only, where
+// interleaved-1f1b is planned at every vpp whose virtual stages divide the layers.
+TEST(Plan, ZeroBubbleVIsACandidateAtVpp2Only) {
+  const auto c = schedule_candidates(2, 24, "1f1b");  // 24 layers: vpp 2, 3, 4, 6 divide
+  std::vector<int> zbv, interleaved;
+  for (const auto& [vpp, name] : c) {
+    if (name == "zb-v") zbv.push_back(vpp);
+    if (name == "interleaved-1f1b") interleaved.push_back(vpp);
+  }
+  EXPECT_EQ(zbv, std::vector<int>{2});
+  EXPECT_EQ(interleaved, (std::vector<int>{2, 3, 4, 6}));
+  for (const auto& [vpp, name] : schedule_candidates(2, 6, "1f1b"))  // 2 * 2 does not divide 6
+    EXPECT_NE(name, "zb-v") << vpp;
+}
+
 // n_layer 3 at 2 ranks: pp 2 is planned with the balanced split (2 + 1 with the head's
 // stage the lighter), its slowest chunk the 2-layer one; vpp only where it divides.
 TEST(Plan, UnevenPipelineSplitsArePlanned) {

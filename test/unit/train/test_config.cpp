@@ -500,9 +500,12 @@ TEST(ConfigErrors, Ranges) {
 TEST(ConfigErrors, Enums) {
   expect_error("[parallel]\nschedule = \"2f2b\"\n",
                {"deck.toml:2:1: parallel.schedule", "naive", "zb-h1", "\"2f2b\""});
-  for (const std::string& s : kSchedules)
-    EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.schedule=" + s, "train.grad_clip=0"}))
-        << s;
+  for (const std::string& s : kSchedules) {
+    std::vector<std::string> sets{"parallel.schedule=" + s, "train.grad_clip=0"};
+    if (s == "zb-v")  // two chunks per rank, nothing else
+      sets.insert(sets.end(), {"parallel.pp=2", "parallel.vpp=2", "model.n_layer=4"});
+    EXPECT_NO_THROW(parse_config("", "d.toml", sets)) << s;
+  }
   // PipeDream: per-stage updates after every microbatch.
   expect_error("", {"parallel.schedule=pipedream"}, {"train.grad_clip", "must be 0", "1"});
   expect_error("", {"parallel.schedule=pipedream", "train.grad_clip=0", "parallel.zero_stage=1"},
@@ -578,6 +581,15 @@ TEST(ConfigErrors, Divisibility) {
   expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.pp=2",
                     "parallel.schedule=\"zb-h1\""},
                {"parallel.tp_mode = \"2d\" has no split backward", "got \"zb-h1\""});
+  // zb-v places exactly two chunks per rank: any other vpp is refused naming the key.
+  expect_error("", {"parallel.pp=2", "parallel.schedule=\"zb-v\""},
+               {"parallel.vpp", "parallel.schedule = \"zb-v\" needs parallel.vpp = 2", "got 1"});
+  expect_error("", {"parallel.pp=2", "parallel.vpp=4", "parallel.schedule=\"zb-v\"",
+                    "model.n_layer=8"},
+               {"parallel.schedule = \"zb-v\" needs parallel.vpp = 2", "got 4"});
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.pp=2", "parallel.vpp=2",
+                                              "parallel.schedule=\"zb-v\"", "model.n_layer=4"},
+                               true));
   expect_error("", {"parallel.tp_mode=\"2d\"", "parallel.tp=4", "parallel.schedule=\"pipedream\"",
                     "train.grad_clip=0"},
                {"does not run parallel.schedule = \"pipedream\"", "or pipedream-2bw"});
