@@ -45,9 +45,7 @@ TokenDataset read_header(const h5::File& f, h5::Hid& tokens) {
   // Chunk cache off: a random read of one sequence must not pull (and keep) whole chunks.
   h5::Hid dapl(H5Pcreate(H5P_DATASET_ACCESS));
   H5Pset_chunk_cache(dapl, 0, 0, 1.0);
-  if (!h5::exists(f, "tokens")) tokens = h5::open_dataset(f, "tokens");  // its error message
-  tokens = h5::Hid(H5Dopen2(f, "tokens", dapl));
-  if (!tokens.valid()) fail(f.path(), ": cannot open dataset /tokens");
+  tokens = h5::open_dataset(f, "tokens", dapl);
   H5T_class_t c = h5::dataset_class(tokens);
   if (c != H5T_INTEGER)
     fail(f.path(), ": dataset /tokens is ", h5::class_name(c), ", expected integer token ids");

@@ -325,10 +325,24 @@ Hid open_group(hid_t loc, const std::string& name) {
   return g;
 }
 
-Hid open_dataset(hid_t loc, const std::string& name) {
+Hid open_dataset(hid_t loc, const std::string& name, hid_t dapl) {
   if (!exists(loc, name)) fail(in(loc), "missing dataset ", abs_name(loc, name));
-  Hid d(H5Dopen2(loc, name.c_str(), H5P_DEFAULT));
+  Hid d(H5Dopen2(loc, name.c_str(), dapl));
   check(d.valid() ? 0 : -1, loc, abs_name(loc, name) + " is not a dataset");
+  Hid dcpl(H5Dget_create_plist(d));
+  const int filters = dcpl.valid() ? H5Pget_nfilters(dcpl) : 0;
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, config = 0;
+    std::size_t values = 0;
+    char filter[64] = "";
+    const H5Z_filter_t id =
+        H5Pget_filter2(dcpl, unsigned(i), &flags, &values, nullptr, sizeof filter, filter, &config);
+    if (id >= 0 && H5Zfilter_avail(id) <= 0)
+      fail(in(loc), abs_name(loc, name), " is stored with HDF5 filter ", id,
+           filter[0] ? " ('" + std::string(filter) + "')" : std::string(),
+           ", which this HDF5 library cannot decode: rewrite the file without it "
+           "(h5repack -f NONE in.h5 out.h5) or with gzip");
+  }
   return d;
 }
 

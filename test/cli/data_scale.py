@@ -4,8 +4,10 @@
 1. Resident memory: a training rank on a 100 M-token corpus stays within 10% of one on a
    5 M-token corpus (both generated here and deleted; the second run of each measures,
    after the first built the sample index).
-2. A blend deck (`train = [{path, weight}, ...]`, one entry a directory of shards): 6 steps
-   straight and 3 + a resume of 3 give bitwise the same losses, mid-epoch; metrics.h5 has
+2. A blend deck (`train = [{path, weight}, ...]`, one entry a directory of shards, one shard
+   written gzip-compressed in odd chunks as another tool might): 6 steps straight and 3 + a
+   resume of 3 give bitwise the same losses, mid-epoch, and the same as with the shard stored
+   plainly; metrics.h5 has
    `epoch` and `consumed_tokens`; the resolved config.toml keeps the list.
 3. prepare-data under `mpirun -np 2` writes the same tokens (and documents) as one rank.
 """
@@ -63,13 +65,14 @@ def check(cond, what):
         failures.append(what)
 
 
-def write_tokens(path, n, seed):
-    """An old-style byte dataset (no checksum, no documents): the reader must cope."""
+def write_tokens(path, n, seed, **storage):
+    """An old-style byte dataset (no checksum, no documents): the reader must cope.
+    storage: h5py's chunking and filters, as another tool might write the file."""
     rng = np.random.default_rng(seed)
     with h5py.File(path, "w") as f:
         f.attrs["vocab_size"] = np.int64(256)
         f.attrs["tokenizer"] = "byte"
-        ds = f.create_dataset("tokens", shape=(n,), dtype=np.uint16)
+        ds = f.create_dataset("tokens", shape=(n,), dtype=np.uint16, **storage)
         step = 10_000_000
         for at in range(0, n, step):
             m = min(step, n - at)
@@ -129,9 +132,21 @@ def blend_resume_case():
     os.makedirs(os.path.join(OUT, "shards"), exist_ok=True)
     write_tokens(os.path.join(OUT, "a.h5"), 16 * 40 + 1, seed=2)      # 40 sequences of 16
     write_tokens(os.path.join(OUT, "shards", "s0.h5"), 16 * 5 + 1, seed=3)
-    write_tokens(os.path.join(OUT, "shards", "s1.h5"), 16 * 7 + 3, seed=4)
+    # s1 as another tool might write it: gzip with shuffle, in chunks of 37 tokens (sequences
+    # straddle chunks); the same tokens stored plainly give bitwise the same run.
+    write_tokens(os.path.join(OUT, "shards", "s1.h5"), 16 * 7 + 3, seed=4, compression="gzip",
+                 shuffle=True, chunks=(37,))
+    os.makedirs(os.path.join(OUT, "plain"), exist_ok=True)
+    shutil.copy(os.path.join(OUT, "shards", "s0.h5"), os.path.join(OUT, "plain", "s0.h5"))
+    write_tokens(os.path.join(OUT, "plain", "s1.h5"), 16 * 7 + 3, seed=4)
     train = '[{path = "a.h5", weight = 0.7}, {path = "shards", weight = 0.3}]'
     run("train", deck("blend.toml", train, 6, "run-blend", T=16, ck=3))
+    run("train", deck("blend-plain.toml", train.replace('"shards"', '"plain"'), 6, "run-plain",
+                      T=16))
+    with h5py.File(os.path.join(OUT, "run-blend", "metrics.h5"), "r") as a, \
+            h5py.File(os.path.join(OUT, "run-plain", "metrics.h5"), "r") as b:
+        check(np.array_equal(a["loss"][:], b["loss"][:]),
+              "a shard stored with gzip, shuffle and 37-token chunks trains bitwise as a plain one")
     # The step-3 checkpoint resumed in a fresh out_dir: its sample index is rebuilt there.
     ck = os.path.join(OUT, "run-blend", "checkpoints", "step-00000003.h5")
     run("train", deck("blend-resume.toml", train, 6, "run-split", T=16, resume=ck))

@@ -653,6 +653,25 @@ def _(c):
     return c.train({"data.train": "no_tokens.h5"})
 
 
+def _refilter(name, **storage):
+    """Rewrites dataset `name` (its attributes kept) with h5py's storage options: a file
+    another tool wrote, e.g. with h5py's own lzf filter, which libhdf5 itself cannot decode."""
+    def edit(f):
+        data, attrs = f[name][...], dict(f[name].attrs)
+        del f[name]
+        d = f.create_dataset(name, data=data, **storage)
+        for k, v in attrs.items():
+            d.attrs[k] = v
+    return edit
+
+
+@case("tokens_unknown_filter", ["lzf.h5", "/tokens", "'lzf'", "cannot decode", "h5repack"],
+      np=2)
+def _(c):
+    c.h5_edit("tokens.h5", "lzf.h5", _refilter("tokens", compression="lzf", chunks=(64,)))
+    return c.train({"data.train": "lzf.h5"})
+
+
 @case("tokens_truncated", ["short.h5", "truncated"], np=2)
 def _(c):
     c.copy("tokens.h5", "short.h5")
@@ -738,6 +757,8 @@ weights_case("weights_no_model_group", ["w.h5", "/model", "missing"],
              lambda f: f.__delitem__("model"), np=1)
 weights_case("weights_checksum_mismatch", ["w.h5", "/model/wte", "checksum"], _poke("model/wte"),
              overrides={"parallel.pp": 2})
+weights_case("weights_unknown_filter", ["w.h5", "/model/wte", "'lzf'", "cannot decode"],
+             _refilter("model/wte", compression="lzf"))
 weights_case("weights_truncated", ["w.h5", "truncated"],
              raw=lambda c: (c.copy("weights.h5", "w.h5"), truncate_file(c.path("w.h5"))))
 

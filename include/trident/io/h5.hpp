@@ -138,8 +138,10 @@ bool exists(hid_t loc, const std::string& path);
 // Creates a group, and any missing groups above it. Collective when parallel.
 Hid create_group(hid_t loc, const std::string& name);
 // Errors name the file and the missing group or dataset ("x.h5: missing dataset /inputs").
+// A dataset another tool wrote with a filter this HDF5 library cannot decode (h5py's lzf,
+// a plugin's compressor) is refused here, naming the filter, instead of failing its reads.
 Hid open_group(hid_t loc, const std::string& name);
-Hid open_dataset(hid_t loc, const std::string& name);
+Hid open_dataset(hid_t loc, const std::string& name, hid_t dapl = H5P_DEFAULT);
 
 // Creates a dataset of `file_type` with dims (empty: a scalar), a dataset creation property
 // list (e.g. chunking) and maxdims for extendable datasets (-1: unlimited; empty: = dims);
