@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "trident/core/error.hpp"
 #include "trident/model/spec.hpp"
@@ -23,7 +24,16 @@ const char* recompute_name(model::Recompute r) {
 std::string Layout::str() const {
   return trident::str("tp", tp, " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
                       micro_batch, " rc:", recompute_name(recompute), " sp:",
-                      sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0);
+                      sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0, " split:", split);
+}
+
+std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& lay) {
+  const int stages = lay.pp * lay.vpp;
+  if (lay.split == "even" && cfg.n_layer % stages == 0)
+    return std::vector<int>(std::size_t(stages), cfg.n_layer / stages);
+  TRIDENT_CHECK(lay.split == "even" || lay.split == "auto", "plan: split \"", lay.split,
+                "\" is not \"even\" or \"auto\"");
+  return model::balanced_stage_layers(cfg, stages, lay.tp);
 }
 
 namespace {
@@ -174,12 +184,13 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   p.microbatches = int(global_batch / per_step);
   const pipeline::Schedule sched =
       pipeline::make_schedule(lay.schedule, lay.pp, lay.vpp, p.microbatches);
-  // Layers per virtual stage as `trident train` cuts them for the plan's decks
-  // (parallel.pipeline_layers = "even": the balanced split where n_layer does not divide).
+  // Layers per virtual stage as `trident train` cuts them (parallel.pipeline_layers =
+  // lay.split); the memory model takes an empty list for the even split.
   const int stages = lay.pp * lay.vpp;
-  const std::vector<int> stage_layers =
-      cfg.n_layer % stages == 0 ? std::vector<int>{}
-                                : model::balanced_stage_layers(cfg, stages, lay.tp);
+  p.stage_layers = stage_layers_of(cfg, lay);
+  const bool uniform = std::adjacent_find(p.stage_layers.begin(), p.stage_layers.end(),
+                                          std::not_equal_to<int>()) == p.stage_layers.end();
+  const std::vector<int> stage_layers = uniform ? std::vector<int>{} : p.stage_layers;
 
   // Memory: every pipeline stage (their stashes and chunks differ); the largest.
   for (int r = 0; r < lay.pp; ++r) {
@@ -212,31 +223,48 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
 
   const Shapes s = shapes(cfg, lay.tp, lay.micro_batch);
 
-  // The slowest chunk sets every action's time (the pipeline runs at its pace).
-  ChunkCost worst;
-  for (int v = 0; v < stages; ++v) {
-    const int L = stage_layers.empty() ? cfg.n_layer / stages : stage_layers[std::size_t(v)];
-    const ChunkCost c = chunk_cost(cfg, s, L, v == 0, v == stages - 1, lay, mc, tp_link);
-    if (c.total() > worst.total()) worst = c;
-  }
+  // Every virtual stage at its own cost: its layers, the embedding on the first, the head
+  // and the loss on the last (on the rank the schedule's placement gives it: zb-v's rank 0
+  // holds both ends).
+  std::vector<ChunkCost> chunk(static_cast<std::size_t>(stages));
+  for (int v = 0; v < stages; ++v)
+    chunk[std::size_t(v)] = chunk_cost(cfg, s, p.stage_layers[std::size_t(v)], v == 0,
+                                       v == stages - 1, lay, mc, tp_link);
   // The boundary tensor a stage sends: Nr x C floats.
   const double boundary = double(lay.sequence_parallel ? s.n / lay.tp : s.n) * double(s.C) * kFloat;
   const double p2p = lay.pp > 1 ? pp_link.p2p_time(boundary) : 0.0;
 
-  // The simulator counts in integer slots: 1/2000 of the slowest action.
-  const double f_s = worst.f + worst.f_tp, b_s = worst.b() + worst.b_tp;
-  const double unit = std::max({f_s, b_s, 1e-12}) / 2000.0;
+  // The simulator counts in integer slots: 1/2000 of the slowest action of any stage.
+  double slowest = 1e-12;
+  for (const ChunkCost& c : chunk) slowest = std::max({slowest, c.f + c.f_tp, c.b() + c.b_tp});
+  const double unit = slowest / 2000.0;
   auto slots = [unit](double t) { return std::max(1, int(std::lround(t / unit))); };
   pipeline::Costs costs;
-  costs.f = slots(f_s);
-  costs.b = slots(b_s);
-  costs.b_split = slots(worst.b_input + worst.b_tp);
-  costs.w = slots(worst.w);
+  for (const ChunkCost& c : chunk)
+    costs.stage_slots.push_back({slots(c.f + c.f_tp), slots(c.b() + c.b_tp),
+                                 slots(c.b_input + c.b_tp), slots(c.w)});
   costs.comm = p2p > 0 ? int(std::lround(p2p / unit)) : 0;
+  // Asynchronous schedules: pipedream and pipedream-2bw run 1F1B's action lists (one window
+  // of m microbatches per step, and the executor drains the pipeline at the end of each
+  // step: no overlap across steps), so the simulation of their lists is their makespan too.
+  // Not modelled: pipedream's optimizer update and DP reduction after every backward (m per
+  // step; counted once below, as for a flush) and the weight-version swaps of both
+  // (memory copies of the rank's parameters).
   const pipeline::Simulation sim = pipeline::simulate(sched, costs);
-  const double per_stage = double(p.microbatches) * lay.vpp;
-  p.compute_s = per_stage * (worst.f + worst.b());
-  p.tp_comm_s = per_stage * (worst.f_tp + worst.b_tp);
+  // The parts of the step on the rank with the most work (its chunks' actions).
+  const StageMap map = sched.stage_map();
+  double rank_compute = -1, rank_tp = 0, rank_backward = 0;
+  for (int r = 0; r < lay.pp; ++r) {
+    double compute = 0, tp = 0, backward = 0;
+    for (int c = 0; c < lay.vpp; ++c) {
+      const ChunkCost& k = chunk[std::size_t(map.virtual_stage(r, c))];
+      compute += k.f + k.b(), tp += k.f_tp + k.b_tp, backward += k.b() + k.b_tp;
+    }
+    if (compute + tp > rank_compute + rank_tp)
+      rank_compute = compute, rank_tp = tp, rank_backward = backward;
+  }
+  p.compute_s = double(p.microbatches) * rank_compute;
+  p.tp_comm_s = double(p.microbatches) * rank_tp;
   // Ranks sharing cores (solo_speedup > 1): while some wait, the others run faster, so the
   // schedule's critical path shrinks by up to that factor, never below a rank's own work.
   const double makespan =
@@ -261,7 +289,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     }
   }
   // The buckets start during the last microbatch's backward on this stage.
-  const double window = lay.vpp * (worst.b() + worst.b_tp);
+  const double window = rank_backward;
   p.dp_exposed_s = (reduce > 0 ? std::max(reduce - window, reduce / buckets) : 0.0) + gather;
   // GPT-2's tied embedding: its gradient summed between the first and the last stage.
   if (lay.pp > 1 && cfg.tied())
