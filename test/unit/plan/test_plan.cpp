@@ -313,6 +313,32 @@ TEST(Plan, UnequalStagesAreSimulatedAndTheAutoSplitIsProposed) {
   EXPECT_EQ(train::pipeline_stage_layers(with_layout(deck, l)), bal.stage_layers);
 }
 
+// The asynchronous schedules run 1F1B's lists, drained at each step's end: pipedream-2bw's
+// step is 1F1B's (one update per step; its second weight version is not a second
+// gradient to reduce), pipedream's adds an optimizer update and a DP reduction after every
+// backward on the rank's timeline (m of each per step).
+TEST(Plan, AsynchronousSchedulesAreOneFOneBWithTheirUpdates) {
+  const model::ModelConfig cfg = tiny();
+  Machine m = parse_machine(kMachine, "m.toml");
+  Layout l;
+  l.pp = 2, l.dp = 2, l.micro_batch = 1;
+  const StepPrediction flush = predict(cfg, 16, l, m, true);  // m = 8
+  l.schedule = "pipedream-2bw";
+  const StepPrediction two = predict(cfg, 16, l, m, true);
+  EXPECT_GT(two.memory.weights, flush.memory.weights);  // the second version
+  EXPECT_DOUBLE_EQ(two.step_s, flush.step_s);
+  EXPECT_DOUBLE_EQ(two.dp_exposed_s, flush.dp_exposed_s);
+  l.schedule = "pipedream";
+  const StepPrediction per_mb = predict(cfg, 16, l, m, true);
+  EXPECT_NEAR(per_mb.optimizer_s, 8 * flush.optimizer_s, 1e-12);
+  EXPECT_GT(per_mb.dp_exposed_s, 7 * flush.dp_exposed_s);
+  EXPECT_GE(per_mb.step_s, flush.step_s + 7 * flush.optimizer_s);
+  // The parts add up to the step (the updates are not counted as bubble).
+  EXPECT_NEAR(per_mb.step_s, per_mb.compute_s + per_mb.tp_comm_s + per_mb.bubble_s +
+                                 per_mb.dp_exposed_s + per_mb.optimizer_s + per_mb.embed_sync_s,
+              1e-9);
+}
+
 TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   const model::ModelConfig cfg = tiny();
   Machine m = parse_machine(kMachine, "m.toml");
