@@ -57,7 +57,6 @@ struct ChunkCost {
   double b_input = 0, w = 0;      // backward: input gradients (+ recompute), weight gradients
   double b_tp = 0;                // the backward's TP collectives
   double b() const { return b_input + w; }
-  double total() const { return f + f_tp + b() + b_tp; }
 };
 
 struct Shapes {
