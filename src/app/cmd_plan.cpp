@@ -56,6 +56,7 @@ nlohmann::json prediction_json(const plan::StepPrediction& p) {
           {"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"vpp", l.vpp}, {"schedule", l.schedule},
           {"micro_batch_size", l.micro_batch}, {"recompute", plan::recompute_name(l.recompute)},
           {"sequence_parallel", l.sequence_parallel}, {"zero_stage", l.zero1 ? 1 : 0},
+          {"split", l.split}, {"pipeline_layers", p.stage_layers},
           {"microbatches", p.microbatches},
           {"fits", p.fits}, {"peak_bytes", p.memory.peak()},
           {"peak_pp_rank", p.memory_pp_rank}, {"rank0_peak_bytes", p.rank0_peak_bytes},
@@ -152,6 +153,7 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
     for (const std::string& s :
          {str("parallel.tp=", l.tp), str("parallel.pp=", l.pp), str("parallel.dp=", l.dp),
           str("parallel.vpp=", l.vpp), str("parallel.schedule=", l.schedule),
+          str("parallel.pipeline_layers=", l.split),
           str("parallel.micro_batch_size=", l.micro_batch),
           str("parallel.recompute=", plan::recompute_name(l.recompute)),
           str("parallel.sequence_parallel=", l.sequence_parallel ? "true" : "false"),
@@ -338,14 +340,16 @@ int run_plan(const PlanArgs& a) {
                 deck.source.c_str(), opt.nodes, opt.ranks_per_node, machine.name.c_str(),
                 machine.source.c_str(), ranked.size(), fitting,
                 mib(machine.memory_bytes()).c_str());
-    std::printf("%4s  %-52s %12s %11s %12s %6s %7s  %s\n", "#", "layout", "mem/rank", "step",
-                "tokens/s", "MFU", "bubble", "dominant");
+    std::printf("%4s  %-74s %12s %11s %12s %6s %7s  %-14s %s\n", "#", "layout", "mem/rank",
+                "step", "tokens/s", "MFU", "bubble", "dominant", "layers per stage");
     for (std::size_t i = 0; i < shown; ++i) {
       const plan::StepPrediction& p = ranked[i];
-      std::printf("%4zu  %-52s %12s %9.4g s %12.4g %5.1f%% %6.1f%%  %s%s\n", i + 1,
+      std::string layers;
+      for (int n : p.stage_layers) layers += str(layers.empty() ? "" : ",", n);
+      std::printf("%4zu  %-74s %12s %9.4g s %12.4g %5.1f%% %6.1f%%  %-14s %s%s\n", i + 1,
                   p.layout.str().c_str(), mib(p.memory.peak()).c_str(), p.step_s,
                   p.tokens_per_s, 100 * p.mfu, 100 * p.bubble_fraction, p.dominant.c_str(),
-                  p.fits ? "" : " (does not fit)");
+                  layers.c_str(), p.fits ? "" : " (does not fit)");
     }
     std::printf("\nthe best layout, as deck lines:\n%s",
                 plan::layout_deck_lines(ranked.front().layout).c_str());
@@ -361,7 +365,7 @@ int run_plan(const PlanArgs& a) {
     nlohmann::json v = nlohmann::json::array();
     if (!a.json)
       std::printf("\nvalidation (%d steps each; measured step: %s; peak memory of world rank "
-                  "0):\n%4s  %-52s %10s %10s %7s %12s %12s %7s\n",
+                  "0):\n%4s  %-74s %10s %10s %7s %12s %12s %7s\n",
                   a.validate_steps,
                   a.cpu_time ? "CPU seconds per rank of the steps after the second"
                              : "median wall time of the steps after the first",
@@ -381,7 +385,7 @@ int run_plan(const PlanArgs& a) {
                    {"timed_steps", m.steps},
                    {"predicted_rank0_peak_mib", pred_mib}, {"measured_rank0_peak_mib", m.peak_mib}});
       if (!a.json) {
-        std::printf("%4zu  %-52s %8.4g s %8.4g s %+6.1f%% %8.1f MiB %8.1f MiB %+6.1f%%\n", i + 1,
+        std::printf("%4zu  %-74s %8.4g s %8.4g s %+6.1f%% %8.1f MiB %8.1f MiB %+6.1f%%\n", i + 1,
                     p.layout.str().c_str(), p.step_s, measured, 100 * e_t, pred_mib, m.peak_mib,
                     100 * e_m);
         std::fflush(stdout);

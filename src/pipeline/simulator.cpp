@@ -15,6 +15,12 @@ namespace trident::pipeline {
 namespace {
 
 int cost_of(const Action& a, const Costs& c, bool split, int vstage) {
+  if (!c.stage_slots.empty()) {
+    const Costs::Slots& t = c.stage_slots[std::size_t(vstage)];
+    return std::max(1, a.type == ActionType::F ? t.f : a.type == ActionType::W ? t.w
+                       : split                 ? t.b_split
+                                               : t.b);
+  }
   const int base = a.type == ActionType::F ? c.f : a.type == ActionType::W ? c.w
                    : split                 ? c.b_split
                                            : c.b;
@@ -158,6 +164,9 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   TRIDENT_CHECK(costs.stage_weight.empty() || int(costs.stage_weight.size()) == vstages,
                 "schedule ", s.name, ": ", costs.stage_weight.size(),
                 " stage weights for pp * vpp = ", vstages, " virtual stages");
+  TRIDENT_CHECK(costs.stage_slots.empty() || int(costs.stage_slots.size()) == vstages,
+                "schedule ", s.name, ": ", costs.stage_slots.size(),
+                " stage slot sets for pp * vpp = ", vstages, " virtual stages");
   // finish[type][virtual stage][mb]: when the action's result is available, -1 until then.
   const ActionIndex vidx{vstages, s.microbatches};
   std::vector<int> finish(vidx.size(), -1);

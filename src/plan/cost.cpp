@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "trident/core/error.hpp"
 #include "trident/model/spec.hpp"
@@ -23,7 +24,16 @@ const char* recompute_name(model::Recompute r) {
 std::string Layout::str() const {
   return trident::str("tp", tp, " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
                       micro_batch, " rc:", recompute_name(recompute), " sp:",
-                      sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0);
+                      sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0, " split:", split);
+}
+
+std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& lay) {
+  const int stages = lay.pp * lay.vpp;
+  if (lay.split == "even" && cfg.n_layer % stages == 0)
+    return std::vector<int>(std::size_t(stages), cfg.n_layer / stages);
+  TRIDENT_CHECK(lay.split == "even" || lay.split == "auto", "plan: split \"", lay.split,
+                "\" is not \"even\" or \"auto\"");
+  return model::balanced_stage_layers(cfg, stages, lay.tp);
 }
 
 namespace {
@@ -47,7 +57,6 @@ struct ChunkCost {
   double b_input = 0, w = 0;      // backward: input gradients (+ recompute), weight gradients
   double b_tp = 0;                // the backward's TP collectives
   double b() const { return b_input + w; }
-  double total() const { return f + f_tp + b() + b_tp; }
 };
 
 struct Shapes {
@@ -174,14 +183,16 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   p.microbatches = int(global_batch / per_step);
   const pipeline::Schedule sched =
       pipeline::make_schedule(lay.schedule, lay.pp, lay.vpp, p.microbatches);
-  // Layers per virtual stage as `trident train` cuts them for the plan's decks
-  // (parallel.pipeline_layers = "even": the balanced split where n_layer does not divide).
+  // Layers per virtual stage as `trident train` cuts them (parallel.pipeline_layers =
+  // lay.split); the memory model takes an empty list for the even split.
   const int stages = lay.pp * lay.vpp;
-  const std::vector<int> stage_layers =
-      cfg.n_layer % stages == 0 ? std::vector<int>{}
-                                : model::balanced_stage_layers(cfg, stages, lay.tp);
+  p.stage_layers = stage_layers_of(cfg, lay);
+  const bool uniform = std::adjacent_find(p.stage_layers.begin(), p.stage_layers.end(),
+                                          std::not_equal_to<int>()) == p.stage_layers.end();
+  const std::vector<int> stage_layers = uniform ? std::vector<int>{} : p.stage_layers;
 
   // Memory: every pipeline stage (their stashes and chunks differ); the largest.
+  std::vector<double> param_bytes(std::size_t(lay.pp), 0.0);  // each rank's parameters
   for (int r = 0; r < lay.pp; ++r) {
     model::MemoryLayout ml;
     ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp;
@@ -199,6 +210,12 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.nonblocking_temp_ratio = mc.nonblocking_temp_ratio;
     model::MemoryEstimate e = model::predict_memory(cfg, ml);
     e.libraries = mc.library_bytes();
+    // weights also counts an asynchronous schedule's extra versions; gradients holds the
+    // parameters once (plus, under ZeRO-1, the shard of them: params (1 + 1/dp)).
+    param_bytes[std::size_t(r)] =
+        ml.weight_versions == 1 ? double(e.weights)
+        : ml.zero1 && lay.dp > 1 ? double(e.gradients) * lay.dp / (lay.dp + 1.0)
+                                 : double(e.gradients);
     if (r == 0) p.rank0_peak_bytes = e.peak();
     if (r == 0 || e.peak() > p.memory.peak()) p.memory = e, p.memory_pp_rank = r;
   }
@@ -212,31 +229,80 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
 
   const Shapes s = shapes(cfg, lay.tp, lay.micro_batch);
 
-  // The slowest chunk sets every action's time (the pipeline runs at its pace).
-  ChunkCost worst;
-  for (int v = 0; v < stages; ++v) {
-    const int L = stage_layers.empty() ? cfg.n_layer / stages : stage_layers[std::size_t(v)];
-    const ChunkCost c = chunk_cost(cfg, s, L, v == 0, v == stages - 1, lay, mc, tp_link);
-    if (c.total() > worst.total()) worst = c;
-  }
+  // Every virtual stage at its own cost: its layers, the embedding on the first, the head
+  // and the loss on the last (on the rank the schedule's placement gives it: zb-v's rank 0
+  // holds both ends).
+  std::vector<ChunkCost> chunk(static_cast<std::size_t>(stages));
+  for (int v = 0; v < stages; ++v)
+    chunk[std::size_t(v)] = chunk_cost(cfg, s, p.stage_layers[std::size_t(v)], v == 0,
+                                       v == stages - 1, lay, mc, tp_link);
   // The boundary tensor a stage sends: Nr x C floats.
   const double boundary = double(lay.sequence_parallel ? s.n / lay.tp : s.n) * double(s.C) * kFloat;
   const double p2p = lay.pp > 1 ? pp_link.p2p_time(boundary) : 0.0;
 
-  // The simulator counts in integer slots: 1/2000 of the slowest action.
-  const double f_s = worst.f + worst.f_tp, b_s = worst.b() + worst.b_tp;
-  const double unit = std::max({f_s, b_s, 1e-12}) / 2000.0;
+  // The simulator counts in integer slots: 1/2000 of the slowest action of any stage.
+  double slowest = 1e-12;
+  for (const ChunkCost& c : chunk) slowest = std::max({slowest, c.f + c.f_tp, c.b() + c.b_tp});
+  const double unit = slowest / 2000.0;
   auto slots = [unit](double t) { return std::max(1, int(std::lround(t / unit))); };
   pipeline::Costs costs;
-  costs.f = slots(f_s);
-  costs.b = slots(b_s);
-  costs.b_split = slots(worst.b_input + worst.b_tp);
-  costs.w = slots(worst.w);
+  for (const ChunkCost& c : chunk)
+    costs.stage_slots.push_back({slots(c.f + c.f_tp), slots(c.b() + c.b_tp),
+                                 slots(c.b_input + c.b_tp), slots(c.w)});
   costs.comm = p2p > 0 ? int(std::lround(p2p / unit)) : 0;
+  // The DP reduction of a rank's gradients (parallel.grad_bucket_mb, 25 MiB buckets; ZeRO-1:
+  // the reduce-scatter, and the all-gather of the updated weights) and its AdamW update
+  // (reads p, g, m, v and writes p, m, v over its shard; the norm reads the gradients,
+  // zeroing writes them).
+  struct Update {
+    double reduce = 0, gather = 0, buckets = 1, optimizer = 0;
+  };
+  auto update_of = [&](double bytes) {
+    Update u;
+    u.buckets = std::max(1.0, std::ceil(bytes / (25.0 * 1048576.0)));
+    if (lay.dp > 1 && lay.zero1) {
+      u.reduce = half_allreduce_s(lay.dp, bytes, dp_link) +
+                 (u.buckets - 1) * (lay.dp - 1) * dp_link.alpha_s;
+      u.gather = u.reduce;
+    } else if (lay.dp > 1) {
+      u.reduce = allreduce_s(lay.dp, bytes, dp_link) +
+                 (u.buckets - 1) * 2 * (lay.dp - 1) * dp_link.alpha_s;
+    }
+    const double params = bytes / kFloat;
+    const double shard = lay.zero1 && lay.dp > 1 ? params / lay.dp : params;
+    u.optimizer = (7 * shard + 2 * params) * kFloat / mc.kernel_bytes_per_s;
+    return u;
+  };
+  // Asynchronous schedules run 1F1B's action lists: one window of m microbatches per step,
+  // which the executor drains at the end of the step (no overlap across steps), so the
+  // simulation of their lists is their makespan. pipedream-2bw updates once per step, as a
+  // flush does (below). pipedream updates every stage after every backward, each update
+  // waiting for the DP average of that microbatch's gradient: those m reductions and
+  // updates per step are on the rank's timeline, so they are part of its B's here. Not
+  // modelled: the weight-version swaps (memory copies of the rank's parameters).
+  const bool per_microbatch =
+      pipeline::weight_update_of(lay.schedule) == pipeline::WeightUpdate::per_microbatch;
+  const StageMap map = sched.stage_map();
+  if (per_microbatch)
+    for (int v = 0; v < stages; ++v) {
+      const Update u = update_of(param_bytes[std::size_t(map.rank_of(v))]);
+      costs.stage_slots[std::size_t(v)].b += slots(u.reduce + u.optimizer);
+    }
   const pipeline::Simulation sim = pipeline::simulate(sched, costs);
-  const double per_stage = double(p.microbatches) * lay.vpp;
-  p.compute_s = per_stage * (worst.f + worst.b());
-  p.tp_comm_s = per_stage * (worst.f_tp + worst.b_tp);
+  // The parts of the step on the rank with the most work (its chunks' actions).
+  int critical = 0;
+  double rank_compute = -1, rank_tp = 0, rank_backward = 0;
+  for (int r = 0; r < lay.pp; ++r) {
+    double compute = 0, tp = 0, backward = 0;
+    for (int c = 0; c < lay.vpp; ++c) {
+      const ChunkCost& k = chunk[std::size_t(map.virtual_stage(r, c))];
+      compute += k.f + k.b(), tp += k.f_tp + k.b_tp, backward += k.b() + k.b_tp;
+    }
+    if (compute + tp > rank_compute + rank_tp)
+      rank_compute = compute, rank_tp = tp, rank_backward = backward, critical = r;
+  }
+  p.compute_s = double(p.microbatches) * rank_compute;
+  p.tp_comm_s = double(p.microbatches) * rank_tp;
   // Ranks sharing cores (solo_speedup > 1): while some wait, the others run faster, so the
   // schedule's critical path shrinks by up to that factor, never below a rank's own work.
   const double makespan =
@@ -245,34 +311,24 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   p.bubble_s = std::max(0.0, makespan - p.compute_s - p.tp_comm_s);
   p.bubble_fraction = sim.bubble_fraction;
 
-  // DP: the rank's gradients in buckets (parallel.grad_bucket_mb, 25 MiB by default).
-  const double grad_bytes = double(p.memory.weights);
-  const double buckets = std::max(1.0, std::ceil(grad_bytes / (25.0 * 1048576.0)));
-  double reduce = 0, gather = 0;
-  if (lay.dp > 1) {
-    if (lay.zero1) {
-      reduce = half_allreduce_s(lay.dp, grad_bytes, dp_link) +
-               (buckets - 1) * (lay.dp - 1) * dp_link.alpha_s;
-      gather = half_allreduce_s(lay.dp, grad_bytes, dp_link) +
-               (buckets - 1) * (lay.dp - 1) * dp_link.alpha_s;
-    } else {
-      reduce = allreduce_s(lay.dp, grad_bytes, dp_link) +
-               (buckets - 1) * 2 * (lay.dp - 1) * dp_link.alpha_s;
-    }
+  const Update u = update_of(param_bytes[std::size_t(critical)]);
+  if (per_microbatch) {
+    // Inside the makespan (the B's above): m reductions and updates, not part of the bubble.
+    p.dp_exposed_s = double(p.microbatches) * u.reduce;
+    p.optimizer_s = double(p.microbatches) * u.optimizer;
+    p.bubble_s = std::max(0.0, p.bubble_s - p.dp_exposed_s - p.optimizer_s);
+  } else {
+    // The buckets start during the last microbatch's backward on this rank.
+    p.dp_exposed_s =
+        (u.reduce > 0 ? std::max(u.reduce - rank_backward, u.reduce / u.buckets) : 0.0) +
+        u.gather;
+    p.optimizer_s = u.optimizer;
   }
-  // The buckets start during the last microbatch's backward on this stage.
-  const double window = lay.vpp * (worst.b() + worst.b_tp);
-  p.dp_exposed_s = (reduce > 0 ? std::max(reduce - window, reduce / buckets) : 0.0) + gather;
   // GPT-2's tied embedding: its gradient summed between the first and the last stage.
   if (lay.pp > 1 && cfg.tied())
     p.embed_sync_s = allreduce_s(2, double(s.Vl) * double(s.C) * kFloat, pp_link);
-  // AdamW reads p, g, m, v and writes p, m, v over its shard; the norm reads the gradients,
-  // zeroing writes them.
-  const double params = grad_bytes / kFloat;
-  const double shard = lay.zero1 && lay.dp > 1 ? params / lay.dp : params;
-  p.optimizer_s = (7 * shard + 2 * params) * kFloat / mc.kernel_bytes_per_s;
 
-  p.step_s = makespan + p.dp_exposed_s + p.embed_sync_s + p.optimizer_s;
+  p.step_s = makespan + (per_microbatch ? 0.0 : p.dp_exposed_s + p.optimizer_s) + p.embed_sync_s;
   p.tokens_per_s = double(global_batch) * cfg.seq_len / p.step_s;
   p.model_flops = model_flops_per_step(cfg, global_batch);
   const double ranks = double(lay.tp) * lay.pp * lay.dp;

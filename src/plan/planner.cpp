@@ -27,9 +27,9 @@ train::Config with_layout(const train::Config& deck, const Layout& l) {
   train::Config c = deck;
   c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
   c.parallel.schedule = l.schedule;
-  // The planner plans the default split (even, or balanced where n_layer does not divide
-  // pp); a deck's own parallel.pipeline_layers names counts for its own pp and vpp only.
-  c.parallel.pipeline_layers = "even";
+  // The split the layout was planned with (a deck's own list of counts fits its own pp and
+  // vpp only): "even" or "auto", resolved by `trident train` as plan::stage_layers_of does.
+  c.parallel.pipeline_layers = l.split;
   c.parallel.micro_batch_size = l.micro_batch;
   c.parallel.recompute = recompute_name(l.recompute);
   c.parallel.sequence_parallel = l.sequence_parallel;
@@ -39,7 +39,8 @@ train::Config with_layout(const train::Config& deck, const Layout& l) {
 
 std::string layout_deck_lines(const Layout& l) {
   return str("[parallel]\ntp = ", l.tp, "\npp = ", l.pp, "\ndp = ", l.dp, "\nvpp = ", l.vpp,
-             "\nschedule = \"", l.schedule, "\"\nmicro_batch_size = ", l.micro_batch,
+             "\nschedule = \"", l.schedule, "\"\npipeline_layers = \"", l.split,
+             "\"\nmicro_batch_size = ", l.micro_batch,
              "\nsequence_parallel = ", l.sequence_parallel ? "true" : "false",
              "\nzero_stage = ", l.zero1 ? 1 : 0, "\nrecompute = \"",
              recompute_name(l.recompute), "\"\n");
@@ -75,6 +76,18 @@ std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer
   return out;
 }
 
+std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp,
+                                          int tp) {
+  const int stages = pp * vpp;
+  if (cfg.n_layer % stages != 0) return {"auto"};  // "even" would be the balanced split too
+  if (pp == 1) return {"even"};                      // one stage: nothing to move
+  const std::vector<int> balanced = model::balanced_stage_layers(cfg, stages, tp);
+  const bool even = std::all_of(balanced.begin(), balanced.end(),
+                                [&](int n) { return n == cfg.n_layer / stages; });
+  if (even) return {"even"};
+  return {"even", "auto"};
+}
+
 std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptions& opt) {
   const int world = opt.nodes * opt.ranks_per_node;
   const std::int64_t G = deck.train.global_batch_size;
@@ -94,6 +107,7 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
       for (int mbs : mbs_set) {
         if ((G / dp) % mbs) continue;
         for (const auto& [vpp, sched] : scheds)
+          for (const std::string& split : split_candidates(m, pp, vpp, tp))
           for (auto rc : {model::Recompute::none, model::Recompute::selective,
                           model::Recompute::full})
             for (bool sp : {false, true}) {
@@ -103,6 +117,7 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
                 Layout l;
                 l.tp = tp, l.pp = pp, l.dp = dp, l.vpp = vpp, l.schedule = sched;
                 l.micro_batch = mbs, l.recompute = rc, l.sequence_parallel = sp, l.zero1 = zero;
+                l.split = split;
                 // The deck's own validation decides what `trident train` would accept.
                 try {
                   train::Config c = train::parse_config(train::to_toml(with_layout(deck, l)),

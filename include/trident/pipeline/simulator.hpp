@@ -37,6 +37,13 @@ struct Costs {
   // stage costs its slots above times this weight, rounded, at least 1 slot. Uneven stages
   // (parallel.pipeline_layers, or the LM head on the last one) make the bubble uneven too.
   std::vector<double> stage_weight;
+  // Per virtual stage (pp * vpp entries, or empty): that stage's own slots per action, in
+  // place of f, b, b_split, w and stage_weight. The planner's per-stage chunk costs: the
+  // LM head runs its backward inside its forward, so a stage's F and B do not scale alike.
+  struct Slots {
+    int f = 1, b = 2, b_split = 1, w = 1;
+  };
+  std::vector<Slots> stage_slots;
 };
 
 struct Simulation {

@@ -7,8 +7,11 @@
 //             gradients), plus what recomputation runs again
 //   TP        the blocking allreduces (or reduce-scatter + all-gather pairs under sequence
 //             parallelism) of each block, over the intra- or inter-node link (alpha-beta, ring)
-//   pipeline  the schedule's simulation (pipeline::simulate) with those costs per action and
-//             the p2p time of one boundary tensor on every cross-stage dependency: the bubble
+//   pipeline  the schedule's simulation (pipeline::simulate) with each virtual stage's own
+//             costs per action (its layers; the embedding on the first, the LM head and the
+//             loss on the last, on whichever rank the schedule's placement puts them) and the
+//             p2p time of one boundary tensor on every cross-stage dependency: the makespan,
+//             and the bubble unequal stages leave
 //   DP        the gradient allreduce (ZeRO-1: reduce-scatter, then the all-gather of the
 //             updated weights) in buckets; the part longer than the last microbatch's
 //             backward, during which the buckets start, is exposed
@@ -21,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trident/model/gpt.hpp"
 #include "trident/model/memory.hpp"
@@ -36,9 +40,17 @@ struct Layout {
   model::Recompute recompute = model::Recompute::none;
   bool sequence_parallel = false;
   bool zero1 = false;
-  // "tp2 pp2 dp1 vpp1 1f1b mbs4 rc:none sp:0 zero:0"
+  // parallel.pipeline_layers: "even" (n_layer / (pp * vpp) each; where that does not
+  // divide, the balanced split, as `trident train` resolves it) or "auto" (the balanced
+  // split, model::balanced_stage_layers); stage_layers_of resolves it.
+  std::string split = "even";
+  // "tp2 pp2 dp1 vpp1 1f1b mbs4 rc:none sp:0 zero:0 split:even"
   std::string str() const;
 };
+
+// The layers of each virtual stage under `layout` (pp * vpp counts, in virtual-stage order),
+// as `trident train` cuts them with parallel.pipeline_layers = layout.split.
+std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& layout);
 
 const char* recompute_name(model::Recompute r);
 
@@ -48,8 +60,10 @@ struct StepPrediction {
   model::MemoryEstimate memory;  // of the rank with the largest peak
   int memory_pp_rank = 0;        // that rank's pipeline stage
   std::int64_t rank0_peak_bytes = 0;  // world rank 0's (what `trident train` reports)
+  std::vector<int> stage_layers;  // layers per virtual stage (stage_layers_of)
   bool fits = true;              // peak <= the machine's memory per rank
-  // Seconds per optimizer step and its parts on the critical stage.
+  // Seconds per optimizer step and its parts on the critical stage: the pipeline rank with
+  // the most work (its chunks' forwards, backwards and TP collectives).
   double step_s = 0;
   double compute_s = 0;    // the stage's forwards and backwards (and recomputation)
   double tp_comm_s = 0;    // its blocking TP collectives

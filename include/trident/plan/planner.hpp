@@ -29,10 +29,18 @@ struct PlanOptions {
 std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer,
                                                              const std::string& deck_schedule);
 
+// The layer splits planned for pp x vpp virtual stages (Layout::split): "even" where
+// n_layer divides, plus "auto" (model::balanced_stage_layers: the embedding's and the head's
+// cost moved off) where that split differs from the even one; only "auto" where n_layer
+// does not divide (the deck's "even" is the balanced split there too).
+std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp,
+                                          int tp);
+
 // The layouts `trident train` accepts for the deck's model and global batch on
 // nodes * ranks_per_node ranks (the deck's own validation decides): tp dividing the heads,
-// pp * vpp the layers, every schedule, micro-batch sizes that are powers of two (and the
-// deck's), each recomputation, sequence parallelism where tp > 1, ZeRO-1 where dp > 1.
+// every pp with a layer per stage, every schedule, each split_candidates split, micro-batch
+// sizes that are powers of two (and the deck's), each recomputation, sequence parallelism
+// where tp > 1, ZeRO-1 where dp > 1.
 std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptions& opt);
 
 // Predicts every layout and ranks them (see above). cfg.model.vocab_size must be > 0.

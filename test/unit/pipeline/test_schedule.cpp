@@ -127,6 +127,36 @@ TEST(Schedule, StageWeightsMakeTheHeaviestStageSetThePace) {
   EXPECT_THROW(simulate(il, ones), trident::Error);  // 2 weights for 4 virtual stages
 }
 
+// Costs::stage_slots: each virtual stage's own F / B / W slots. Scaled alike they are
+// stage_weight; a last stage whose F carries its whole extra work (the LM head runs its
+// backward inside its forward) costs the same busy time as one whose F and B scale alike,
+// and one microbatch still crosses in the sum of every stage's slots.
+TEST(Schedule, StageSlotsGiveEachStageItsOwnActionCosts) {
+  Costs weighted;
+  weighted.f = 10, weighted.b = 20;
+  weighted.stage_weight = {1.0, 1.5, 2.0};
+  Costs slots;
+  slots.stage_slots = {{10, 20, 10, 10}, {15, 30, 15, 15}, {20, 40, 20, 20}};
+  for (const char* name : {"1f1b", "gpipe"}) {
+    const Schedule s = make_schedule(name, 3, 1, 6);
+    EXPECT_EQ(simulate(s, slots).start, simulate(s, weighted).start) << name;
+  }
+  Costs head_in_f;  // the last stage's 30 extra slots all in its F
+  head_in_f.stage_slots = {{10, 20, 10, 10}, {10, 20, 10, 10}, {40, 20, 10, 10}};
+  EXPECT_EQ(simulate(make_schedule("1f1b", 3, 1, 1), head_in_f).makespan,
+            10 + 10 + 40 + 20 + 20 + 20);
+  const Simulation sim = simulate(make_schedule("1f1b", 3, 1, 8), head_in_f);
+  EXPECT_DOUBLE_EQ(sim.idle_fraction[2], 1.0 - 8.0 * 60 / sim.makespan);
+  EXPECT_GE(sim.makespan, 8 * 60);
+  // zb-h1 splits B: b_split and w are used, b is not.
+  Costs split;
+  split.stage_slots = {{1, 99, 1, 1}, {1, 99, 1, 1}};
+  EXPECT_EQ(simulate(make_schedule("zb-h1", 2, 1, 4), split).start,
+            simulate(make_schedule("zb-h1", 2, 1, 4)).start);
+  split.stage_slots.pop_back();
+  EXPECT_THROW(simulate(make_schedule("zb-h1", 2, 1, 4), split), trident::Error);
+}
+
 TEST(Schedule, NaiveRunsOneStageAtATime) {
   for (int p : {1, 2, 4})
     for (int m : {1, 2, 4, 8}) {

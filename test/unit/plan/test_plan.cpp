@@ -12,6 +12,7 @@
 #include "trident/core/error.hpp"
 #include "trident/plan/calibrate.hpp"
 #include "trident/pipeline/schedule.hpp"
+#include "trident/pipeline/simulator.hpp"
 #include "trident/pipeline/stage_memory.hpp"
 #include "trident/plan/planner.hpp"
 
@@ -262,6 +263,80 @@ TEST(Plan, UnevenPipelineSplitsArePlanned) {
   const double two = predict(other, 8, l, m, true).compute_s;
   EXPECT_LT(p.compute_s, four);
   EXPECT_GT(p.compute_s, two);
+}
+
+// A head that costs several blocks (vocabulary 32k, d_model 512): at pp 4 the even split's
+// last stage carries 4 layers + the head, and the step model simulates every virtual stage
+// at its own cost: the other stages wait on it, so the predicted bubble is above the
+// uniform-cost simulation's (the old model, the slowest chunk for every action, predicted
+// exactly the uniform bubble), and the planner's "auto" split, which moves layers off the
+// head's stage, is planned faster.
+TEST(Plan, UnequalStagesAreSimulatedAndTheAutoSplitIsProposed) {
+  train::Config deck = train::parse_config(
+      "[model]\nvocab_size = 32000\nseq_len = 256\nn_layer = 16\nn_head = 8\nd_model = 512\n"
+      "[train]\nglobal_batch_size = 8\n", "deck.toml");
+  const model::ModelConfig& cfg = deck.model;
+  Machine m = parse_machine(kMachine, "m.toml");
+  EXPECT_EQ(split_candidates(cfg, 4, 1, 1), (std::vector<std::string>{"even", "auto"}));
+  EXPECT_EQ(split_candidates(cfg, 1, 1, 1), std::vector<std::string>{"even"});
+  EXPECT_EQ(split_candidates(cfg, 3, 1, 1), std::vector<std::string>{"auto"});  // 16 % 3
+  Layout l;
+  l.pp = 4, l.dp = 1, l.micro_batch = 1, l.schedule = "1f1b";
+  const StepPrediction even = predict(cfg, 8, l, m, true);
+  l.split = "auto";
+  const StepPrediction bal = predict(cfg, 8, l, m, true);
+  EXPECT_EQ(even.stage_layers, (std::vector<int>{4, 4, 4, 4}));
+  EXPECT_EQ(bal.stage_layers, model::balanced_stage_layers(cfg, 4, 1));
+  EXPECT_LT(bal.stage_layers.back(), 4);
+  const double uniform =
+      pipeline::simulate(pipeline::make_schedule("1f1b", 4, 1, 8)).bubble_fraction;
+  std::printf("pp 4, m 8, 1f1b: even %.4f s bubble %.3f; auto [%d, %d, %d, %d] %.4f s bubble "
+              "%.3f; uniform-cost bubble %.3f\n",
+              even.step_s, even.bubble_fraction, bal.stage_layers[0], bal.stage_layers[1],
+              bal.stage_layers[2], bal.stage_layers[3], bal.step_s, bal.bubble_fraction, uniform);
+  EXPECT_GT(even.bubble_fraction, uniform + 0.1);
+  EXPECT_LT(bal.step_s, 0.85 * even.step_s);
+  // The step is the makespan: at least the critical rank's work, which is the head's.
+  EXPECT_GE(even.step_s, even.compute_s + even.tp_comm_s);
+  EXPECT_LT(bal.compute_s, even.compute_s);
+  // The planner ranks both; the deck it writes for a layout names its split.
+  PlanOptions opt;
+  opt.ranks_per_node = 4;
+  std::set<std::string> splits;
+  for (const Layout& k : enumerate_layouts(deck, opt))
+    if (k.pp == 4 && k.vpp == 1 && k.schedule == "1f1b" && k.micro_batch == 1 &&
+        k.recompute == model::Recompute::none)
+      splits.insert(k.split);
+  EXPECT_EQ(splits, (std::set<std::string>{"even", "auto"}));
+  EXPECT_EQ(with_layout(deck, l).parallel.pipeline_layers, "auto");
+  EXPECT_NE(layout_deck_lines(l).find("pipeline_layers = \"auto\"\n"), std::string::npos);
+  EXPECT_EQ(train::pipeline_stage_layers(with_layout(deck, l)), bal.stage_layers);
+}
+
+// The asynchronous schedules run 1F1B's lists, drained at each step's end: pipedream-2bw's
+// step is 1F1B's (one update per step; its second weight version is not a second
+// gradient to reduce), pipedream's adds an optimizer update and a DP reduction after every
+// backward on the rank's timeline (m of each per step).
+TEST(Plan, AsynchronousSchedulesAreOneFOneBWithTheirUpdates) {
+  const model::ModelConfig cfg = tiny();
+  Machine m = parse_machine(kMachine, "m.toml");
+  Layout l;
+  l.pp = 2, l.dp = 2, l.micro_batch = 1;
+  const StepPrediction flush = predict(cfg, 16, l, m, true);  // m = 8
+  l.schedule = "pipedream-2bw";
+  const StepPrediction two = predict(cfg, 16, l, m, true);
+  EXPECT_GT(two.memory.weights, flush.memory.weights);  // the second version
+  EXPECT_DOUBLE_EQ(two.step_s, flush.step_s);
+  EXPECT_DOUBLE_EQ(two.dp_exposed_s, flush.dp_exposed_s);
+  l.schedule = "pipedream";
+  const StepPrediction per_mb = predict(cfg, 16, l, m, true);
+  EXPECT_NEAR(per_mb.optimizer_s, 8 * flush.optimizer_s, 1e-12);
+  EXPECT_GT(per_mb.dp_exposed_s, 7 * flush.dp_exposed_s);
+  EXPECT_GE(per_mb.step_s, flush.step_s + 7 * flush.optimizer_s);
+  // The parts add up to the step (the updates are not counted as bubble).
+  EXPECT_NEAR(per_mb.step_s, per_mb.compute_s + per_mb.tp_comm_s + per_mb.bubble_s +
+                                 per_mb.dp_exposed_s + per_mb.optimizer_s + per_mb.embed_sync_s,
+              1e-9);
 }
 
 TEST(Plan, MemoryIsTheStartupReportsPrediction) {
