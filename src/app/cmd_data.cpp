@@ -47,7 +47,7 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
     }
     tok = std::make_unique<io::Tokenizer>(io::load_tokenizer(data));
   });
-  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, 1});
+  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{});
   auto ops = ops::make_cpu_ops(int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
   model::GptChunk chunk(cfg, model::StageLayout{0, cfg.n_layer, true, true}, ps, *ops, 1);
   io::read_weights(checkpoint, MPI_COMM_NULL, cfg, chunk.specs(), chunk.params());

@@ -30,7 +30,9 @@ int run_grid(int tp, int pp, int dp) {
                   " ranks, --tp * --pp * --dp = ", tp, " * ", pp, " * ", dp, " = ",
                   tp * pp * dp);
   });
-  log::info(parallel::groups_json(parallel::GridShape{tp, pp, dp}));
+  parallel::GridShape shape;
+  shape.tp = tp, shape.dp = dp, shape.pp = pp;
+  log::info(parallel::groups_json(shape));
   return 0;
 }
 

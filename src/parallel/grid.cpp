@@ -10,7 +10,9 @@ namespace trident::parallel {
 
 GridCoord coord_of(const GridShape& s, int r) {
   TRIDENT_CHECK(r >= 0 && r < s.world_size(), "rank ", r, " outside a world of ", s.world_size());
-  return GridCoord{r % s.tp, (r / s.tp) % s.dp, r / (s.tp * s.dp)};
+  GridCoord c;
+  c.tp = r % s.tp, c.dp = (r / s.tp) % s.dp, c.pp = r / (s.tp * s.dp);
+  return c;
 }
 
 int rank_of(const GridShape& s, const GridCoord& c) { return c.tp + s.tp * (c.dp + s.dp * c.pp); }

@@ -349,7 +349,9 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   // the rate that makes the model's block time the measured one (the median over the sizes),
   // so the kernels between the products (bias gradients, copies, residuals) are counted.
   {
-    parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, world_size});
+    parallel::GridShape all_dp;
+    all_dp.dp = world_size;
+    parallel::ParallelState ps = parallel::make_parallel_state(all_dp);
     model::ModelConfig one = cfg;
     one.n_layer = 1;
     model::StageLayout mid;

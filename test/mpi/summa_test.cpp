@@ -708,7 +708,11 @@ SerialRun serial_run(int q, int world) {
   }
   r.scale = 1.0f / float(N);
   trident::parallel::ParallelState ps =
-      trident::parallel::make_parallel_state(trident::parallel::GridShape{1, 1, world});
+      trident::parallel::make_parallel_state([&] {
+        trident::parallel::GridShape s;
+        s.dp = world;
+        return s;
+      }());
   static const auto ops_owner = trident::ops::make_cpu_ops(1);  // outlives every chunk
   trident::ops::Ops& ops = *ops_owner;
   trident::model::GptChunk serial(r.cfg, trident::model::StageLayout{0, r.cfg.n_layer, true, true},
@@ -788,7 +792,9 @@ TEST(Gpt2dChunk, TheSerialRunThroughTheStageModelAndItsPredictedMemory) {
   WorldGrid s;
   const int q = s.grid.q, world = s.world.size();
   const SerialRun r = serial_run(q, world);
-  par::ParallelState ps = par::make_parallel_state(par::GridShape{world, 1, 1});
+  par::GridShape all_tp;
+  all_tp.tp = world;
+  par::ParallelState ps = par::make_parallel_state(all_tp);
   model::StageModelOptions two_d;
   two_d.micro_batch = 2 * q;
   two_d.tp_mode = model::TpMode::two_d;

@@ -17,11 +17,14 @@
 
 namespace trident::parallel {
 
+// Sizes and coordinates in the rank order (tp fastest, then dp, then pp). Set them by name
+// (`GridShape s; s.tp = 2; s.pp = 4;`), never by position: an axis added later (context
+// parallelism) goes in its place in the order.
 struct GridShape {
   int tp = 1;
-  int pp = 1;
   int dp = 1;
-  int world_size() const { return tp * pp * dp; }
+  int pp = 1;
+  int world_size() const { return tp * dp * pp; }
 };
 
 struct GridCoord {

@@ -57,7 +57,7 @@ TEST(Block, EachArchitectureGetsItsOwnBlockAndSizes) {
   EXPECT_EQ(l4.C3, 8 + 2 * 16);
 
   modeltest::need_mpi();
-  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, 1});
+  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{});
   auto ops = ops::make_ops("cpu", 1);
   parallel::TpMappings tpm(ps.tp, false);
   for (const char* arch : {"gpt2", "llama"}) {

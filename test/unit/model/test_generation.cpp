@@ -38,7 +38,7 @@ ModelConfig config(const std::string& arch, int n_kv_head, bool tied) {
 
 void check(const ModelConfig& cfg, const std::string& device) {
   modeltest::need_mpi();
-  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, 1});
+  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{});
   auto ops = ops::make_ops(device, 1);
   GptChunk chunk(cfg, StageLayout{0, cfg.n_layer, true, true}, ps, *ops, 1);
   chunk.init_weights(7);

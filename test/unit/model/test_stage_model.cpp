@@ -53,7 +53,7 @@ TEST(StageModel, NamesAreParsedOnceAndUnknownOnesRefused) {
 
 TEST(StageModel, OneDimensionalDecksGetTheChunkAndAThirdArchitectureIsRefused) {
   modeltest::need_mpi();
-  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{1, 1, 1});
+  parallel::ParallelState ps = parallel::make_parallel_state(parallel::GridShape{});
   auto ops = ops::make_ops("cpu", 1);
   const std::vector<StageLayout> whole{StageLayout{0, 2, true, true}};
   StageModelOptions o;

@@ -8,8 +8,15 @@
 using namespace trident::parallel;
 using Groups = std::vector<std::vector<int>>;
 
+// A shape from its sizes by name (the struct's order is the rank order, tp, dp, pp).
+GridShape shape(int tp, int pp, int dp) {
+  GridShape s;
+  s.tp = tp, s.pp = pp, s.dp = dp;
+  return s;
+}
+
 TEST(Grid, MegatronSixteenRankExample) {
-  GridShape s{2, 4, 2};
+  const GridShape s = shape(/*tp=*/2, /*pp=*/4, /*dp=*/2);
   EXPECT_EQ(group_ranks(s, Axis::tp),
             (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
   EXPECT_EQ(group_ranks(s, Axis::dp),
@@ -25,8 +32,8 @@ TEST(Grid, MegatronSixteenRankExample) {
 }
 
 TEST(Grid, CoordinatesFollowTheFormulaAndGroupsPartitionTheWorld) {
-  for (GridShape s : {GridShape{1, 1, 1}, GridShape{3, 2, 2}, GridShape{1, 4, 3},
-                      GridShape{4, 1, 2}, GridShape{2, 3, 1}}) {
+  for (GridShape s : {shape(1, 1, 1), shape(3, 2, 2), shape(1, 4, 3), shape(4, 1, 2),
+                      shape(2, 3, 1)}) {  // (tp, pp, dp)
     for (int r = 0; r < s.world_size(); ++r) {
       GridCoord c = coord_of(s, r);
       EXPECT_EQ(r, c.tp + s.tp * (c.dp + s.dp * c.pp));
@@ -42,6 +49,6 @@ TEST(Grid, CoordinatesFollowTheFormulaAndGroupsPartitionTheWorld) {
 }
 
 TEST(Grid, JsonListsEveryGroup) {
-  EXPECT_EQ(groups_json(GridShape{2, 1, 1}),
+  EXPECT_EQ(groups_json(shape(/*tp=*/2, 1, 1)),
             "{\"tp\": [[0, 1]], \"dp\": [[0], [1]], \"pp\": [[0], [1]], \"embedding\": [[0], [1]]}");
 }
