@@ -354,11 +354,14 @@ void Trainer::report_startup() {
   const int m = microbatches_per_rank(cfg_);
   const auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
                                              cfg_.parallel.vpp, m);
-  // An uneven split: each virtual stage's actions cost its layers plus the embedding's or
-  // the head's predicted share (model::stage_end_costs), relative to the heaviest stage.
-  const std::vector<int> split = pipeline_stage_layers(cfg_);
+  // Each virtual stage's actions cost its layers plus the embedding's or the head's
+  // predicted share (model::stage_end_costs), relative to the heaviest stage: even splits
+  // are unequal stages too, the first and last carrying the ends.
+  const int stages = ps_.shape.pp * cfg_.parallel.vpp;
+  std::vector<int> split = pipeline_stage_layers(cfg_);
+  if (split.empty()) split.assign(std::size_t(stages), cfg_.model.n_layer / stages);
   pipeline::Costs costs;
-  if (!split.empty()) {
+  {
     const model::EndCosts ends = model::stage_end_costs(cfg_.model, ps_.shape.tp);
     for (std::size_t v = 0; v < split.size(); ++v)
       costs.stage_weight.push_back(split[v] + (v == 0 ? ends.embedding : 0.0) +
