@@ -128,6 +128,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
       sync->ready(offset, count);
     });
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
+  // The backend may cache a converted copy of the weights for its products (CUDA, bf16).
+  ops.set_weights(model_->params(), model_->num_params());
   if (update_ == pipeline::WeightUpdate::delayed) {  // PipeDream's stash grows in its first step
     const std::int64_t n = model_->num_params();
     older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
@@ -149,6 +151,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
             model::format_bytes(memory_estimate_.activations_per_microbatch),
             lay.bf16_activations ? ", the layers' stash in bf16)" : ")");
 }
+
+Trainer::~Trainer() { ops_.set_weights(nullptr, 0); }
 
 std::int64_t Trainer::measured_peak_bytes() const {
   if (step_peak_ < 0) return 0;

@@ -47,6 +47,18 @@ class Ops {
   // The arithmetic of the matrix products (fp32 on the CPU backends).
   virtual Precision precision() const { return Precision::fp32; }
 
+  // ---- the model's parameters (a hint for the products; results do not change) -----
+  // [params, params + n) holds the weights (nullptr, 0: none). A backend may keep a converted
+  // copy of them for its products (CUDA under bf16: one bf16 copy, made at the first product
+  // after a change), remade after any write into the range by one of its own ops or copies
+  // and after weights_changed(). Default: nothing (the CPU backends).
+  virtual void set_weights(const float* params, std::int64_t n) {
+    (void)params;
+    (void)n;
+  }
+  // The weights were written other than through this backend (MPI into device memory).
+  virtual void weights_changed() {}
+
   // ---- bf16 storage (the model's stash under runtime.precision = "bf16") -------------
   // dst[i] = the 16 bits of bfloat16(src[i]), rounded to nearest even (NaN stays NaN).
   virtual void to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) = 0;
