@@ -256,11 +256,18 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
     ex.set_hooks({[this](const pipeline::Action& a) { before_action(a); },
                   [this](const pipeline::Action& a) { after_backward(a); }});
   }
+  // The head adds each microbatch's loss sum on the device; one copy after the last (the
+  // executor's sum is then 0: forward returns 0, and 0 + total is the total).
+  model_->set_loss_on_device(true);
+  struct LossOff {
+    model::StageModel& m;
+    ~LossOff() { m.set_loss_on_device(false); }
+  } loss_off{*model_};
   const double local = ex.run(
       [&](int mb) {
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
       },
-      per_mb ? loss_scale * float(m) : loss_scale);
+      per_mb ? loss_scale * float(m) : loss_scale) + ops_.take_loss();
   if (per_mb) return reduce_loss(local, global_batch);  // every update is done
   // W(t) back for the optimizer; older_weights_ stays W(t), the next step's W(t-1).
   if (delayed) ops_.copy(model_->params(), older_weights_.data(), model_->num_params());

@@ -48,6 +48,8 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   sum_partial_ = static_cast<double*>(
       memory_->allocate(sizeof(double) * std::size_t(sum_squares_blocks())));
   sum_result_ = static_cast<double*>(memory_->allocate(sizeof(double)));
+  loss_total_ = static_cast<double*>(memory_->allocate(sizeof(double)));
+  TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_total_, 0, sizeof(double), stream_));
   TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
   // Host-pointer scalars (alpha, beta); fp32 math unless a call names a faster compute type.
   TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
@@ -110,7 +112,7 @@ void CudaOps::release() noexcept {
   host_result_ = nullptr;
   scratch_ = BumpBlock();
   cublas_workspace_ = nullptr;
-  sum_partial_ = sum_result_ = nullptr;
+  sum_partial_ = sum_result_ = loss_total_ = nullptr;
   memory_.reset();  // cudaFree of the whole arena (Buffers made from it must be gone by now)
   if (stream_) cudaStreamDestroy(stream_);
   stream_ = nullptr;
@@ -280,6 +282,20 @@ double CudaOps::sum_squares(const float* x, std::int64_t n) {
   launch_sum_squares(stream_, sum_result_, sum_partial_, x, n);
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_result_, sum_result_, sizeof(double),
                                      cudaMemcpyDeviceToHost, stream_));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *host_result_;
+}
+
+void CudaOps::add_loss(const float* loss, int n) {
+  OpScope timed(timer_.get(), "add_loss");
+  launch_loss_add(stream_, loss_total_, loss, n);
+}
+
+double CudaOps::take_loss() {
+  OpScope timed(timer_.get(), "take_loss");
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_result_, loss_total_, sizeof(double),
+                                     cudaMemcpyDeviceToHost, stream_));
+  TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_total_, 0, sizeof(double), stream_));
   TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *host_result_;
 }

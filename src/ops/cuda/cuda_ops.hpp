@@ -152,6 +152,9 @@ class CudaOps final : public Ops {
                     const float* logits, const std::int32_t* targets, int n, int ld, int v_valid,
                     int vocab_start) override;
 
+  void add_loss(const float* loss, int n) override;
+  double take_loss() override;
+
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
 
@@ -202,6 +205,7 @@ class CudaOps final : public Ops {
   void* cublas_workspace_ = nullptr;    // in the arena
   double* sum_partial_ = nullptr;       // in the arena: sum_squares_blocks() doubles
   double* sum_result_ = nullptr;        // in the arena
+  double* loss_total_ = nullptr;        // in the arena: add_loss's total, zeroed by take_loss
   double* host_result_ = nullptr;       // pinned host memory, one double
   std::unique_ptr<OpTimer> timer_;      // per-op timing (TRIDENT_OP_TIMING), null when off
   // TRIDENT_CUDA_BASELINE=1: the paths before issue 27 (three-pass classifier, per-product
