@@ -10,7 +10,8 @@
 #   3. the other CTest tests labelled cuda (ctest -L cuda, e.g. test/mpi/device_layouts.py with
 #      TRIDENT_TEST_DEVICE=cuda); with PREBUILT, the bundle's trident runs
 #      test/mpi/device_layouts.py directly when it and mpirun are there;
-#   3b. the per-op timing's check with CUDA events (test/unit/ops/cuda/emulate/op_timing.py);
+#   3b. the per-op timing's check with CUDA events (test/unit/ops/cuda/emulate/op_timing.py)
+#      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit);
 #   4. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
 #   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
 #   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
@@ -216,6 +217,19 @@ else
   step op_timing_test timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
        TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
        OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/unit/ops/cuda/emulate/op_timing.py"
+fi
+# The bf16 weight cache against no cache, bit for bit, over each way the weights change
+# (test/unit/ops/cuda/emulate/weight_cache.py; the mpirun cases where mpirun is).
+t=$(bounded 90)
+if [ "$built" != yes ] || [ ! -x "$trident" ]; then
+  skip weight_cache_test "no trident binary"
+elif [ "$t" -eq 0 ]; then
+  skip weight_cache_test "time budget spent"
+else
+  mkdir -p "$out/test-out"
+  step weight_cache_test timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
+       TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+       OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/unit/ops/cuda/emulate/weight_cache.py"
 fi
 
 if [ -x "$gemm" ]; then

@@ -106,7 +106,6 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     row_max_ = buffer(N);
     sumexp_ = buffer(2 * N);  // sumexp then target logit: one allreduce for both
     token_loss_ = buffer(N);
-    host_loss_.resize(std::size_t(N));
   }
   if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
   if (recompute_ == Recompute::selective) {
@@ -455,9 +454,9 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   ops_.gemm(false, true, N, Vl_, C_, 1.0f, a.lnf.data(), C_, wte, C_, 0.0f, logits, Vl_);
   vocab_parallel_xent_forward(ops_, ps_.tp, token_loss_.data(), row_max_.data(), sumexp_.data(),
                               logits, targets, N, Vl_, v_valid_, vocab_start_);
-  copy_to_host(ops_.memory(), host_loss_.data(), token_loss_.data(), std::size_t(N) * sizeof(float));
-  double loss_sum = 0;
-  for (int i = 0; i < N; ++i) loss_sum += host_loss_[std::size_t(i)];
+  // The sum in the backend (one host loop's order on the CPU); read now, or once a step.
+  ops_.add_loss(token_loss_.data(), N);
+  const double loss_sum = loss_on_device_ ? 0.0 : ops_.take_loss();
   if (!with_backward) return loss_sum;
 
   // The head's backward right away: dlogits in place, then d lnf and d wte.

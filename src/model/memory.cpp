@@ -143,16 +143,17 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
     // The device backend's own scratch (CudaOps::scratch: 1.25x the largest need, >= 1 MiB).
     std::int64_t need = 0;
     if (lay.bf16_products) {
-      // bf16 copies of both inputs of each product of a linear [N, in] -> [N, out]: forward
-      // x.W, input gradient dy.W^T, weight gradient x^T.dy.
+      // bf16 copies of the activation inputs of each product of a linear [N, in] -> [N, out]:
+      // forward x (W from the weight cache), input gradient dy, weight gradient x and dy.
       auto linear = [&](std::int64_t in, std::int64_t out) {
-        need = std::max({need, 2 * (N * in + in * out), 2 * (N * out + in * out),
-                         2 * (N * in + N * out)});
+        need = std::max({need, 2 * N * in, 2 * N * out, 2 * (N * in + N * out)});
       };
       linear(C, C3), linear(d.Ca, C), linear(C, F1), linear(F, C);
       if (head) linear(C, Vl);
     }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
+    // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.
+    if (lay.bf16_products) e.scratch += 2 * params;
   }
 
   // GptChunk::init_weights draws the weights into a host vector, then copies them over.

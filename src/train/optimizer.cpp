@@ -47,6 +47,7 @@ void AdamW::step(double lr, double grad_norm) {
                float(settings_.beta2), float(settings_.eps), wd, float(bc1), float(bc2));
   }
   sync_.gather_params();
+  ops_.weights_changed();  // the all-gather wrote them outside the backend's ops
 }
 
 }  // namespace trident::train

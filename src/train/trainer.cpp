@@ -128,6 +128,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
       sync->ready(offset, count);
     });
   optimizer_ = std::make_unique<AdamW>(*model_, ops, cfg.train, *sync_);
+  // The backend may cache a converted copy of the weights for its products (CUDA, bf16).
+  ops.set_weights(model_->params(), model_->num_params());
   if (update_ == pipeline::WeightUpdate::delayed) {  // PipeDream's stash grows in its first step
     const std::int64_t n = model_->num_params();
     older_weights_ = FloatBuffer(std::size_t(n), ops.memory());
@@ -149,6 +151,8 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
             model::format_bytes(memory_estimate_.activations_per_microbatch),
             lay.bf16_activations ? ", the layers' stash in bf16)" : ")");
 }
+
+Trainer::~Trainer() { ops_.set_weights(nullptr, 0); }
 
 std::int64_t Trainer::measured_peak_bytes() const {
   if (step_peak_ < 0) return 0;
@@ -252,11 +256,18 @@ double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t*
     ex.set_hooks({[this](const pipeline::Action& a) { before_action(a); },
                   [this](const pipeline::Action& a) { after_backward(a); }});
   }
+  // The head adds each microbatch's loss sum on the device; one copy after the last (the
+  // executor's sum is then 0: forward returns 0, and 0 + total is the total).
+  model_->set_loss_on_device(true);
+  struct LossOff {
+    model::StageModel& m;
+    ~LossOff() { m.set_loss_on_device(false); }
+  } loss_off{*model_};
   const double local = ex.run(
       [&](int mb) {
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};
       },
-      per_mb ? loss_scale * float(m) : loss_scale);
+      per_mb ? loss_scale * float(m) : loss_scale) + ops_.take_loss();
   if (per_mb) return reduce_loss(local, global_batch);  // every update is done
   // W(t) back for the optimizer; older_weights_ stays W(t), the next step's W(t-1).
   if (delayed) ops_.copy(model_->params(), older_weights_.data(), model_->num_params());

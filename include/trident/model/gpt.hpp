@@ -203,6 +203,7 @@ class GptChunk final : public StageModel {
   // also holds the head) after the embedding's. Not reported, because a later reduction
   // still changes them: wte when tied across stages, the LayerNorms under sequence
   // parallelism. Once per microbatch: the m-th report of a tensor means it is final.
+  void set_loss_on_device(bool on) override { loss_on_device_ = on; }
   void set_grad_ready_hook(GradReadyHook hook) override { grad_ready_ = std::move(hook); }
 
   // Inference (single stage and TP group of 1): logits [V] (host memory) of the last position
@@ -279,7 +280,7 @@ class GptChunk final : public StageModel {
   std::vector<const ShardSpec*> sp_norms_;    // their tensors (SP: the norms; Llama's
                                               // replicated k/v), in pack order
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
-  std::vector<float> host_loss_;  // token_loss_ on the host, to sum
+  bool loss_on_device_ = false;   // set_loss_on_device
   FloatBuffer recompute_store_;
   FloatBuffer ln_discard_;  // [2C] norm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute

@@ -56,9 +56,11 @@ struct MemoryLayout {
   // layer's large tensors stashed at 2 bytes (carve_packed_layer), plus one layer's fp32
   // working copy in scratch.
   bool bf16_activations = false;
-  // runtime.precision = "bf16" on a device: each matrix product converts its two fp32 inputs
-  // to bf16 in the backend's scratch, which grows to 1.25x the largest product's need
-  // (ops/cuda/cuda_ops.cpp): counted in scratch (the LM head's is the largest, ~N * Vl).
+  // runtime.precision = "bf16" on a device: each matrix product converts its fp32 activation
+  // inputs to bf16 in the backend's scratch, which grows to 1.25x the largest product's need
+  // (ops/cuda/cuda_ops.cpp), and reads its weight operand from the weight cache (a bf16 copy
+  // of the rank's parameters, 2 bytes each): both counted in scratch (the LM head's need is
+  // the largest, ~N * Vl).
   bool bf16_products = false;
   // parallel.tp_mode = "2d": tp = q*q, tp_rank row-major on the grid; the 2D model's buffers
   // (model/gpt2d: [B*T/q, C/q] blocks, wte and wpe by grid column) instead of GptChunk's.

@@ -97,6 +97,10 @@ class StageModel {
   virtual void backward(int chunk, StageActivations& a, const std::int32_t* inputs,
                         bool weight_grads = true) = 0;
   virtual void backward_weights(int chunk, StageActivations& a) = 0;
+  // on: the head's forward adds its loss sum to the backend's total (Ops::add_loss) and
+  // returns 0, so that a step reads the loss once (Ops::take_loss) instead of per microbatch.
+  // A model may ignore it (then forward returns the sum, as when off).
+  virtual void set_loss_on_device(bool on) { (void)on; }
   // The gradients each tensor-parallel rank holds a part of (1D: sequence-parallel norms,
   // Llama's replicated k/v; 2D: the vectors, wte and wpe along grid columns), summed once per
   // step after the last backward.

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/device_memory.hpp"
@@ -46,6 +47,18 @@ class Ops {
   virtual DeviceMemory* memory() { return nullptr; }
   // The arithmetic of the matrix products (fp32 on the CPU backends).
   virtual Precision precision() const { return Precision::fp32; }
+
+  // ---- the model's parameters (a hint for the products; results do not change) -----
+  // [params, params + n) holds the weights (nullptr, 0: none). A backend may keep a converted
+  // copy of them for its products (CUDA under bf16: one bf16 copy, made at the first product
+  // after a change), remade after any write into the range by one of its own ops or copies
+  // and after weights_changed(). Default: nothing (the CPU backends).
+  virtual void set_weights(const float* params, std::int64_t n) {
+    (void)params;
+    (void)n;
+  }
+  // The weights were written other than through this backend (MPI into device memory).
+  virtual void weights_changed() {}
 
   // ---- bf16 storage (the model's stash under runtime.precision = "bf16") -------------
   // dst[i] = the 16 bits of bfloat16(src[i]), rounded to nearest even (NaN stays NaN).
@@ -223,6 +236,30 @@ class Ops {
   virtual void xent_backward(float* logits, const float* row_max, const float* sumexp,
                              const std::int32_t* targets, int n, int ld, int v_valid,
                              int vocab_start, float scale) = 0;
+  // The loss summed where it is computed, read once a step: add_loss adds
+  // sum_i loss[i] (i in order, in double) to the backend's total; take_loss returns the total
+  // since the last take (then zero). The default copies loss to the host (when it is device
+  // memory) and sums there, i.e. the order of a host loop; the CUDA backend sums on the
+  // device (a deterministic tree of double partials: the same value up to double rounding)
+  // and copies one double per take.
+  // (Inline: the CUDA module, a separate library, must not need a symbol of this class.)
+  virtual void add_loss(const float* loss, int n) {
+    if (n <= 0) return;
+    const float* host = loss;
+    if (DeviceMemory* mem = memory(); mem && mem->holds(loss)) {
+      loss_host_.resize(std::size_t(n));
+      mem->to_host(loss_host_.data(), loss, std::size_t(n) * sizeof(float));
+      host = loss_host_.data();
+    }
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += host[i];
+    loss_total_ += sum;
+  }
+  virtual double take_loss() {
+    const double total = loss_total_;
+    loss_total_ = 0;
+    return total;
+  }
 
   // ---- optimizer --------------------------------------------------------------------
   // torch.optim.AdamW, step by step:  p *= 1 - lr*wd;  m = b1 m + (1-b1) g;
@@ -233,6 +270,10 @@ class Ops {
   virtual void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, float bc1,
                      float bc2) = 0;
+
+ private:
+  double loss_total_ = 0;        // the default add_loss's total
+  std::vector<float> loss_host_;  // and its host copy of a device loss
 };
 
 // The shape of GPT's multi-head attention on a fused qkv[B,T,3C] (C = this rank's channels,

@@ -42,6 +42,9 @@ class Trainer {
  public:
   // cfg must be resolved (resolve_world) and have model.vocab_size > 0.
   Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops);
+  ~Trainer();  // tells the backend the weights are gone (Ops::set_weights)
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   model::StageModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }

@@ -48,6 +48,8 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   sum_partial_ = static_cast<double*>(
       memory_->allocate(sizeof(double) * std::size_t(sum_squares_blocks())));
   sum_result_ = static_cast<double*>(memory_->allocate(sizeof(double)));
+  loss_total_ = static_cast<double*>(memory_->allocate(sizeof(double)));
+  TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_total_, 0, sizeof(double), stream_));
   TRIDENT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
   // Host-pointer scalars (alpha, beta); fp32 math unless a call names a faster compute type.
   TRIDENT_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
@@ -56,6 +58,35 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   timer_ = OpTimer::from_environment(stream_);  // TRIDENT_OP_TIMING (op_timer.hpp)
   const char* baseline = std::getenv("TRIDENT_CUDA_BASELINE");
   baseline_ = baseline && std::string(baseline) == "1";
+  const char* cache = std::getenv("TRIDENT_CUDA_WEIGHT_CACHE");
+  weight_cache_ = !baseline_ && !(cache && std::string(cache) == "0");
+}
+
+void CudaOps::set_weights(const float* params, std::int64_t n) {
+  if (weights16_) memory_->release(weights16_);
+  weights16_ = nullptr;
+  weights_ = params;
+  weights_end_ = reinterpret_cast<const char*>(params + std::max<std::int64_t>(n, 0));
+  weights16_fresh_ = false;
+  memory_->watch(nullptr, 0);
+  if (!params || n <= 0 || precision_ != Precision::bf16 || !weight_cache_) return;
+  weights16_ = static_cast<std::uint16_t*>(memory_->allocate(std::size_t(n) * 2));
+  memory_->watch(params, std::size_t(n) * sizeof(float));  // copies from the host into it
+}
+
+const void* CudaOps::cached_bf16(const float* p, std::int64_t rows, std::int64_t cols,
+                                 std::int64_t ld) {
+  if (!weights16_ || rows <= 0 || cols <= 0) return nullptr;
+  const float* last = p + (rows - 1) * ld + cols;  // one past the last element read
+  if (p < weights_ || reinterpret_cast<const char*>(last) > weights_end_) return nullptr;
+  if (memory_->take_watched_write()) weights16_fresh_ = false;
+  if (!weights16_fresh_) {  // the whole range in one pass, once per change of the weights
+    const std::int64_t n = std::int64_t(weights_end_ - reinterpret_cast<const char*>(weights_)) /
+                           std::int64_t(sizeof(float));
+    launch_to_bf16(stream_, weights16_, weights_, 1, n, n);
+    weights16_fresh_ = true;
+  }
+  return weights16_ + (p - weights_);
 }
 
 CudaOps::~CudaOps() { release(); }
@@ -76,11 +107,12 @@ void CudaOps::release() noexcept {
   if (lt_) cublasLtDestroy(lt_);
   lt_ = nullptr;
   if (host_result_) cudaFreeHost(host_result_);
+  weights16_ = nullptr;  // in the arena
   cublas_ = nullptr;
   host_result_ = nullptr;
   scratch_ = BumpBlock();
   cublas_workspace_ = nullptr;
-  sum_partial_ = sum_result_ = nullptr;
+  sum_partial_ = sum_result_ = loss_total_ = nullptr;
   memory_.reset();  // cudaFree of the whole arena (Buffers made from it must be gone by now)
   if (stream_) cudaStreamDestroy(stream_);
   stream_ = nullptr;
@@ -212,16 +244,24 @@ void CudaOps::gelu_backward(float* dx, const float* x, const float* dy, std::int
 
 void CudaOps::add(float* y, const float* a, const float* b, std::int64_t n) {
   OpScope timed(timer_.get(), "add");
+  note_write(y, n * std::int64_t(sizeof(float)));
   launch_add(stream_, y, a, b, n);
 }
 
-void CudaOps::scale(float* x, float alpha, std::int64_t n) { launch_scale(stream_, x, alpha, n); }
+void CudaOps::scale(float* x, float alpha, std::int64_t n) {
+  note_write(x, n * std::int64_t(sizeof(float)));
+  launch_scale(stream_, x, alpha, n);
+}
 
-void CudaOps::fill(float* x, float value, std::int64_t n) { launch_fill(stream_, x, value, n); }
+void CudaOps::fill(float* x, float value, std::int64_t n) {
+  note_write(x, n * std::int64_t(sizeof(float)));
+  launch_fill(stream_, x, value, n);
+}
 
 void CudaOps::copy(float* dst, const float* src, std::int64_t n) {
   OpScope timed(timer_.get(), "scale");
   if (n <= 0 || dst == src) return;
+  note_write(dst, n * std::int64_t(sizeof(float)));
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::size_t(n) * sizeof(float),
                                      cudaMemcpyDeviceToDevice, stream_));
 }
@@ -233,6 +273,7 @@ void CudaOps::to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) {
 
 void CudaOps::from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) {
   OpScope timed(timer_.get(), "from_bf16");
+  note_write(dst, n * std::int64_t(sizeof(float)));
   launch_from_bf16(stream_, dst, src, n);
 }
 
@@ -241,6 +282,20 @@ double CudaOps::sum_squares(const float* x, std::int64_t n) {
   launch_sum_squares(stream_, sum_result_, sum_partial_, x, n);
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_result_, sum_result_, sizeof(double),
                                      cudaMemcpyDeviceToHost, stream_));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *host_result_;
+}
+
+void CudaOps::add_loss(const float* loss, int n) {
+  OpScope timed(timer_.get(), "add_loss");
+  launch_loss_add(stream_, loss_total_, loss, n);
+}
+
+double CudaOps::take_loss() {
+  OpScope timed(timer_.get(), "take_loss");
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_result_, loss_total_, sizeof(double),
+                                     cudaMemcpyDeviceToHost, stream_));
+  TRIDENT_CUDA_CHECK(cudaMemsetAsync(loss_total_, 0, sizeof(double), stream_));
   TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *host_result_;
 }
@@ -336,6 +391,7 @@ void CudaOps::adamw(float* p, const float* g, float* m, float* v, std::int64_t n
                     float beta1, float beta2, float eps, float weight_decay, float bc1,
                     float bc2) {
   OpScope timed(timer_.get(), "adamw");
+  note_write(p, n * std::int64_t(sizeof(float)));
   const AdamWScalars s = adamw_scalars(lr, beta1, beta2, weight_decay, bc1, bc2);
   launch_adamw(stream_, p, g, m, v, n, beta1, beta2, s.omb1, s.omb2, eps, s.decay, s.step,
                s.bc2_sqrt);

@@ -23,9 +23,11 @@
 //         model's stash (GptChunk::bf16_storage: each layer's large activations, packed with
 //         to_bf16 after the layer's forward and unpacked with from_bf16 into one fp32 layer
 //         before its backward), which halves the activation memory. Weights, gradients and
-//         the optimizer stay fp32 (no loss scaling). Not done: GEMMs reading the stored bf16
-//         directly (each product still converts its fp32 inputs in scratch; ~15% of a
-//         GPT-2-size GEMM, estimated) and a cached bf16 copy of the weights.
+//         the optimizer stay fp32 (no loss scaling). A product's operand that lies in the
+//         model's weights (set_weights) is read from a bf16 copy of them made once after each
+//         change (the weight cache, 2 bytes per parameter in the arena); the activation
+//         operands are converted in scratch per call. Not done: GEMMs reading the stored
+//         bf16 activations directly.
 // Attention's per-head products (strided-batched, read in place from qkv) have no packed
 // copy to convert, so under bf16 they use CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS rounds the
 // fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
@@ -64,6 +66,8 @@ class CudaOps final : public Ops {
   Device device() const override { return Device::cuda; }
   std::string name() const override;
   Precision precision() const override { return precision_; }
+  void set_weights(const float* params, std::int64_t n) override;
+  void weights_changed() override { weights16_fresh_ = false; }
   cudaStream_t stream() const { return stream_; }
   DeviceMemory* memory() override { return memory_.get(); }
   CudaMemory& cuda_memory() { return *memory_; }
@@ -148,6 +152,9 @@ class CudaOps final : public Ops {
                     const float* logits, const std::int32_t* targets, int n, int ld, int v_valid,
                     int vocab_start) override;
 
+  void add_loss(const float* loss, int n) override;
+  double take_loss() override;
+
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
 
@@ -169,6 +176,17 @@ class CudaOps final : public Ops {
   // then falls back to the bias rows and a product with beta = 1).
   bool linear_bias_lt(float* y, const void* x16, const void* w16, const float* b, int n, int in,
                       int out);
+  // The bf16 copy of the stored matrix [rows, cols] (leading dimension ld) at p, from the
+  // weight cache when it lies in set_weights' range (converting the whole range first when
+  // the weights changed since the last conversion); nullptr when it does not (the caller
+  // converts it into scratch). The copy's leading dimension is ld.
+  const void* cached_bf16(const float* p, std::int64_t rows, std::int64_t cols, std::int64_t ld);
+  // An op of this backend is about to write [p, p + n): the cache is stale if that overlaps.
+  void note_write(const void* p, std::int64_t bytes) {
+    if (weights16_ && static_cast<const char*>(p) < weights_end_ &&
+        static_cast<const char*>(p) + bytes > reinterpret_cast<const char*>(weights_))
+      weights16_fresh_ = false;
+  }
   // linear_backward under bf16 products (matmul.cpp says how the operands are converted).
   void linear_backward_bf16(float* dx, float* dw, float* db, const float* dy, const float* x,
                             const float* w, int n, int in, int out);
@@ -187,11 +205,21 @@ class CudaOps final : public Ops {
   void* cublas_workspace_ = nullptr;    // in the arena
   double* sum_partial_ = nullptr;       // in the arena: sum_squares_blocks() doubles
   double* sum_result_ = nullptr;        // in the arena
+  double* loss_total_ = nullptr;        // in the arena: add_loss's total, zeroed by take_loss
   double* host_result_ = nullptr;       // pinned host memory, one double
   std::unique_ptr<OpTimer> timer_;      // per-op timing (TRIDENT_OP_TIMING), null when off
   // TRIDENT_CUDA_BASELINE=1: the paths before issue 27 (three-pass classifier, per-product
   // conversions and the GEMV bias gradient in linear_backward), for before/after timings.
   bool baseline_ = false;
+  // The weight cache (bf16 products): a bf16 copy of set_weights' range, in the arena, made
+  // at the first product after the weights changed (an op's or copy's write into the range,
+  // weights_changed(): the optimizer's step). TRIDENT_CUDA_WEIGHT_CACHE=0 or the baseline
+  // turn it off (each product converts its weight operand, as before).
+  const float* weights_ = nullptr;
+  const char* weights_end_ = nullptr;
+  std::uint16_t* weights16_ = nullptr;
+  bool weights16_fresh_ = false;
+  bool weight_cache_ = true;
   // cuBLASLt (the bias epilogue): a plan per shape and pointer alignments, made at first use.
   struct LtPlan {
     cublasLtMatmulDesc_t desc = nullptr;

@@ -130,6 +130,8 @@ void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t 
 void launch_sum_squares(cudaStream_t s, double* result, double* partial, const float* x,
                         std::int64_t n);
 int sum_squares_blocks();
+// *total += sum of loss[n] in double (one block, deterministic): Ops::add_loss on the device.
+void launch_loss_add(cudaStream_t s, double* total, const float* loss, int n);
 // AdamW with the scalars formed on the host (trident/ops/adamw.hpp), the CPU's float ops in
 // the CPU's order without FMA contraction.
 void launch_adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, std::int64_t n,

@@ -53,14 +53,28 @@ void CudaOps::gemm_rm(bool ta, bool tb, int m, int n, int k, float alpha, const 
     // transposed), B [k,n] (or [n,k]); the copies' leading dimension is their column count.
     const std::int64_t ra = ta ? k : m, ca = ta ? m : k;
     const std::int64_t rb = tb ? n : k, cb = tb ? k : n;
-    const std::size_t abytes = std::size_t(ra * ca) * 2, bbytes = std::size_t(rb * cb) * 2;
-    BumpBlock& s = scratch(aligned_bytes(abytes) + aligned_bytes(bbytes));
-    void* a16 = s.alloc(abytes);
-    void* b16 = s.alloc(bbytes);
-    launch_to_bf16(stream_, a16, a, ra, ca, lda);
-    launch_to_bf16(stream_, b16, b, rb, cb, ldb);
-    gemm_rm16(ta, tb, m, n, k, alpha, a16, static_cast<int>(ca), b16, static_cast<int>(cb), beta,
-              c, ldc);
+    // An operand in the weights is read from the weight cache (leading dimension as stored).
+    const void* a16 = cached_bf16(a, ra, ca, lda);
+    const void* b16 = cached_bf16(b, rb, cb, ldb);
+    const std::size_t abytes = a16 ? 0 : std::size_t(ra * ca) * 2;
+    const std::size_t bbytes = b16 ? 0 : std::size_t(rb * cb) * 2;
+    int lda16 = lda, ldb16 = ldb;
+    if (abytes || bbytes) {
+      BumpBlock& s = scratch(aligned_bytes(abytes) + aligned_bytes(bbytes));
+      if (!a16) {
+        void* packed = s.alloc(abytes);
+        launch_to_bf16(stream_, packed, a, ra, ca, lda);
+        a16 = packed;
+        lda16 = static_cast<int>(ca);
+      }
+      if (!b16) {
+        void* packed = s.alloc(bbytes);
+        launch_to_bf16(stream_, packed, b, rb, cb, ldb);
+        b16 = packed;
+        ldb16 = static_cast<int>(cb);
+      }
+    }
+    gemm_rm16(ta, tb, m, n, k, alpha, a16, lda16, b16, ldb16, beta, c, ldc);
     return;
   }
   const cublasComputeType_t compute =
@@ -104,13 +118,18 @@ void CudaOps::linear_forward(float* y, const float* x, const float* w, const flo
   OpScope timed(
       timer_.get(), [&] { return str("linear_forward n=", n, " in=", in, " out=", out); }, 0);
   if (precision_ == Precision::bf16 && b && !baseline_ && n > 0 && in > 0 && out > 0) {
-    // bf16 copies of x and w, then the product with the bias in cuBLASLt's epilogue
-    const std::size_t xbytes = std::size_t(n) * in * 2, wbytes = std::size_t(in) * out * 2;
+    // bf16 copies of x and w (w from the weight cache when it is a weight), then the product
+    // with the bias in cuBLASLt's epilogue
+    const void* w16 = cached_bf16(w, in, out, out);
+    const std::size_t xbytes = std::size_t(n) * in * 2, wbytes = w16 ? 0 : std::size_t(in) * out * 2;
     BumpBlock& s = scratch(aligned_bytes(xbytes) + aligned_bytes(wbytes));
     void* x16 = s.alloc(xbytes);
-    void* w16 = s.alloc(wbytes);
     launch_to_bf16(stream_, x16, x, n, in, in);
-    launch_to_bf16(stream_, w16, w, in, out, out);
+    if (!w16) {
+      void* packed = s.alloc(wbytes);
+      launch_to_bf16(stream_, packed, w, in, out, out);
+      w16 = packed;
+    }
     if (linear_bias_lt(y, x16, w16, b, n, in, out)) return;
     launch_bias_rows(stream_, y, b, n, out);
     gemm_rm16(false, false, n, out, in, 1.0f, x16, in, w16, out, 1.0f, y, out);
@@ -232,13 +251,15 @@ void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, 
 }
 
 // bf16 products with each operand converted once: dy (with db's column sums in the same
-// read) for both products, then w for dx, then x for dw in w's place (the stream orders the
-// dx product's reads of w16 before x16's writes), so the scratch is no larger than one
-// product's two operands (model::predict_memory's count) plus the column partials.
+// read) for both products, then w for dx (unless the weight cache has it), then x for dw in
+// w's place (the stream orders the dx product's reads of w16 before x16's writes), so the
+// scratch is no larger than one product's two operands (model::predict_memory's count) plus
+// the column partials.
 void CudaOps::linear_backward_bf16(float* dx, float* dw, float* db, const float* dy,
                                    const float* x, const float* w, int n, int in, int out) {
+  const void* w16 = dx ? cached_bf16(w, in, out, out) : nullptr;
   const std::size_t dy_bytes = std::size_t(n) * out * 2;
-  const std::size_t other_bytes = std::max(dx ? std::size_t(in) * out * 2 : 0,
+  const std::size_t other_bytes = std::max(dx && !w16 ? std::size_t(in) * out * 2 : 0,
                                            std::size_t(n) * in * 2);
   const std::size_t partial_floats = db ? std::size_t(colsum_partial_floats(n, out)) : 0;
   BumpBlock& s = scratch(aligned_bytes(dy_bytes) + aligned_bytes(other_bytes) +
@@ -252,8 +273,11 @@ void CudaOps::linear_backward_bf16(float* dx, float* dw, float* db, const float*
     launch_to_bf16(stream_, dy16, dy, n, out, out);
   }
   if (dx) {  // dx[N,in] = dy[N,out] @ w[in,out]^T
-    launch_to_bf16(stream_, other16, w, in, out, out);
-    gemm_rm16(false, true, n, in, out, 1.0f, dy16, out, other16, out, 0.0f, dx, in);
+    if (!w16) {
+      launch_to_bf16(stream_, other16, w, in, out, out);
+      w16 = other16;
+    }
+    gemm_rm16(false, true, n, in, out, 1.0f, dy16, out, w16, out, 0.0f, dx, in);
   }
   // dw[in,out] += x[N,in]^T @ dy[N,out]
   launch_to_bf16(stream_, other16, x, n, in, in);

@@ -134,6 +134,9 @@ bool CudaMemory::holds(const void* p) const {
 
 void CudaMemory::to_device(void* device_dst, const void* host_src, std::size_t bytes) {
   if (bytes == 0) return;
+  const char* d = static_cast<const char*>(device_dst);
+  if (watched_bytes_ && d < watched_ + watched_bytes_ && d + bytes > watched_)
+    watched_written_ = true;
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
   TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

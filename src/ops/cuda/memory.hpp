@@ -46,6 +46,18 @@ class CudaMemory final : public DeviceMemory {
   std::size_t peak() const override { return arena_.peak(); }
   std::size_t blocks() const { return arena_.blocks(); }
   void* base() const { return base_; }
+  // to_device notes a copy into [p, p + bytes) (the model's weights: CudaOps's weight cache);
+  // take_watched_write() says whether one happened since it last asked.
+  void watch(const void* p, std::size_t bytes) {
+    watched_ = static_cast<const char*>(p);
+    watched_bytes_ = p ? bytes : 0;
+    watched_written_ = false;
+  }
+  bool take_watched_write() {
+    const bool w = watched_written_;
+    watched_written_ = false;
+    return w;
+  }
 
   // cudaMemcpyAsync on the stream, then cudaStreamSynchronize: ordered after every op queued
   // before, complete on return.
@@ -73,6 +85,9 @@ class CudaMemory final : public DeviceMemory {
   cudaStream_t staging_ = nullptr;
   std::vector<Copy> copies_;
   std::uint64_t tickets_ = 0;
+  const char* watched_ = nullptr;
+  std::size_t watched_bytes_ = 0;
+  bool watched_written_ = false;
   std::string where_;  // "cuda:0 (NVIDIA H200)"
   std::string what_;   // "device arena of cuda:0 (NVIDIA H200)", for ArenaAllocator's errors
 };

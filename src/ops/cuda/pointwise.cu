@@ -156,6 +156,17 @@ __global__ void sum_squares_finish_kernel(double* result, const double* partial,
   if (threadIdx.x == 0) *result = s;
 }
 
+// *total += sum of loss[0, n): one block, thread k sums k, k + kBlock, ... in double, then the
+// block's fixed tree (deterministic; not a host loop's order, the same value up to double
+// rounding).
+__global__ void loss_add_kernel(double* total, const float* loss, int n) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x)) s += loss[i];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *total += s;
+}
+
 // torch's AdamW step in float, operation by operation as the CPU backend, with explicit
 // round-to-nearest intrinsics so that nvcc does not fuse a multiply and an add. (GCC does
 // fuse some in the CPU build on FMA machines: the backends then agree to an ulp or two, as
@@ -265,6 +276,12 @@ void launch_sum_squares(cudaStream_t s, double* result, double* partial, const f
   check_launch("sum_squares_partial");
   sum_squares_finish_kernel<<<1, kSumBlocks, 0, s>>>(result, partial, static_cast<int>(blocks));
   check_launch("sum_squares_finish");
+}
+
+void launch_loss_add(cudaStream_t s, double* total, const float* loss, int n) {
+  if (n <= 0) return;
+  loss_add_kernel<<<1, kBlock, 0, s>>>(total, loss, n);
+  check_launch("loss_add");
 }
 
 void launch_adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, std::int64_t n,

@@ -7,6 +7,7 @@
 #   test/mpi/device_layouts.py  with TRIDENT_TEST_DEVICE=cuda (every layout against "cpu")
 #   test/oracle/grad_oracle.py  with TRIDENT_TEST_DEVICE=cuda (gradients against PyTorch)
 #   emulate/op_timing.py        the per-op timing table (TRIDENT_OP_TIMING; ~5 s)
+#   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself. A check of the backend's host code, its use
 # of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
@@ -104,7 +105,8 @@ export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/
 export PATH="$work/bin:$PATH" TRIDENT_SOURCE_DIR="$src" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mkdir -p "$TRIDENT_TEST_OUT"
 status=0
-for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/unit/ops/cuda/emulate/op_timing.py; do
+for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/unit/ops/cuda/emulate/op_timing.py \
+         test/unit/ops/cuda/emulate/weight_cache.py; do
   t0=$SECONDS
   rc=0
   "${TRIDENT_PYTHON:-python3}" "$src/$t" || rc=$?
