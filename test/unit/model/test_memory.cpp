@@ -43,9 +43,10 @@ TEST(Memory, Bf16StorageCountsTheStashAtTwoBytes) {
   }
 }
 
-// bf16 products on a device: the backend converts both inputs of each product in its scratch,
-// which settles at 1.25x the largest need; for GPT-2 small's shapes that is the LM head's
-// input gradient, dlogits [N, V] . wte [V, C] (ops/cuda/cuda_ops.cpp, matmul.cpp).
+// bf16 products on a device: the backend converts each product's activation inputs in its
+// scratch, which settles at 1.25x the largest need (for GPT-2 small's shapes the LM head's
+// weight gradient, x^T . dlogits), and keeps a bf16 copy of the weights (the weight cache;
+// ops/cuda/cuda_ops.cpp, matmul.cpp).
 TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   ModelConfig cfg;
   cfg.vocab_size = 50304, cfg.seq_len = 1024, cfg.n_layer = 12, cfg.n_head = 12, cfg.d_model = 768;
@@ -56,8 +57,11 @@ TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   lay.bf16_products = true;
   const MemoryEstimate bf16 = predict_memory(cfg, lay);
   const std::int64_t N = 8 * 1024, V = 50304, C = 768;
-  const std::int64_t need = 2 * (N * V + V * C);  // bytes of the two bf16 copies
-  EXPECT_EQ(bf16.scratch - fp32.scratch, need + need / 4 - (std::int64_t(1) << 20));
+  // The head's weight-gradient product converts both activations, x [N, C] and dy [N, V];
+  // the weights come from the weight cache, a bf16 copy of every parameter (2 bytes each).
+  const std::int64_t need = 2 * (N * C + N * V);
+  const std::int64_t cache = 2 * (fp32.weights / 4);
+  EXPECT_EQ(bf16.scratch - fp32.scratch, need + need / 4 - (std::int64_t(1) << 20) + cache);
   // On the CPU there is no backend scratch, whatever the flag says.
   lay.host_memory = true;
   EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
