@@ -193,17 +193,17 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
 
   // Memory: every pipeline stage (their stashes and chunks differ); the largest.
   std::vector<double> param_bytes(std::size_t(lay.pp), 0.0);  // each rank's parameters
+  const std::vector<pipeline::RankScheduleMemory> sched_memory = pipeline::schedule_memory(sched);
   for (int r = 0; r < lay.pp; ++r) {
     model::MemoryLayout ml;
     ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp;
     ml.pp_rank = r, ml.tp_rank = 0;
     ml.stage_layers = stage_layers;
-    ml.placement = sched.placement;
     ml.micro_batch = lay.micro_batch;
     ml.sequence_parallel = lay.sequence_parallel;
     ml.recompute = lay.recompute;
     ml.zero1 = lay.zero1;
-    pipeline::set_schedule_memory(ml, sched, r);
+    pipeline::set_schedule_memory(ml, sched, sched_memory[std::size_t(r)]);
     ml.host_memory = host_memory;
     ml.open_files = r == 0 ? open_files.rank0 : open_files.others;  // rank 0 writes metrics
     ml.set_precision(precision);

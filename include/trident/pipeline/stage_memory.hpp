@@ -9,8 +9,11 @@
 // posted the receive and the sender has reaped it after one of its own compute actions; that
 // depends on timing, so it is counted on the simulator's timeline (uniform costs): a model,
 // which the executor's own count can differ from by a buffer or two.
-// defines: trident::pipeline::MessageBuffers, peak_message_buffers, set_schedule_memory
+// defines: trident::pipeline::MessageBuffers, peak_message_buffers, RankScheduleMemory,
+//          schedule_memory, set_schedule_memory
 #pragma once
+
+#include <vector>
 
 #include "trident/model/memory.hpp"
 #include "trident/pipeline/schedule.hpp"
@@ -22,12 +25,26 @@ struct MessageBuffers {
   int total() const { return sends + receives; }
 };
 
-// Throws Error where simulate() does (an invalid schedule).
-MessageBuffers peak_message_buffers(const Schedule& s, int rank);
+// Every pipeline rank's peak, from one simulation of the schedule (none at pp 1). Throws
+// Error where simulate() does (an invalid schedule).
+std::vector<MessageBuffers> peak_message_buffers(const Schedule& s);
 
-// Sets what schedule `s` decides for pipeline rank `rank` in `layout`: its activation stash
+// What schedule `s` decides for one pipeline rank's memory: its activation stash
 // (peak_activations), the zero-bubble gradient stash (splits_weight_grad), its weight
 // versions (weight_versions) and its message buffers.
+struct RankScheduleMemory {
+  int peak_stash = 1;
+  bool split_backward = false;
+  int weight_versions = 1;
+  int message_buffers = 0;
+};
+// Every pipeline rank's (index: pipeline rank), from one simulation.
+std::vector<RankScheduleMemory> schedule_memory(const Schedule& s);
+
+// Sets `rank`'s figures and the schedule's placement in `layout`.
+void set_schedule_memory(model::MemoryLayout& layout, const Schedule& s,
+                         const RankScheduleMemory& rank);
+// The same for pipeline rank `rank` (one simulation: for one rank only).
 void set_schedule_memory(model::MemoryLayout& layout, const Schedule& s, int rank);
 
 }  // namespace trident::pipeline

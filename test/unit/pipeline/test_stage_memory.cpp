@@ -8,7 +8,7 @@
 using namespace trident::pipeline;
 
 TEST(MessageBuffers, NoneWithoutAPipeline) {
-  EXPECT_EQ(peak_message_buffers(make_schedule("1f1b", 1, 1, 8), 0).total(), 0);
+  EXPECT_EQ(peak_message_buffers(make_schedule("1f1b", 1, 1, 8))[0].total(), 0);
 }
 
 // Receives are exact: each is posted kReceiveLead compute actions ahead of its consumer.
@@ -17,14 +17,14 @@ TEST(MessageBuffers, NoneWithoutAPipeline) {
 // waiting); the last rank runs F B F B too but its one receive per pair is consumed first.
 TEST(MessageBuffers, ReceivesFollowTheLoweredList) {
   const Schedule s = make_schedule("1f1b", 2, 1, 8);
-  EXPECT_EQ(peak_message_buffers(s, 0).receives, 2);
-  EXPECT_EQ(peak_message_buffers(s, 1).receives, 1);
+  EXPECT_EQ(peak_message_buffers(s)[0].receives, 2);
+  EXPECT_EQ(peak_message_buffers(s)[1].receives, 1);
   for (const char* name : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs"})
     for (int pp : {2, 4}) {
       const int vpp = std::string(name) == "interleaved-1f1b" || std::string(name) == "looped-bfs" ? 2 : 1;
       const Schedule t = make_schedule(name, pp, vpp, 8);
       for (int r = 0; r < pp; ++r) {
-        const MessageBuffers b = peak_message_buffers(t, r);
+        const MessageBuffers b = peak_message_buffers(t)[std::size_t(r)];
         EXPECT_GE(b.receives, 1) << name << " pp " << pp << " rank " << r;
         EXPECT_LE(b.receives, kReceiveLead + 1) << name << " pp " << pp << " rank " << r;
         EXPECT_GE(b.sends, 1) << name << " pp " << pp << " rank " << r;
@@ -36,8 +36,8 @@ TEST(MessageBuffers, ReceivesFollowTheLoweredList) {
 // receiver busy with its own forwards, so it holds several buffers where 1F1B's steady
 // state holds about one (the executor measured 8 and 1 on model C of mpi.plan_memory).
 TEST(MessageBuffers, BreadthFirstHoldsMoreSendsThan1F1B) {
-  const int bfs = peak_message_buffers(make_schedule("looped-bfs", 2, 3, 8), 0).sends;
-  const int one = peak_message_buffers(make_schedule("1f1b", 2, 1, 8), 0).sends;
+  const int bfs = peak_message_buffers(make_schedule("looped-bfs", 2, 3, 8))[0].sends;
+  const int one = peak_message_buffers(make_schedule("1f1b", 2, 1, 8))[0].sends;
   EXPECT_EQ(one, 1);
   EXPECT_GE(bfs, 4);
   EXPECT_LE(bfs, 8);  // at most one per microbatch of the first chunk it sends
@@ -50,8 +50,27 @@ TEST(ScheduleMemory, FillsTheLayoutFromTheSchedule) {
   EXPECT_EQ(lay.peak_stash, peak_activations(s.stages[1]));
   EXPECT_TRUE(lay.split_backward);
   EXPECT_EQ(lay.weight_versions, 1);
-  EXPECT_EQ(lay.message_buffers, peak_message_buffers(s, 1).total());
+  EXPECT_EQ(lay.message_buffers, peak_message_buffers(s)[1].total());
   set_schedule_memory(lay, make_schedule("pipedream-2bw", 4, 1, 8), 0);
   EXPECT_FALSE(lay.split_backward);
   EXPECT_EQ(lay.weight_versions, 2);
+  EXPECT_EQ(lay.placement, trident::Placement::round_robin);
+  set_schedule_memory(lay, make_schedule("zb-v", 2, 2, 8), 0);  // the V: the placement too
+  EXPECT_EQ(lay.placement, trident::Placement::v_shape);
+}
+
+// Every rank's figures from one simulation are each rank's own.
+TEST(ScheduleMemory, EveryRankAtOnce) {
+  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+    const Schedule s = make_schedule(name, 4, 1, 8);
+    const std::vector<RankScheduleMemory> all = schedule_memory(s);
+    ASSERT_EQ(all.size(), 4u);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(all[std::size_t(r)].peak_stash, peak_activations(s.stages[std::size_t(r)])) << name;
+      EXPECT_EQ(all[std::size_t(r)].message_buffers,
+                peak_message_buffers(s)[std::size_t(r)].total()) << name;
+    }
+    if (std::string(name) == "1f1b")  // the first rank stashes most
+      EXPECT_GT(all[0].peak_stash, all[3].peak_stash) << name;
+  }
 }
