@@ -150,15 +150,9 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
     std::filesystem::remove_all(out_dir);
     std::string cmd = launcher + " " + quote(exe) + " train " + quote(a.deck.deck);
     std::vector<std::string> sets = a.deck.overrides;
+    for (const std::string& s : plan::layout_set_lines(l)) sets.push_back(s);
     for (const std::string& s :
-         {str("parallel.tp=", l.tp), str("parallel.pp=", l.pp), str("parallel.dp=", l.dp),
-          str("parallel.vpp=", l.vpp), str("parallel.schedule=", l.schedule),
-          str("parallel.pipeline_layers=", l.split),
-          str("parallel.micro_batch_size=", l.micro_batch),
-          str("parallel.recompute=", plan::recompute_name(l.recompute)),
-          str("parallel.sequence_parallel=", l.sequence_parallel ? "true" : "false"),
-          str("parallel.zero_stage=", l.zero1 ? 1 : 0), str("train.steps=", steps),
-          std::string("train.warmup_steps=0"), std::string("train.eval_every=0"),
+         {str("train.steps=", steps), std::string("train.warmup_steps=0"), std::string("train.eval_every=0"),
           std::string("io.resume=none"), std::string("io.checkpoint_every=0"),
           std::string("io.trace_step=0"), "io.out_dir=" + out_dir})
       sets.push_back(s);

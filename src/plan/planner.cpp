@@ -37,13 +37,30 @@ train::Config with_layout(const train::Config& deck, const Layout& l) {
   return c;
 }
 
+std::vector<std::pair<std::string, std::string>> layout_keys(const Layout& l) {
+  auto quoted = [](const std::string& v) { return "\"" + v + "\""; };
+  return {{"tp", str(l.tp)},
+          {"pp", str(l.pp)},
+          {"dp", str(l.dp)},
+          {"vpp", str(l.vpp)},
+          {"schedule", quoted(l.schedule)},
+          {"pipeline_layers", quoted(l.split)},
+          {"micro_batch_size", str(l.micro_batch)},
+          {"sequence_parallel", l.sequence_parallel ? "true" : "false"},
+          {"zero_stage", l.zero1 ? "1" : "0"},
+          {"recompute", quoted(recompute_name(l.recompute))}};
+}
+
 std::string layout_deck_lines(const Layout& l) {
-  return str("[parallel]\ntp = ", l.tp, "\npp = ", l.pp, "\ndp = ", l.dp, "\nvpp = ", l.vpp,
-             "\nschedule = \"", l.schedule, "\"\npipeline_layers = \"", l.split,
-             "\"\nmicro_batch_size = ", l.micro_batch,
-             "\nsequence_parallel = ", l.sequence_parallel ? "true" : "false",
-             "\nzero_stage = ", l.zero1 ? 1 : 0, "\nrecompute = \"",
-             recompute_name(l.recompute), "\"\n");
+  std::string lines = "[parallel]\n";
+  for (const auto& [key, value] : layout_keys(l)) lines += key + " = " + value + "\n";
+  return lines;
+}
+
+std::vector<std::string> layout_set_lines(const Layout& l) {
+  std::vector<std::string> sets;
+  for (const auto& [key, value] : layout_keys(l)) sets.push_back("parallel." + key + "=" + value);
+  return sets;
 }
 
 std::string memory_dominant(const model::MemoryEstimate& e) {

@@ -1,8 +1,8 @@
 // trident/plan/planner.hpp — every layout a deck's model may train in on nodes x ranks, each
 // predicted (plan/cost.hpp) and ranked: fastest fitting layout first, then those that do not
 // fit, smallest peak first.
-// defines: trident::plan::PlanOptions, schedule_candidates, enumerate_layouts, make_plan, layout_deck_lines,
-//          memory_dominant
+// defines: trident::plan::PlanOptions, schedule_candidates, enumerate_layouts, make_plan,
+//          with_layout, layout_keys, layout_deck_lines, layout_set_lines, memory_dominant
 #pragma once
 
 #include <string>
@@ -49,8 +49,14 @@ std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& 
 
 // The deck with `layout` in its [parallel] section (dp explicit).
 train::Config with_layout(const train::Config& deck, const Layout& layout);
+// The deck keys of `layout` ([parallel], dp explicit), each with its value as TOML: the one
+// mapping from a layout to text, which the two below write (and with_layout's typed one
+// agrees with: the planner's tests parse them back).
+std::vector<std::pair<std::string, std::string>> layout_keys(const Layout& layout);
 // The [parallel] lines of `layout`, as a deck would hold them.
 std::string layout_deck_lines(const Layout& layout);
+// `layout` as `--set` arguments ("parallel.tp=2", ...).
+std::vector<std::string> layout_set_lines(const Layout& layout);
 // "weights" | "gradients" | "optimizer" | "activations" | "scratch": the largest term.
 std::string memory_dominant(const model::MemoryEstimate& e);
 

@@ -313,6 +313,29 @@ TEST(Plan, UnequalStagesAreSimulatedAndTheAutoSplitIsProposed) {
   EXPECT_EQ(train::pipeline_stage_layers(with_layout(deck, l)), bal.stage_layers);
 }
 
+// A layout reaches a deck three ways: with_layout (typed, for parallel.layout = "auto"), the
+// deck lines `plan` prints and the --set lines `plan --validate` runs. All three give the
+// same configuration.
+TEST(Plan, LayoutTextParsesBackToWithLayout) {
+  const std::string deck_text =
+      "[model]\nvocab_size = 64\nseq_len = 16\nn_layer = 8\nn_head = 4\nd_model = 32\n"
+      "[train]\nglobal_batch_size = 16\n";
+  const train::Config deck = train::parse_config(deck_text, "deck.toml");
+  Layout a;
+  a.tp = 2, a.pp = 2, a.dp = 1, a.vpp = 2, a.schedule = "interleaved-1f1b", a.micro_batch = 2;
+  a.recompute = model::Recompute::selective, a.sequence_parallel = true, a.split = "auto";
+  Layout b;
+  b.tp = 1, b.pp = 4, b.dp = 2, b.schedule = "zb-h1", b.zero1 = true;
+  for (const Layout& l : {a, b}) {
+    const std::string want = train::to_toml(with_layout(deck, l));
+    EXPECT_EQ(train::to_toml(train::parse_config(deck_text, "deck.toml", layout_set_lines(l))),
+              want) << l.str();
+    // The printed lines replace the deck's [parallel] table (it has none here).
+    EXPECT_EQ(train::to_toml(train::parse_config(deck_text + layout_deck_lines(l), "deck.toml")),
+              want) << l.str();
+  }
+}
+
 // The asynchronous schedules run 1F1B's lists, drained at each step's end: pipedream-2bw's
 // step is 1F1B's (one update per step; its second weight version is not a second
 // gradient to reduce), pipedream's adds an optimizer update and a DP reduction after every
