@@ -152,6 +152,7 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
     std::vector<std::string> sets = a.deck.overrides;
     for (const std::string& s :
          {str("parallel.tp=", l.tp), str("parallel.pp=", l.pp), str("parallel.dp=", l.dp),
+          std::string("parallel.cp=1"),  // the planner's layouts have no CP (issue 30)
           str("parallel.vpp=", l.vpp), str("parallel.schedule=", l.schedule),
           str("parallel.pipeline_layers=", l.split),
           str("parallel.micro_batch_size=", l.micro_batch),
