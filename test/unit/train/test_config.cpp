@@ -569,6 +569,9 @@ TEST(ConfigErrors, Divisibility) {
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.cp=4"}));
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.cp=64"}));  // chunks of one token
   EXPECT_NO_THROW(parse_config("", "d.toml", {"model.seq_len=7"}));  // cp = 1: any length
+  // The planner lays out cp = 1 only: parallel.layout = "auto" chooses cp like tp.
+  expect_error("", {"parallel.layout=auto", "parallel.cp=2"},
+               {"parallel.cp is chosen by parallel.layout = \"auto\""});
   expect_error("", {"parallel.sequence_parallel=true", "parallel.tp=4", "model.seq_len=126"},
                {"parallel.sequence_parallel", "model.seq_len = 126", "parallel.tp = 4"});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.sequence_parallel=true", "parallel.tp=4"}));
