@@ -151,7 +151,9 @@ StepResult model_steps(trident::ops::Ops& ops, par::Tp2dGrid& grid, par::Comm& w
   }
   const float scale = 1.0f / float(n);
   StepResult r;
-  par::ParallelState ps = par::make_parallel_state(par::GridShape{world.size(), 1, 1});
+  par::GridShape all_tp;
+  all_tp.tp = world.size();
+  par::ParallelState ps = par::make_parallel_state(all_tp);
   model::GptChunk one(cfg, model::StageLayout{0, cfg.n_layer, true, true}, ps, ops, batch);
   one.init_weights(1);
   auto acts = one.make_activations();

@@ -16,22 +16,22 @@
 
 namespace trident::app {
 
-int run_grid(int tp, int pp, int dp) {
+int run_grid(int tp, int cp, int dp, int pp) {
   // Run alone it prints any shape; under mpirun the world must be that shape. The product is
   // taken in 64 bits and bounded: --tp 65536 --pp 65536 overflowed int and printed empty groups.
   constexpr long long kMaxRanks = 1 << 20;
   parallel::agree(MPI_COMM_WORLD, [&] {
-    const long long ranks = static_cast<long long>(tp) * pp * dp;
-    TRIDENT_CHECK(ranks <= kMaxRanks, "trident grid: --tp * --pp * --dp = ", tp, " * ", pp,
-                  " * ", dp, " = ", ranks, " ranks, more than the ", kMaxRanks,
+    const long long ranks = static_cast<long long>(tp) * cp * dp * pp;
+    TRIDENT_CHECK(ranks <= kMaxRanks, "trident grid: --tp * --cp * --dp * --pp = ", tp, " * ",
+                  cp, " * ", dp, " * ", pp, " = ", ranks, " ranks, more than the ", kMaxRanks,
                   " a grid may have");
     const int world = parallel::world_size();
-    TRIDENT_CHECK(world == 1 || world == tp * pp * dp, "trident grid: the world has ", world,
-                  " ranks, --tp * --pp * --dp = ", tp, " * ", pp, " * ", dp, " = ",
-                  tp * pp * dp);
+    TRIDENT_CHECK(world == 1 || world == ranks, "trident grid: the world has ", world,
+                  " ranks, --tp * --cp * --dp * --pp = ", tp, " * ", cp, " * ", dp, " * ", pp,
+                  " = ", ranks);
   });
   parallel::GridShape shape;
-  shape.tp = tp, shape.dp = dp, shape.pp = pp;
+  shape.tp = tp, shape.cp = cp, shape.dp = dp, shape.pp = pp;
   log::info(parallel::groups_json(shape));
   return 0;
 }

@@ -152,7 +152,8 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
     std::vector<std::string> sets = a.deck.overrides;
     for (const std::string& s : plan::layout_set_lines(l)) sets.push_back(s);
     for (const std::string& s :
-         {str("train.steps=", steps), std::string("train.warmup_steps=0"), std::string("train.eval_every=0"),
+         {str("train.steps=", steps), std::string("train.warmup_steps=0"),
+          std::string("train.eval_every=0"),
           std::string("io.resume=none"), std::string("io.checkpoint_every=0"),
           std::string("io.trace_step=0"), "io.out_dir=" + out_dir})
       sets.push_back(s);

@@ -82,7 +82,7 @@ struct ConvertArgs {
   int seq_len = 0;               // import: 0: the config's positions
 };
 int run_convert(const ConvertArgs& args);
-int run_grid(int tp, int pp, int dp);
+int run_grid(int tp, int cp, int dp, int pp);
 int run_schedule(const std::string& name, int pp, int microbatches, int vpp);
 
 // `trident plan` (plan/planner.hpp) and `trident calibrate` (plan/calibrate.hpp).

@@ -147,10 +147,11 @@ int run(int argc, char** argv) {
                       "import: the model's seq_len (default n_positions / max_position_embeddings)")
       ->check(kPositive);
 
-  int tp = 1, pp = 1, dp = 1, microbatches = 1, vpp = 1;
+  int tp = 1, cp = 1, pp = 1, dp = 1, microbatches = 1, vpp = 1;
   std::string schedule_name;
-  auto* grid = app.add_subcommand("grid", "print the TP, PP and DP groups as JSON");
+  auto* grid = app.add_subcommand("grid", "print the TP, CP, DP and PP groups as JSON");
   grid->add_option("--tp", tp)->check(kPositive);
+  grid->add_option("--cp", cp, "context-parallel size")->check(kPositive);
   grid->add_option("--pp", pp)->check(kPositive);
   grid->add_option("--dp", dp)->check(kPositive);
 
@@ -232,7 +233,7 @@ int run(int argc, char** argv) {
     conv.dtype_given = conv_dtype->count() > 0;
     return run_convert(conv);
   }
-  if (*grid) return run_grid(tp, pp, dp);
+  if (*grid) return run_grid(tp, cp, dp, pp);
   if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp);
   if (*plan) return run_plan(plan_args);
   if (*cal) return run_calibrate(cal_args);

@@ -321,7 +321,7 @@ void Comm::recv(void* data, std::int64_t bytes, int peer, int tag) {
 
 void ParallelState::use_device_memory(DeviceMemory* memory, bool mpi_takes_device) {
   auto staging = memory ? std::make_shared<DeviceStaging>(memory, mpi_takes_device) : nullptr;
-  for (Comm* c : {&world, &tp, &dp, &pp, &embedding}) c->set_staging(staging);
+  for (Comm* c : {&world, &tp, &cp, &dp, &dp_cp, &pp, &embedding}) c->set_staging(staging);
 }
 
 ParallelState make_parallel_state(const GridShape& shape, Placement placement, int vpp) {
@@ -331,17 +331,22 @@ ParallelState make_parallel_state(const GridShape& shape, Placement placement, i
   ps.world = Comm::world();
   ps.world_rank = ps.world.rank();
   TRIDENT_CHECK(ps.world.size() == shape.world_size(), "world size ", ps.world.size(),
-                " is not tp * pp * dp = ", shape.tp, " * ", shape.pp, " * ", shape.dp);
+                " is not tp * cp * dp * pp = ", shape.tp, " * ", shape.cp, " * ", shape.dp,
+                " * ", shape.pp);
   ps.coord = coord_of(shape, ps.world_rank);
   const GridCoord& c = ps.coord;
-  // color = the group's index along the other axes, key = position along the axis.
-  ps.tp = ps.world.split(c.dp + shape.dp * c.pp, c.tp, "tp");
-  ps.dp = ps.world.split(c.tp + shape.tp * c.pp, c.dp, "dp");
-  ps.pp = ps.world.split(c.tp + shape.tp * c.dp, c.pp, "pp");
+  // color = the group's index along the other axes, key = position along the axis (the
+  // order of group_ranks, grid.hpp).
+  const int tp_cp = c.tp + shape.tp * c.cp;                 // index of the (tp, cp) pair
+  const int tp_cp_dp = tp_cp + shape.tp * shape.cp * c.dp;  // of the (tp, cp, dp) triple
+  ps.tp = ps.world.split(c.cp + shape.cp * (c.dp + shape.dp * c.pp), c.tp, "tp");
+  ps.cp = ps.world.split(c.tp + shape.tp * (c.dp + shape.dp * c.pp), c.cp, "cp");
+  ps.dp = ps.world.split(tp_cp + shape.tp * shape.cp * c.pp, c.dp, "dp");
+  ps.dp_cp = ps.world.split(c.tp + shape.tp * c.pp, c.cp + shape.cp * c.dp, "dp_cp");
+  ps.pp = ps.world.split(tp_cp_dp, c.pp, "pp");
   const bool in_embedding =
       c.pp == ps.stage_map.embedding_rank() || c.pp == ps.stage_map.head_rank();
-  ps.embedding = ps.world.split(in_embedding ? c.tp + shape.tp * c.dp : MPI_UNDEFINED, c.pp,
-                                "embedding");
+  ps.embedding = ps.world.split(in_embedding ? tp_cp_dp : MPI_UNDEFINED, c.pp, "embedding");
   return ps;
 }
 

@@ -26,6 +26,7 @@ std::vector<int> divisors(std::int64_t n) {
 train::Config with_layout(const train::Config& deck, const Layout& l) {
   train::Config c = deck;
   c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
+  c.parallel.cp = 1;  // the planner does not lay out context parallelism yet (issue 30)
   c.parallel.schedule = l.schedule;
   // The split the layout was planned with (a deck's own list of counts fits its own pp and
   // vpp only): "even" or "auto", resolved by `trident train` as plan::stage_layers_of does.
@@ -42,6 +43,7 @@ std::vector<std::pair<std::string, std::string>> layout_keys(const Layout& l) {
   return {{"tp", str(l.tp)},
           {"pp", str(l.pp)},
           {"dp", str(l.dp)},
+          {"cp", "1"},  // the planner does not lay out context parallelism yet (issue 30)
           {"vpp", str(l.vpp)},
           {"schedule", quoted(l.schedule)},
           {"pipeline_layers", quoted(l.split)},

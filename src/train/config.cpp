@@ -73,6 +73,7 @@ const std::vector<KeyDef>& key_table() {
       {"parallel", "tp", [](Config& c) -> Field { return &c.parallel.tp; }},
       {"parallel", "pp", [](Config& c) -> Field { return &c.parallel.pp; }},
       {"parallel", "dp", [](Config& c) -> Field { return &c.parallel.dp; }},
+      {"parallel", "cp", [](Config& c) -> Field { return &c.parallel.cp; }},
       {"parallel", "vpp", [](Config& c) -> Field { return &c.parallel.vpp; }},
       {"parallel", "schedule", [](Config& c) -> Field { return &c.parallel.schedule; }},
       {"parallel", "pipeline_layers",
@@ -665,7 +666,14 @@ class Loader {
     const Config::Parallel& p = c.parallel;
     need(p.tp >= 1, "parallel.tp", ">= 1", p.tp);
     need(p.pp >= 1, "parallel.pp", ">= 1", p.pp);
-    need(p.dp >= 0, "parallel.dp", ">= 0 (0: world size / (tp * pp))", p.dp);
+    need(p.dp >= 0, "parallel.dp", ">= 0 (0: world size / (tp * cp * pp))", p.dp);
+    need(p.cp >= 1, "parallel.cp", ">= 1", p.cp);
+    // The load-balanced causal split: each sequence in 2 * cp chunks, rank r holding chunks
+    // r and 2 * cp - 1 - r (Megatron's context parallelism).
+    if (p.cp > 1 && c.model.seq_len % (2 * p.cp) != 0)
+      fail(where("parallel.cp", "model.seq_len"), ": parallel.cp = ", p.cp,
+           " needs model.seq_len = ", c.model.seq_len, " divisible by 2 * parallel.cp = ",
+           2 * p.cp);
     need(p.vpp >= 1, "parallel.vpp", ">= 1", p.vpp);
     need_one_of(p.schedule, "parallel.schedule", pipeline::schedule_names());
     // PipeDream updates each stage on its own after every backward (docs/FORMAT.md): no
@@ -811,7 +819,7 @@ class Loader {
              "\"auto\" only; set that too, or remove parallel.machine");
       return;
     }
-    for (const char* key : {"tp", "pp", "dp", "vpp", "schedule", "pipeline_layers",
+    for (const char* key : {"tp", "pp", "dp", "cp", "vpp", "schedule", "pipeline_layers",
                             "micro_batch_size", "sequence_parallel", "tp_mode", "zero_stage",
                             "recompute"}) {
       const std::string full = str("parallel.", key);
@@ -901,16 +909,20 @@ void resolve_world(Config& cfg, int world_size) {
   Config::Parallel& p = cfg.parallel;
   const std::string& src = cfg.source;
   TRIDENT_CHECK(world_size >= 1, "world size must be >= 1, got ", world_size);
-  const std::int64_t tp_pp = static_cast<std::int64_t>(p.tp) * p.pp;
+  const std::int64_t tp_cp_pp = static_cast<std::int64_t>(p.tp) * p.cp * p.pp;
+  // The keys of the product as written, parallel.cp among them only when it is set (> 1).
+  const std::string keys = p.cp == 1 ? "parallel.tp * parallel.pp"
+                                      : "parallel.tp * parallel.cp * parallel.pp";
+  const std::string values =
+      p.cp == 1 ? str(p.tp, " * ", p.pp) : str(p.tp, " * ", p.cp, " * ", p.pp);
   if (p.dp == 0) {
-    if (world_size % tp_pp != 0)
-      fail(src, ": parallel.tp * parallel.pp = ", p.tp, " * ", p.pp,
-           " does not divide the world size ", world_size, " (parallel.dp = 0)");
-    p.dp = static_cast<int>(world_size / tp_pp);
-  } else if (tp_pp * p.dp != world_size) {
-    fail(src, ": parallel.tp * parallel.pp * parallel.dp = ", p.tp, " * ", p.pp, " * ", p.dp,
-         " = ", tp_pp * p.dp, " ranks, but the world has ", world_size,
-         " (set parallel.dp = 0 to fit the world)");
+    if (world_size % tp_cp_pp != 0)
+      fail(src, ": ", keys, " = ", values, " does not divide the world size ", world_size,
+           " (parallel.dp = 0)");
+    p.dp = static_cast<int>(world_size / tp_cp_pp);
+  } else if (tp_cp_pp * p.dp != world_size) {
+    fail(src, ": ", keys, " * parallel.dp = ", values, " * ", p.dp, " = ", tp_cp_pp * p.dp,
+         " ranks, but the world has ", world_size, " (set parallel.dp = 0 to fit the world)");
   }
   const std::int64_t per_step = static_cast<std::int64_t>(p.micro_batch_size) * p.dp;
   if (cfg.train.global_batch_size % per_step != 0)

@@ -28,9 +28,9 @@ struct CommCounters {
   double bytes = 0;
 };
 
-// A communicator with a name ("world", "tp", "pp", "dp", "embedding"). Owns the MPI
-// handle it created (not MPI_COMM_WORLD). Collectives on a size-1 communicator return at
-// once without calling MPI or counting. A rank outside the group holds size 0.
+// A communicator with a name ("world", "tp", "cp", "dp", "dp_cp", "pp", "embedding"). Owns
+// the MPI handle it created (not MPI_COMM_WORLD). Collectives on a size-1 communicator
+// return at once without calling MPI or counting. A rank outside the group holds size 0.
 // Device memory (set_staging): every call takes device buffers and passes them to MPI
 // directly (a CUDA-aware MPI) or through host memory (parallel/staging.hpp): the blocking
 // ones around the call, the non-blocking ones in the Request they return, which owns its
@@ -144,7 +144,11 @@ struct ParallelState {
   GridShape shape;
   GridCoord coord;
   int world_rank = 0;
-  Comm world, tp, dp, pp, embedding;
+  // cp: the context-parallel ring (each rank a slice of every sequence). dp_cp: the DP × CP
+  // ranks holding the same shard of the weights, where weight gradients are summed under
+  // context parallelism; with cp == 1 the same ranks as dp (a separate communicator, so
+  // its counters are its own).
+  Comm world, tp, cp, dp, dp_cp, pp, embedding;
 
   // Which pipeline ranks hold virtual stage 0 (the embedding) and the last one (the head):
   // the schedule's placement (core/placement.hpp). Under zb-v's V both are rank 0.
@@ -156,7 +160,8 @@ struct ParallelState {
   bool last_stage() const { return coord.pp == stage_map.head_rank(); }
 };
 
-// Builds the tp/dp/pp/embedding communicators with MPI_Comm_split (collective on world).
+// Builds the tp/cp/dp/dp_cp/pp/embedding communicators with MPI_Comm_split (collective on
+// world), their members and order those of group_ranks (grid.hpp).
 // The caller has checked that the world size equals shape.world_size(). The embedding
 // group joins the ranks that hold virtual stage 0 and the last one under `placement` with
 // vpp chunks per rank (one rank under zb-v's V placement: the group is then that rank).

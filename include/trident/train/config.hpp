@@ -123,7 +123,11 @@ struct Config {
   struct Parallel {
     int tp = 1;
     int pp = 1;
-    int dp = 0;   // 0: world size / (tp * pp), filled in by resolve_world
+    int dp = 0;   // 0: world size / (tp * cp * pp), filled in by resolve_world
+    // Context parallelism: each sequence split over cp ranks (the grid's CP axis, between TP
+    // and DP; model.seq_len divisible by 2 * cp). Not wired into the model yet (issue 30):
+    // the commands that run one refuse cp > 1 (app/session.cpp).
+    int cp = 1;
     int vpp = 1;  // model chunks per pipeline rank (interleaved-1f1b, looped-bfs)
     // Layers per virtual stage: "even" (n_layer / (pp * vpp); "auto" where that does not
     // divide), "auto" (balanced by predicted cost, model::balanced_stage_layers) or a TOML
@@ -212,8 +216,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 // (floats printed to round-trip). parse_config(to_toml(c), ...) == c.
 std::string to_toml(const Config& cfg);
 
-// Fills in parallel.dp when it is 0 (world / (tp*pp)) and checks that the layout fits the
-// world (tp*pp*dp == world_size) and the batch (global_batch_size % (micro_batch_size*dp)
+// Fills in parallel.dp when it is 0 (world / (tp*cp*pp)) and checks that the layout fits the
+// world (tp*cp*dp*pp == world_size) and the batch (global_batch_size % (micro_batch_size*dp)
 // == 0). Throws Error naming the keys and cfg.source.
 void resolve_world(Config& cfg, int world_size);
 

@@ -311,6 +311,10 @@ TEST(Plan, UnequalStagesAreSimulatedAndTheAutoSplitIsProposed) {
   EXPECT_EQ(with_layout(deck, l).parallel.pipeline_layers, "auto");
   EXPECT_NE(layout_deck_lines(l).find("pipeline_layers = \"auto\"\n"), std::string::npos);
   EXPECT_EQ(train::pipeline_stage_layers(with_layout(deck, l)), bal.stage_layers);
+  // The planner's layouts have no context parallelism (issue 30): a deck's cp is reset.
+  train::Config cp_deck = deck;
+  cp_deck.parallel.cp = 2;
+  EXPECT_EQ(with_layout(cp_deck, l).parallel.cp, 1);
 }
 
 // A layout reaches a deck three ways: with_layout (typed, for parallel.layout = "auto"), the

@@ -26,7 +26,8 @@ d_model = 256
 [parallel]
 tp = 1
 pp = 1
-dp = 0                  # 0: world size / (tp * pp)
+dp = 0                  # 0: world size / (tp * cp * pp)
+cp = 1                  # context parallelism: ranks per sequence (grid only so far)
 vpp = 1                 # model chunks per pipeline rank (interleaved schedules)
 schedule = "1f1b"       # naive | gpipe | 1f1b | interleaved-1f1b | looped-bfs | zb-h1
 micro_batch_size = 4
@@ -109,6 +110,7 @@ TEST(Config, DefaultsAreFormatMd) {
   EXPECT_EQ(c.parallel.tp, 1);
   EXPECT_EQ(c.parallel.pp, 1);
   EXPECT_EQ(c.parallel.dp, 0);
+  EXPECT_EQ(c.parallel.cp, 1);
   EXPECT_EQ(c.parallel.vpp, 1);
   EXPECT_EQ(c.parallel.schedule, "1f1b");
   EXPECT_EQ(c.parallel.micro_batch_size, 4);
@@ -151,7 +153,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   // Every key of FORMAT.md's deck, in its order, each exactly once.
   const std::vector<std::string> lines = {
       "[model]", "vocab_size = 0", "seq_len = 128", "n_layer = 4", "n_head = 4",
-      "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "vpp = 1",
+      "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "cp = 1", "vpp = 1",
       "schedule = \"1f1b\"", "pipeline_layers = \"even\"", "micro_batch_size = 4", "sequence_parallel = false", "tp_mode = \"1d\"",
       "zero_stage = 0", "grad_bucket_mb = 25.0", "recompute = \"none\"", "layout = \"deck\"", "machine = \"\"", "[train]", "steps = 200",
       "global_batch_size = 32", "lr = 0.0003", "min_lr = 3e-05", "warmup_steps = 20",
@@ -169,7 +171,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 46u);
+  EXPECT_EQ(assignments, 47u);
 }
 
 // parallel.pipeline_layers: "even" by default, "auto", or a list that prints and parses back;
@@ -450,6 +452,8 @@ TEST(ConfigErrors, Ranges) {
       {"parallel.tp=0", "parallel.tp"},
       {"parallel.pp=0", "parallel.pp"},
       {"parallel.dp=-1", "parallel.dp"},
+      {"parallel.cp=0", "parallel.cp"},
+      {"parallel.cp=-2", "parallel.cp"},
       {"parallel.vpp=0", "parallel.vpp"},
       {"parallel.micro_batch_size=0", "parallel.micro_batch_size"},
       {"train.steps=0", "train.steps"},
@@ -556,6 +560,18 @@ TEST(ConfigErrors, Divisibility) {
   expect_error("[train]\nglobal_batch_size = 10\n",
                {"deck.toml:2:1: train.global_batch_size = 10",
                 "parallel.micro_batch_size = 4"});
+  // Context parallelism splits each sequence in 2 * cp chunks (seq_len 128 by default).
+  expect_error("", {"parallel.cp=3"},
+               {"deck.toml (--set): parallel.cp = 3 needs model.seq_len = 128 divisible by "
+                "2 * parallel.cp = 6"});
+  expect_error("[model]\nseq_len = 12\n\n[parallel]\ncp = 4\n",
+               {"deck.toml:5:1:", "parallel.cp = 4", "model.seq_len = 12", "= 8"});
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.cp=4"}));
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.cp=64"}));  // chunks of one token
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"model.seq_len=7"}));  // cp = 1: any length
+  // The planner lays out cp = 1 only: parallel.layout = "auto" chooses cp like tp.
+  expect_error("", {"parallel.layout=auto", "parallel.cp=2"},
+               {"parallel.cp is chosen by parallel.layout = \"auto\""});
   expect_error("", {"parallel.sequence_parallel=true", "parallel.tp=4", "model.seq_len=126"},
                {"parallel.sequence_parallel", "model.seq_len = 126", "parallel.tp = 4"});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.sequence_parallel=true", "parallel.tp=4"}));
@@ -691,6 +707,22 @@ TEST(ResolveWorld, FillsDpAndChecksTheLayout) {
             "");
 
   EXPECT_THROW(microbatches_per_rank(parse_config("", "deck.toml")), Error);  // dp unresolved
+
+  // Context parallelism is a factor of the world: dp = world / (tp * cp * pp).
+  Config cp = parse_config("", "deck.toml", {"parallel.cp=2", "parallel.tp=2"});
+  resolve_world(cp, 8);
+  EXPECT_EQ(cp.parallel.dp, 2);
+  EXPECT_EQ(microbatches_per_rank(cp), 4);  // CP ranks share their sequences: 32 / (4 * 2)
+  msg = error_of_world(parse_config("", "deck.toml", {"parallel.cp=2", "parallel.tp=2"}), 6);
+  EXPECT_NE(msg.find("deck.toml: parallel.tp * parallel.cp * parallel.pp = 2 * 2 * 1 does not "
+                     "divide the world size 6"),
+            std::string::npos)
+      << msg;
+  msg = error_of_world(parse_config("", "deck.toml", {"parallel.cp=2", "parallel.dp=2"}), 2);
+  EXPECT_NE(msg.find("parallel.tp * parallel.cp * parallel.pp * parallel.dp = 1 * 2 * 1 * 2 = "
+                     "4 ranks, but the world has 2"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(Config, ValidationIsDeterministic) {
