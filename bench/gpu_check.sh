@@ -205,32 +205,29 @@ else
   skip ctest_cuda "no trident binary or no CUDA CTest tests"
 fi
 
+# One of the CUDA backend's script tests (test/unit/ops/cuda/emulate/, run on the stand-in by
+# `make test-cuda-emu`) on the real GPU: emulate_script NAME BUDGET_S SCRIPT.
+emulate_script() {
+  local name=$1 budget=$2 script=$3 t
+  t=$(bounded "$budget")
+  if [ "$built" != yes ] || [ ! -x "$trident" ]; then
+    skip "$name" "no trident binary"
+  elif [ "$t" -eq 0 ]; then
+    skip "$name" "time budget spent"
+  else
+    mkdir -p "$out/test-out"
+    step "$name" timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
+         TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 \
+         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+         "$python" "$src/test/unit/ops/cuda/emulate/$script"
+  fi
+}
 # The per-op timing's own check (TRIDENT_OP_TIMING) with CUDA events: the table's counts and
-# shares in a serial run (and at tp 2 where mpirun is), test/unit/ops/cuda/emulate/op_timing.py.
-t=$(bounded 60)
-if [ "$built" != yes ] || [ ! -x "$trident" ]; then
-  skip op_timing_test "no trident binary"
-elif [ "$t" -eq 0 ]; then
-  skip op_timing_test "time budget spent"
-else
-  mkdir -p "$out/test-out"
-  step op_timing_test timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
-       TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-       OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/unit/ops/cuda/emulate/op_timing.py"
-fi
-# The bf16 weight cache against no cache, bit for bit, over each way the weights change
-# (test/unit/ops/cuda/emulate/weight_cache.py; the mpirun cases where mpirun is).
-t=$(bounded 90)
-if [ "$built" != yes ] || [ ! -x "$trident" ]; then
-  skip weight_cache_test "no trident binary"
-elif [ "$t" -eq 0 ]; then
-  skip weight_cache_test "time budget spent"
-else
-  mkdir -p "$out/test-out"
-  step weight_cache_test timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
-       TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-       OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/unit/ops/cuda/emulate/weight_cache.py"
-fi
+# shares in a serial run (and at tp 2 where mpirun is).
+emulate_script op_timing_test 60 op_timing.py
+# The bf16 weight cache against no cache, bit for bit, over each way the weights change (the
+# mpirun cases where mpirun is).
+emulate_script weight_cache_test 90 weight_cache.py
 
 if [ -x "$gemm" ]; then
   step gemm_bench to_file "$out/gemm.jsonl" "$gemm" "${GEMM_REPS:-20}"
