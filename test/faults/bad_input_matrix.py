@@ -1156,10 +1156,13 @@ def _disk_full_metrics(c):
     return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/fresh"})
 
 
-# Not yet a case: with the room check skipped, the first row's flush fails and leaves
-# metrics.h5 unreadable (HDF5 cannot write its metadata either; "addr overflow").
-# case("env_disk_full_metrics_write_1rank", ["full/fresh/metrics.h5", "disk full"])(
-#     _write_fails(_disk_full_metrics, 1))
+# With the room check skipped, the first row meets the full disk at the reservation of its
+# flush's bytes (metrics.cpp): the file keeps its last good flush (no rows) and reads. Before
+# the reservation, the flush itself failed and left metrics.h5 unreadable ("addr overflow").
+case("env_disk_full_metrics_write_1rank", ["full/fresh/metrics.h5", "disk full"])(
+    _write_fails(_disk_full_metrics, 1))
+case("env_disk_full_metrics_write", ["full/fresh/metrics.h5", "disk full"], np=2)(
+    _write_fails(_disk_full_metrics, 1))
 
 
 @case("env_file_size_limit_checkpoint", ["run/checkpoints/step-00000001.h5", "ulimit -f"], np=2)
