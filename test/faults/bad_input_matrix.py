@@ -1147,9 +1147,10 @@ def _metrics_no_partial_row(path):
 @case("env_disk_full_metrics_1rank", ["full/fresh/metrics.h5", "disk full"])
 @case("env_disk_full_metrics", ["full/fresh/metrics.h5", "disk full"], np=2)
 def _disk_full_metrics(c):
-    # A fresh run beside the sentinel on a tmpfs with room for its sample index and the
-    # metrics file's header, not for the first chunk of its columns (6 x 8 KiB): the row of
-    # step 1 cannot be written. The sentinel (the case's out_dir) stays as it was.
+    # A fresh run beside the sentinel on a tmpfs with room for its sample index, not for the
+    # metrics file's header with the reservation of its flush (metrics.cpp) nor for the
+    # first chunk of its columns: the file cannot be created whole (it is deleted) or the row
+    # of step 1 cannot be written. The sentinel (the case's out_dir) stays as it was.
     if not _mount_tmpfs(c, "full", 8 << 20, fill=_sentinel_leaving(c, 40 << 10)):
         raise Skip("cannot mount a tmpfs here (not root?)")
     c.after = lambda: _metrics_no_partial_row(c.path("full/fresh/metrics.h5"))
