@@ -504,19 +504,28 @@ std::string human(double b) {
 }
 }  // namespace
 
-void reserve_room(const std::string& path, std::int64_t bytes, int injected_errno) {
+void reserve_room(const std::string& path, std::int64_t end, int injected_errno) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) fail(path, ": cannot open it to reserve room for the next write: ",
                    std::strerror(errno));
   struct stat st;
   int err = fstat(fd, &st) == 0 ? 0 : errno;
-  if (err == 0 && injected_errno != 0) err = injected_errno;
-  else if (err == 0 && fallocate(fd, FALLOC_FL_KEEP_SIZE, st.st_size, off_t(bytes)) != 0)
-    err = errno;
+  const std::int64_t bytes = err == 0 ? std::max<std::int64_t>(0, end - st.st_size) : 0;
+  if (err == 0 && injected_errno != 0) {
+    err = injected_errno;
+  } else if (err == 0 && bytes > 0) {
+    // KEEP_SIZE: the file's size stays HDF5's; where a file system has only the plain mode
+    // (Lustre), the file grows to `end` with zeros past HDF5's end of file, which readers
+    // accept (only a file shorter than its superblock says is "truncated").
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, st.st_size, off_t(bytes)) != 0) {
+      err = errno;
+      if (err == EOPNOTSUPP) err = fallocate(fd, 0, st.st_size, off_t(bytes)) == 0 ? 0 : errno;
+    }
+  }
   ::close(fd);
   if (err == 0 || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) return;
-  fail(path, ": cannot reserve ", human(double(bytes)), " for its next write: ",
-       std::strerror(err), err == ENOSPC || err == EDQUOT || err == EFBIG ? " (disk full?)" : "");
+  fail(path, ": cannot reserve ", human(double(bytes)), " for its next write: ", std::strerror(err),
+       err == ENOSPC || err == EDQUOT || err == EFBIG ? " (disk full?)" : "");
 }
 
 void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm) {

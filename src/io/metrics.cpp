@@ -158,22 +158,19 @@ struct MetricsWriter::Impl {
   }
 
   // Flushes, once the blocks the flush may write past the end of the file are allocated on
-  // disk: what HDF5 has allocated already (its end of file, metadata included) beyond the
-  // file's size, `chunk_bytes` (raw chunks get their file space at the flush) and 16 KiB of
-  // slack. A disk filled since the room check then fails the reservation, before HDF5 has
-  // written anything, never the flush halfway (which left a superblock pointing past the
-  // end of the file: unreadable). On any failure the file is abandoned unflushed: on disk
-  // it stays as the last good flush left it, every row up to there readable.
+  // disk: up to HDF5's end of file (what it has allocated, metadata included), plus
+  // `chunk_bytes` (raw chunks get their file space at the flush) and 16 KiB of slack. A disk
+  // filled since the room check then fails the reservation, before HDF5 has written
+  // anything, never the flush halfway (which left a superblock pointing past the end of the
+  // file: unreadable). On any failure the file is abandoned unflushed: on disk it stays as
+  // the last good flush left it, every row up to there readable.
   void flush_within(std::int64_t chunk_bytes) {
     try {
       hsize_t hdf5_end = 0;
-      std::error_code ec;
-      const auto on_disk = fs::file_size(path, ec);
-      std::int64_t unflushed = 0;
-      if (H5Fget_filesize(file.id(), &hdf5_end) >= 0 && !ec && hdf5_end > on_disk)
-        unflushed = std::int64_t(hdf5_end - on_disk);
+      if (H5Fget_filesize(file.id(), &hdf5_end) < 0)
+        fail(path, ": cannot ask HDF5 for the file's size");
       const int injected = fault::armed(fault::Kind::disk_full_in_metrics) ? ENOSPC : 0;
-      h5::reserve_room(path, unflushed + chunk_bytes + (16 << 10), injected);
+      h5::reserve_room(path, std::int64_t(hdf5_end) + chunk_bytes + (16 << 10), injected);
       file.flush();
     } catch (const Error&) {
       failed = true;

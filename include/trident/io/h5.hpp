@@ -198,13 +198,15 @@ void make_parent_dir(const std::string& path, MPI_Comm comm);
 // without hanging, so a full disk is caught here, while every rank can still fail cleanly.
 void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm);
 
-// Allocates disk blocks for `bytes` past the end of the existing file `path`
-// (fallocate with FALLOC_FL_KEEP_SIZE: the file's size and contents are unchanged), so
-// that HDF5's next flush, which writes there, cannot meet a full disk halfway (and leave a
-// superblock pointing past the end of the file). An Error naming the file and the figure
-// when the file system has no room (ENOSPC, EDQUOT, EFBIG); nothing where it does not
-// implement fallocate (the flush then meets a full disk itself). `injected_errno` (tests
-// only, core/fault.hpp) fails as if fallocate had returned it. One process; no MPI.
-void reserve_room(const std::string& path, std::int64_t bytes, int injected_errno = 0);
+// Allocates disk blocks from the end of the existing file `path` up to byte `end` (nothing
+// when the file reaches there already), with fallocate's FALLOC_FL_KEEP_SIZE: the file's
+// size and contents are unchanged (file systems with the plain mode only grow the file to
+// `end` with zeros). So HDF5's next flush, which writes there, cannot meet a full disk
+// halfway (and leave a superblock pointing past the end of the file). An Error naming the
+// file and the figure when the file system has no room (ENOSPC, EDQUOT, EFBIG); nothing
+// where it has no fallocate at all (the flush then meets a full disk itself).
+// `injected_errno` (tests only, core/fault.hpp) fails as if fallocate had returned it.
+// One process; no MPI.
+void reserve_room(const std::string& path, std::int64_t end, int injected_errno = 0);
 
 }  // namespace trident::io::h5
