@@ -514,8 +514,8 @@ void reserve_room(const std::string& path, std::int64_t end, int injected_errno)
   if (err == 0 && injected_errno != 0) {
     err = injected_errno;
   } else if (err == 0 && bytes > 0) {
-    // KEEP_SIZE: the file's size stays HDF5's; where a file system has only the plain mode
-    // (Lustre), the file grows to `end` with zeros past HDF5's end of file, which readers
+    // KEEP_SIZE: the file's size stays HDF5's; where a file system has only the plain mode,
+    // the file grows to `end` with zeros past HDF5's end of file, which readers
     // accept (only a file shorter than its superblock says is "truncated").
     if (fallocate(fd, FALLOC_FL_KEEP_SIZE, st.st_size, off_t(bytes)) != 0) {
       err = errno;
