@@ -149,6 +149,7 @@ struct MetricsWriter::Impl {
     } catch (const Error&) {
       // Nothing of this run is in the file: a new one holds no rows and goes; an old one
       // stays as the last run left it (its rows past resume_step are dropped next time).
+      abandon();
       if (fresh) {
         std::error_code ignored;
         fs::remove(path, ignored);
@@ -173,12 +174,20 @@ struct MetricsWriter::Impl {
       h5::reserve_room(path, std::int64_t(hdf5_end) + chunk_bytes + (16 << 10), injected);
       file.flush();
     } catch (const Error&) {
-      failed = true;
-      train.columns.clear();
-      eval.columns.clear();
-      file.abandon();
+      abandon();
       throw;
     }
+  }
+
+  // After a failed write: nothing more goes to the file. Not even the columns are closed
+  // (H5Dclose writes a dataset's cached chunks out); the process exits with the error.
+  void abandon() {
+    failed = true;
+    for (Table* t : {&train, &eval}) {
+      for (auto& c : t->columns) (void)c.second.release();
+      t->columns.clear();
+    }
+    file.abandon();
   }
 
   // One row, all or nothing (issue 32: a full disk left a row of step -1 and NaN). The
@@ -204,10 +213,7 @@ struct MetricsWriter::Impl {
       put(file, t.find("step"), row, H5T_NATIVE_INT64, &step);
     } catch (const Error&) {
       // Only in HDF5's caches so far: abandoned, the file on disk is the last flush's.
-      failed = true;
-      train.columns.clear();
-      eval.columns.clear();
-      file.abandon();
+      abandon();
       throw;
     }
     flush_within(chunk_bytes);
