@@ -29,8 +29,11 @@ Kind parse_kind(const std::string& s, const std::string& whole) {
   if (s == "kill-in-checkpoint") return Kind::kill_in_checkpoint;
   if (s == "slow") return Kind::slow;
   if (s == "no-room-check") return Kind::no_room_check;
+  if (s == "pause-in-checkpoint") return Kind::pause_in_checkpoint;
+  if (s == "disk-full-in-metrics") return Kind::disk_full_in_metrics;
   fail("TRIDENT_FAULT = '", whole, "': unknown kind '", s,
-       "' (expected exit, abort, stall, nan, kill-in-checkpoint, slow or no-room-check)");
+       "' (expected exit, abort, stall, nan, kill-in-checkpoint, slow, no-room-check, "
+       "pause-in-checkpoint or disk-full-in-metrics)");
 }
 
 bool is_count(const std::string& s, std::size_t max_digits) {
@@ -99,6 +102,11 @@ void at_step_start() {
 }
 
 void at_checkpoint_write() {
+  if (armed(Kind::pause_in_checkpoint)) {
+    // One line a test waits for, then time for its signals to land mid-write.
+    log::warn("TRIDENT_FAULT: pausing in the checkpoint of step ", g_step);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
   if (!armed(Kind::kill_in_checkpoint)) return;
   log::warn("TRIDENT_FAULT: SIGKILL in the middle of the checkpoint of step ", g_step);
   std::raise(SIGKILL);

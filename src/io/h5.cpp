@@ -2,12 +2,15 @@
 #include "trident/io/h5.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -216,6 +219,12 @@ File::~File() {
     (void)id_.release();
     g_file_close_failed = true;
   }
+}
+
+void File::abandon() {
+  if (!valid()) return;
+  (void)id_.release();
+  g_file_close_failed = true;
 }
 
 void File::flush() {
@@ -484,15 +493,42 @@ void make_parent_dir(const std::string& path, MPI_Comm comm) {
   parallel::agree_on_root_error(err, comm);  // also the barrier: nobody opens before the directory exists
 }
 
+namespace {
+std::string human(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  for (; b >= 1024 && u < 4; ++u) b /= 1024;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return std::string(buf);
+}
+}  // namespace
+
+void reserve_room(const std::string& path, std::int64_t end, int injected_errno) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, ": cannot open it to reserve room for the next write: ",
+                   std::strerror(errno));
+  struct stat st;
+  int err = fstat(fd, &st) == 0 ? 0 : errno;
+  const std::int64_t bytes = err == 0 ? std::max<std::int64_t>(0, end - st.st_size) : 0;
+  if (err == 0 && injected_errno != 0) {
+    err = injected_errno;
+  } else if (err == 0 && bytes > 0) {
+    // KEEP_SIZE: the file's size stays HDF5's; where a file system has only the plain mode,
+    // the file grows to `end` with zeros past HDF5's end of file, which readers
+    // accept (only a file shorter than its superblock says is "truncated").
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, st.st_size, off_t(bytes)) != 0) {
+      err = errno;
+      if (err == EOPNOTSUPP) err = fallocate(fd, 0, st.st_size, off_t(bytes)) == 0 ? 0 : errno;
+    }
+  }
+  ::close(fd);
+  if (err == 0 || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) return;
+  fail(path, ": cannot reserve ", human(double(bytes)), " for its next write: ", std::strerror(err),
+       err == ENOSPC || err == EDQUOT || err == EFBIG ? " (disk full?)" : "");
+}
+
 void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm) {
-  auto human = [](double b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    for (; b >= 1024 && u < 4; ++u) b /= 1024;
-    char buf[32];
-    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-    return std::string(buf);
-  };
   std::string err;
   struct rlimit limit;
   if (fault::armed(fault::Kind::no_room_check)) {

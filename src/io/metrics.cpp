@@ -2,12 +2,14 @@
 #include "trident/io/metrics.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
 
 #include "trident/core/error.hpp"
+#include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/io/h5.hpp"
 
@@ -138,23 +140,69 @@ struct MetricsWriter::Impl {
         fs::rename(path, path + ".bad", ec);
       }
     }
-    if (!file.valid()) file = h5::open_file(path, h5::Mode::create, /*file_locking=*/false);
-    ensure_columns(file, train, train_cols);
-    ensure_columns(file, eval, eval_cols);
-    file.flush();
+    const bool fresh = !file.valid();
+    if (fresh) file = h5::open_file(path, h5::Mode::create, /*file_locking=*/false);
+    try {
+      ensure_columns(file, train, train_cols);
+      ensure_columns(file, eval, eval_cols);
+      flush_within(0);  // the headers just created are inside HDF5's end of file already
+    } catch (const Error&) {
+      // Nothing of this run is in the file: a new one holds no rows and goes; an old one
+      // stays as the last run left it (its rows past resume_step are dropped next time).
+      abandon();
+      if (fresh) {
+        std::error_code ignored;
+        fs::remove(path, ignored);
+      }
+      throw;
+    }
+  }
+
+  // Flushes, once the blocks the flush may write past the end of the file are allocated on
+  // disk: up to HDF5's end of file (what it has allocated, metadata included), plus
+  // `chunk_bytes` (raw chunks get their file space at the flush) and 16 KiB of slack. A disk
+  // filled since the room check then fails the reservation, before HDF5 has written
+  // anything, never the flush halfway (which left a superblock pointing past the end of the
+  // file: unreadable). On any failure the file is abandoned unflushed: on disk it stays as
+  // the last good flush left it, every row up to there readable.
+  void flush_within(std::int64_t chunk_bytes) {
+    try {
+      hsize_t hdf5_end = 0;
+      if (H5Fget_filesize(file.id(), &hdf5_end) < 0)
+        fail(path, ": cannot ask HDF5 for the file's size");
+      const int injected = fault::armed(fault::Kind::disk_full_in_metrics) ? ENOSPC : 0;
+      h5::reserve_room(path, std::int64_t(hdf5_end) + chunk_bytes + (16 << 10), injected);
+      file.flush();
+    } catch (const Error&) {
+      abandon();
+      throw;
+    }
+  }
+
+  // After a failed write: nothing more goes to the file. Not even the columns are closed
+  // (H5Dclose writes a dataset's cached chunks out); the process exits with the error.
+  void abandon() {
+    failed = true;
+    for (Table* t : {&train, &eval}) {
+      for (auto& c : t->columns) (void)c.second.release();
+      t->columns.clear();
+    }
+    file.abandon();
   }
 
   // One row, all or nothing (issue 32: a full disk left a row of step -1 and NaN). The
-  // room for a new chunk of every column is checked before the columns grow into it; the
-  // values go in before the step (a row with a step is complete); on any failure the
-  // columns shrink back to the rows they had. (When HDF5 cannot write its own metadata
-  // either, the disk full between the check and the flush, the file may still be damaged.)
+  // room for a new chunk of every column is checked before the columns grow into it, and
+  // reserved on disk before the flush (flush_within); the values go in before the step (a
+  // row with a step is complete). On a failure nothing more is written to the file: on
+  // disk it holds the rows of the last good flush.
   void append_row(Table& t, std::int64_t step, const std::map<std::string, double>& values) {
     const std::int64_t row = t.rows;
-    if (row % std::int64_t(kChunkRows) == 0)
-      h5::check_room(path,
-                     std::int64_t(t.columns.size()) * std::int64_t(kChunkRows) * 8 + (16 << 10),
-                     MPI_COMM_NULL);
+    const bool new_chunk = row % std::int64_t(kChunkRows) == 0;
+    // A chunk of every column, 8 bytes a row, and room for its entry in the chunk index.
+    const std::int64_t chunk_bytes =
+        new_chunk ? std::int64_t(t.columns.size()) * (std::int64_t(kChunkRows) * 8 + (4 << 10))
+                  : 0;
+    if (new_chunk) h5::check_room(path, chunk_bytes + (16 << 10), MPI_COMM_NULL);
     try {
       for (auto& c : t.columns) resize(file, c.second, row + 1);
       for (auto& c : t.columns) {
@@ -163,22 +211,13 @@ struct MetricsWriter::Impl {
         if (it != values.end()) put(file, c.second, row, H5T_NATIVE_DOUBLE, &it->second);
       }
       put(file, t.find("step"), row, H5T_NATIVE_INT64, &step);
-      file.flush();
     } catch (const Error&) {
-      failed = true;
-      quiet_shrink(t, row);
+      // Only in HDF5's caches so far: abandoned, the file on disk is the last flush's.
+      abandon();
       throw;
     }
+    flush_within(chunk_bytes);
     t.rows = row + 1;
-  }
-
-  // Best effort after a failed append: the columns back to `rows`, flushed if possible.
-  void quiet_shrink(Table& t, std::int64_t rows) {
-    for (auto& c : t.columns) {
-      hsize_t n = hsize_t(rows);
-      H5Dset_extent(c.second, &n);
-    }
-    H5Fflush(file.id(), H5F_SCOPE_GLOBAL);
   }
 
   bool failed = false;  // an append failed and said so: closing is best effort, quietly

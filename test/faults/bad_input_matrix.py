@@ -1167,19 +1167,23 @@ def _metrics_no_partial_row(path):
 @case("env_disk_full_metrics_1rank", ["full/fresh/metrics.h5", "disk full"])
 @case("env_disk_full_metrics", ["full/fresh/metrics.h5", "disk full"], np=2)
 def _disk_full_metrics(c):
-    # A fresh run beside the sentinel on a tmpfs with room for its sample index and the
-    # metrics file's header, not for the first chunk of its columns (6 x 8 KiB): the row of
-    # step 1 cannot be written. The sentinel (the case's out_dir) stays as it was.
+    # A fresh run beside the sentinel on a tmpfs with room for its sample index, not for the
+    # metrics file's header with the reservation of its flush (metrics.cpp) nor for the
+    # first chunk of its columns: the file cannot be created whole (it is deleted) or the row
+    # of step 1 cannot be written. The sentinel (the case's out_dir) stays as it was.
     if not _mount_tmpfs(c, "full", 8 << 20, fill=_sentinel_leaving(c, 40 << 10)):
         raise Skip("cannot mount a tmpfs here (not root?)")
     c.after = lambda: _metrics_no_partial_row(c.path("full/fresh/metrics.h5"))
     return c.train({"data.train": c.copy("tokens.h5"), "io.out_dir": "full/fresh"})
 
 
-# Not yet a case: with the room check skipped, the first row's flush fails and leaves
-# metrics.h5 unreadable (HDF5 cannot write its metadata either; "addr overflow").
-# case("env_disk_full_metrics_write_1rank", ["full/fresh/metrics.h5", "disk full"])(
-#     _write_fails(_disk_full_metrics, 1))
+# With the room check skipped, the first row meets the full disk at the reservation of its
+# flush's bytes (metrics.cpp): the file keeps its last good flush (no rows) and reads. Before
+# the reservation, the flush itself failed and left metrics.h5 unreadable ("addr overflow").
+case("env_disk_full_metrics_write_1rank", ["full/fresh/metrics.h5", "disk full"])(
+    _write_fails(_disk_full_metrics, 1))
+case("env_disk_full_metrics_write", ["full/fresh/metrics.h5", "disk full"], np=2)(
+    _write_fails(_disk_full_metrics, 1))
 
 
 @case("env_file_size_limit_checkpoint", ["run/checkpoints/step-00000001.h5", "ulimit -f"], np=2)

@@ -34,26 +34,6 @@ STEPS = 400
 check = T.Checks("tools.signals")
 
 
-def rank_pids(mpirun_pid):
-    """{world rank: pid} of the trident processes mpirun started."""
-    ranks = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != mpirun_pid:
-                continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            if b"OMPI_COMM_WORLD_RANK" in env:
-                ranks[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
-        except (OSError, ValueError, IndexError):
-            continue
-    return ranks
-
-
 def interrupted_run(name, deliver, after_step=20):
     """Starts the run, waits for step `after_step` on rank 0's output (None: its first line
     of any kind), calls deliver(p) and returns (exit status, output, seconds from the
@@ -80,7 +60,7 @@ def interrupted_run(name, deliver, after_step=20):
 def to_rank1(p, sig=signal.SIGTERM):
     pids = {}
     for _ in range(50):
-        pids = rank_pids(p.pid)
+        pids = T.rank_pids(p.pid)
         if 1 in pids:
             break
         time.sleep(0.1)

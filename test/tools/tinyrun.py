@@ -146,3 +146,23 @@ def same_curve(check, ref_metrics, got_metrics, what):
         check("eval/step" in b and np.array_equal(a["eval/step"], b["eval/step"])
               and np.array_equal(a["eval/loss"], b["eval/loss"]),
               f"{what}: eval losses bitwise equal")
+
+
+def rank_pids(mpirun_pid):
+    """{world rank: pid} of the trident processes mpirun started."""
+    ranks = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            if b"OMPI_COMM_WORLD_RANK" in env:
+                ranks[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return ranks

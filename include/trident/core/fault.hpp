@@ -18,6 +18,14 @@
 //                 the rank skips the free-space checks before its writes at that step (the
 //                 sample index at step 0, metrics rows, checkpoints), so that a full disk
 //                 meets the write itself (the error paths behind those checks)
+//     pause-in-checkpoint
+//                 the rank prints `TRIDENT_FAULT: pausing in the checkpoint of step S` and
+//                 sleeps 3 s in the middle of writing that step's checkpoint (where
+//                 kill-in-checkpoint strikes), so that a test can signal it mid-write
+//     disk-full-in-metrics
+//                 the metrics row of the step meets a full disk after its room check: the
+//                 reservation of the bytes its flush will write fails with ENOSPC, as when
+//                 another process fills the file system in between (io/metrics.cpp)
 //
 // defines: trident::fault::Kind, Fault, parse, validate, armed, at_step_start, at_checkpoint_write,
 //          set_step, current_step
@@ -29,7 +37,17 @@
 
 namespace trident::fault {
 
-enum class Kind { exit, abort, stall, nan, kill_in_checkpoint, slow, no_room_check };
+enum class Kind {
+  exit,
+  abort,
+  stall,
+  nan,
+  kill_in_checkpoint,
+  slow,
+  no_room_check,
+  pause_in_checkpoint,
+  disk_full_in_metrics,
+};
 
 struct Fault {
   Kind kind;
@@ -57,7 +75,8 @@ bool armed(Kind kind);
 // The step loop calls this first in every step: exit, abort or stall when armed; slow.
 void at_step_start();
 
-// Raises SIGKILL on this process when kill-in-checkpoint is armed (io calls it mid-write).
+// Raises SIGKILL on this process when kill-in-checkpoint is armed, pauses 3 s when
+// pause-in-checkpoint is (io calls it mid-write).
 void at_checkpoint_write();
 
 }  // namespace trident::fault

@@ -5,7 +5,8 @@
 //          file_name, object_name, shape_str, exists, create_group, open_group,
 //          open_dataset, create_dataset, dataset_shape, dataset_class, class_name,
 //          read_attr_int/_u64/_double/_string/_ints/_doubles, write_attr_* (same kinds),
-//          has_attr, commit_file, make_parent_dir, check_room, start_library, stop_library
+//          has_attr, commit_file, make_parent_dir, check_room, reserve_room, start_library,
+//          stop_library
 //
 // Every function here silences HDF5's own error-stack printing first (quiet()), so that a
 // user sees only our line, e.g. "run/ck.h5: missing dataset /model/wte".
@@ -105,6 +106,11 @@ class File {
   // Closes the file, throwing an Error that names it if HDF5 cannot (the last flush of
   // metadata happens here, so a full disk shows up at close). Collective when parallel.
   void close();
+  // Drops the file without writing anything more to it (no flush, no close): what is on
+  // disk stays the last successful flush. For a serial writer whose write failed: closing
+  // would flush HDF5's changed metadata into a file that may have no room for it. The
+  // descriptor stays open until exit; HDF5 is then not shut down (see stop_library).
+  void abandon();
 
  private:
   friend File open_file(const std::string&, Mode, bool);
@@ -191,5 +197,16 @@ void make_parent_dir(const std::string& path, MPI_Comm comm);
 // creating them: parallel HDF5 cannot close a file whose write failed on some ranks only
 // without hanging, so a full disk is caught here, while every rank can still fail cleanly.
 void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm);
+
+// Allocates disk blocks from the end of the existing file `path` up to byte `end` (nothing
+// when the file reaches there already), with fallocate's FALLOC_FL_KEEP_SIZE: the file's
+// size and contents are unchanged (file systems with the plain mode only grow the file to
+// `end` with zeros). So HDF5's next flush, which writes there, cannot meet a full disk
+// halfway (and leave a superblock pointing past the end of the file). An Error naming the
+// file and the figure when the file system has no room (ENOSPC, EDQUOT, EFBIG); nothing
+// where it has no fallocate at all (the flush then meets a full disk itself).
+// `injected_errno` (tests only, core/fault.hpp) fails as if fallocate had returned it.
+// One process; no MPI.
+void reserve_room(const std::string& path, std::int64_t end, int injected_errno = 0);
 
 }  // namespace trident::io::h5

@@ -6,7 +6,10 @@
 //
 // Every append ends with H5Fflush, so the file on disk is complete after each row, and the
 // writer opens it without HDF5 file locking: `h5py.File(path, "r")` can read it while the
-// run goes on (a read that races a flush may fail; read again).
+// run goes on (a read that races a flush may fail; read again). Each flush first reserves
+// on disk the blocks it may write (h5::reserve_room); an append that fails (a full disk)
+// abandons the file unflushed, so that it stays readable with every row flushed before.
+// Appending after a failed append is not possible (the writer holds no file any more).
 #pragma once
 
 #include <cstdint>

@@ -21,6 +21,8 @@ TEST(Fault, ParsesEveryKind) {
   EXPECT_EQ(parse("nan:3:4")[0].kind, Kind::nan);
   EXPECT_EQ(parse("kill-in-checkpoint:0:8")[0].kind, Kind::kill_in_checkpoint);
   EXPECT_EQ(parse("no-room-check:0:3")[0].kind, Kind::no_room_check);
+  EXPECT_EQ(parse("pause-in-checkpoint:1:8")[0].kind, Kind::pause_in_checkpoint);
+  EXPECT_EQ(parse("disk-full-in-metrics:0:6")[0].kind, Kind::disk_full_in_metrics);
   const auto a = parse("abort:12:345");
   EXPECT_EQ(a[0].kind, Kind::abort);
   EXPECT_EQ(a[0].rank, 12);

@@ -1,4 +1,7 @@
 // The HDF5 layer: opening errors name the file, HDF5 prints nothing, attributes round-trip.
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 
 #include "io_test_util.hpp"
@@ -117,6 +120,29 @@ TEST(H5, CommitFilePublishesAtomically) {
   EXPECT_EQ(s, "new");
   EXPECT_CONTAINS(error_of([&] { h5::commit_file(tmp, final_path, MPI_COMM_NULL); }),
                   final_path + ": cannot rename " + tmp);
+}
+
+TEST(H5, ReserveRoomAllocatesUpToTheEndWithoutChangingTheFile) {
+  ScratchDir dir;
+  const std::string path = dir / "r.bin";
+  write_text(path, "contents");
+  struct stat before, after;
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  h5::reserve_room(path, 256 << 10);
+  h5::reserve_room(path, 4);  // inside the file already: nothing
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_size, before.st_size);  // KEEP_SIZE: nothing a reader sees changes
+  // Blocks of 512 bytes: the reservation is allocated (where fallocate is implemented).
+  if (after.st_blocks != before.st_blocks) EXPECT_GE(after.st_blocks * 512, (256 << 10) - 8);
+  std::ifstream in(path);
+  std::string s;
+  in >> s;
+  EXPECT_EQ(s, "contents");
+  const std::string err = error_of([&] { h5::reserve_room(path, (1 << 20) + 8, ENOSPC); });
+  EXPECT_CONTAINS(err, path + ": cannot reserve 1.0 MiB for its next write");
+  EXPECT_CONTAINS(err, "(disk full?)");
+  EXPECT_CONTAINS(error_of([&] { h5::reserve_room(dir / "none.bin", 1); }),
+                  dir / "none.bin");
 }
 
 TEST(H5, ShapesAndClasses) {
