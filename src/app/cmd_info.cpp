@@ -7,12 +7,14 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "trident/core/error.hpp"
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/process.hpp"
 #include "trident/parallel/grid.hpp"
 #include "trident/pipeline/lower.hpp"
 #include "trident/pipeline/simulator.hpp"
+#include "trident/train/trainer.hpp"
 
 namespace trident::app {
 
@@ -36,12 +38,27 @@ int run_grid(int tp, int cp, int dp, int pp) {
   return 0;
 }
 
-int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
+int run_schedule(const std::string& name, int pp, int microbatches, int vpp,
+                 const DeckArgs& deck) {
   pipeline::Schedule s;
   pipeline::Simulation sim;
+  pipeline::Costs costs;  // uniform stages, unless a deck gives its own
+  pipeline::Costs shown_costs;  // the timeline printed: a deck's stages in fewer slots
+  pipeline::Simulation shown;
   parallel::agree(MPI_COMM_WORLD, [&] {
     s = pipeline::make_schedule(name, pp, vpp, microbatches);
-    sim = pipeline::simulate(s);
+    if (!deck.deck.empty()) {
+      DeckArgs with_pipeline = deck;  // the command line's pipeline, checked as the deck's
+      for (const std::string& kv : {str("parallel.pp=", pp), str("parallel.vpp=", vpp),
+                                    str("parallel.schedule=", name)})
+        with_pipeline.overrides.push_back(kv);
+      const train::Config c = load_deck_with_vocab(with_pipeline);
+      costs = train::expected_stage_costs(c);  // the start-up line's: 100 slots a forward
+      shown_costs = train::expected_stage_costs(c, 4);
+      shown = pipeline::simulate(s, shown_costs);
+    }
+    sim = pipeline::simulate(s, costs);
+    if (deck.deck.empty()) shown = sim;
   });
   std::ostringstream json;
   json << "{\"schedule\": \"" << name << "\", \"pp\": " << pp << ", \"vpp\": " << vpp
@@ -53,6 +70,9 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
   json << "], \"idle_fraction\": [";
   for (std::size_t i = 0; i < sim.idle_fraction.size(); ++i)
     json << (i ? ", " : "") << sim.idle_fraction[i];
+  json << "], \"stage_weight\": [";  // each virtual stage's cost, relative to the heaviest
+  for (std::size_t v = 0; v < std::size_t(pp * vpp); ++v)
+    json << (v ? ", " : "") << (costs.stage_weight.empty() ? 1.0 : costs.stage_weight[v]);
   json << "], \"asynchronous\": " << (sim.asynchronous ? "true" : "false")
        << ", \"weight_versions\": [";
   for (std::size_t i = 0; i < sim.weight_versions.size(); ++i)
@@ -70,7 +90,7 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp) {
     json << "\"";
   }
   json << "]}";
-  if (log::rank() == 0) std::fputs(pipeline::format_timeline(s, sim).c_str(), stdout);
+  if (log::rank() == 0) std::fputs(pipeline::format_timeline(s, shown, shown_costs).c_str(), stdout);
   log::info(json.str());
   return 0;
 }

@@ -34,8 +34,6 @@ extern char** environ;
 
 namespace trident::app {
 
-namespace {
-
 train::Config load_deck_with_vocab(const DeckArgs& args) {
   train::Config c = train::load_config(args.deck, args.overrides);
   if (c.model.vocab_size == 0) {
@@ -47,6 +45,8 @@ train::Config load_deck_with_vocab(const DeckArgs& args) {
   }
   return c;
 }
+
+namespace {
 
 std::string mib(std::int64_t b) { return model::format_bytes(b); }
 

@@ -83,7 +83,14 @@ struct ConvertArgs {
 };
 int run_convert(const ConvertArgs& args);
 int run_grid(int tp, int cp, int dp, int pp);
-int run_schedule(const std::string& name, int pp, int microbatches, int vpp);
+// `deck` (may be empty): simulate with its model's stage costs (train::expected_stage_costs,
+// its parallel.pipeline_layers at this pp and vpp) instead of uniform stages.
+int run_schedule(const std::string& name, int pp, int microbatches, int vpp,
+                 const DeckArgs& deck);
+
+// The deck with model.vocab_size resolved from data.train's header where it is 0 (commands
+// that size the model without opening a session: plan, calibrate, schedule --deck).
+train::Config load_deck_with_vocab(const DeckArgs& args);
 
 // `trident plan` (plan/planner.hpp) and `trident calibrate` (plan/calibrate.hpp).
 struct PlanArgs {

@@ -160,6 +160,11 @@ int run(int argc, char** argv) {
   schedule->add_option("--pp", pp)->check(kPositive);
   schedule->add_option("--microbatches", microbatches)->check(kPositive);
   schedule->add_option("--vpp", vpp)->check(kPositive);
+  DeckArgs schedule_deck;
+  schedule->add_option("--deck", schedule_deck.deck,
+                       "simulate with this deck's stage costs (its model, head and split)");
+  schedule->add_option("--set", schedule_deck.overrides, "override a deck key: section.key=value")
+      ->take_all();
 
   PlanArgs plan_args;
   auto* plan = app.add_subcommand("plan", "rank every layout of the deck by predicted step time");
@@ -234,7 +239,7 @@ int run(int argc, char** argv) {
     return run_convert(conv);
   }
   if (*grid) return run_grid(tp, cp, dp, pp);
-  if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp);
+  if (*schedule) return run_schedule(schedule_name, pp, microbatches, vpp, schedule_deck);
   if (*plan) return run_plan(plan_args);
   if (*cal) return run_calibrate(cal_args);
   return 1;

@@ -357,6 +357,22 @@ void Trainer::gather_gradients() {
   if (sync_->zero()) sync_->gather_full(sync_->grad_base(), model_->grads());
 }
 
+pipeline::Costs expected_stage_costs(const Config& cfg, int forward_slots) {
+  const int stages = cfg.parallel.pp * cfg.parallel.vpp;
+  std::vector<int> split = pipeline_stage_layers(cfg);
+  if (split.empty()) split.assign(std::size_t(stages), cfg.model.n_layer / stages);
+  pipeline::Costs costs;
+  const model::EndCosts ends = model::stage_end_costs(cfg.model, cfg.parallel.tp);
+  for (std::size_t v = 0; v < split.size(); ++v)
+    costs.stage_weight.push_back(split[v] + (v == 0 ? ends.embedding : 0.0) +
+                                 (v + 1 == split.size() ? ends.head : 0.0));
+  const double heaviest = *std::max_element(costs.stage_weight.begin(), costs.stage_weight.end());
+  for (double& w : costs.stage_weight) w = w / heaviest;
+  costs.f = forward_slots, costs.b = 2 * forward_slots;  // the heaviest stage's
+  costs.b_split = costs.w = forward_slots;
+  return costs;
+}
+
 void Trainer::report_startup() {
   // Rank 0 reports the maximum over ranks (stages and TP ranks differ).
   const std::int64_t mine[2] = {model_->num_params(), optimizer_->state_bytes()};
@@ -365,23 +381,8 @@ void Trainer::report_startup() {
   const int m = microbatches_per_rank(cfg_);
   const auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
                                              cfg_.parallel.vpp, m);
-  // Each virtual stage's actions cost its layers plus the embedding's or the head's
-  // predicted share (model::stage_end_costs), relative to the heaviest stage: even splits
-  // are unequal stages too, the first and last carrying the ends.
-  const int stages = ps_.shape.pp * cfg_.parallel.vpp;
-  std::vector<int> split = pipeline_stage_layers(cfg_);
-  if (split.empty()) split.assign(std::size_t(stages), cfg_.model.n_layer / stages);
-  pipeline::Costs costs;
-  {
-    const model::EndCosts ends = model::stage_end_costs(cfg_.model, ps_.shape.tp);
-    for (std::size_t v = 0; v < split.size(); ++v)
-      costs.stage_weight.push_back(split[v] + (v == 0 ? ends.embedding : 0.0) +
-                                   (v + 1 == split.size() ? ends.head : 0.0));
-    const double heaviest = *std::max_element(costs.stage_weight.begin(), costs.stage_weight.end());
-    for (double& w : costs.stage_weight) w = w / heaviest;
-    costs.f = 100, costs.b = 200, costs.b_split = 100, costs.w = 100;  // room to round
-  }
-  const double bubble = pipeline::simulate(sched, costs).bubble_fraction;
+  const std::vector<int> split = pipeline_stage_layers(cfg_);
+  const double bubble = pipeline::simulate(sched, expected_stage_costs(cfg_)).bubble_fraction;
   char line[512];
   std::snprintf(line, sizeof line,
                 "trident: layout tp=%d x pp=%d x dp=%d, vpp=%d, schedule %s, %d microbatches "

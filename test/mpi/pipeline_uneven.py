@@ -9,18 +9,51 @@ with a list. `trident grad` gives the serial loss to 1e-6 relative and the seria
 to max|d| <= 1e-5 * max|g|; 4 training steps give the serial curve to 1e-5 relative. A
 checkpoint written at pp 3 [1, 3, 3] resumes at pp 2 x vpp 2 [3, 1, 1, 2] and at pp 4
 with no split named (7 layers: the balanced split) on the serial curve (checkpoints are
-keyed by global layer, not by stage).
+keyed by global layer, not by stage). `trident schedule --deck` simulates the stages with
+the cost model of FORMAT.md ("Uneven pipeline splits"), recomputed here, and its bubble is
+the start-up line's "expected bubble" of the same run.
 """
+import json
 import os
+import re
 import shutil
+import subprocess
 
-from layout_common import LayoutTest, deck_text
+from layout_common import TRIDENT, LayoutTest, deck_text
 
 V, T, L, H, C, MBS, GBS = 67, 8, 7, 4, 16, 1, 4
 
 
 def layers(*n):
     return "parallel.pipeline_layers=[" + ",".join(str(x) for x in n) + "]"
+
+
+def check_schedule_costs(t, split, startup):
+    """`trident schedule --deck` at pp 3 with `split`: each stage's weight is FORMAT.md's cost
+    model (a block 24 d^2 + 4 T d, the head 2 d V + 5 V, the embedding 2 d, relative to the
+    heaviest stage), and its bubble the training run's start-up line's."""
+    p = subprocess.run([TRIDENT, "schedule", "--schedule", "1f1b", "--pp", "3", "--microbatches",
+                        str(GBS // MBS), "--deck", "deck.toml", "--set", layers(*split)],
+                       cwd=t.out, capture_output=True, text=True, timeout=60)
+    t.check(p.returncode == 0, f"trident schedule --deck: exit {p.returncode} {p.stderr}")
+    if p.returncode != 0:
+        return
+    sim = json.loads(p.stdout.strip().splitlines()[-1])
+    block = 24 * C * C + 4 * T * C
+    cost = [n + (2 * C / block if v == 0 else 0) + ((2 * C * V + 5 * V) / block if v == 2 else 0)
+            for v, n in enumerate(split)]
+    want = [c / max(cost) for c in cost]
+    t.check(all(abs(a - b) <= 1e-5 for a, b in zip(sim["stage_weight"], want)),  # 6 digits
+            f"schedule --deck: stage weights {sim['stage_weight']} = the cost model's {want}")
+    m = re.search(r"expected bubble ([0-9.]+)", startup)
+    t.check(m is not None and abs(float(m.group(1)) - sim["bubble_fraction"]) <= 5e-4,
+            f"schedule --deck: bubble {sim['bubble_fraction']:.4f} = the start-up line's "
+            f"{m.group(1) if m else None}")
+    uniform = subprocess.run([TRIDENT, "schedule", "--schedule", "1f1b", "--pp", "3",
+                              "--microbatches", str(GBS // MBS)], capture_output=True, text=True,
+                             timeout=60)
+    t.check(json.loads(uniform.stdout.strip().splitlines()[-1])["bubble_fraction"]
+            < sim["bubble_fraction"], "schedule --deck: unequal stages idle more than uniform ones")
 
 
 def main():
@@ -49,6 +82,8 @@ def main():
         if train:
             (got,) = t.train(ranks, f"train_{name}", sets)
             t.check_curve(name, got, ref_curve)
+            if name == "pp3_1-3-3":
+                check_schedule_costs(t, [1, 3, 3], t.last_stdout)
     # Checkpoints are layout-independent: written at pp 3 [1, 3, 3] (steps 2 and 4, by the
     # training above), the one of step 2 resumes at pp 2 x vpp 2 [3, 1, 1, 2] and at pp 4
     # (7 layers: the balanced split).

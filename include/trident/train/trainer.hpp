@@ -1,7 +1,8 @@
 // trident/train/trainer.hpp — one rank's share of training: the model chunk, its
 // optimizer and the executor, and what one optimizer step does with a global batch.
 // The step loop with its files (metrics, checkpoints) is in train/run.hpp.
-// defines: trident::train::Trainer, StepStats, stage_layout, files_held_open
+// defines: trident::train::Trainer, StepStats, stage_layout, files_held_open,
+//          expected_stage_costs
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/pipeline/executor.hpp"
+#include "trident/pipeline/simulator.hpp"
 #include "trident/train/config.hpp"
 #include "trident/train/grad_sync.hpp"
 #include "trident/train/optimizer.hpp"
@@ -37,6 +39,14 @@ std::vector<model::StageLayout> stage_layout(const Config& cfg,
 // open_files): the data loaders' (loader_files_held_open), metrics.h5 on the rank that
 // writes it, and the checkpoint being written between two steps.
 int files_held_open(const Config& cfg, bool writes_metrics);
+
+// What the simulator charges each virtual stage of this deck's pipeline: its layers plus the
+// embedding's or the head's predicted share (model::stage_end_costs), relative to the
+// heaviest stage. Even splits are unequal stages too, the first and last carrying the ends.
+// The start-up line's expected bubble and `trident schedule --deck` simulate with these.
+// forward_slots: the heaviest stage's forward in simulator slots (B 2x, B and W split 1x
+// each); the others' are rounded to slots, so more slots, less rounding.
+pipeline::Costs expected_stage_costs(const Config& cfg, int forward_slots = 100);
 
 class Trainer {
  public:
