@@ -1,14 +1,13 @@
 // parallel.layout = "auto" (issue 32, elastic restarts): a job requeued on fewer or more
 // nodes asks the planner at start-up for the fastest layout that fits the ranks it was given
 // and resumes its checkpoint in it (checkpoints load into any layout).
-#include <mpi.h>
-
 #include <algorithm>
 #include <filesystem>
 
 #include "commands.hpp"
 #include "trident/core/log.hpp"
 #include "trident/parallel/agree.hpp"
+#include "trident/parallel/comm.hpp"
 #include "trident/plan/machine.hpp"
 
 namespace trident::app {
@@ -18,9 +17,9 @@ namespace {
 // The planner places ranks tp fastest, then dp, then pp, node by node: it needs the same
 // number of ranks on every node.
 int ranks_per_node(const parallel::NodeRanks& node) {
-  int lo = node.size, hi = node.size;
-  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int most[2] = {-node.size, node.size};  // the largest of -size is the smallest size
+  parallel::Comm::world().allreduce_max(most, 2);
+  const int lo = -most[0], hi = most[1];
   TRIDENT_CHECK(lo == hi, "parallel.layout = \"auto\" needs the same number of ranks on every "
                 "node, got between ", lo, " and ", hi);
   return lo;
@@ -35,7 +34,7 @@ plan::Machine auto_layout_machine(const train::Config& cfg, ops::Ops& ops, int w
   const std::string cached =
       str(cfg.io.out_dir, "/machine-", world / per_node, "x", per_node, ".toml");
   bool measure = false;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     std::error_code ec;
     measure = named.empty() && !fs::exists(cached, ec);
     if (!named.empty())
@@ -44,7 +43,7 @@ plan::Machine auto_layout_machine(const train::Config& cfg, ops::Ops& ops, int w
   });
   if (!measure) {
     plan::Machine m;
-    parallel::agree(MPI_COMM_WORLD, [&] { m = plan::load_machine(named.empty() ? cached : named); });
+    parallel::agree([&] { m = plan::load_machine(named.empty() ? cached : named); });
     return m;
   }
   if (log::rank() == 0)
@@ -53,7 +52,7 @@ plan::Machine auto_layout_machine(const train::Config& cfg, ops::Ops& ops, int w
   plan::Machine m = plan::calibrate(calibrate_options(cfg, world), ops);
   m.name = str("calibrated at start-up (", ops.name(), ", ", world, " ranks)");
   m.source = cached;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (log::rank() != 0) return;
     std::error_code ec;
     fs::create_directories(cfg.io.out_dir, ec);
@@ -71,7 +70,7 @@ void choose_auto_layout(train::Config& cfg, ops::Ops& ops, const parallel::NodeR
                         int world) {
   const int per_node = ranks_per_node(node);
   const plan::Machine machine = auto_layout_machine(cfg, ops, world, per_node);
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     // Every rank plans (the same inputs, the same answer): nothing to broadcast.
     train::Config deck = cfg;
     deck.parallel.layout = "deck";

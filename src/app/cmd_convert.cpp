@@ -25,7 +25,7 @@ std::vector<float> whole_model_buffer(const model::ModelConfig& cfg) {
 }  // namespace
 
 int run_convert(const ConvertArgs& a) {
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     const int world = parallel::world_size();
     TRIDENT_CHECK(world == 1, "convert runs on one process (not under mpirun -np ", world, ")");
     TRIDENT_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype ", a.dtype,

@@ -30,7 +30,7 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
                const std::string& tokenizer_data) {
   model::ModelConfig cfg;
   std::unique_ptr<io::Tokenizer> tok;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     const int world = parallel::world_size();
     TRIDENT_CHECK(world == 1, "sample runs on one process (not under mpirun -np ", world, ")");
     cfg = io::read_model_config(checkpoint);
@@ -124,7 +124,7 @@ int run_sample(const std::string& checkpoint, const std::string& prompt, int tok
 
 int run_export(const std::string& checkpoint, const std::string& out) {
   model::ModelConfig cfg;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     const int world = parallel::world_size();
     TRIDENT_CHECK(world == 1, "export runs on one process (not under mpirun -np ", world, ")");
     refuse_output_over_input("--out", out, "--checkpoint", checkpoint);

@@ -22,7 +22,7 @@ int run_grid(int tp, int cp, int dp, int pp) {
   // Run alone it prints any shape; under mpirun the world must be that shape. The product is
   // taken in 64 bits and bounded: --tp 65536 --pp 65536 overflowed int and printed empty groups.
   constexpr long long kMaxRanks = 1 << 20;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     const long long ranks = static_cast<long long>(tp) * cp * dp * pp;
     TRIDENT_CHECK(ranks <= kMaxRanks, "trident grid: --tp * --cp * --dp * --pp = ", tp, " * ",
                   cp, " * ", dp, " * ", pp, " = ", ranks, " ranks, more than the ", kMaxRanks,
@@ -45,7 +45,7 @@ int run_schedule(const std::string& name, int pp, int microbatches, int vpp,
   pipeline::Costs costs;  // uniform stages, unless a deck gives its own
   pipeline::Costs shown_costs;  // the timeline printed: a deck's stages in fewer slots
   pipeline::Simulation shown;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     s = pipeline::make_schedule(name, pp, vpp, microbatches);
     if (!deck.deck.empty()) {
       DeckArgs with_pipeline = deck;  // the command line's pipeline, checked as the deck's

@@ -280,7 +280,7 @@ int run_plan(const PlanArgs& a) {
   std::vector<plan::StepPrediction> ranked;
   plan::PlanOptions opt;
   const int world_size = parallel::world_size();
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     TRIDENT_CHECK(a.nodes >= 1, "plan: --nodes must be >= 1, got ", a.nodes);
     TRIDENT_CHECK(a.ranks_per_node >= 0, "plan: --ranks-per-node must be >= 1, got ",
                   a.ranks_per_node);
@@ -403,7 +403,7 @@ int run_calibrate(const CalibrateArgs& a) {
   plan::CalibrateOptions opt;
   std::unique_ptr<ops::Ops> ops;
   const int world = parallel::world_size();
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     TRIDENT_CHECK(!a.out.empty(), "calibrate: --out is required");
     TRIDENT_CHECK(a.min_seconds > 0, "calibrate: --min-seconds must be > 0");
     train::Config deck;

@@ -307,7 +307,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
     }
   } cleanup{temporaries, rank};
 
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (opt.valid_every == 0 && !opt.valid_output.empty()) opt.valid_every = 20;
     TRIDENT_CHECK(opt.valid_every >= 0, "--valid-every must be >= 0");
     if (opt.valid_output.empty()) opt.valid_every = 0;
@@ -339,7 +339,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
 
   // The tokenizer, the same on every rank.
   std::string model, gpt2_files;  // gpt2_files: "name sha256" lines
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (rank != 0 || opt.tokenizer == "byte") return;
     if (opt.tokenizer == "gpt2") {
       io::Tokenizer t = io::Tokenizer::gpt2(opt.tokenizer_model);
@@ -374,7 +374,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   bcast_string(world_comm, model, 0);
   bcast_string(world_comm, gpt2_files, 0);
   io::Tokenizer tok = io::Tokenizer::byte();
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (model.empty()) return;
     try {
       tok = opt.tokenizer == "gpt2" ? io::Tokenizer::gpt2_from_serialized(model)
@@ -400,7 +400,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   parallel::Comm* comm = world > 1 ? &world_comm : nullptr;
   std::unique_ptr<io::TokenWriter> train, valid;
   // Collective inside, but every rank fails alike (the directory, the file system).
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     train = std::make_unique<io::TokenWriter>(opt.output, header, comm);
     if (!opt.valid_output.empty())
       valid = std::make_unique<io::TokenWriter>(opt.valid_output, header, comm);
@@ -421,7 +421,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   std::vector<std::int64_t> td, vd;
   for (;;) {
     std::vector<Block> blocks;
-    parallel::agree(MPI_COMM_WORLD, [&] {
+    parallel::agree([&] {
       if (rank != 0) return;
       for (int k = 0; k < world; ++k) {
         Block b;
@@ -449,7 +449,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
       world_comm.recv(s.data(), std::int64_t(n), 0, 18);
       mine = unpack(s);
     }
-    parallel::agree(MPI_COMM_WORLD, [&] {
+    parallel::agree([&] {
       tokenize(tok, mine.train, tt, td);
       tokenize(tok, mine.valid, vt, vd);
     });
@@ -478,7 +478,7 @@ int run_prepare_data(const PrepareOptions& opt_in) {
   }
   std::int64_t valid_units = rank == 0 ? reader->valid_units() : 0;
   world_comm.broadcast(&valid_units, sizeof valid_units, 0);
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     TRIDENT_CHECK(!valid || valid_units > 0, "--input: '", opt.inputs[0],
                   "' is too short to hold out every ", opt.valid_every, "-th block of ",
                   kBlockLines, " lines for --valid-output");

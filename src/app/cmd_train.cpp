@@ -32,7 +32,7 @@ struct FixedBatch {
 FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std::string& batch) {
   FixedBatch fb;
   const train::Config& cfg = tr.config();
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     fb.batch = io::read_batch(batch, cfg.model.vocab_size);
     TRIDENT_CHECK(fb.batch.seq_len == cfg.model.seq_len, batch, ": sequences of ",
                   fb.batch.seq_len, " tokens, the deck has model.seq_len = ", cfg.model.seq_len);
@@ -41,7 +41,7 @@ FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std:
                   " sequences does not split into microbatches of parallel.micro_batch_size = ",
                   cfg.parallel.micro_batch_size, " over dp = ", tr.state().shape.dp);
   });
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     model::StageModel& m = tr.model();
     HostMirror params(m.memory(), m.params(), m.num_params(), false);
     io::read_weights(weights, MPI_COMM_WORLD, cfg.model, m.specs(), params.data(),

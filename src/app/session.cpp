@@ -50,7 +50,7 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from, bool a
   Session s;
   const parallel::NodeRanks node = parallel::node_ranks();
   const int world = parallel::world_size();
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     s.cfg = train::load_config(args.deck, args.overrides, allow_tp2d);
     train::Config& c = s.cfg;
     const std::string data = vocab_from.empty() ? c.data.train : vocab_from;
@@ -73,7 +73,7 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from, bool a
   });
   if (s.cfg.parallel.layout == "auto") {
     choose_auto_layout(s.cfg, *s.ops, node, world);
-    parallel::agree(MPI_COMM_WORLD, [&] { train::resolve_world(s.cfg, world); });
+    parallel::agree([&] { train::resolve_world(s.cfg, world); });
   }
   parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);
   parallel::GridShape shape;

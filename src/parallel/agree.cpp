@@ -43,6 +43,8 @@ std::optional<std::string> first_failure(bool failed, const std::string& message
 
 }  // namespace
 
+void agree(const std::function<void()>& fn) { agree(MPI_COMM_WORLD, fn); }
+
 void agree(MPI_Comm comm, const std::function<void()>& fn) {
   std::string message;
   bool failed = false;

@@ -124,11 +124,11 @@ std::int64_t Checkpointer::start() {
   // io.resume = "auto" falls back past damaged checkpoints (issue 32): a requeue chain goes
   // on from the newest good one; each damaged one is kept aside, renamed, for a human.
   for (;;) {
-    parallel::agree(MPI_COMM_WORLD, [&] { resume_ = resume_path(cfg_, ps); });
+    parallel::agree([&] { resume_ = resume_path(cfg_, ps); });
     if (!resume_) break;
-    parallel::agree(MPI_COMM_WORLD, [&] { check_resumable(*resume_, cfg_); });
+    parallel::agree([&] { check_resumable(*resume_, cfg_); });
     try {
-      parallel::agree(MPI_COMM_WORLD, [&] {
+      parallel::agree([&] {
         const auto t0 = std::chrono::steady_clock::now();
         start = load(*resume_);
         read_s = seconds_since(t0);
@@ -144,7 +144,7 @@ std::int64_t Checkpointer::start() {
     log::info("resuming from ", *resume_, " at step ", start, " (", rate(*resume_, read_s), ")");
     return start;
   }
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (!cfg_.io.init_weights.empty()) {
       HostMirror params(model.memory(), model.params(), model.num_params(), false);
       io::read_weights(cfg_.io.init_weights, MPI_COMM_WORLD, cfg_.model, model.specs(),

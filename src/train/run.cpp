@@ -59,7 +59,7 @@ void open_data(const Config& cfg, const parallel::ParallelState& ps,
   const LoaderOptions valid_opt =
       loader_options(cfg, "data.valid", "valid", cfg.train.eval_batches * G);
   std::vector<DataSource> train_sources, valid_sources;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     fault::validate();
     TRIDENT_CHECK(!cfg.data.train.empty(), cfg.source,
                   ": data.train is empty; name a token dataset (trident prepare-data makes one)");
@@ -73,7 +73,7 @@ void open_data(const Config& cfg, const parallel::ParallelState& ps,
       if (!valid_sources.empty()) log::info(build_sample_index(valid_sources, valid_opt));
     }
   });
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     train.emplace(train_sources, train_opt);
     if (!valid_sources.empty()) valid.emplace(valid_sources, valid_opt);
   });
@@ -82,7 +82,7 @@ void open_data(const Config& cfg, const parallel::ParallelState& ps,
 // The resolved deck, once the weights it describes are known to load: a deck that is
 // refused leaves the out_dir's config.toml (that of its checkpoints) as it was.
 void write_resolved_deck(const Config& cfg, const parallel::ParallelState& ps) {
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (ps.world_rank != 0) return;
     const std::string tmp = cfg.io.out_dir + "/config.toml.tmp";
     std::ofstream f(tmp);
@@ -143,7 +143,7 @@ void run_training(Trainer& tr) {
   // One run per out_dir: rank 0 takes its lock before anything is written there; every rank
   // learns the verdict (agree), so a refused run exits whole and touches nothing.
   io::OutDirLock lock;
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (ps.world_rank != 0) return;
     lock = io::OutDirLock::acquire(cfg.io.out_dir, io::OutDirLock::default_wait_seconds());
     refuse_fresh_run_over_another(cfg);
@@ -152,7 +152,7 @@ void run_training(Trainer& tr) {
   open_data(cfg, ps, train_data, valid_data);
   Checkpointer checkpoints(tr);
   const std::int64_t start = checkpoints.start();
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     if (ps.world_rank == 0) delete_previous_run(cfg);
   });
   write_resolved_deck(cfg, ps);

@@ -48,7 +48,7 @@ void refuse_absurd_shapes(const model::ModelConfig& m, const Config::Parallel& p
                         (double(p.tp) * p.pp);
   const double bound = 8.0 * params + 4.0 * double(m.seq_len) * p.micro_batch_size * d * layers;
   const double limit = available > 0 ? double(available) : std::ldexp(1.0, 56);
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     TRIDENT_CHECK(bound <= limit, "memory: a rank needs at least ",
                   model::format_bytes(std::int64_t(std::min(bound, std::ldexp(1.0, 62)))),
                   " (model.n_layer = ", m.n_layer, ", model.d_model = ", m.d_model,
@@ -63,7 +63,7 @@ void refuse_what_cannot_fit(const model::MemoryEstimate& rank, bool host_memory,
                             std::int64_t available) {
   if (!host_memory) return;  // a device's memory is the backend's to refuse
   const std::int64_t node = parallel::node_sum(rank.peak());
-  parallel::agree(MPI_COMM_WORLD, [&] {
+  parallel::agree([&] {
     TRIDENT_CHECK(available < 0 || node <= available, "memory: this node's ranks need ",
                   model::format_bytes(node), " by the start-up prediction (this rank ",
                   rank.describe(), "), more than the ", model::format_bytes(available),

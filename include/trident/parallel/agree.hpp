@@ -24,6 +24,9 @@ class AgreedError : public Error {
 // throws AgreedError with the message of the lowest failing rank. fn must not itself
 // communicate over comm in a way a failing rank could skip.
 void agree(MPI_Comm comm, const std::function<void()>& fn);
+// The same over the whole job (every rank of MPI_COMM_WORLD): start-up work in the commands,
+// which need no communicator of their own for it.
+void agree(const std::function<void()>& fn);
 
 // For failures met as messages (HDF5's, the file system's) rather than exceptions; the
 // thrown error is an AgreedError when comm spans the whole world (rank 0 alone prints it),
