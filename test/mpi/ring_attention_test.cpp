@@ -108,7 +108,8 @@ void check_ring(const Case& c) {
              want_dv = gather_rows(dv, c.b, t_full, full.ld_v, pos);
 
   model::RingAttention ring(*ops, world, local);
-  FVec got_out(lq.size() / full.ld_q * full.ld_o, 0.0f), got_lse(want_lse.size(), 0.0f);
+  // out starts as NaN: the first merge into lse = -inf must not read it
+  FVec got_out(lq.size() / full.ld_q * full.ld_o, std::nanf("")), got_lse(want_lse.size(), 0.0f);
   ring.forward(got_out.data(), got_lse.data(), lq.data(), lk.data(), lv.data());
   FVec got_dq(lq.size(), 0.0f), got_dk(lk.size(), 0.0f), got_dv(lv.size(), 0.0f);
   ring.backward(got_dq.data(), got_dk.data(), got_dv.data(), ldout.data(), got_out.data(),
@@ -129,7 +130,7 @@ void check_ring(const Case& c) {
                 cp, c.b, c.nh, c.nkv, c.hs, t_full, c.padded ? "padded" : "packed", err[0],
                 err[1], err[2], err[3], err[4], sc[0], sc[1], sc[2], sc[3], sc[4]);
   // fp32 rounding of a differently ordered sum; an error in masking or merging is O(0.1..1)
-  for (int i = 0; i < 5; i++) EXPECT_LE(err[i], 2e-5 * std::max(1.0, sc[i])) << names[i];
+  for (int i = 0; i < 5; i++) EXPECT_LE(err[i], 4e-6 * std::max(1.0, sc[i])) << names[i];
   // The padding columns are neither read nor written.
   for (std::size_t row = 0; row < got_dq.size() / std::size_t(full.ld_q); row++)
     for (std::int64_t col = wq; col < full.ld_q; col++)
@@ -142,7 +143,7 @@ TEST(RingAttention, LocalPositionsPartitionTheSequence) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), t = 8 * cp;
   const std::vector<int> mine = model::cp_local_positions(t, cp, world.rank());
-  std::vector<int> all(std::size_t(t));
+  std::vector<int> all(static_cast<std::size_t>(t));
   MPI_Allgather(mine.data(), int(mine.size()), MPI_INT, all.data(), int(mine.size()), MPI_INT,
                 MPI_COMM_WORLD);
   std::vector<int> sorted = all;
