@@ -3,7 +3,9 @@
 // whole sequence (Ops::attention_forward/backward) is the reference, read at this rank's
 // global positions (cp_local_positions: chunks r and 2cp-1-r). out, lse, dq, dk, dv must
 // match to fp32 rounding. Odd shapes: 3 heads of 8, T divisible by 2cp but not by 64, GQA
-// (nh 4, nkv 2), padded row strides (the per-row packing path) and packed ones.
+// (nh 4, nkv 2), padded row strides (the per-row packing path) and packed ones; and the ring on
+// cpu-guarded device memory with MPI staged through host copies (as on a GPU without a
+// CUDA-aware MPI).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,6 +18,7 @@
 #include "trident/model/ring_attention.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
+#include "trident/parallel/staging.hpp"
 
 namespace model = trident::model;
 namespace par = trident::parallel;
@@ -66,7 +69,8 @@ double max_err(const FVec& got, const FVec& want, std::int64_t ld, std::int64_t 
 
 struct Case {
   int b, nh, nkv, hs;
-  bool padded;  // row strides wider than the heads
+  bool padded;   // row strides wider than the heads
+  bool guarded;  // the ring on cpu-guarded device memory, MPI staged through host copies
 };
 
 void check_ring(const Case& c) {
@@ -107,13 +111,33 @@ void check_ring(const Case& c) {
              want_dk = gather_rows(dk, c.b, t_full, full.ld_k, pos),
              want_dv = gather_rows(dv, c.b, t_full, full.ld_v, pos);
 
-  model::RingAttention ring(*ops, world, local);
+  // On cpu-guarded memory host code and MPI touching a device pointer crash: every copy of
+  // the ring must go through the backend or the staged requests.
+  auto ring_ops = c.guarded ? trident::ops::make_guarded_ops(1, std::size_t(16) << 20)
+                            : trident::ops::make_cpu_ops(1);
+  trident::DeviceMemory* mem = ring_ops->memory();
+  if (c.guarded) world.set_staging(std::make_shared<par::DeviceStaging>(mem, false));
+  std::vector<trident::FloatBuffer> dev;
+  auto on_ring = [&](const FVec& host) -> float* {
+    if (!mem) return const_cast<float*>(host.data());
+    dev.emplace_back(host.size(), mem);
+    mem->to_device(dev.back().data(), host.data(), host.size() * sizeof(float));
+    return dev.back().data();
+  };
+  auto back = [&](FVec& host, float* p) {
+    if (mem) mem->to_host(host.data(), p, host.size() * sizeof(float));
+  };
+  model::RingAttention ring(*ring_ops, world, local);
   // out starts as NaN: the first merge into lse = -inf must not read it
   FVec got_out(lq.size() / full.ld_q * full.ld_o, std::nanf("")), got_lse(want_lse.size(), 0.0f);
-  ring.forward(got_out.data(), got_lse.data(), lq.data(), lk.data(), lv.data());
   FVec got_dq(lq.size(), 0.0f), got_dk(lk.size(), 0.0f), got_dv(lv.size(), 0.0f);
-  ring.backward(got_dq.data(), got_dk.data(), got_dv.data(), ldout.data(), got_out.data(),
-                got_lse.data(), lq.data(), lk.data(), lv.data());
+  float *d_out = on_ring(got_out), *d_lse = on_ring(got_lse), *d_q = on_ring(lq),
+        *d_k = on_ring(lk), *d_v = on_ring(lv), *d_dout = on_ring(ldout), *d_dq = on_ring(got_dq),
+        *d_dk = on_ring(got_dk), *d_dv = on_ring(got_dv);
+  ring.forward(d_out, d_lse, d_q, d_k, d_v);
+  ring.backward(d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v);
+  back(got_out, d_out), back(got_lse, d_lse), back(got_dq, d_dq), back(got_dk, d_dk),
+      back(got_dv, d_dv);
 
   double sc[5];
   double err[5] = {max_err(got_out, want_out, full.ld_o, wq, &sc[0]),
@@ -125,9 +149,10 @@ void check_ring(const Case& c) {
   MPI_Allreduce(MPI_IN_PLACE, sc, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
   if (rank == 0)
-    std::printf("ring cp %d b %d nh %d nkv %d hs %d T %d %s: max |err| out %.2e lse %.2e dq %.2e "
+    std::printf("ring cp %d b %d nh %d nkv %d hs %d T %d %s%s: max |err| out %.2e lse %.2e dq %.2e "
                 "dk %.2e dv %.2e (max |ref| %.2f %.2f %.2f %.2f %.2f)\n",
-                cp, c.b, c.nh, c.nkv, c.hs, t_full, c.padded ? "padded" : "packed", err[0],
+                cp, c.b, c.nh, c.nkv, c.hs, t_full, c.padded ? "padded" : "packed",
+                c.guarded ? " guarded" : "", err[0],
                 err[1], err[2], err[3], err[4], sc[0], sc[1], sc[2], sc[3], sc[4]);
   // fp32 rounding of a differently ordered sum; an error in masking or merging is O(0.1..1)
   for (int i = 0; i < 5; i++) EXPECT_LE(err[i], 4e-6 * std::max(1.0, sc[i])) << names[i];
@@ -156,10 +181,11 @@ TEST(RingAttention, LocalPositionsPartitionTheSequence) {
   EXPECT_THROW(model::cp_local_positions(2 * cp + 1, cp, 0), std::exception);
 }
 
-TEST(RingAttention, MatchesWholeSequenceFlash) { check_ring({2, 3, 3, 8, false}); }
-TEST(RingAttention, MatchesWholeSequenceFlashPadded) { check_ring({2, 3, 3, 8, true}); }
-TEST(RingAttention, GroupedQueryHeads) { check_ring({2, 4, 2, 8, false}); }
-TEST(RingAttention, GroupedQueryHeadsPadded) { check_ring({1, 4, 2, 8, true}); }
+TEST(RingAttention, MatchesWholeSequenceFlash) { check_ring({2, 3, 3, 8, false, false}); }
+TEST(RingAttention, MatchesWholeSequenceFlashPadded) { check_ring({2, 3, 3, 8, true, false}); }
+TEST(RingAttention, GroupedQueryHeads) { check_ring({2, 4, 2, 8, false, false}); }
+TEST(RingAttention, GroupedQueryHeadsPadded) { check_ring({1, 4, 2, 8, true, false}); }
+TEST(RingAttention, OnDeviceMemoryStagedMpi) { check_ring({2, 4, 2, 8, true, true}); }
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
