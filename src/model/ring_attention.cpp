@@ -55,7 +55,8 @@ RingAttention::RingAttention(ops::Ops& ops, parallel::Comm& group,
     : ops_(ops), group_(group), s_(local), cp_(group.size()), rank_(group.rank()) {
   TRIDENT_CHECK(s_.t > 0 && s_.t % 2 == 0, "ring attention: the local sequence length ", s_.t,
                 " must be even (two chunks of the 2 * cp)");
-  TRIDENT_CHECK(s_.causal && !s_.accumulate, "ring attention: the shape must be causal and not accumulate");
+  TRIDENT_CHECK(s_.causal && !s_.accumulate,
+                "ring attention: the shape must be causal and not accumulate");
   TRIDENT_CHECK(s_.lse_row() == s_.t, "ring attention: lse must be [B, NH, t] packed");
   TRIDENT_CHECK(s_.nh > 0 && s_.nkv > 0 && s_.nh % s_.nkv == 0 && s_.hs > 0,
                 "ring attention: bad heads (nh ", s_.nh, ", nkv ", s_.nkv, ", hs ", s_.hs, ")");

@@ -1,7 +1,7 @@
 // trident/model/ring_attention.hpp — causal attention over a context-parallel (CP) group
 // (ring attention with Megatron's load-balanced split; docs/context_parallel.md). A sequence of
-// T tokens is cut into 2·cp chunks of T/(2·cp); CP rank r holds chunks r and 2·cp−1−r, in that
-// order, as its local t = T/cp rows. The forward passes the key/value blocks around the ring
+// T tokens is cut into 2·cp chunks of T/(2·cp); CP rank r holds chunks r and 2·cp−1−r, in
+// that order, as its local t = T/cp rows. The forward passes the key/value blocks around the ring
 // (rank r sends to r+1) while attending to the block already held, and merges the partial
 // results through their log-sum-exps; the backward passes the same blocks again, their key/value
 // gradients travelling one hop behind and ending at their owner; dq stays local.

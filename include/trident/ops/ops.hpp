@@ -132,13 +132,14 @@ class Ops {
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
 
   // ---- attention ----------------------------------------------------------------------
-  // Causal (or, with !causal, full) softmax(q k^T / sqrt(hs)) v per query head, flash-style: tiled over query and key
-  // blocks with the online softmax, never storing T x T. The forward keeps out and one
-  // log-sum-exp per (batch, head, row); the backward recomputes the scores tile by tile.
-  // q, k, v, out are row-major with row (b, t) at (b*T + t) * ld and head h's hs columns at
-  // h*hs within the row, so GPT's fused qkv[B,T,3C] is q = qkv, k = qkv + C, v = qkv + 2C
-  // with ld 3C. Grouped-query attention: query head h reads key/value head h / (nh / nkv)
-  // (nkv = nh: multi-head; nkv = 1: multi-query). RoPE is applied to q and k before.
+  // Causal (or, with !causal, full) softmax(q k^T / sqrt(hs)) v per query head, flash-style:
+  // tiled over query and key blocks with the online softmax, never storing T x T. The forward
+  // keeps out and one log-sum-exp per (batch, head, row); the backward recomputes the scores
+  // tile by tile. q, k, v, out are row-major with row (b, t) at (b*T + t) * ld and head h's hs
+  // columns at h*hs within the row, so GPT's fused qkv[B,T,3C] is q = qkv, k = qkv + C,
+  // v = qkv + 2C with ld 3C. Grouped-query attention: query head h reads key/value head
+  // h / (nh / nkv) (nkv = nh: multi-head; nkv = 1: multi-query). RoPE is applied to q and k
+  // before.
   struct AttentionShape {
     int b = 0, t = 0;
     int nh = 0;   // query heads
@@ -163,10 +164,11 @@ class Ops {
   // out [.., ld_o] = attention; lse[B,NH,T] = log-sum-exp of each row's scaled scores.
   virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
                                  const float* v, const AttentionShape& s) = 0;
-  // dq, dk, dv (strides ld_q, ld_k, ld_v) WRITTEN (added to with s.accumulate): the gradients w.r.t. q, k, v (each key/value
-  // head summing its query heads); dout has stride ld_o; out and lse from the forward. out and
-  // lse may be those of attention over more keys than k, v (merged blocks): P = exp(S - lse)
-  // and D = rowsum(dout * out) then give this block's exact share of the gradients.
+  // dq, dk, dv (strides ld_q, ld_k, ld_v) WRITTEN (added to with s.accumulate): the gradients
+  // w.r.t. q, k, v (each key/value head summing its query heads); dout has stride ld_o; out
+  // and lse from the forward. out and lse may be those of attention over more keys than k, v
+  // (merged blocks): P = exp(S - lse) and D = rowsum(dout * out) then give this block's exact
+  // share of the gradients.
   virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* out, const float* lse, const float* q,
                                   const float* k, const float* v, const AttentionShape& s) = 0;

@@ -52,8 +52,9 @@ void launch_causal_softmax_backward(cudaStream_t s, float* datt, const float* at
                                     std::int64_t rows, int t, float scale);
 
 // ---- flash_attention.cu -------------------------------------------------------------------
-// Causal attention without T x T (ops.hpp's attention_forward/backward; shapes and strides
-// as Ops::AttentionShape). Head sizes up to kFlashMaxHeadSize.
+// Causal (or full) attention without T x T (ops.hpp's attention_forward/backward; shapes
+// and strides as Ops::AttentionShape, the batch strides resolved). Head sizes up to
+// kFlashMaxHeadSize.
 constexpr int kFlashMaxHeadSize = 128;
 struct FlashShape {
   int b, t, nh, nkv, hs;
