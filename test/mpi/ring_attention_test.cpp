@@ -116,7 +116,9 @@ void check_ring(const Case& c) {
   auto ring_ops = c.guarded ? trident::ops::make_guarded_ops(1, std::size_t(16) << 20)
                             : trident::ops::make_cpu_ops(1);
   trident::DeviceMemory* mem = ring_ops->memory();
-  if (c.guarded) world.set_staging(std::make_shared<par::DeviceStaging>(mem, false));
+  // the CP group (made after the backend, so that its staging goes before the memory does)
+  par::Comm cp_group = world.split(0, rank, "cp");
+  if (c.guarded) cp_group.set_staging(std::make_shared<par::DeviceStaging>(mem, false));
   std::vector<trident::FloatBuffer> dev;
   auto on_ring = [&](const FVec& host) -> float* {
     if (!mem) return const_cast<float*>(host.data());
@@ -127,7 +129,7 @@ void check_ring(const Case& c) {
   auto back = [&](FVec& host, float* p) {
     if (mem) mem->to_host(host.data(), p, host.size() * sizeof(float));
   };
-  model::RingAttention ring(*ring_ops, world, local);
+  model::RingAttention ring(*ring_ops, cp_group, local);
   // out starts as NaN: the first merge into lse = -inf must not read it
   FVec got_out(lq.size() / full.ld_q * full.ld_o, std::nanf("")), got_lse(want_lse.size(), 0.0f);
   FVec got_dq(lq.size(), 0.0f), got_dk(lk.size(), 0.0f), got_dv(lv.size(), 0.0f);
