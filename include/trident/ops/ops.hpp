@@ -132,28 +132,53 @@ class Ops {
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
 
   // ---- attention ----------------------------------------------------------------------
-  // Causal softmax(q k^T / sqrt(hs)) v per query head, flash-style: tiled over query and key
-  // blocks with the online softmax, never storing T x T. The forward keeps out and one
-  // log-sum-exp per (batch, head, row); the backward recomputes the scores tile by tile.
-  // q, k, v, out are row-major with row (b, t) at (b*T + t) * ld and head h's hs columns at
-  // h*hs within the row, so GPT's fused qkv[B,T,3C] is q = qkv, k = qkv + C, v = qkv + 2C
-  // with ld 3C. Grouped-query attention: query head h reads key/value head h / (nh / nkv)
-  // (nkv = nh: multi-head; nkv = 1: multi-query). RoPE is applied to q and k before.
+  // Causal (or, with !causal, full) softmax(q k^T / sqrt(hs)) v per query head, flash-style:
+  // tiled over query and key blocks with the online softmax, never storing T x T. The forward
+  // keeps out and one log-sum-exp per (batch, head, row); the backward recomputes the scores
+  // tile by tile. q, k, v, out are row-major with row (b, t) at (b*T + t) * ld and head h's hs
+  // columns at h*hs within the row, so GPT's fused qkv[B,T,3C] is q = qkv, k = qkv + C,
+  // v = qkv + 2C with ld 3C. Grouped-query attention: query head h reads key/value head
+  // h / (nh / nkv) (nkv = nh: multi-head; nkv = 1: multi-query). RoPE is applied to q and k
+  // before.
   struct AttentionShape {
     int b = 0, t = 0;
     int nh = 0;   // query heads
     int nkv = 0;  // key/value heads, nh % nkv == 0
     int hs = 0;   // head size of q, k, v and out
     std::int64_t ld_q = 0, ld_k = 0, ld_v = 0, ld_o = 0;  // row strides (floats)
+    // Blocks of a longer sequence (ring attention, model/ring_attention.hpp): the floats
+    // between one sequence's row 0 and the next's (0: t * ld, rows packed), and between
+    // consecutive (batch, head) rows of lse (0: t).
+    std::int64_t bs_q = 0, bs_k = 0, bs_v = 0, bs_o = 0, bs_lse = 0;
+    // causal: query i sees keys 0..i; else every query sees all t keys (a query block
+    // against an earlier key/value block of the same sequence).
+    bool causal = true;
+    // The backward adds its gradients to dq, dk, dv instead of writing them.
+    bool accumulate = false;
+    std::int64_t batch_q() const { return bs_q ? bs_q : t * ld_q; }
+    std::int64_t batch_k() const { return bs_k ? bs_k : t * ld_k; }
+    std::int64_t batch_v() const { return bs_v ? bs_v : t * ld_v; }
+    std::int64_t batch_o() const { return bs_o ? bs_o : t * ld_o; }
+    std::int64_t lse_row() const { return bs_lse ? bs_lse : t; }
   };
   // out [.., ld_o] = attention; lse[B,NH,T] = log-sum-exp of each row's scaled scores.
   virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
                                  const float* v, const AttentionShape& s) = 0;
-  // dq, dk, dv (strides ld_q, ld_k, ld_v) WRITTEN: the gradients w.r.t. q, k, v (each key/value
-  // head summing its query heads); dout has stride ld_o; out and lse from the forward.
+  // dq, dk, dv (strides ld_q, ld_k, ld_v) WRITTEN (added to with s.accumulate): the gradients
+  // w.r.t. q, k, v (each key/value head summing its query heads); dout has stride ld_o; out
+  // and lse from the forward. out and lse may be those of attention over more keys than k, v
+  // (merged blocks): P = exp(S - lse) and D = rowsum(dout * out) then give this block's exact
+  // share of the gradients.
   virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* out, const float* lse, const float* q,
                                   const float* k, const float* v, const AttentionShape& s) = 0;
+  // Merges a partial result over another set of keys into a running one (both laid out as
+  // out and lse of `s`; only b, t, nh, hs, ld_o, bs_o, bs_lse are read), per row:
+  //   lse' = log(exp(lse) + exp(lse_part)),
+  //   out' = out exp(lse - lse') + out_part exp(lse_part - lse').
+  // A running lse of -inf (no keys yet) takes the partial as it is.
+  virtual void attention_merge(float* out, float* lse, const float* out_part,
+                               const float* lse_part, const AttentionShape& s) = 0;
 
   // The reference path (tests and benchmarks only: it stores T x T per head).
   // qkv[B,T,3C]: columns q (C), then k (C), then v (C); inside each, head h owns columns

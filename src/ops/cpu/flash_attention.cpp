@@ -6,8 +6,10 @@
 // query blocks, recompute P = exp(S - lse) tile by tile; with D = rowsum(dout * out):
 //   dv += P^T dout,  dP = dout v^T,  dS = scale P (dP - D),  dq += dS k,  dk += dS^T q
 // (five tile products, tile_gemm: a register-blocked loop the compiler vectorises). One task owns a key/value head's dk and dv, so nothing is shared
-// between threads. Tiles above the diagonal are skipped; q, k, v are read in place.
-// defines: CpuOps::attention_forward, CpuOps::attention_backward
+// between threads. Tiles above the diagonal are skipped; q, k, v are read in place. Without
+// the causal mask (ring attention's blocks against earlier keys) every tile is whole; with
+// shape.accumulate the backward adds to dq, dk, dv.
+// defines: CpuOps::attention_forward, CpuOps::attention_backward, CpuOps::attention_merge
 #include "cpu_ops.hpp"
 
 #include <omp.h>
@@ -103,16 +105,21 @@ void pack_transposed(float* dst, std::int64_t width, const float* src, std::int6
   }
 }
 
+// Keys of a tile that row r (query i0 + r) sees: those j <= i0 + r when causal, else all nk.
+inline int visible_keys(bool causal, int nk, int i0, int r, int j0) {
+  return causal ? std::max(0, std::min(nk, i0 + r - j0 + 1)) : nk;
+}
+
 // One tile of the forward's online softmax. s[nq, ld] holds scaled scores of queries
-// i0.. against keys j0..j0+nk; row r may see keys j <= i0 + r. In place s becomes
+// i0.. against keys j0..j0+nk; row r may see keys visible_keys(..). In place s becomes
 // P = exp(s - m_new) (0 where masked); m, l are updated and corr[r] = exp(m_old - m_new)
 // is what the row's accumulator must be multiplied by.
 TRIDENT_SIMD_CLONES
-void online_softmax_tile(float* s, int ld, int nq, int nk, int i0, int j0, float* m, float* l,
-                         float* corr) {
+void online_softmax_tile(float* s, int ld, int nq, int nk, int i0, int j0, bool causal, float* m,
+                         float* l, float* corr) {
   for (int r = 0; r < nq; r++) {
     float* sr = s + std::int64_t(r) * ld;
-    const int n = std::min(nk, i0 + r - j0 + 1);  // visible keys of this row in the tile
+    const int n = visible_keys(causal, nk, i0, r, j0);
     if (n <= 0) {
       for (int j = 0; j < nk; j++) sr[j] = 0.0f;
       corr[r] = 1.0f;
@@ -139,12 +146,12 @@ void online_softmax_tile(float* s, int ld, int nq, int nk, int i0, int j0, float
 // Backward tile: s[nq, ld] (scaled scores) becomes P = exp(s - lse) (0 where masked), and
 // dp[nq, ld] (= dout v^T) becomes dS = scale * P * (dp - D).
 TRIDENT_SIMD_CLONES
-void backward_tile(float* s, float* dp, int ld, int nq, int nk, int i0, int j0,
+void backward_tile(float* s, float* dp, int ld, int nq, int nk, int i0, int j0, bool causal,
                    const float* lse, const float* delta, float scale) {
   for (int r = 0; r < nq; r++) {
     float* sr = s + std::int64_t(r) * ld;
     float* dr = dp + std::int64_t(r) * ld;
-    const int n = std::max(0, std::min(nk, i0 + r - j0 + 1));
+    const int n = visible_keys(causal, nk, i0, r, j0);
     const float lr = lse[r], dl = delta[r];
 #pragma omp simd
     for (int j = 0; j < n; j++) {
@@ -193,24 +200,23 @@ void CpuOps::attention_forward(float* out, float* lse, const float* q, const flo
     const int qb = nqb - 1 - int(task / (std::int64_t(sh.b) * nh));
     const int bh = int(task % (std::int64_t(sh.b) * nh));
     const int bb = bh / nh, h = bh % nh, kvh = h / group;
-    const std::int64_t row0 = std::int64_t(bb) * t;
-    const float* qh = q + row0 * sh.ld_q + std::int64_t(h) * hs;  // [T,hs] ld_q
-    const float* kh = k + row0 * sh.ld_k + std::int64_t(kvh) * hs;
-    const float* vh = v + row0 * sh.ld_v + std::int64_t(kvh) * hs;
-    float* oh = out + row0 * sh.ld_o + std::int64_t(h) * hs;
-    float* lh = lse + std::int64_t(bh) * t;
+    const float* qh = q + bb * sh.batch_q() + std::int64_t(h) * hs;  // [T,hs] ld_q
+    const float* kh = k + bb * sh.batch_k() + std::int64_t(kvh) * hs;
+    const float* vh = v + bb * sh.batch_v() + std::int64_t(kvh) * hs;
+    float* oh = out + bb * sh.batch_o() + std::int64_t(h) * hs;
+    float* lh = lse + std::int64_t(bh) * sh.lse_row();
     Scratch& sc = scratch(hs);
     const int i0 = qb * kQ, nq = std::min(kQ, t - i0);
     std::fill(sc.m.begin(), sc.m.begin() + nq, -std::numeric_limits<float>::infinity());
     std::fill(sc.l.begin(), sc.l.begin() + nq, 0.0f);
     std::fill(sc.acc.begin(), sc.acc.begin() + std::int64_t(nq) * hs, 0.0f);
-    const int kend = i0 + nq;  // causal: keys [0, last query of the block]
+    const int kend = sh.causal ? i0 + nq : t;  // causal: keys [0, last query of the block]
     for (int j0 = 0; j0 < kend; j0 += kK) {
       const int nk = std::min(kK, kend - j0);
       pack_transposed(sc.kt.data(), kK, kh + j0 * sh.ld_k, sh.ld_k, nk, hs);
       tile_gemm(nq, kK, hs, scale, qh + i0 * sh.ld_q, sh.ld_q, 1, sc.kt.data(), kK, false,
                 sc.s.data(), kK);
-      online_softmax_tile(sc.s.data(), kK, nq, nk, i0, j0, sc.m.data(), sc.l.data(),
+      online_softmax_tile(sc.s.data(), kK, nq, nk, i0, j0, sh.causal, sc.m.data(), sc.l.data(),
                           sc.corr.data());
       if (j0 > 0)
         for (int r = 0; r < nq; r++) {
@@ -244,15 +250,15 @@ void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* do
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
   for (int task = 0; task < tasks; task++) {
     const int bb = task / nkv, kvh = task % nkv;
-    const std::int64_t row0 = std::int64_t(bb) * t;
-    const float* kh = k + row0 * sh.ld_k + std::int64_t(kvh) * hs;
-    const float* vh = v + row0 * sh.ld_v + std::int64_t(kvh) * hs;
-    float* dkh = dk + row0 * sh.ld_k + std::int64_t(kvh) * hs;
-    float* dvh = dv + row0 * sh.ld_v + std::int64_t(kvh) * hs;
-    for (int i = 0; i < t; i++) {
-      std::fill(dkh + i * sh.ld_k, dkh + i * sh.ld_k + hs, 0.0f);
-      std::fill(dvh + i * sh.ld_v, dvh + i * sh.ld_v + hs, 0.0f);
-    }
+    const float* kh = k + bb * sh.batch_k() + std::int64_t(kvh) * hs;
+    const float* vh = v + bb * sh.batch_v() + std::int64_t(kvh) * hs;
+    float* dkh = dk + bb * sh.batch_k() + std::int64_t(kvh) * hs;
+    float* dvh = dv + bb * sh.batch_v() + std::int64_t(kvh) * hs;
+    if (!sh.accumulate)
+      for (int i = 0; i < t; i++) {
+        std::fill(dkh + i * sh.ld_k, dkh + i * sh.ld_k + hs, 0.0f);
+        std::fill(dvh + i * sh.ld_v, dvh + i * sh.ld_v + hs, 0.0f);
+      }
     Scratch& sc = scratch(hs);
     // k and v of this head transposed once ([hs, tp], zero past t), read by every query block
     const std::int64_t tp = (std::int64_t(t) + kK - 1) / kK * kK;
@@ -262,11 +268,11 @@ void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* do
     pack_transposed(sc.vt.data(), tp, vh, sh.ld_v, t, hs);
     float* delta = sc.m.data();  // D per row of the query block
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-      const float* qh = q + row0 * sh.ld_q + std::int64_t(h) * hs;
-      float* dqh = dq + row0 * sh.ld_q + std::int64_t(h) * hs;
-      const float* doh = dout + row0 * sh.ld_o + std::int64_t(h) * hs;
-      const float* oh = out + row0 * sh.ld_o + std::int64_t(h) * hs;
-      const float* lh = lse + (std::int64_t(bb) * nh + h) * t;
+      const float* qh = q + bb * sh.batch_q() + std::int64_t(h) * hs;
+      float* dqh = dq + bb * sh.batch_q() + std::int64_t(h) * hs;
+      const float* doh = dout + bb * sh.batch_o() + std::int64_t(h) * hs;
+      const float* oh = out + bb * sh.batch_o() + std::int64_t(h) * hs;
+      const float* lh = lse + (std::int64_t(bb) * nh + h) * sh.lse_row();
       for (int i0 = 0; i0 < t; i0 += kQ) {
         const int nq = std::min(kQ, t - i0);
         for (int r = 0; r < nq; r++) {
@@ -276,9 +282,10 @@ void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* do
 #pragma omp simd reduction(+ : d)
           for (int c = 0; c < hs; c++) d += dor[c] * orow[c];
           delta[r] = d;
-          std::fill(dqh + (i0 + r) * sh.ld_q, dqh + (i0 + r) * sh.ld_q + hs, 0.0f);
+          if (!sh.accumulate)
+            std::fill(dqh + (i0 + r) * sh.ld_q, dqh + (i0 + r) * sh.ld_q + hs, 0.0f);
         }
-        const int kend = i0 + nq;
+        const int kend = sh.causal ? i0 + nq : t;
         for (int j0 = 0; j0 < kend; j0 += kK) {
           const int nk = std::min(kK, kend - j0);
           const float* qi = qh + i0 * sh.ld_q;
@@ -287,7 +294,8 @@ void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* do
                     sc.s.data(), kK);
           tile_gemm(nq, kK, hs, 1.0f, doi, sh.ld_o, 1, sc.vt.data() + j0, tp, false,
                     sc.dp.data(), kK);
-          backward_tile(sc.s.data(), sc.dp.data(), kK, nq, nk, i0, j0, lh + i0, delta, scale);
+          backward_tile(sc.s.data(), sc.dp.data(), kK, nq, nk, i0, j0, sh.causal, lh + i0, delta,
+                        scale);
           // dv[j] += P^T dout_i;  dk[j] += dS^T q_i (P and dS read transposed in place);
           // dq_i += dS k_j
           tile_gemm(nk, hs, nq, 1.0f, sc.s.data(), 1, kK, doi, sh.ld_o, true,
@@ -298,6 +306,37 @@ void CpuOps::attention_backward(float* dq, float* dk, float* dv, const float* do
                     dqh + i0 * sh.ld_q, sh.ld_q);
         }
       }
+    }
+  }
+}
+
+void CpuOps::attention_merge(float* out, float* lse, const float* out_part,
+                             const float* lse_part, const AttentionShape& sh) {
+  check_shape(sh, "attention_merge");
+  const int t = sh.t, hs = sh.hs, nh = sh.nh;
+  const std::int64_t rows = std::int64_t(sh.b) * nh;
+#pragma omp parallel for schedule(static) num_threads(threads_)
+  for (std::int64_t bh = 0; bh < rows; bh++) {
+    const std::int64_t bb = bh / nh, h = bh % nh;
+    float* lh = lse + bh * sh.lse_row();
+    const float* lp = lse_part + bh * sh.lse_row();
+    for (int i = 0; i < t; i++) {
+      const std::int64_t o = bb * sh.batch_o() + i * sh.ld_o + h * hs;
+      const float a = lh[i], b = lp[i];
+      constexpr float kNone = -std::numeric_limits<float>::infinity();
+      float* orow = out + o;
+      const float* prow = out_part + o;
+      if (b == kNone) continue;
+      if (a == kNone) {  // no keys yet: out may hold anything
+        std::copy(prow, prow + hs, orow);
+        lh[i] = b;
+        continue;
+      }
+      const float mx = std::max(a, b);
+      const float wa = std::exp(a - mx), wb = std::exp(b - mx);
+      const float sum = wa + wb, ca = wa / sum, cb = wb / sum;
+      for (int d = 0; d < hs; d++) orow[d] = ca * orow[d] + cb * prow[d];
+      lh[i] = mx + std::log(sum);
     }
   }
 }

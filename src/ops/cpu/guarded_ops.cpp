@@ -208,6 +208,11 @@ class GuardedOps final : public Ops {
     on("attention_backward", {dq, dk, dv, dout, out, lse, q, k, v}),
         inner_->attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
   }
+  void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
+                       const AttentionShape& s) override {
+    on("attention_merge", {out, lse, out_part, lse_part}),
+        inner_->attention_merge(out, lse, out_part, lse_part, s);
+  }
   void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override {
     on("attention_naive_forward", {out, att, qkv}), inner_->attention_naive_forward(out, att, qkv, b, t, c, nh);

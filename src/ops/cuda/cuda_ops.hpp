@@ -118,6 +118,8 @@ class CudaOps final : public Ops {
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
                           const AttentionShape& s) override;
+  void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
+                       const AttentionShape& s) override;
   void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override;
   void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,

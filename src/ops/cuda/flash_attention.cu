@@ -10,7 +10,11 @@
 //   backward dkv grid (key tiles, B*NKV): for each query head of the group and each query
 //                tile from the diagonal on, dv += P^T dout, dk += dS^T q.
 // No atomics: each output row belongs to one block, so results do not depend on timing.
-// defines: launch_flash_attention_forward, launch_flash_attention_backward
+// Without the causal mask (ring attention's blocks against earlier keys) every key tile is
+// visited; with shape.accumulate the backward adds to dq, dk, dv. attention_merge folds a
+// partial (out, lse) into a running one, one thread per row.
+// defines: launch_flash_attention_forward, launch_flash_attention_backward,
+//          launch_attention_merge
 #include "check.hpp"
 #include "common.cuh"
 #include "kernels.hpp"
@@ -29,7 +33,9 @@ constexpr int kPerRow = kRows / kLanes;            // tile entries per thread an
 struct Dims {
   int t, nh, group, hs;
   long long ldq, ldk, ldv, ldo;
+  long long bsq, bsk, bsv, bso, bslse;  // batch strides; lse's (batch, head) row stride
   float scale;
+  bool causal, accumulate;
 };
 
 // Sum over the kLanes threads of a row (consecutive lanes of one warp).
@@ -66,16 +72,16 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
   const int bh = blockIdx.y, b = bh / d.nh, h = bh % d.nh, kvh = h / d.group;
   const int i0 = blockIdx.x * kRows, r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
   const int i = i0 + r;
-  const long long row0 = (long long)b * d.t;
-  const float* qh = q + row0 * d.ldq + (long long)h * d.hs;
-  const float* kh = k + row0 * d.ldk + (long long)kvh * d.hs;
-  const float* vh = v + row0 * d.ldv + (long long)kvh * d.hs;
+  const float* qh = q + b * d.bsq + (long long)h * d.hs;
+  const float* kh = k + b * d.bsk + (long long)kvh * d.hs;
+  const float* vh = v + b * d.bsv + (long long)kvh * d.hs;
   load_tile(sq, qh, d.ldq, i0, d.t, d.hs);
   float acc[kCols];
 #pragma unroll
   for (int cc = 0; cc < kCols; cc++) acc[cc] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  const int kend = d.t < i0 + kRows ? d.t : i0 + kRows;  // causal: keys up to the tile's last query
+  // causal: keys up to the tile's last query
+  const int kend = !d.causal || d.t < i0 + kRows ? d.t : i0 + kRows;
   for (int j0 = 0; j0 < kend; j0 += kRows) {
     __syncthreads();  // the previous tile's reads of sk, sv, sp are done
     load_tile(sk, kh, d.ldk, j0, d.t, d.hs);
@@ -86,7 +92,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
 #pragma unroll
     for (int jj = 0; jj < kPerRow; jj++) {
       const int j = lane + kLanes * jj;
-      const bool visible = j0 + j <= i && j0 + j < d.t;
+      const bool visible = (!d.causal || j0 + j <= i) && j0 + j < d.t;
       s[jj] = visible ? d.scale * dot_rows(sq[r], sk[j], d.hs) : -INFINITY;
       mx = fmaxf(mx, s[jj]);
     }
@@ -115,24 +121,25 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
     }
   }
   if (i < d.t) {
-    float* orow = out + (row0 + i) * d.ldo + (long long)h * d.hs;
+    float* orow = out + b * d.bso + i * d.ldo + (long long)h * d.hs;
     const float inv = 1.0f / l;
 #pragma unroll
     for (int cc = 0; cc < kCols; cc++) {
       const int c = lane + kLanes * cc;
       if (c < d.hs) orow[c] = acc[cc] * inv;
     }
-    if (lane == 0) lse[(long long)bh * d.t + i] = m + logf(l);
+    if (lane == 0) lse[(long long)bh * d.bslse + i] = m + logf(l);
   }
 }
 
 // D = rowsum(dout * out) of query row i (0 beyond t), summed over the row's lanes.
-__device__ __forceinline__ float row_delta(const float* dout, const float* out, Dims d,
-                                           long long row0, int h, int i, int lane) {
+__device__ __forceinline__ float row_delta(const float* dout, const float* out, Dims d, int b,
+                                           int h, int i, int lane) {
   float part = 0.0f;
   if (i < d.t) {
-    const float* dor = dout + (row0 + i) * d.ldo + (long long)h * d.hs;
-    const float* orow = out + (row0 + i) * d.ldo + (long long)h * d.hs;
+    const long long o = b * d.bso + i * d.ldo + (long long)h * d.hs;
+    const float* dor = dout + o;
+    const float* orow = out + o;
     for (int c = lane; c < d.hs; c += kLanes) part += dor[c] * orow[c];
   }
   return row_sum(part);
@@ -149,17 +156,16 @@ __global__ void flash_backward_dq_kernel(float* dq, const float* dout, const flo
   const int bh = blockIdx.y, b = bh / d.nh, h = bh % d.nh, kvh = h / d.group;
   const int i0 = blockIdx.x * kRows, r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
   const int i = i0 + r;
-  const long long row0 = (long long)b * d.t;
-  const float* kh = k + row0 * d.ldk + (long long)kvh * d.hs;
-  const float* vh = v + row0 * d.ldv + (long long)kvh * d.hs;
-  load_tile(sq, q + row0 * d.ldq + (long long)h * d.hs, d.ldq, i0, d.t, d.hs);
-  load_tile(sdo, dout + row0 * d.ldo + (long long)h * d.hs, d.ldo, i0, d.t, d.hs);
-  const float delta = row_delta(dout, out, d, row0, h, i, lane);
-  const float lse_i = i < d.t ? lse[(long long)bh * d.t + i] : 0.0f;
+  const float* kh = k + b * d.bsk + (long long)kvh * d.hs;
+  const float* vh = v + b * d.bsv + (long long)kvh * d.hs;
+  load_tile(sq, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, d.t, d.hs);
+  load_tile(sdo, dout + b * d.bso + (long long)h * d.hs, d.ldo, i0, d.t, d.hs);
+  const float delta = row_delta(dout, out, d, b, h, i, lane);
+  const float lse_i = i < d.t ? lse[(long long)bh * d.bslse + i] : 0.0f;
   float acc[kCols];
 #pragma unroll
   for (int cc = 0; cc < kCols; cc++) acc[cc] = 0.0f;
-  const int kend = d.t < i0 + kRows ? d.t : i0 + kRows;
+  const int kend = !d.causal || d.t < i0 + kRows ? d.t : i0 + kRows;
   for (int j0 = 0; j0 < kend; j0 += kRows) {
     __syncthreads();
     load_tile(sk, kh, d.ldk, j0, d.t, d.hs);
@@ -169,7 +175,7 @@ __global__ void flash_backward_dq_kernel(float* dq, const float* dout, const flo
     for (int jj = 0; jj < kPerRow; jj++) {
       const int j = lane + kLanes * jj;
       float ds = 0.0f;
-      if (j0 + j <= i && j0 + j < d.t && i < d.t) {
+      if ((!d.causal || j0 + j <= i) && j0 + j < d.t && i < d.t) {
         const float p = expf(d.scale * dot_rows(sq[r], sk[j], d.hs) - lse_i);
         ds = d.scale * p * (dot_rows(sdo[r], sv[j], d.hs) - delta);
       }
@@ -187,11 +193,11 @@ __global__ void flash_backward_dq_kernel(float* dq, const float* dout, const flo
     }
   }
   if (i < d.t) {
-    float* dqr = dq + (row0 + i) * d.ldq + (long long)h * d.hs;
+    float* dqr = dq + b * d.bsq + i * d.ldq + (long long)h * d.hs;
 #pragma unroll
     for (int cc = 0; cc < kCols; cc++) {
       const int c = lane + kLanes * cc;
-      if (c < d.hs) dqr[c] = acc[cc];
+      if (c < d.hs) dqr[c] = d.accumulate ? dqr[c] + acc[cc] : acc[cc];
     }
   }
 }
@@ -211,29 +217,29 @@ __global__ void flash_backward_dkv_kernel(float* dk, float* dv, const float* dou
   const int bkv = blockIdx.y, b = bkv / nkv, kvh = bkv % nkv;
   const int j0 = blockIdx.x * kRows, r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
   const int j = j0 + r;  // this thread's key row
-  const long long row0 = (long long)b * d.t;
-  load_tile(sk, k + row0 * d.ldk + (long long)kvh * d.hs, d.ldk, j0, d.t, d.hs);
-  load_tile(sv, v + row0 * d.ldv + (long long)kvh * d.hs, d.ldv, j0, d.t, d.hs);
+  load_tile(sk, k + b * d.bsk + (long long)kvh * d.hs, d.ldk, j0, d.t, d.hs);
+  load_tile(sv, v + b * d.bsv + (long long)kvh * d.hs, d.ldv, j0, d.t, d.hs);
   float dk_acc[kCols], dv_acc[kCols];
 #pragma unroll
   for (int cc = 0; cc < kCols; cc++) dk_acc[cc] = dv_acc[cc] = 0.0f;
   for (int h = kvh * d.group; h < (kvh + 1) * d.group; h++) {
     const int bh = b * d.nh + h;
-    for (int i0 = j0; i0 < d.t; i0 += kRows) {  // query tiles on and below the diagonal
+    // causal: the query tiles on and below the diagonal
+    for (int i0 = d.causal ? j0 : 0; i0 < d.t; i0 += kRows) {
       __syncthreads();
-      load_tile(sq, q + row0 * d.ldq + (long long)h * d.hs, d.ldq, i0, d.t, d.hs);
-      load_tile(sdo, dout + row0 * d.ldo + (long long)h * d.hs, d.ldo, i0, d.t, d.hs);
-      const float delta = row_delta(dout, out, d, row0, h, i0 + r, lane);  // row r as a query
+      load_tile(sq, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, d.t, d.hs);
+      load_tile(sdo, dout + b * d.bso + (long long)h * d.hs, d.ldo, i0, d.t, d.hs);
+      const float delta = row_delta(dout, out, d, b, h, i0 + r, lane);  // row r as a query
       if (lane == 0) {
         sdelta[r] = delta;
-        slse[r] = i0 + r < d.t ? lse[(long long)bh * d.t + i0 + r] : 0.0f;
+        slse[r] = i0 + r < d.t ? lse[(long long)bh * d.bslse + i0 + r] : 0.0f;
       }
       __syncthreads();
 #pragma unroll
       for (int ii = 0; ii < kPerRow; ii++) {
         const int qi = lane + kLanes * ii, i = i0 + qi;
         float p = 0.0f, ds = 0.0f;
-        if (j <= i && i < d.t) {
+        if ((!d.causal || j <= i) && i < d.t) {
           p = expf(d.scale * dot_rows(sk[r], sq[qi], d.hs) - slse[qi]);
           ds = d.scale * p * (dot_rows(sv[r], sdo[qi], d.hs) - sdelta[qi]);
         }
@@ -257,22 +263,45 @@ __global__ void flash_backward_dkv_kernel(float* dk, float* dv, const float* dou
     }
   }
   if (j < d.t) {
-    float* dkr = dk + (row0 + j) * d.ldk + (long long)kvh * d.hs;
-    float* dvr = dv + (row0 + j) * d.ldv + (long long)kvh * d.hs;
+    float* dkr = dk + b * d.bsk + j * d.ldk + (long long)kvh * d.hs;
+    float* dvr = dv + b * d.bsv + j * d.ldv + (long long)kvh * d.hs;
 #pragma unroll
     for (int cc = 0; cc < kCols; cc++) {
       const int c = lane + kLanes * cc;
       if (c < d.hs) {
-        dkr[c] = dk_acc[cc];
-        dvr[c] = dv_acc[cc];
+        dkr[c] = d.accumulate ? dkr[c] + dk_acc[cc] : dk_acc[cc];
+        dvr[c] = d.accumulate ? dvr[c] + dv_acc[cc] : dv_acc[cc];
       }
     }
   }
 }
 
 Dims dims_of(const FlashShape& s) {
-  return Dims{s.t, s.nh, s.nh / s.nkv, s.hs, s.ld_q, s.ld_k, s.ld_v, s.ld_o,
-              1.0f / sqrtf(float(s.hs))};
+  return Dims{s.t,    s.nh,   s.nh / s.nkv, s.hs,   s.ld_q,  s.ld_k,
+              s.ld_v, s.ld_o, s.bs_q,       s.bs_k, s.bs_v,  s.bs_o,
+              s.bs_lse, 1.0f / sqrtf(float(s.hs)), s.causal, s.accumulate};
+}
+
+// One thread per (batch, head, row): lse' = log(e^lse + e^lse_part), out' = the weighted sum.
+__global__ void attention_merge_kernel(float* out, float* lse, const float* out_part,
+                                       const float* lse_part, Dims d, long long rows) {
+  const long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (x >= rows) return;
+  const long long bh = x / d.t;
+  const int i = int(x % d.t), b = int(bh / d.nh), h = int(bh % d.nh);
+  const long long li = bh * d.bslse + i;
+  const float a = lse[li], p = lse_part[li];
+  if (p == -INFINITY) return;
+  const long long o = b * d.bso + i * d.ldo + (long long)h * d.hs;
+  if (a == -INFINITY) {  // no keys yet: out may hold anything
+    for (int c = 0; c < d.hs; c++) out[o + c] = out_part[o + c];
+    lse[li] = p;
+    return;
+  }
+  const float mx = fmaxf(a, p), wa = expf(a - mx), wp = expf(p - mx), sum = wa + wp;
+  const float ca = wa / sum, cp = wp / sum;
+  for (int c = 0; c < d.hs; c++) out[o + c] = ca * out[o + c] + cp * out_part[o + c];
+  lse[li] = mx + logf(sum);
 }
 
 }  // namespace
@@ -298,6 +327,16 @@ void launch_flash_attention_backward(cudaStream_t s, float* dq, float* dk, float
   flash_backward_dkv_kernel<<<dim3(tiles, sh.b * sh.nkv), kThreads, 0, s>>>(dk, dv, dout, out,
                                                                            lse, q, k, v, d);
   check_launch("flash_backward_dkv");
+}
+
+void launch_attention_merge(cudaStream_t s, float* out, float* lse, const float* out_part,
+                            const float* lse_part, const FlashShape& sh) {
+  const long long rows = (long long)sh.b * sh.nh * sh.t;
+  if (rows <= 0) return;
+  constexpr int kBlock = 256;
+  attention_merge_kernel<<<unsigned((rows + kBlock - 1) / kBlock), kBlock, 0, s>>>(
+      out, lse, out_part, lse_part, dims_of(sh), rows);
+  check_launch("attention_merge");
 }
 
 }  // namespace trident::ops::cuda

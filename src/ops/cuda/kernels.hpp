@@ -52,12 +52,15 @@ void launch_causal_softmax_backward(cudaStream_t s, float* datt, const float* at
                                     std::int64_t rows, int t, float scale);
 
 // ---- flash_attention.cu -------------------------------------------------------------------
-// Causal attention without T x T (ops.hpp's attention_forward/backward; shapes and strides
-// as Ops::AttentionShape). Head sizes up to kFlashMaxHeadSize.
+// Causal (or full) attention without T x T (ops.hpp's attention_forward/backward; shapes
+// and strides as Ops::AttentionShape, the batch strides resolved). Head sizes up to
+// kFlashMaxHeadSize.
 constexpr int kFlashMaxHeadSize = 128;
 struct FlashShape {
   int b, t, nh, nkv, hs;
   long long ld_q, ld_k, ld_v, ld_o;
+  long long bs_q, bs_k, bs_v, bs_o, bs_lse;  // resolved (never 0)
+  bool causal, accumulate;
 };
 void launch_flash_attention_forward(cudaStream_t s, float* out, float* lse, const float* q,
                                     const float* k, const float* v, const FlashShape& shape);
@@ -66,6 +69,9 @@ void launch_flash_attention_backward(cudaStream_t s, float* dq, float* dk, float
                                      const float* dout, const float* out, const float* lse,
                                      const float* q, const float* k, const float* v,
                                      const FlashShape& shape);
+// Ops::attention_merge.
+void launch_attention_merge(cudaStream_t s, float* out, float* lse, const float* out_part,
+                            const float* lse_part, const FlashShape& shape);
 
 // ---- crossentropy.cu --------------------------------------------------------------------
 void launch_xent_row_max(cudaStream_t s, float* row_max, const float* logits, int n, int ld,

@@ -3,7 +3,7 @@
 // place from qkv, around the softmax kernels of softmax.cu).
 // defines: CudaOps::gemm_rm, gemm_batched_rm, gemm, linear_forward, linear_backward,
 //          attention_forward, attention_backward (flash_attention.cu's kernels),
-//          attention_naive_forward, attention_naive_backward
+//          attention_merge, attention_naive_forward, attention_naive_backward
 //
 // Row-major to cuBLAS: see col_major in plans.hpp (C^T = op(B)^T op(A)^T), which also holds
 // the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
@@ -314,7 +314,10 @@ FlashShape flash_shape(const Ops::AttentionShape& s, const char* op) {
                 s.nh, ", nkv ", s.nkv, ", hs ", s.hs, "): nh must be a multiple of nkv");
   TRIDENT_CHECK(s.hs <= kFlashMaxHeadSize, op, ": head size ", s.hs,
                 " is above the CUDA kernel's limit of ", kFlashMaxHeadSize);
-  return FlashShape{s.b, s.t, s.nh, s.nkv, s.hs, s.ld_q, s.ld_k, s.ld_v, s.ld_o};
+  return FlashShape{s.b,         s.t,         s.nh,        s.nkv,       s.hs,
+                    s.ld_q,      s.ld_k,      s.ld_v,      s.ld_o,      s.batch_q(),
+                    s.batch_k(), s.batch_v(), s.batch_o(), s.lse_row(), s.causal,
+                    s.accumulate};
 }
 }  // namespace
 
@@ -330,6 +333,12 @@ void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* d
   OpScope timed(timer_.get(), "attention_backward");
   launch_flash_attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v,
                                   flash_shape(s, "attention_backward"));
+}
+
+void CudaOps::attention_merge(float* out, float* lse, const float* out_part,
+                              const float* lse_part, const AttentionShape& s) {
+  OpScope timed(timer_.get(), "attention_merge");
+  launch_attention_merge(stream_, out, lse, out_part, lse_part, flash_shape(s, "attention_merge"));
 }
 
 }  // namespace trident::ops::cuda

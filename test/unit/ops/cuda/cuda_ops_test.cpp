@@ -375,10 +375,11 @@ void check_attention(Ops& g, double tol, int b, int t, int c, int nh) {
 
 // Flash attention (fp32 kernels under every precision): q, k, v with padded strides and
 // grouped-query heads, against the CPU backend's flash path.
-void check_flash(Ops& g, double tol, int b, int t, int nh, int nkv, int hs) {
+void check_flash(Ops& g, double tol, int b, int t, int nh, int nkv, int hs, bool causal = true) {
   Rng r(1801u + unsigned(t * 13 + nh * 5 + nkv + hs));
   Ops::AttentionShape s;
   s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
+  s.causal = causal;
   s.ld_q = nh * hs + 3, s.ld_k = nkv * hs + 1, s.ld_v = nkv * hs + 2, s.ld_o = nh * hs + 1;
   const std::size_t rows = std::size_t(b) * t;
   const FVec q = r.normal(rows * s.ld_q), k = r.normal(rows * s.ld_k), v = r.normal(rows * s.ld_v),
@@ -394,6 +395,60 @@ void check_flash(Ops& g, double tol, int b, int t, int nh, int nkv, int hs) {
   g.attention_forward(gout.get(), glse.get(), gq.get(), gk.get(), gv.get(), s);
   g.attention_backward(gdq.get(), gdk.get(), gdv.get(), gdout.get(), gout.get(), glse.get(),
                        gq.get(), gk.get(), gv.get(), s);
+  EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
+  EXPECT_TRUE(near(glse.host(), lse, tol)) << "lse";
+  EXPECT_TRUE(near(gdq.host(), dq, 10 * tol)) << "dq";
+  EXPECT_TRUE(near(gdk.host(), dk, 10 * tol)) << "dk";
+  EXPECT_TRUE(near(gdv.host(), dv, 10 * tol)) << "dv";
+}
+
+// Ring attention's blocks (model/ring_attention.cpp): a sequence of 2t rows as blocks of t
+// through batch and lse strides; the second half's queries against the first half's keys
+// (full) and its own (causal), merged by attention_merge (its first merge into lse = -inf),
+// and the backward of each block accumulating into dq, dk, dv from the merged out and lse;
+// against the CPU backend doing the same.
+void check_flash_blocks(Ops& g, double tol, int b, int t, int nh, int nkv, int hs) {
+  Rng r(1901u + unsigned(t * 13 + nh * 5 + nkv + hs));
+  Ops::AttentionShape s;
+  s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
+  s.ld_q = nh * hs + 1, s.ld_k = nkv * hs + 2, s.ld_v = nkv * hs, s.ld_o = nh * hs + 3;
+  s.bs_q = 2 * t * s.ld_q, s.bs_k = 2 * t * s.ld_k, s.bs_v = 2 * t * s.ld_v;
+  s.bs_o = 2 * t * s.ld_o, s.bs_lse = 2 * t;
+  s.accumulate = true;
+  Ops::AttentionShape full = s;
+  full.causal = false;
+  const std::size_t rows = std::size_t(b) * 2 * t;
+  const FVec q = r.normal(rows * s.ld_q), k = r.normal(rows * s.ld_k), v = r.normal(rows * s.ld_v),
+             dout = r.normal(rows * s.ld_o), grad0 = r.normal(rows * s.ld_q);
+  const std::int64_t tq = t * s.ld_q, tk = t * s.ld_k, tv = t * s.ld_v, to = t * s.ld_o;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  auto run = [&](Ops& o, float* out, float* lse, float* part, float* plse, float* dq, float* dk,
+                 float* dv, const float* q_, const float* k_, const float* v_, const float* do_) {
+    o.fill(lse, ninf, std::int64_t(b) * nh * 2 * t);
+    for (int half = 0; half < 2; half++) {  // query half: its blocks merged into lse = -inf
+      for (int kb = 0; kb <= half; kb++) {
+        const Ops::AttentionShape& sh = kb == half ? s : full;
+        o.attention_forward(part + half * to, plse + half * t, q_ + half * tq, k_ + kb * tk,
+                            v_ + kb * tv, sh);
+        o.attention_merge(out + half * to, lse + half * t, part + half * to, plse + half * t, sh);
+      }
+    }
+    for (int half = 0; half < 2; half++)
+      for (int kb = 0; kb <= half; kb++)
+        o.attention_backward(dq + half * tq, dk + kb * tk, dv + kb * tv, do_ + half * to,
+                             out + half * to, lse + half * t, q_ + half * tq, k_ + kb * tk,
+                             v_ + kb * tv, kb == half ? s : full);
+  };
+  FVec out(rows * s.ld_o, 0.0f), lse(std::size_t(b) * nh * 2 * t), part(out.size()),
+      plse(lse.size()), dq = grad0, dk(k.size(), 0.5f), dv(v.size(), -0.5f);
+  run(cpu(), out.data(), lse.data(), part.data(), plse.data(), dq.data(), dk.data(), dv.data(),
+      q.data(), k.data(), v.data(), dout.data());
+  DevVec<float> gq(g, q), gk(g, k), gv(g, v), gdout(g, dout), gout(g, FVec(out.size(), 0.0f)),
+      glse(g, FVec(lse.size(), 0.0f)), gpart(g, FVec(out.size(), 0.0f)),
+      gplse(g, FVec(lse.size(), 0.0f)), gdq(g, grad0), gdk(g, FVec(k.size(), 0.5f)),
+      gdv(g, FVec(v.size(), -0.5f));
+  run(g, gout.get(), glse.get(), gpart.get(), gplse.get(), gdq.get(), gdk.get(), gdv.get(),
+      gq.get(), gk.get(), gv.get(), gdout.get());
   EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
   EXPECT_TRUE(near(glse.host(), lse, tol)) << "lse";
   EXPECT_TRUE(near(gdq.host(), dq, 10 * tol)) << "dq";
@@ -583,6 +638,14 @@ std::vector<CudaCase> cases() {
   for (auto& s : flash_shapes)
     cs.push_back({name_of("flash_b%d_t%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), true, true,
                   [=](Ops& g, double tol) { check_flash(g, tol, s[0], s[1], s[2], s[3], s[4]); }});
+  const int full_shapes[][5] = {{2, 37, 3, 3, 24}, {1, 70, 4, 2, 16}};
+  for (auto& s : full_shapes)
+    cs.push_back({name_of("flash_full_b%d_t%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), true, true,
+                  [=](Ops& g, double tol) { check_flash(g, tol, s[0], s[1], s[2], s[3], s[4], false); }});
+  const int block_shapes[][5] = {{2, 12, 3, 3, 8}, {1, 37, 4, 2, 16}};
+  for (auto& s : block_shapes)
+    cs.push_back({name_of("flash_blocks_b%d_t%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), true, true,
+                  [=](Ops& g, double tol) { check_flash_blocks(g, tol, s[0], s[1], s[2], s[3], s[4]); }});
   const int ln_shapes[][2] = {{5, 12}, {3, 1}, {7, 33}, {300, 130}, {1000, 768}};
   for (auto& s : ln_shapes)
     cs.push_back({name_of("layernorm_n%d_c%d", s[0], s[1]), false, false,

@@ -135,11 +135,18 @@ int main() {
     cmp("  att", a2, a1, 1e-5); cmp("  dqkv", dq2, dq1, 1e-5);
   }
   // flash attention (flash_attention.cu) against the CPU's: tile remainders (16-row tiles),
-  // grouped-query heads, padded row strides, head sizes up to the kernel's 128
-  const int fl[][5] = {{2, 37, 3, 3, 24}, {1, 2, 2, 1, 4}, {2, 45, 4, 2, 16}, {1, 70, 2, 1, 128}, {1, 33, 1, 1, 7}};
+  // grouped-query heads, padded row strides, head sizes up to the kernel's 128; causal and
+  // full (ring attention's blocks against earlier keys)
+  const auto to_fs = [](const ops::Ops::AttentionShape& sh) {
+    return FlashShape{sh.b, sh.t, sh.nh, sh.nkv, sh.hs, sh.ld_q, sh.ld_k, sh.ld_v, sh.ld_o,
+                      sh.batch_q(), sh.batch_k(), sh.batch_v(), sh.batch_o(), sh.lse_row(),
+                      sh.causal, sh.accumulate};
+  };
+  const int fl[][6] = {{2, 37, 3, 3, 24, 1}, {1, 2, 2, 1, 4, 1}, {2, 45, 4, 2, 16, 1}, {1, 70, 2, 1, 128, 1}, {1, 33, 1, 1, 7, 1},
+                       {2, 37, 3, 3, 24, 0}, {2, 45, 4, 2, 16, 0}, {1, 1, 2, 1, 4, 0}};
   for (auto& f : fl) {
     ops::Ops::AttentionShape sh;
-    sh.b = f[0], sh.t = f[1], sh.nh = f[2], sh.nkv = f[3], sh.hs = f[4];
+    sh.b = f[0], sh.t = f[1], sh.nh = f[2], sh.nkv = f[3], sh.hs = f[4], sh.causal = f[5] != 0;
     sh.ld_q = sh.nh * sh.hs + 3, sh.ld_k = sh.nkv * sh.hs + 1, sh.ld_v = sh.nkv * sh.hs + 2, sh.ld_o = sh.nh * sh.hs + 1;
     const size_t rows = size_t(sh.b) * sh.t;
     V q = rnd(rows * sh.ld_q), k = rnd(rows * sh.ld_k), v = rnd(rows * sh.ld_v), dout = rnd(rows * sh.ld_o);
@@ -147,12 +154,63 @@ int main() {
     V o2 = o1, l2(l1.size(), 7), dq2 = dq1, dk2 = dk1, dv2 = dv1;
     cpu->attention_forward(o1.data(), l1.data(), q.data(), k.data(), v.data(), sh);
     cpu->attention_backward(dq1.data(), dk1.data(), dv1.data(), dout.data(), o1.data(), l1.data(), q.data(), k.data(), v.data(), sh);
-    const FlashShape fs{sh.b, sh.t, sh.nh, sh.nkv, sh.hs, sh.ld_q, sh.ld_k, sh.ld_v, sh.ld_o};
+    const FlashShape fs = to_fs(sh);
     launch_flash_attention_forward(nullptr, o2.data(), l2.data(), q.data(), k.data(), v.data(), fs);
     launch_flash_attention_backward(nullptr, dq2.data(), dk2.data(), dv2.data(), dout.data(), o2.data(), l2.data(), q.data(), k.data(), v.data(), fs);
-    snprintf(name, sizeof name, "flash b%d t%d nh%d nkv%d hs%d out", sh.b, sh.t, sh.nh, sh.nkv, sh.hs);
+    snprintf(name, sizeof name, "flash%s b%d t%d nh%d nkv%d hs%d out", sh.causal ? "" : " full", sh.b, sh.t, sh.nh, sh.nkv, sh.hs);
     cmp(name, o2, o1, 1e-5);
     cmp("  lse", l2, l1, 1e-5); cmp("  dq", dq2, dq1, 1e-4); cmp("  dk", dk2, dk1, 1e-4); cmp("  dv", dv2, dv1, 1e-4);
+  }
+  // ring attention's blocks: a sequence of 2t rows as two blocks of t (batch strides 2t rows,
+  // lse row stride 2t); the second half's queries against the first half's keys (full) and its
+  // own (causal), merged (attention_merge, the first merge into lse = -inf); the backward of
+  // every block accumulating into dq, dk, dv (which start non-zero)
+  const int bl[][5] = {{2, 12, 3, 3, 8}, {1, 37, 4, 2, 16}};
+  for (auto& f : bl) {
+    ops::Ops::AttentionShape sh;
+    sh.b = f[0], sh.t = f[1], sh.nh = f[2], sh.nkv = f[3], sh.hs = f[4];
+    const int t = sh.t;
+    sh.ld_q = sh.nh * sh.hs + 1, sh.ld_k = sh.nkv * sh.hs + 2, sh.ld_v = sh.nkv * sh.hs, sh.ld_o = sh.nh * sh.hs + 3;
+    sh.bs_q = 2 * t * sh.ld_q, sh.bs_k = 2 * t * sh.ld_k, sh.bs_v = 2 * t * sh.ld_v, sh.bs_o = 2 * t * sh.ld_o, sh.bs_lse = 2 * t;
+    sh.accumulate = true;
+    ops::Ops::AttentionShape full = sh;
+    full.causal = false;
+    const size_t rows = size_t(sh.b) * 2 * t;
+    const V q = rnd(rows * sh.ld_q), k = rnd(rows * sh.ld_k), v = rnd(rows * sh.ld_v), dout = rnd(rows * sh.ld_o), g0 = rnd(rows * sh.ld_q);
+    const long tq = t * sh.ld_q, tk = t * sh.ld_k, tv = t * sh.ld_v, to = t * sh.ld_o;
+    V o[2], l[2], part[2], pl[2], dq[2], dk[2], dv[2];
+    for (int which = 0; which < 2; which++) {  // 0: CPU, 1: the kernels
+      o[which] = V(rows * sh.ld_o, 0), l[which] = V(size_t(sh.b) * sh.nh * 2 * t, -INFINITY);
+      part[which] = o[which], pl[which] = V(l[which].size(), 0);
+      dq[which] = g0, dk[which] = V(k.size(), 0.5f), dv[which] = V(v.size(), -0.5f);
+      for (int half = 0; half < 2; half++)
+        for (int kb = 0; kb <= half; kb++) {
+          const ops::Ops::AttentionShape& s2 = kb == half ? sh : full;
+          float* po = part[which].data() + half * to; float* pls = pl[which].data() + half * t;
+          float* oo = o[which].data() + half * to; float* ll = l[which].data() + half * t;
+          if (which == 0) {
+            cpu->attention_forward(po, pls, q.data() + half * tq, k.data() + kb * tk, v.data() + kb * tv, s2);
+            cpu->attention_merge(oo, ll, po, pls, s2);
+          } else {
+            launch_flash_attention_forward(nullptr, po, pls, q.data() + half * tq, k.data() + kb * tk, v.data() + kb * tv, to_fs(s2));
+            launch_attention_merge(nullptr, oo, ll, po, pls, to_fs(s2));
+          }
+        }
+      for (int half = 0; half < 2; half++)
+        for (int kb = 0; kb <= half; kb++) {
+          const ops::Ops::AttentionShape& s2 = kb == half ? sh : full;
+          float* a[3] = {dq[which].data() + half * tq, dk[which].data() + kb * tk, dv[which].data() + kb * tv};
+          const float* in[6] = {dout.data() + half * to, o[which].data() + half * to, l[which].data() + half * t,
+                                q.data() + half * tq, k.data() + kb * tk, v.data() + kb * tv};
+          if (which == 0)
+            cpu->attention_backward(a[0], a[1], a[2], in[0], in[1], in[2], in[3], in[4], in[5], s2);
+          else
+            launch_flash_attention_backward(nullptr, a[0], a[1], a[2], in[0], in[1], in[2], in[3], in[4], in[5], to_fs(s2));
+        }
+    }
+    snprintf(name, sizeof name, "flash blocks b%d t%d nh%d nkv%d hs%d merged out", sh.b, t, sh.nh, sh.nkv, sh.hs);
+    cmp(name, o[1], o[0], 1e-5);
+    cmp("  lse", l[1], l[0], 1e-5); cmp("  dq", dq[1], dq[0], 1e-4); cmp("  dk", dk[1], dk[0], 1e-4); cmp("  dv", dv[1], dv[0], 1e-4);
   }
   struct X { int n, ld, v, vs; float off, sd; } xs[] = {{5, 13, 11, 20, 0, 1}, {64, 1008, 1000, 0, 80, 5}, {3, 4109, 4096, 4096, -30, 3}};
   for (auto& s : xs) {

@@ -1,0 +1,57 @@
+// trident/model/ring_attention.hpp — causal attention over a context-parallel (CP) group
+// (ring attention with Megatron's load-balanced split; docs/context_parallel.md). A sequence of
+// T tokens is cut into 2·cp chunks of T/(2·cp); CP rank r holds chunks r and 2·cp−1−r, in
+// that order, as its local t = T/cp rows. The forward passes the key/value blocks around the ring
+// (rank r sends to r+1) while attending to the block already held, and merges the partial
+// results through their log-sum-exps; the backward passes the same blocks again, their key/value
+// gradients travelling one hop behind and ending at their owner; dq stays local.
+// Not yet wired into the model or training (issue 30).
+// defines: trident::model::cp_chunk, cp_local_positions, RingAttention
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trident/core/buffer.hpp"
+#include "trident/ops/ops.hpp"
+#include "trident/parallel/comm.hpp"
+
+namespace trident::model {
+
+// The global chunk index of local chunk `which` (0 or 1) of CP rank `rank` among 2·cp.
+inline int cp_chunk(int cp, int rank, int which) { return which == 0 ? rank : 2 * cp - 1 - rank; }
+
+// The global positions (0..t-1) of CP rank `rank`'s t/cp local tokens, in local order (for
+// position embeddings, RoPE angles and the data loader). t must be divisible by 2·cp.
+std::vector<int> cp_local_positions(int t, int cp, int rank);
+
+class RingAttention {
+ public:
+  // `local`: the shape of this rank's q, k, v, out as Ops::attention_forward takes it, with
+  // t = T/cp local rows (even) per sequence, causal; lse is [B, NH, t] packed. The group is
+  // the CP communicator (size 1: plain flash attention). Buffers are made here, once.
+  RingAttention(ops::Ops& ops, parallel::Comm& group, const ops::Ops::AttentionShape& local);
+
+  // out, lse: causal attention of the local queries against the whole sequence's keys.
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v);
+  // dq, dk, dv WRITTEN (this rank's rows; each key/value head summing its query heads) from
+  // dout and the forward's out and lse.
+  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                const float* lse, const float* q, const float* k, const float* v);
+
+ private:
+  // The attention shape of local query chunk `qa` against chunk `kc` of the travelling
+  // key/value block, or false when the pair is skipped (key chunk later in the sequence).
+  bool block_shape(int qa, int src, int kc, ops::Ops::AttentionShape& blk) const;
+  void pack_kv(float* kv, const float* k, const float* v);
+
+  ops::Ops& ops_;
+  parallel::Comm& group_;
+  ops::Ops::AttentionShape s_;
+  int cp_ = 1, rank_ = 0, chunk_ = 0;  // chunk_: rows of one chunk (t / 2)
+  std::int64_t width_kv_ = 0;          // nkv * hs: a packed key (or value) row
+  std::int64_t kv_floats_ = 0;         // one packed block: keys then values, [B, t, width_kv] each
+  FloatBuffer kv_[2], dkv_[2], dkv_in_, part_out_, part_lse_, q_packed_, dq_acc_;
+};
+
+}  // namespace trident::model

@@ -1,0 +1,189 @@
+// Ring attention over the CP group (see trident/model/ring_attention.hpp).
+#include "trident/model/ring_attention.hpp"
+
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "trident/core/error.hpp"
+
+namespace trident::model {
+
+namespace {
+
+constexpr int kTagKv = 3001;   // key/value blocks, forward and backward
+constexpr int kTagDkv = 3002;  // their gradients, one hop behind
+
+// dst rows = src rows (b sequences of t rows of `width` floats; row strides ld, sequence
+// strides bs): one copy when both are packed, else one per row.
+// TODO(issue 30): a strided-copy op would make the unpacked case one launch on a GPU.
+void copy_rows(ops::Ops& ops, float* dst, std::int64_t ld_dst, std::int64_t bs_dst,
+               const float* src, std::int64_t ld_src, std::int64_t bs_src, int b, int t,
+               std::int64_t width) {
+  const std::int64_t packed = std::int64_t(t) * width;
+  if (ld_dst == width && ld_src == width && bs_dst == packed && bs_src == packed) {
+    ops.copy(dst, src, std::int64_t(b) * packed);
+    return;
+  }
+  for (int bb = 0; bb < b; bb++)
+    for (int i = 0; i < t; i++)
+      ops.copy(dst + bb * bs_dst + i * ld_dst, src + bb * bs_src + i * ld_src, width);
+}
+
+std::string ring_step(const char* what, int step, const parallel::Comm& group) {
+  return std::string("ring attention: ") + what + " of step " + std::to_string(step) +
+         " on communicator " + group.name() + " (rank " + std::to_string(group.rank()) + " of " +
+         std::to_string(group.size()) + ")";
+}
+
+}  // namespace
+
+std::vector<int> cp_local_positions(int t, int cp, int rank) {
+  TRIDENT_CHECK(cp >= 1 && rank >= 0 && rank < cp && t % (2 * cp) == 0,
+                "cp_local_positions: sequence length ", t, " must be divisible by 2 * cp = ",
+                2 * cp, " (rank ", rank, ")");
+  const int chunk = t / (2 * cp);
+  std::vector<int> pos;
+  pos.reserve(2 * std::size_t(chunk));
+  for (int which = 0; which < 2; which++)
+    for (int i = 0; i < chunk; i++) pos.push_back(cp_chunk(cp, rank, which) * chunk + i);
+  return pos;
+}
+
+RingAttention::RingAttention(ops::Ops& ops, parallel::Comm& group,
+                             const ops::Ops::AttentionShape& local)
+    : ops_(ops), group_(group), s_(local), cp_(group.size()), rank_(group.rank()) {
+  TRIDENT_CHECK(s_.t > 0 && s_.t % 2 == 0, "ring attention: the local sequence length ", s_.t,
+                " must be even (two chunks of the 2 * cp)");
+  TRIDENT_CHECK(s_.causal && !s_.accumulate,
+                "ring attention: the shape must be causal and not accumulate");
+  TRIDENT_CHECK(s_.lse_row() == s_.t, "ring attention: lse must be [B, NH, t] packed");
+  TRIDENT_CHECK(s_.nh > 0 && s_.nkv > 0 && s_.nh % s_.nkv == 0 && s_.hs > 0,
+                "ring attention: bad heads (nh ", s_.nh, ", nkv ", s_.nkv, ", hs ", s_.hs, ")");
+  chunk_ = s_.t / 2;
+  width_kv_ = std::int64_t(s_.nkv) * s_.hs;
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t;
+  kv_floats_ = 2 * rows * width_kv_;
+  DeviceMemory* mem = ops.memory();
+  for (auto& buf : kv_) buf = FloatBuffer(std::size_t(kv_floats_), mem);
+  for (auto& buf : dkv_) buf = FloatBuffer(std::size_t(kv_floats_), mem);
+  dkv_in_ = FloatBuffer(std::size_t(kv_floats_), mem);
+  part_out_ = FloatBuffer(std::size_t(s_.b * s_.batch_o()), mem);
+  part_lse_ = FloatBuffer(std::size_t(rows) * s_.nh, mem);
+  q_packed_ = FloatBuffer(std::size_t(rows) * s_.nh * s_.hs, mem);
+  dq_acc_ = FloatBuffer(std::size_t(rows) * s_.nh * s_.hs, mem);
+}
+
+bool RingAttention::block_shape(int qa, int src, int kc, ops::Ops::AttentionShape& blk) const {
+  const int gq = cp_chunk(cp_, rank_, qa), gk = cp_chunk(cp_, src, kc);
+  if (gk > gq) return false;  // keys after every query of the chunk
+  blk = s_;
+  blk.t = chunk_;
+  blk.causal = gk == gq;  // the diagonal block; an earlier chunk is seen whole
+  blk.ld_k = blk.ld_v = width_kv_;
+  blk.bs_k = blk.bs_v = std::int64_t(s_.t) * width_kv_;
+  blk.bs_q = s_.batch_q();
+  blk.bs_o = s_.batch_o();
+  blk.bs_lse = s_.t;
+  return true;
+}
+
+void RingAttention::pack_kv(float* kv, const float* k, const float* v) {
+  const std::int64_t bs = std::int64_t(s_.t) * width_kv_;
+  copy_rows(ops_, kv, width_kv_, bs, k, s_.ld_k, s_.batch_k(), s_.b, s_.t, width_kv_);
+  copy_rows(ops_, kv + kv_floats_ / 2, width_kv_, bs, v, s_.ld_v, s_.batch_v(), s_.b, s_.t,
+            width_kv_);
+}
+
+void RingAttention::forward(float* out, float* lse, const float* q, const float* k,
+                            const float* v) {
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  ops_.fill(lse, -std::numeric_limits<float>::infinity(), std::int64_t(s_.b) * s_.nh * s_.t);
+  pack_kv(kv_[0].data(), k, v);
+  for (int step = 0; step < cp_; step++) {
+    const int src = (rank_ - step + cp_) % cp_;  // whose keys and values are held now
+    float* cur = kv_[step % 2].data();
+    parallel::Request send, recv;
+    if (step + 1 < cp_) {  // the next block travels while this one is attended to
+      recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
+      send = group_.isend(cur, kv_floats_, next, kTagKv);
+    }
+    for (int qa = 0; qa < 2; qa++)
+      for (int kc = 0; kc < 2; kc++) {
+        ops::Ops::AttentionShape blk;
+        if (!block_shape(qa, src, kc, blk)) continue;
+        const std::int64_t orow = std::int64_t(qa) * chunk_ * s_.ld_o, lrow = qa * chunk_;
+        const std::int64_t krow = std::int64_t(kc) * chunk_ * width_kv_;
+        ops_.attention_forward(part_out_.data() + orow, part_lse_.data() + lrow,
+                               q + std::int64_t(qa) * chunk_ * s_.ld_q, cur + krow,
+                               cur + kv_floats_ / 2 + krow, blk);
+        ops_.attention_merge(out + orow, lse + lrow, part_out_.data() + orow,
+                             part_lse_.data() + lrow, blk);
+      }
+    send.wait([&] { return ring_step("forward send", step, group_); });
+    recv.wait([&] { return ring_step("forward receive", step, group_); });
+  }
+}
+
+void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
+                             const float* out, const float* lse, const float* q, const float* k,
+                             const float* v) {
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  const std::int64_t width_q = std::int64_t(s_.nh) * s_.hs;
+  const std::int64_t bs_q = std::int64_t(s_.t) * width_q;
+  // q packed, so that dq accumulates in a packed buffer of the same layout
+  copy_rows(ops_, q_packed_.data(), width_q, bs_q, q, s_.ld_q, s_.batch_q(), s_.b, s_.t, width_q);
+  ops_.fill(dq_acc_.data(), 0.0f, s_.b * bs_q);
+  pack_kv(kv_[0].data(), k, v);
+  parallel::Request dkv_sent[2];  // the gradient block sent at the last two steps
+  for (int step = 0; step < cp_; step++) {
+    const int src = (rank_ - step + cp_) % cp_;
+    float* cur = kv_[step % 2].data();
+    parallel::Request send, recv, dkv_recv;
+    if (step + 1 < cp_) {
+      recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
+      send = group_.isend(cur, kv_floats_, next, kTagKv);
+    }
+    // src's gradients so far: finished by the previous rank at its previous step
+    if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
+    float* dkv = dkv_[step % 2].data();
+    dkv_sent[step % 2].wait([&] { return ring_step("gradient send", step - 2, group_); });
+    ops_.fill(dkv, 0.0f, kv_floats_);
+    for (int qa = 0; qa < 2; qa++)
+      for (int kc = 0; kc < 2; kc++) {
+        ops::Ops::AttentionShape blk;
+        if (!block_shape(qa, src, kc, blk)) continue;
+        blk.ld_q = width_q;
+        blk.bs_q = bs_q;
+        blk.accumulate = true;
+        const std::int64_t qrow = std::int64_t(qa) * chunk_ * width_q;
+        const std::int64_t orow = std::int64_t(qa) * chunk_ * s_.ld_o, lrow = qa * chunk_;
+        const std::int64_t krow = std::int64_t(kc) * chunk_ * width_kv_;
+        ops_.attention_backward(dq_acc_.data() + qrow, dkv + krow, dkv + kv_floats_ / 2 + krow,
+                                dout + orow, out + orow, lse + lrow, q_packed_.data() + qrow,
+                                cur + krow, cur + kv_floats_ / 2 + krow, blk);
+      }
+    if (step > 0) {
+      dkv_recv.wait([&] { return ring_step("gradient receive", step, group_); });
+      ops_.add(dkv, dkv, dkv_in_.data(), kv_floats_);
+    }
+    // on to the next holder of src's block; after the last step that is src itself
+    if (cp_ > 1) dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
+    send.wait([&] { return ring_step("backward send", step, group_); });
+    recv.wait([&] { return ring_step("backward receive", step, group_); });
+  }
+  const float* mine = dkv_[(cp_ - 1) % 2].data();  // cp 1: this rank's own, never sent
+  if (cp_ > 1) {
+    group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv)
+        .wait([&] { return ring_step("gradient return", cp_, group_); });
+    mine = dkv_in_.data();
+  }
+  copy_rows(ops_, dq, s_.ld_q, s_.batch_q(), dq_acc_.data(), width_q, bs_q, s_.b, s_.t, width_q);
+  const std::int64_t bs_kv = std::int64_t(s_.t) * width_kv_;
+  copy_rows(ops_, dk, s_.ld_k, s_.batch_k(), mine, width_kv_, bs_kv, s_.b, s_.t, width_kv_);
+  copy_rows(ops_, dv, s_.ld_v, s_.batch_v(), mine + kv_floats_ / 2, width_kv_, bs_kv, s_.b, s_.t,
+            width_kv_);
+  for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });
+}
+
+}  // namespace trident::model
