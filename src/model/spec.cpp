@@ -255,34 +255,30 @@ EndCosts stage_end_costs(const ModelConfig& cfg, int tp) {
   return e;
 }
 
-std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int tp) {
-  const int n = cfg.n_layer;
-  TRIDENT_CHECK(stages >= 1 && n >= stages, "cannot split model.n_layer = ", n, " over ",
-                stages, " virtual stages of >= 1 layer each");
-  const EndCosts ends = stage_end_costs(cfg, tp);
-  std::vector<double> extra(std::size_t(stages), 0.0);
-  extra.front() += ends.embedding;
-  extra.back() += ends.head;
-  // The layers a stage can take under a cost cap K (at least 1).
+namespace {
+
+// n layers over parts of predicted costs extra[i] + their layers, at least `least` each:
+// the smallest cap on a part's cost under which the parts hold n layers, then the surplus
+// taken off the costliest parts (the first of equals).
+std::vector<int> balance_parts(int n, const std::vector<double>& extra, int least) {
+  const int parts = int(extra.size());
   auto capacity = [&](double K, int v) {
-    return std::max(1, int(std::floor(K - extra[std::size_t(v)] + 1e-9)));
+    return std::max(least, int(std::floor(K - extra[std::size_t(v)] + 1e-9)));
   };
-  // The smallest cap, among the costs a stage can have, under which the stages hold n layers.
-  std::vector<double> caps;
-  for (int v = 0; v < stages; ++v)
-    for (int l = 1; l <= n; ++l) caps.push_back(l + extra[std::size_t(v)]);
+  std::vector<double> caps;  // the costs a part can have
+  for (int v = 0; v < parts; ++v)
+    for (int l = least; l <= n; ++l) caps.push_back(l + extra[std::size_t(v)]);
   std::sort(caps.begin(), caps.end());
-  std::vector<int> layers(std::size_t(stages), 1);
+  std::vector<int> layers(std::size_t(parts), least);
   for (double K : caps) {
     std::int64_t sum = 0;
-    for (int v = 0; v < stages; ++v) sum += capacity(K, v);
+    for (int v = 0; v < parts; ++v) sum += capacity(K, v);
     if (sum < n) continue;
-    for (int v = 0; v < stages; ++v) layers[std::size_t(v)] = capacity(K, v);
-    // Over by sum - n: take layers off the costliest stages (the first of equals).
+    for (int v = 0; v < parts; ++v) layers[std::size_t(v)] = capacity(K, v);
     for (; sum > n; --sum) {
       int worst = -1;
-      for (int v = 0; v < stages; ++v)
-        if (layers[std::size_t(v)] > 1 &&
+      for (int v = 0; v < parts; ++v)
+        if (layers[std::size_t(v)] > least &&
             (worst < 0 || layers[std::size_t(v)] + extra[std::size_t(v)] >
                               layers[std::size_t(worst)] + extra[std::size_t(worst)] + 1e-9))
           worst = v;
@@ -291,6 +287,38 @@ std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int t
     break;
   }
   return layers;
+}
+
+}  // namespace
+
+std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int tp,
+                                       Placement placement) {
+  const int n = cfg.n_layer;
+  TRIDENT_CHECK(stages >= 1 && n >= stages, "cannot split model.n_layer = ", n, " over ",
+                stages, " virtual stages of >= 1 layer each");
+  const EndCosts ends = stage_end_costs(cfg, tp);
+  if (placement == Placement::v_shape && stages >= 4 && stages % 2 == 0) {
+    // The V: rank r runs virtual stages r and 2pp-1-r, so rank 0 carries both ends. A
+    // zero-bubble schedule's step is its busiest rank's work: balance the ranks first (each
+    // >= 2 layers), then each rank's two stages.
+    const int pp = stages / 2;
+    std::vector<double> rank_extra(std::size_t(pp), 0.0);
+    rank_extra[0] = ends.embedding + ends.head;
+    const std::vector<int> per_rank = balance_parts(n, rank_extra, 2);
+    std::vector<int> layers(std::size_t(stages), 0);
+    for (int r = 0; r < pp; ++r) {
+      const std::vector<double> ends_here =
+          r == 0 ? std::vector<double>{ends.embedding, ends.head} : std::vector<double>{0, 0};
+      const std::vector<int> two = balance_parts(per_rank[std::size_t(r)], ends_here, 1);
+      layers[std::size_t(r)] = two[0];
+      layers[std::size_t(stages - 1 - r)] = two[1];
+    }
+    return layers;
+  }
+  std::vector<double> extra(std::size_t(stages), 0.0);
+  extra.front() += ends.embedding;
+  extra.back() += ends.head;
+  return balance_parts(n, extra, 1);
 }
 
 std::vector<StageLayout> chunk_layouts(const ModelConfig& cfg, int pp, int vpp, int pp_rank,

@@ -33,7 +33,8 @@ std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& la
     return std::vector<int>(std::size_t(stages), cfg.n_layer / stages);
   TRIDENT_CHECK(lay.split == "even" || lay.split == "auto", "plan: split \"", lay.split,
                 "\" is not \"even\" or \"auto\"");
-  return model::balanced_stage_layers(cfg, stages, lay.tp);
+  return model::balanced_stage_layers(cfg, stages, lay.tp,
+                                      pipeline::placement_of(lay.schedule));
 }
 
 namespace {

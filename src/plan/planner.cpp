@@ -95,12 +95,13 @@ std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer
   return out;
 }
 
-std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp,
-                                          int tp) {
+std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp, int tp,
+                                          const std::string& schedule) {
   const int stages = pp * vpp;
   if (cfg.n_layer % stages != 0) return {"auto"};  // "even" would be the balanced split too
   if (pp == 1) return {"even"};                      // one stage: nothing to move
-  const std::vector<int> balanced = model::balanced_stage_layers(cfg, stages, tp);
+  const std::vector<int> balanced =
+      model::balanced_stage_layers(cfg, stages, tp, pipeline::placement_of(schedule));
   const bool even = std::all_of(balanced.begin(), balanced.end(),
                                 [&](int n) { return n == cfg.n_layer / stages; });
   if (even) return {"even"};
@@ -126,7 +127,7 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
       for (int mbs : mbs_set) {
         if ((G / dp) % mbs) continue;
         for (const auto& [vpp, sched] : scheds)
-          for (const std::string& split : split_candidates(m, pp, vpp, tp))
+          for (const std::string& split : split_candidates(m, pp, vpp, tp, sched))
           for (auto rc : {model::Recompute::none, model::Recompute::selective,
                           model::Recompute::full})
             for (bool sp : {false, true}) {

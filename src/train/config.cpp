@@ -944,7 +944,8 @@ std::vector<int> pipeline_stage_layers(const Config& cfg) {
   std::vector<int> list;
   if (parse_layer_list(p.pipeline_layers, list)) return list;
   if (p.pipeline_layers == "even" && cfg.model.n_layer % stages == 0) return {};
-  return model::balanced_stage_layers(cfg.model, stages, p.tp);
+  return model::balanced_stage_layers(cfg.model, stages, p.tp,
+                                      pipeline::placement_of(p.schedule));
 }
 
 int microbatches_per_rank(const Config& cfg) {

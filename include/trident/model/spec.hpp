@@ -207,8 +207,11 @@ std::string stage_layers_problem(const std::vector<int>& stage_layers, int n_lay
 // also carries the embedding and the last the final norm, LM head and cross-entropy
 // (stage_cost_units). Minimises the largest stage's cost; ties keep the layers toward the
 // middle stages. Needs n_layer >= stages. With no extra cost on the ends and n_layer
-// divisible by stages it is the even split.
-std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int tp);
+// divisible by stages it is the even split. Under the V placement (zb-v: rank r holds
+// stages r and 2pp-1-r, rank 0 both ends) it balances each rank's two stages together
+// first, then the two within each rank.
+std::vector<int> balanced_stage_layers(const ModelConfig& cfg, int stages, int tp,
+                                       Placement placement = Placement::round_robin);
 
 // The predicted cost of the embedding and of the head (ln_f, LM head, cross-entropy), in
 // layers (forward + backward FLOPs per token, relative to one block's), the model

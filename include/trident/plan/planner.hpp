@@ -32,9 +32,10 @@ std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer
 // The layer splits planned for pp x vpp virtual stages (Layout::split): "even" where
 // n_layer divides, plus "auto" (model::balanced_stage_layers: the embedding's and the head's
 // cost moved off) where that split differs from the even one; only "auto" where n_layer
-// does not divide (the deck's "even" is the balanced split there too).
+// does not divide (the deck's "even" is the balanced split there too). The schedule's
+// placement decides what balanced means (zb-v's V balances ranks).
 std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp,
-                                          int tp);
+                                          int tp, const std::string& schedule = "1f1b");
 
 // The layouts `trident train` accepts for the deck's model and global batch on
 // nodes * ranks_per_node ranks (the deck's own validation decides): tp dividing the heads,

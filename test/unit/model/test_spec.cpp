@@ -120,6 +120,33 @@ TEST(Spec, BalancedStageLayersCarryTheHeadOnTheLastStage) {
   EXPECT_THROW(balanced_stage_layers(tiny, 8, 1), trident::Error);  // 7 layers, 8 stages
 }
 
+// Under zb-v's V rank 0 holds the first and the last virtual stage, so both ends: the split
+// balances each rank's pair of stages (the busiest rank bounds a zero-bubble step), then the
+// pair within rank 0 (the embedding's stage takes the layers the head's cannot).
+TEST(Spec, BalancedStageLayersUnderTheVBalanceRanks) {
+  ModelConfig tiny{2, 16, 8, 2, 64};  // ends nearly free: the even split
+  EXPECT_EQ(balanced_stage_layers(tiny, 4, 1, trident::Placement::v_shape),
+            (std::vector<int>{2, 2, 2, 2}));
+  // GPT-2 124M's head costs 4.47 layers: 12 layers at pp 2 x 2 chunks. Rank 0 (stages 0 and
+  // 3) takes 2 + 1 layers plus both ends (~7.5), rank 1 (stages 1 and 2) the other 9 less
+  // what keeps it at or under rank 0's cost.
+  ModelConfig gpt2{50257, 1024, 12, 12, 768};
+  const std::vector<int> v = balanced_stage_layers(gpt2, 4, 1, trident::Placement::v_shape);
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(std::accumulate(v.begin(), v.end(), 0), 12);
+  const EndCosts e = stage_end_costs(gpt2, 1);
+  const double rank0 = v[0] + v[3] + e.embedding + e.head, rank1 = v[1] + v[2];
+  EXPECT_LE(std::abs(rank0 - rank1), 1.0 + 1e-9) << v[0] << v[1] << v[2] << v[3];
+  EXPECT_GE(v[0], v[3]);  // the head's stage holds fewer layers than the embedding's
+  // With 8 layers the round-robin split balances stages, not ranks ([2, 2, 3, 1]): under the
+  // V its stages 0 and 3 would give rank 0 3 layers + both ends (7.5) against rank 1's 5.
+  ModelConfig deep{50257, 1024, 8, 12, 768};
+  const std::vector<int> rr = balanced_stage_layers(deep, 4, 1);
+  const std::vector<int> dv = balanced_stage_layers(deep, 4, 1, trident::Placement::v_shape);
+  EXPECT_GT(rr[0] + rr[3], dv[0] + dv[3]);
+  EXPECT_EQ(dv[0] + dv[3], 2);  // 2 + 4.48 against 6: the least largest rank
+}
+
 TEST(Spec, OneTableOverARanksChunksNamesEachTensorOnce) {
   ModelConfig cfg{50, 16, 8, 2, 8};
   // Every rank of pp 2 x vpp 2: the layers of its two chunks, in ascending order, packed;
