@@ -79,15 +79,3 @@ TEST(GridComm, CpOneDpCpIsDp) {
   EXPECT_EQ(members(ps.dp_cp, ps.world_rank), members(ps.dp, ps.world_rank));
   EXPECT_EQ(ps.dp_cp.rank(), ps.dp.rank());
 }
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) GTEST_FLAG_SET(brief, true);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = RUN_ALL_TESTS();
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return rc;
-}

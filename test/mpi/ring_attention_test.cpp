@@ -188,15 +188,3 @@ TEST(RingAttention, MatchesWholeSequenceFlashPadded) { check_ring({2, 3, 3, 8, t
 TEST(RingAttention, GroupedQueryHeads) { check_ring({2, 4, 2, 8, false, false}); }
 TEST(RingAttention, GroupedQueryHeadsPadded) { check_ring({1, 4, 2, 8, true, false}); }
 TEST(RingAttention, OnDeviceMemoryStagedMpi) { check_ring({2, 4, 2, 8, true, true}); }
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) GTEST_FLAG_SET(brief, true);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = RUN_ALL_TESTS();
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return rc;
-}

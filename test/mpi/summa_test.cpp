@@ -892,15 +892,3 @@ TEST(Gpt2dDataParallel, TwoReplicasMatchTheSerialChunk) {
   EXPECT_NEAR(loss, r.loss, 1e-5 * std::fabs(r.loss)) << "loss";
   expect_like_serial(r, m.specs(), m.params(), m.grads());
 }
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) GTEST_FLAG_SET(brief, true);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = RUN_ALL_TESTS();
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return rc;
-}

@@ -196,15 +196,3 @@ TEST(Comm, DeferredCollectivesStartInOrderBeforeAnyOther) {
   mem->to_host(untouched.data(), bufs[2].data(), untouched.size() * sizeof(float));
   EXPECT_EQ(untouched[0], 3.0f * float(w.r + 1));
 }
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) GTEST_FLAG_SET(brief, true);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = RUN_ALL_TESTS();
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return rc;
-}
