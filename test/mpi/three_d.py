@@ -136,8 +136,10 @@ def two_d(t, ref_curve, ref_ck, bucket):
 def bad_input(t):
     cases = [  # what, np, sets, key the message must name
         ("global batch over mbs*dp", 2, ["parallel.micro_batch_size=8"], "train.global_batch_size"),
-        ("world no layout fits", 6, ["parallel.tp=4"], "parallel.tp * parallel.pp"),
-        ("dp fixed against the world", 8, ["parallel.dp=3"], "parallel.dp"),
+        # 3 ranks: config.cpp's resolve_world takes the same branches as at 6 or 8 (tp * pp
+        # does not divide the world; tp * pp * dp is not the world), at half the start-up.
+        ("world no layout fits", 3, ["parallel.tp=2"], "parallel.tp * parallel.pp"),
+        ("dp fixed against the world", 3, ["parallel.dp=2"], "parallel.dp"),
     ]
     for what, np_, sets, key in cases:
         cmd = ["mpirun", "-np", str(np_), "--oversubscribe", TRIDENT, "train", "deck.toml",
@@ -210,7 +212,12 @@ def main():
             tag = f"{name}_zero{zero}"
             sets = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.zero_stage={zero}",
                     bucket, "io.checkpoint_every=5", *extra]
-            t.check_grad(tag, t.grad(8, f"g_{tag}.h5", sets), ref, 1e-6)
+            # `trident grad` under ZeRO-1 (reduce-scatter, then gather_gradients' all-gather)
+            # in one layout, 1x2x4: elsewhere the zero-1 run's training below checks the
+            # same reduce-scatter (curve, final weights and moments against serial), and its
+            # zero-0 twin the local gradients.
+            if not zero or name == "1x2x4":
+                t.check_grad(tag, t.grad(8, f"g_{tag}.h5", sets), ref, 1e-6)
             got, dp_b = t.train(8, f"train_{tag}", sets, ("loss", "comm/dp/bytes"))
             n0, state, buckets = startup(t.last_stdout)
             if dp > 1:
