@@ -12,6 +12,8 @@ and the serial run's measured activation part at T = 2048 within 15% of that at 
 (a T x T attention stash would add 4 x 2048^2 floats per sequence and layer, +256 MiB, at
 2048 with 2 sequences). One step
 each, a 2-layer d_model 256 model on generated text (byte tokenizer). ~25 s on 2 cores.
+The peak leaves the checkpoints out, so the runs set io.final_checkpoint = false (the 2D
+ones would write 1.2-1.6 GB nobody reads), and the test checks that none was written.
 
 What the prediction leaves out is the libraries' working memory, allocated on first use after
 the baseline: OpenBLAS's packing buffers, MPI's temporary buffers for the tensor-parallel
@@ -48,6 +50,7 @@ global_batch_size = 4
 train = "train.h5"
 [io]
 out_dir = "out"
+final_checkpoint = false
 [runtime]
 threads = 1
 """
@@ -75,6 +78,14 @@ def run(np_, *args):
     return p.stdout
 
 
+def no_checkpoint(fails, out_dir):
+    """io.final_checkpoint = false: a 1-step run leaves no checkpoint."""
+    d = os.path.join(OUT, out_dir, "checkpoints")
+    left = os.listdir(d) if os.path.isdir(d) else []
+    if left:
+        fails.append(f"{out_dir}: io.final_checkpoint = false, yet {d} holds {left}")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     rng = random.Random(1)
@@ -91,7 +102,7 @@ def main():
                "llama_tp2": (2, ["parallel.tp=2", "model.arch=llama", "model.n_kv_head=1"])}
     lengths = {512: 8, 2048: 2}  # T: micro_batch_size (4096 tokens per microbatch)
     # serial at both lengths (the linearity check), the parallel layouts at one each: every
-    # run costs a process start and a checkpoint (mpirun: ~4 s more on 2 cores).
+    # run costs a process start (mpirun: ~4 s more on 2 cores).
     runs = [("serial", 512), ("serial", 2048), ("tp2", 2048), ("pp2", 512), ("llama_tp2", 512)]
     acts = {}
     for name, T in runs:
@@ -102,6 +113,7 @@ def main():
                  f"train.global_batch_size={gbs}", f"io.out_dir=out-{name}-{T}"]
         shutil.rmtree(os.path.join(OUT, f"out-{name}-{T}"), ignore_errors=True)
         out = run(np_, "train", "deck.toml", *sum((["--set", s] for s in extra), []))
+        no_checkpoint(fails, f"out-{name}-{T}")
         m = LINE.search(out)
         if not m:
             fails.append(f"{name} T={T}: no 'memory: rank 0 measured peak' line in:\n{out}")
@@ -138,6 +150,7 @@ def main():
                  f"parallel.schedule={sched}", f"io.out_dir=out-2d-{sched}"]
         shutil.rmtree(os.path.join(OUT, f"out-2d-{sched}"), ignore_errors=True)
         out = run(4, "train", "deck.toml", *sum((["--set", s] for s in extra), []))
+        no_checkpoint(fails, f"out-2d-{sched}")
         m = LINE.search(out)
         if not m:
             fails.append(f"2d {sched}: no 'memory: rank 0 measured peak' line in:\n{out}")
