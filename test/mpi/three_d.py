@@ -8,7 +8,10 @@ stage). Each layout, with parallel.zero_stage 0 and (where dp > 1; at dp = 1 it 
 no-op checked bitwise on the serial run) 1, and small DP buckets
 (parallel.grad_bucket_mb, so that several buckets overlap the backward):
   - `trident grad` gives the serial loss (1e-6 relative) and gradients
-    (max|d| <= 1e-5 * max|g| per tensor);
+    (max|d| <= 1e-5 * max|g| per tensor); under ZeRO-1 (its reduce-scatter, then the
+    all-gather a gradient dump or a checkpoint's moments take) at 1x2x4 only: in the other
+    ZeRO-1 layouts the training checks below catch a wrong reduce-scatter (two gradient
+    elements of one bucket swapped: final weights 4.7e-4, exp_avg 1.7e-3 at 1x1x8);
   - 10 training steps with clipping active give the serial loss curve (1e-5 relative),
     and the final checkpoint's /model the serial weights to 1e-5 relative (|dw|/|w|, L2
     over the whole model) and its /optimizer/exp_avg the serial first moments to 1e-4
