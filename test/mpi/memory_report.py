@@ -5,7 +5,7 @@ before the model was built), and attention's stash linear in T.
 Three layouts (serial, tp 2, pp 2 with 1f1b and 2 microbatches) and two sequence lengths with
 the same tokens per microbatch (T = 512, micro_batch_size 8; T = 2048, micro_batch_size 2):
 serial at both, tp 2 at 2048, pp 2 at 512; and a Llama (one kv head, replicated) at tp 2,
-T = 512. And what PipeDream-2BW adds to 2D TP (tp 4 on 2 x 2, d_model 1024, T = 64: its
+T = 512. And what PipeDream-2BW adds to 2D TP (tp 4 on 2 x 2, d_model 2048, T = 64: its
 second weight version and swap buffer), measured (the peak against the same run with 1F1B)
 within 10% of predicted. The measured peak within 10% of the prediction,
 and the serial run's measured activation part at T = 2048 within 15% of that at T = 512
@@ -138,8 +138,8 @@ def main():
                              f"{rel:.1%} apart > {LINEAR_TOL:.0%}")
     # 2D TP (tp 4 on 2 x 2) with PipeDream-2BW against the same deck with 1F1B: the second
     # weight version and the swap buffer are all the asynchronous schedule adds, so the
-    # measured peaks differ by what predict_memory adds, within 10% of it (here 25.6 MiB
-    # predicted, 23.4 to 25.6 measured). Wide and short (d_model 1024, T = 64): the weights dominate.
+    # measured peaks differ by what predict_memory adds, within 10% of it (here 98.3 MiB
+    # predicted, 98.0 to 98.3 measured). Wide and short (d_model 2048, T = 64): the weights dominate.
     # The whole 2D peak sits 7-14% above its prediction at this size for both schedules
     # (not counted: the libraries' working memory of the SUMMA collectives), so this compares
     # the difference, where that common part cancels.
