@@ -155,6 +155,7 @@ Measured measure(const std::string& exe, const PlanArgs& a, const train::Config&
          {str("train.steps=", steps), std::string("train.warmup_steps=0"),
           std::string("train.eval_every=0"),
           std::string("io.resume=none"), std::string("io.checkpoint_every=0"),
+          std::string("io.final_checkpoint=false"),  // a trial: its weights are not kept
           std::string("io.trace_step=0"), "io.out_dir=" + out_dir})
       sets.push_back(s);
     for (const std::string& s : sets) cmd += " --set " + quote(s);

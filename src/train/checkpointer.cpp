@@ -183,7 +183,7 @@ std::int64_t Checkpointer::load(const std::string& path) {
 }
 
 bool Checkpointer::due(std::int64_t step) const {
-  return step == cfg_.train.steps ||
+  return (step == cfg_.train.steps && cfg_.io.final_checkpoint) ||
          (cfg_.io.checkpoint_every > 0 && step % cfg_.io.checkpoint_every == 0);
 }
 

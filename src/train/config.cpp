@@ -111,6 +111,7 @@ const std::vector<KeyDef>& key_table() {
 
       {"io", "out_dir", [](Config& c) -> Field { return &c.io.out_dir; }},
       {"io", "checkpoint_every", [](Config& c) -> Field { return &c.io.checkpoint_every; }},
+      {"io", "final_checkpoint", [](Config& c) -> Field { return &c.io.final_checkpoint; }},
       {"io", "keep_checkpoints", [](Config& c) -> Field { return &c.io.keep_checkpoints; }},
       {"io", "resume", [](Config& c) -> Field { return &c.io.resume; }},
       {"io", "overwrite", [](Config& c) -> Field { return &c.io.overwrite; }},

@@ -23,7 +23,8 @@ class Checkpointer {
   std::int64_t start();
   bool resumed() const { return resume_.has_value(); }
 
-  // Whether step is saved by the schedule: the last step, or every io.checkpoint_every.
+  // Whether step is saved by the schedule: the last step (unless io.final_checkpoint is
+  // false), or every io.checkpoint_every.
   bool due(std::int64_t step) const;
   // Writes the checkpoint of `step` (the model's current weights) and prunes old ones.
   void save(std::int64_t step);

@@ -173,6 +173,9 @@ struct Config {
   struct IO {
     std::string out_dir = "output/run";
     std::int64_t checkpoint_every = 0;  // steps; 0: only at the end
+    // false: no checkpoint at the last step (trial runs measuring memory or speed, whose
+    // weights nobody reads); checkpoint_every's and a stop's are still written
+    bool final_checkpoint = true;
     std::int64_t keep_checkpoints = 2;
     std::string resume = "auto";  // "auto" | "none" | path to a checkpoint
     // resume = "none" over an out_dir holding another run's metrics/checkpoints: refused

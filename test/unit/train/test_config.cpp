@@ -64,6 +64,8 @@ valid = ""
 [io]
 out_dir = "output/run"
 checkpoint_every = 0    # steps; 0: only at the end
+final_checkpoint = true # false: none at the last step (a trial run measuring memory or
+                        # speed); checkpoint_every's and a stop signal's still written
 keep_checkpoints = 2
 resume = "auto"         # auto | none | path to a checkpoint
 init_weights = ""       # weights file to start from
@@ -134,6 +136,7 @@ TEST(Config, DefaultsAreFormatMd) {
   EXPECT_EQ(c.data.valid, "");
   EXPECT_EQ(c.io.out_dir, "output/run");
   EXPECT_EQ(c.io.checkpoint_every, 0);
+  EXPECT_TRUE(c.io.final_checkpoint);
   EXPECT_EQ(c.io.keep_checkpoints, 2);
   EXPECT_EQ(c.io.resume, "auto");
   EXPECT_EQ(c.io.init_weights, "");
@@ -160,7 +163,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
       "weight_decay = 0.1", "beta1 = 0.9", "beta2 = 0.95", "eps = 1e-08", "grad_clip = 1.0",
       "seed = 1234", "eval_every = 0", "eval_batches = 4", "on_nonfinite = \"abort\"", "[data]", "train = \"\"",
       "valid = \"\"", "[io]", "out_dir = \"output/run\"", "checkpoint_every = 0",
-      "keep_checkpoints = 2", "resume = \"auto\"", "overwrite = false", "init_weights = \"\"", "trace_step = 0",
+      "final_checkpoint = true", "keep_checkpoints = 2", "resume = \"auto\"", "overwrite = false", "init_weights = \"\"", "trace_step = 0",
       "[runtime]", "device = \"cpu\"", "precision = \"fp32\"", "threads = 0",
       "watchdog_s = 0.0"};
   std::size_t pos = 0;
@@ -171,7 +174,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 47u);
+  EXPECT_EQ(assignments, 48u);
 }
 
 // parallel.pipeline_layers: "even" by default, "auto", or a list that prints and parses back;
@@ -277,6 +280,7 @@ TEST(Config, RoundTripThroughToToml) {
   c.data.valid = "input/valid.h5";
   c.io.out_dir = "output/ünïcode";
   c.io.checkpoint_every = 25;
+  c.io.final_checkpoint = false;
   c.io.keep_checkpoints = 0;
   c.io.resume = "output/run/checkpoints/step-00000100.h5";
   c.io.init_weights = "w.h5";
