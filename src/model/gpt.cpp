@@ -212,10 +212,11 @@ void GptChunk::zero_grads() {
   zero(grads_);
 }
 
-ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel) {
+ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel,
+                     int cp) {
   ChunkDims d;
   d.B = micro_batch;
-  d.T = cfg.seq_len;
+  d.T = cfg.seq_len / cp;
   d.C = cfg.d_model;
   d.N = d.B * d.T;
   d.Nr = sequence_parallel ? d.N / tp : d.N;

@@ -51,7 +51,9 @@
 namespace trident::model {
 
 // The sizes of a rank's chunks (ChunkDims, model/block.hpp), the block's part by its BlockKind.
-ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel);
+// cp: context-parallel ranks; each holds seq_len / cp rows of every sequence (T below).
+ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel,
+                     int cp = 1);
 
 // Views into one buffer from one layout run twice: once counting (no base: null views) to
 // size the buffer, then binding; so each size is written once.
