@@ -61,12 +61,6 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from, bool a
           io::read_token_dataset_header(train::first_token_file(data, "data.train")).vocab_size;
     }
     if (c.parallel.layout != "auto") train::resolve_world(c, world);
-    // The grid has a CP axis (the layout checks above count it) but the model, the loss and
-    // the data loader do not split sequences yet (issue 30): refuse rather than run every
-    // CP rank on whole sequences.
-    TRIDENT_CHECK(c.parallel.cp == 1, c.source, ": parallel.cp = ", c.parallel.cp,
-                  ": context parallelism is not wired into training yet (issue 30); "
-                  "set parallel.cp = 1 (`trident grid --cp` prints its process groups)");
     // A malformed test fault (TRIDENT_FAULT, core/fault.hpp) fails here, agreed.
     fault::validate();
     s.ops = ops::make_ops(backend_options(c, node));

@@ -41,7 +41,32 @@ Block::Block(const BlockContext& ctx)
       C3_(int(d_.C3)),
       F_(int(d_.F)),
       F1_(int(d_.F1)),
-      Nr_(int(d_.Nr)) {}
+      Nr_(int(d_.Nr)),
+      slice_{ctx.cp_group ? ctx.cp_group->size() : 1, ctx.cp_group ? ctx.cp_group->rank() : 0} {}
+
+void Block::make_ring(const ops::Ops::AttentionShape& local) {
+  if (slice_.cp > 1) ring_ = std::make_unique<RingAttention>(ops_, *ctx_.cp_group, local);
+}
+
+// The ring is made for the microbatch's shape; other shapes (inference) are refused where
+// cp > 1 before they reach here (GptChunk: "the whole model on one rank").
+void Block::attention_forward(float* out, float* lse, const float* q, const float* k,
+                              const float* v, const ops::Ops::AttentionShape& shape) {
+  if (!ring_) return ops_.attention_forward(out, lse, q, k, v, shape);
+  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: ring attention over ", shape.b, " x ",
+                shape.t, " rows, made for the microbatch's ", B_, " x ", T_);
+  ring_->forward(out, lse, q, k, v);
+}
+
+void Block::attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                               const float* out, const float* lse, const float* q,
+                               const float* k, const float* v,
+                               const ops::Ops::AttentionShape& shape) {
+  if (!ring_) return ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, shape);
+  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: ring attention backward over ",
+                shape.b, " x ", shape.t, " rows, made for the microbatch's ", B_, " x ", T_);
+  ring_->backward(dq, dk, dv, dout, out, lse, q, k, v);
+}
 
 void Block::check_layer(const std::function<const ShardSpec*(Role)>&) const {}
 

@@ -49,11 +49,16 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   TRIDENT_CHECK(cfg.d_model % cfg.n_head == 0, "model.d_model = ", cfg.d_model,
                 " must be divisible by model.n_head = ", cfg.n_head);
   TRIDENT_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive");
-  TRIDENT_CHECK(!sequence_parallel || (std::int64_t(micro_batch) * cfg.seq_len) % tp == 0,
-                "parallel.sequence_parallel: micro_batch_size * seq_len = ",
-                std::int64_t(micro_batch) * cfg.seq_len, " tokens must be divisible by parallel.tp = ",
-                tp);
-  dims_ = chunk_dims(cfg, tp, micro_batch, sequence_parallel);
+  // Context parallelism: this rank holds seq_len / cp rows of each sequence (CpSlice).
+  const int cp = ps.cp.size();
+  TRIDENT_CHECK(cp == 1 || cfg.seq_len % (2 * cp) == 0, "model.seq_len = ", cfg.seq_len,
+                " must be divisible by 2 * parallel.cp = ", 2 * cp);
+  TRIDENT_CHECK(!sequence_parallel || (std::int64_t(micro_batch) * cfg.seq_len / cp) % tp == 0,
+                "parallel.sequence_parallel: micro_batch_size * seq_len / cp = ",
+                std::int64_t(micro_batch) * cfg.seq_len / cp,
+                " tokens must be divisible by parallel.tp = ", tp);
+  slice_ = CpSlice{cp, ps.cp.rank()};
+  dims_ = chunk_dims(cfg, tp, micro_batch, sequence_parallel, cp);
   B_ = int(dims_.B);
   T_ = int(dims_.T);
   C_ = int(dims_.C);
@@ -95,7 +100,8 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   block_ = block_kind(cfg.architecture())
                .make(BlockContext{cfg_, ops_, tpm_, tp_rank, tp, dims_, dbuf_.data(), dqkv_.data(),
                                   dfch_.data(), dact_.data(), full_scratch_.data(),
-                                  local_scratch_.data(), ln_discard_.data()});
+                                  local_scratch_.data(), ln_discard_.data(),
+                                  cp > 1 ? &ps.cp : nullptr});
   for (int l = 0; l < local_first_.back(); ++l) {
     block_->check_layer([&](Role role) { return find(role, l); });
     p_layers_.push_back(layer_params(params_.data(), l));
@@ -397,18 +403,20 @@ void GptChunk::set_output(ChunkActivations& a, int chunk) const {
 // ---- forward ---------------------------------------------------------------------------
 
 // x: [local rows of b*t, C]. Each TP rank looks up its vocabulary rows (zeros elsewhere)
-// and TP rank 0 adds the positions (pos0, ..., pos0 + t - 1); the reduction leaves the sum,
-// which is exact because every other term is 0.
+// and TP rank 0 adds the positions (pos0, ..., pos0 + t - 1; under context parallelism the
+// two chunks' own); the reduction leaves the sum, which is exact because every other term is 0.
 void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t, int pos0) {
   const int n = b * t;
   const std::int64_t local_n = tpm_.local_rows(n) * C_;
   float* partial = tpm_.sequence_parallel() ? full_scratch_.data() : x;
   ops_.embedding_forward(partial, inputs, at(params_.data(), Role::token_embedding), n, C_,
                          vocab_start_, Vl_);
-  if (learned_positions_ && ps_.tp.rank() == 0)
-    ops_.position_forward(partial,
-                          at(params_.data(), Role::position_embedding) + std::int64_t(pos0) * C_,
-                          b, t, C_);
+  if (learned_positions_ && ps_.tp.rank() == 0) {
+    const float* wpe = at(params_.data(), Role::position_embedding);
+    slice_.for_each_run(b, t, pos0, [&](std::int64_t row, int seqs, int rows, int first) {
+      ops_.position_forward(partial + row * C_, wpe + std::int64_t(first) * C_, seqs, rows, C_);
+    });
+  }
   tpm_.leave_forward(partial, x, local_n);
 }
 
@@ -522,7 +530,12 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
     if (ops_.memory()) inputs = a.tokens.data();  // uploaded by this microbatch's forward
     ops_.embedding_backward(at(grads_.data(), Role::token_embedding), demb, inputs, B_ * T_, C_,
                             vocab_start_, Vl_);
-    if (learned_positions_) ops_.position_backward(at(grads_.data(), Role::position_embedding), demb, B_, T_, C_);
+    if (learned_positions_) {
+      float* dwpe = at(grads_.data(), Role::position_embedding);
+      slice_.for_each_run(B_, T_, 0, [&](std::int64_t row, int seqs, int rows, int first) {
+        ops_.position_backward(dwpe + std::int64_t(first) * C_, demb + row * C_, seqs, rows, C_);
+      });
+    }
     if (grad_ready_) report_grads_ready(-1);
   } else {
     ops_.copy(a.dinput.data(), dres, NC);
@@ -582,7 +595,7 @@ void GptChunk::report_grads_ready(int layer) {
 
 void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   TRIDENT_CHECK(chunks_.front().has_embedding && chunks_.back().has_head && ps_.tp.size() == 1 &&
-                    !tpm_.sequence_parallel(),
+                    ps_.cp.size() == 1 && !tpm_.sequence_parallel(),
                 "sampling needs the whole model on one rank");
   TRIDENT_CHECK(t >= 1 && t <= T_, "context of ", t, " tokens outside [1, ", T_, "]");
   if (!infer_acts_) infer_acts_ = make_chunk_activations();
@@ -622,7 +635,7 @@ void GptChunk::head_logits(const float* x, float* lnf, float* mean, float* rstd,
 
 void GptChunk::generation_step(std::int32_t token, float* logits) {
   TRIDENT_CHECK(chunks_.front().has_embedding && chunks_.back().has_head && ps_.tp.size() == 1 &&
-                    !tpm_.sequence_parallel(),
+                    ps_.cp.size() == 1 && !tpm_.sequence_parallel(),
                 "generation needs the whole model on one rank");
   TRIDENT_CHECK(gen_pos_ < T_, "generation: the key-value cache holds ", T_,
                 " positions (model.seq_len); generation_reset() first");

@@ -23,7 +23,7 @@ void Gpt2Block::row_parallel(float* y, const float* x, const float* w, const flo
 
 void Gpt2Block::attend(LayerActivations& la, int b, int t) {
   const ops::Ops::AttentionShape att = ops::attention_shape_qkv(b, t, Ca_, NH_);
-  ops_.attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca_, la.qkv + 2 * Ca_, att);
+  attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca_, la.qkv + 2 * Ca_, att);
 }
 
 void Gpt2Block::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
@@ -107,7 +107,7 @@ void Gpt2Block::backward(const BlockParams& p, const BlockParams& g, const float
          stash ? stash->dattn : nullptr);
   const ops::Ops::AttentionShape att = ops::attention_shape_qkv(B_, T_, Ca_, NH_);
   float* dqkv = ctx_.dqkv;
-  ops_.attention_backward(dqkv, dqkv + Ca_, dqkv + 2 * Ca_, datty, la.atty, la.lse, la.qkv,
+  attention_backward(dqkv, dqkv + Ca_, dqkv + 2 * Ca_, datty, la.atty, la.lse, la.qkv,
                           la.qkv + Ca_, la.qkv + 2 * Ca_, att);
   linear(dbuf, g.qkv_w, g.qkv_b, dqkv, la.ln1, p.qkv_w, C_, C3_, stash ? stash->dqkv : nullptr);
   const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);

@@ -35,6 +35,7 @@ LlamaBlock::LlamaBlock(const BlockContext& ctx) : Block(ctx), hd_(ctx.cfg.head_d
   kv_cols_ = int(d_.kv_cols);
   kv_heads_ = kv_split ? kv / ctx.tp_size : 1;
   kv_head0_ = kv_split ? 0 : ctx.tp_rank * NH_ / (cfg_.n_head / kv);  // its first query head's
+  make_ring(attention_shape(B_, T_));
 }
 
 void LlamaBlock::check_layer(const std::function<const ShardSpec*(Role)>& spec) const {
@@ -66,7 +67,7 @@ void LlamaBlock::row_parallel(float* y, const float* x, const float* w, int n, i
 
 void LlamaBlock::attend(LayerActivations& la, int b, int t) {
   const float* k = la.qkv + Ca_ + std::int64_t(kv_head0_) * hd_;
-  ops_.attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_, attention_shape(b, t));
+  attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_, attention_shape(b, t));
 }
 
 void LlamaBlock::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
@@ -91,7 +92,11 @@ void LlamaBlock::run(const BlockParams& p, const float* x, float* out, LayerActi
   tpm_.enter_forward(la.ln1, local_n);
   ops_.gemm(false, true, n, C3_, C_, 1.0f, la.ln1, C_, p.qkv_w, C_, 0.0f, la.qkv, C3_);
   // q and k heads, at the positions of the rows (a cached token: at its own)
-  ops_.rope_forward(la.qkv, b, t, C3_, NH_ + kv_cols_ / hd_, hd_, cache ? cache->pos : 0, theta);
+  slice_.for_each_run(b, t, cache ? cache->pos : 0,
+                      [&](std::int64_t row, int seqs, int rows, int pos0) {
+                        ops_.rope_forward(la.qkv + row * C3_, seqs, rows, C3_, NH_ + kv_cols_ / hd_,
+                                          hd_, pos0, theta);
+                      });
   if (cache)
     attend_cached(la, *cache, kv_heads_, Ca_ + std::int64_t(kv_head0_) * hd_);
   else
@@ -155,9 +160,12 @@ void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const floa
   // Replicated kv heads: attention writes the gradients of the one its heads read.
   if (kv_heads_ * hd_ != kv_cols_) ops_.fill(dqkv, 0.0f, std::int64_t(n) * C3_);
   const std::int64_t kv0 = Ca_ + std::int64_t(kv_head0_) * hd_;
-  ops_.attention_backward(dqkv, dqkv + kv0, dqkv + kv0 + kv_cols_, datty, la.atty, la.lse,
+  attention_backward(dqkv, dqkv + kv0, dqkv + kv0 + kv_cols_, datty, la.atty, la.lse,
                           la.qkv, la.qkv + kv0, la.qkv + kv0 + kv_cols_, attention_shape(B_, T_));
-  ops_.rope_backward(dqkv, B_, T_, C3_, NH_ + kv_cols_ / hd_, hd_, 0, float(cfg_.rope_theta));
+  slice_.for_each_run(B_, T_, 0, [&](std::int64_t row, int seqs, int rows, int pos0) {
+    ops_.rope_backward(dqkv + row * C3_, seqs, rows, C3_, NH_ + kv_cols_ / hd_, hd_, pos0,
+                       float(cfg_.rope_theta));
+  });
   linear(dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C_, C3_, stash ? stash->dqkv : nullptr);
   rmsnorm(g.ln1_w, tpm_.enter_backward(dbuf, dlocal, local_n), x, p.ln1_w, la.ln1_rstd,
           stash ? stash->dln1 : nullptr);

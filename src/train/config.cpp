@@ -556,6 +556,10 @@ class Loader {
            ": parallel.tp_mode = \"2d\" needs parallel.tp a perfect square q*q (4, 9, 16, ...), "
            "got ", p.tp);
     // What 2D TP will not do even once wired (docs/tp2d.md), one error each.
+    if (p.cp > 1)
+      fail(where("parallel.tp_mode", "parallel.cp"),
+           ": parallel.tp_mode = \"2d\" does not combine with context parallelism (its "
+           "attention is not the ring); expected parallel.cp = 1, got ", p.cp);
     if (p.sequence_parallel)
       fail(where("parallel.tp_mode", "parallel.sequence_parallel"),
            ": parallel.tp_mode = \"2d\" does not combine with parallel.sequence_parallel (the "

@@ -26,7 +26,7 @@ double AdamW::grad_norm(parallel::ParallelState& ps) const {
   }
   ps.tp.allreduce_sum(&sum, 1);
   ps.pp.allreduce_sum(&sum, 1);
-  if (sync_.zero()) ps.dp.allreduce_sum(&sum, 1);
+  if (sync_.zero()) ps.replicas().allreduce_sum(&sum, 1);  // the shards of DP (× CP)
   return std::sqrt(sum);
 }
 

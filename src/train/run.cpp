@@ -26,7 +26,9 @@ namespace trident::train {
 namespace fs = std::filesystem;
 
 io::ShardRole shard_role(const parallel::ParallelState& ps) {
-  return io::ShardRole::for_rank(ps.coord.tp, ps.coord.dp, ps.coord.pp);
+  // One replica writes: DP rank 0's, and of its CP ranks the first (each holds every weight).
+  const bool first_replica = ps.coord.dp == 0 && ps.coord.cp == 0;
+  return io::ShardRole::for_rank(ps.coord.tp, first_replica ? 0 : 1, ps.coord.pp);
 }
 
 namespace {

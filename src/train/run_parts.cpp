@@ -29,6 +29,10 @@ std::string format_duration(double seconds) {
 MetricsLog::MetricsLog(Trainer& trainer, std::int64_t resume_step) : trainer_(trainer) {
   parallel::ParallelState& ps = trainer.state();
   counted_ = {&ps.tp, &ps.dp, &ps.pp, &ps.embedding};
+  if (ps.shape.cp > 1) {  // the ring's traffic and the gradient sums over DP × CP
+    counted_.push_back(&ps.cp);
+    counted_.push_back(&ps.dp_cp);
+  }
   tp_parts_ = trainer.model().tensor_parallel_parts();
   // skipped: 1 for a non-finite step left undone; epoch: passes over the data so far.
   // data_s: seconds this step spent reading its batch (rank 0's share).

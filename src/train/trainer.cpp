@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <tuple>
 
 #include "trident/core/error.hpp"
 #include "trident/core/fault.hpp"
 #include "trident/core/log.hpp"
 #include "trident/core/memory_usage.hpp"
+#include "trident/model/ring_attention.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/cuda_aware.hpp"
 #include "trident/pipeline/simulator.hpp"
@@ -121,7 +123,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   refuse_what_cannot_fit(memory_estimate_, lay.host_memory, available);
 
   model_ = model::make_stage_model(cfg.model, stage_layout(cfg, ps), ps, ops, options);
-  sync_ = std::make_unique<GradSync>(*model_, ps.dp, cfg.parallel.grad_bucket_mb,
+  sync_ = std::make_unique<GradSync>(*model_, ps.replicas(), cfg.parallel.grad_bucket_mb,
                                      cfg.parallel.zero_stage == 1);
   if (sync_->active())
     model_->set_grad_ready_hook([sync = sync_.get()](std::int64_t offset, std::int64_t count) {
@@ -225,14 +227,38 @@ std::string Trainer::write_trace() const {
 double Trainer::reduce_loss(double local_sum, std::int64_t global_batch) {
   double sum = local_sum;  // non-zero on the last stage only
   ps_.pp.allreduce_sum(&sum, 1);
-  ps_.dp.allreduce_sum(&sum, 1);
+  ps_.replicas().allreduce_sum(&sum, 1);  // every token once: DP (× CP) ranks hold disjoint ones
   return sum / double(global_batch * cfg_.model.seq_len);
+}
+
+std::int64_t Trainer::microbatch_tokens() const {
+  return std::int64_t(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len / ps_.shape.cp;
+}
+
+std::pair<const std::int32_t*, const std::int32_t*> Trainer::cp_rows(
+    const std::int32_t* inputs, const std::int32_t* targets, std::int64_t sequences) {
+  if (ps_.shape.cp == 1) return {inputs, targets};
+  const std::int64_t T = cfg_.model.seq_len;
+  if (cp_positions_.empty())
+    cp_positions_ = model::cp_local_positions(int(T), ps_.shape.cp, ps_.coord.cp);
+  const std::int64_t t = std::int64_t(cp_positions_.size());
+  cp_inputs_.resize(std::size_t(sequences * t));
+  cp_targets_.resize(cp_inputs_.size());
+  for (std::int64_t s = 0; s < sequences; ++s)
+    for (std::int64_t i = 0; i < t; ++i) {
+      const std::int64_t from = s * T + cp_positions_[std::size_t(i)];
+      cp_inputs_[std::size_t(s * t + i)] = inputs[from];
+      cp_targets_[std::size_t(s * t + i)] = targets[from];
+    }
+  return {cp_inputs_.data(), cp_targets_.data()};
 }
 
 double Trainer::forward_backward(const std::int32_t* inputs, const std::int32_t* targets,
                                  std::int64_t global_batch) {
   const int m = microbatches_for(global_batch);
-  const std::int64_t mb_tokens = std::int64_t(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len;
+  const std::int64_t mb_tokens = microbatch_tokens();
+  std::tie(inputs, targets) = cp_rows(inputs, targets, local_batch(global_batch));
+  // Every rank's gradients are scaled by 1/(global tokens): their sum over DP × CP is the mean.
   const float loss_scale = float(1.0 / double(global_batch * cfg_.model.seq_len));
   model_->zero_grads();
   // Tests (TRIDENT_FAULT nan): this rank's gradients start as NaN, so the sums of the
@@ -384,10 +410,12 @@ void Trainer::report_startup() {
   const std::vector<int> split = pipeline_stage_layers(cfg_);
   const double bubble = pipeline::simulate(sched, expected_stage_costs(cfg_)).bubble_fraction;
   char line[512];
+  // cp only when set: the line's form at cp = 1 is what scripts read (FORMAT.md).
+  const std::string cp = ps_.shape.cp > 1 ? str(" x cp=", ps_.shape.cp) : "";
   std::snprintf(line, sizeof line,
-                "trident: layout tp=%d x pp=%d x dp=%d, vpp=%d, schedule %s, %d microbatches "
+                "trident: layout tp=%d x pp=%d x dp=%d%s, vpp=%d, schedule %s, %d microbatches "
                 "of %d per step, %lld tokens per step, expected bubble %.3f",
-                ps_.shape.tp, ps_.shape.pp, ps_.shape.dp, cfg_.parallel.vpp,
+                ps_.shape.tp, ps_.shape.pp, ps_.shape.dp, cp.c_str(), cfg_.parallel.vpp,
                 cfg_.parallel.schedule.c_str(), m, cfg_.parallel.micro_batch_size,
                 static_cast<long long>(cfg_.train.global_batch_size) * cfg_.model.seq_len,
                 bubble);
@@ -457,7 +485,8 @@ StepStats Trainer::optimizer_step(std::int64_t step, double loss) {
 double Trainer::evaluate(const std::int32_t* inputs, const std::int32_t* targets,
                          std::int64_t global_batch) {
   const int m = microbatches_for(global_batch);
-  const std::int64_t mb_tokens = std::int64_t(cfg_.parallel.micro_batch_size) * cfg_.model.seq_len;
+  const std::int64_t mb_tokens = microbatch_tokens();
+  std::tie(inputs, targets) = cp_rows(inputs, targets, local_batch(global_batch));
   const double local = executor_for(m).forward_only(
       [&](int mb) {
         return pipeline::MicrobatchTokens{inputs + mb * mb_tokens, targets + mb * mb_tokens};

@@ -536,7 +536,7 @@ deck_case("world_not_divisible_by_pp", {"parallel.pp": 2},
 deck_case("world_vs_pp_dp", {"parallel.pp": 2, "parallel.dp": 2},
           ["deck.toml", "1 * 2 * 2 = 4 ranks", "world has 2"], np=2)
 # Context parallelism (issue 30): the key's range, the world with cp in the product, the
-# sequence's 2 * cp chunks, and training at cp > 1 refused on every rank until it is wired.
+# sequence's 2 * cp chunks, sequence parallelism's rows per rank, and 2D TP (not with cp).
 deck_case("cp_zero", {"parallel.cp": 0}, ["deck.toml:", "parallel.cp", ">= 1", "got 0"])
 deck_case("world_not_divisible_by_tp_cp_pp", {"parallel.cp": 2},
           ["deck.toml", "parallel.tp * parallel.cp * parallel.pp = 1 * 2 * 1", "world size 3"],
@@ -545,8 +545,9 @@ deck_case("world_vs_cp_dp", {"parallel.cp": 2, "parallel.dp": 2},
           ["deck.toml", "1 * 2 * 1 * 2 = 4 ranks", "world has 2"], np=2)
 deck_case("div_seq_len_by_2cp", {"parallel.cp": 3},
           ["deck.toml:", "parallel.cp = 3", "model.seq_len = 8", "2 * parallel.cp = 6"], np=3)
-deck_case("cp_train_not_wired", {"parallel.cp": 2},
-          ["deck.toml", "parallel.cp = 2", "not wired into training", "issue 30"], np=2)
+deck_case("cp_with_tp_2d", {"parallel.cp": 2, "parallel.tp": 4, "parallel.tp_mode": "2d"},
+          ["deck.toml", "parallel.tp_mode = \"2d\"", "context parallelism",
+           "expected parallel.cp = 1"], np=2)
 
 
 @case("cli_grid_world_vs_cp", ["--tp * --cp * --dp * --pp", "1 * 2 * 2 * 1 = 4", "world has 2"],

@@ -116,7 +116,9 @@ def run_config(cname, model_keys, batch, mbs, fails, seed, parallel=None):
         "runtime": {"threads": 1, "device": DEVICE},
     })
     init = os.path.join(work, "init.h5")
-    ranks = (parallel or {}).get("tp", 1) * (parallel or {}).get("pp", 1)
+    ranks = 1
+    for axis in ("tp", "cp", "dp", "pp"):
+        ranks *= (parallel or {}).get(axis, 1)
     oc.run_trident(NAME, ["init", deck, "--out", init], work, mpi_ranks=ranks)
     check_weights_file(init, model_keys, fails, f"{cname}: trident init {init}")
     try:

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 
+#include "trident/model/ring_attention.hpp"
 #include "trident/model/spec.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/tp_mappings.hpp"
@@ -89,6 +90,9 @@ struct BlockContext {
   float* full;        // SP: [N,C] partial sums and gathers (null without SP)
   float* local;       // SP: [Nr,C] reduce-scattered norm gradients (null without SP)
   float* ln_discard;  // [2C] norm weight gradients an input-only backward drops
+  // Context parallelism: the CP ring (null, or one rank: every row of the sequence is here).
+  // Its rank's rows are chunks r and 2·cp−1−r of each sequence (dims.T = seq_len / cp).
+  parallel::Comm* cp_group = nullptr;
 };
 
 // The keys and values of the positions generated so far (per layer, [T, kv width] each) and
@@ -150,6 +154,17 @@ class Block {
   // One token's activations for decode: views into the decode scratch (lse null).
   LayerActivations decode_views() const;
 
+  // The attention core over the microbatch: the flash kernels, or under context parallelism
+  // the ring over the CP group (then only the microbatch's own shape, B x T).
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const ops::Ops::AttentionShape& shape);
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const ops::Ops::AttentionShape& shape);
+  // Makes the ring for the microbatch's attention shape when there is a CP group of more
+  // than one rank (the subclass's constructor: the shape is the architecture's).
+  void make_ring(const ops::Ops::AttentionShape& local);
+
   // decode's attention: the token's k and v (kv_width() floats each from column k_col of
   // its qkv row) join the cache; its query heads read positions 0..pos through kv_heads.
   void attend_cached(LayerActivations& la, const KvCache& cache, int kv_heads,
@@ -163,6 +178,9 @@ class Block {
   // Shorthands (the kernels take int).
   const int tp_rank_, B_, T_, C_, NH_, Ca_, C3_, F_, F1_, Nr_;
   float* decode_scratch_ = nullptr;
+  // Which positions the local rows hold (RoPE angles); the ring when cp > 1.
+  const CpSlice slice_;
+  std::unique_ptr<RingAttention> ring_;
 };
 
 // An architecture's block: how it sizes a chunk's q|k|v and MLP columns (C3, F1, kv_cols of

@@ -42,6 +42,7 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/model/block.hpp"
+#include "trident/model/ring_attention.hpp"
 #include "trident/model/spec.hpp"
 #include "trident/model/stage_model.hpp"
 #include "trident/ops/ops.hpp"
@@ -258,6 +259,7 @@ class GptChunk final : public StageModel {
   ops::Ops& ops_;  // StageModel::ops(), kept here for the kernels' calls
   parallel::TpMappings tpm_;
   ChunkDims dims_;
+  CpSlice slice_;  // the positions of this rank's rows (context parallelism)
   int B_, T_, C_, Vl_, vocab_start_, v_valid_;
   // The architecture's block (block_kind(model.arch)), made once: every layer runs through it.
   std::unique_ptr<Block> block_;

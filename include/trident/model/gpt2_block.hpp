@@ -12,7 +12,9 @@ namespace trident::model {
 
 class Gpt2Block final : public Block {
  public:
-  explicit Gpt2Block(const BlockContext& ctx) : Block(ctx) {}
+  explicit Gpt2Block(const BlockContext& ctx) : Block(ctx) {
+    make_ring(ops::attention_shape_qkv(B_, T_, Ca_, NH_));
+  }
   static void size(const ModelConfig& cfg, int tp, ChunkDims& dims);
 
   void forward(const BlockParams& p, const float* x, float* out, LayerActivations& la, int b,

@@ -5,8 +5,7 @@
 // (rank r sends to r+1) while attending to the block already held, and merges the partial
 // results through their log-sum-exps; the backward passes the same blocks again, their key/value
 // gradients travelling one hop behind and ending at their owner; dq stays local.
-// Not yet wired into the model or training (issue 30).
-// defines: trident::model::cp_chunk, cp_local_positions, RingAttention
+// defines: trident::model::cp_chunk, cp_local_positions, CpSlice, RingAttention
 #pragma once
 
 #include <cstdint>
@@ -24,6 +23,26 @@ inline int cp_chunk(int cp, int rank, int which) { return which == 0 ? rank : 2 
 // The global positions (0..t-1) of CP rank `rank`'s t/cp local tokens, in local order (for
 // position embeddings, RoPE angles and the data loader). t must be divisible by 2·cp.
 std::vector<int> cp_local_positions(int t, int cp, int rank);
+
+// Which global positions a rank's local rows hold: runs of consecutive positions, each
+// (row offset within the local sequence, rows, first position). cp == 1: one run of all t
+// rows from pos0 over all b sequences at once; cp > 1: the two chunks of every sequence.
+struct CpSlice {
+  int cp = 1, rank = 0;
+  // fn(first local row among the b*t, sequences it spans, rows per sequence, first position)
+  template <class Fn>
+  void for_each_run(int b, int t, int pos0, Fn&& fn) const {
+    if (cp == 1) {
+      fn(std::int64_t(0), b, t, pos0);
+      return;
+    }
+    const int chunk = t / 2;  // t = T/cp local rows: two chunks of T/(2·cp)
+    for (int s = 0; s < b; s++)
+      for (int which = 0; which < 2; which++)
+        fn(std::int64_t(s) * t + std::int64_t(which) * chunk, 1, chunk,
+           pos0 + cp_chunk(cp, rank, which) * chunk);
+  }
+};
 
 class RingAttention {
  public:

@@ -158,6 +158,9 @@ struct ParallelState {
   // communicator above stages accordingly.
   void use_device_memory(DeviceMemory* memory, bool mpi_takes_device);
   bool last_stage() const { return coord.pp == stage_map.head_rank(); }
+  // The ranks whose weight gradients (and losses) are summed: dp, or dp_cp under context
+  // parallelism (dp itself when cp == 1, so that the traffic counts as dp's).
+  Comm& replicas() { return shape.cp > 1 ? dp_cp : dp; }
 };
 
 // Builds the tp/cp/dp/dp_cp/pp/embedding communicators with MPI_Comm_split (collective on

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trident/model/stage_model.hpp"
@@ -81,8 +82,10 @@ class Trainer {
   // Zeroes the gradients, then runs the forwards and backwards of this rank's slice
   // inputs/targets [local_batch, T] in microbatches of parallel.micro_batch_size, and
   // averages the gradients over DP (in buckets during the backward, GradSync; under
-  // ZeRO-1 each DP rank is left with its shard only). Returns the mean loss of the global
-  // batch (all ranks).
+  // ZeRO-1 each DP rank is left with its shard only). Under context parallelism every CP
+  // rank is given the whole sequences and keeps its own rows (cp_local_positions), and
+  // the gradients are summed over DP × CP. Returns the mean loss of the global batch (all
+  // ranks).
   double forward_backward(const std::int32_t* inputs, const std::int32_t* targets,
                           std::int64_t global_batch);
 
@@ -129,6 +132,13 @@ class Trainer {
 
  private:
   pipeline::Executor& executor_for(int microbatches);
+  // Context parallelism: this CP rank's rows of [sequences, T] inputs and targets, in
+  // cp_inputs_ / cp_targets_ ([sequences, T / cp]); the arguments themselves when cp == 1.
+  std::pair<const std::int32_t*, const std::int32_t*> cp_rows(const std::int32_t* inputs,
+                                                              const std::int32_t* targets,
+                                                              std::int64_t sequences);
+  // Tokens of one microbatch on this rank (micro_batch_size * seq_len / cp).
+  std::int64_t microbatch_tokens() const;
   double reduce_loss(double local_sum, std::int64_t global_batch);
   int microbatches_for(std::int64_t global_batch) const;
   void swap_weight_versions();  // model params <-> older_weights_, through swap_buffer_
@@ -162,6 +172,8 @@ class Trainer {
   std::vector<FloatBuffer> stash_;
   std::vector<int> free_stash_;
   int weight_versions_ = 1;  // the simulator's count for this stage and step's schedule
+  std::vector<int> cp_positions_;  // cp > 1: the global positions of this rank's rows
+  std::vector<std::int32_t> cp_inputs_, cp_targets_;
   int swapped_in_ = -1;  // the stash slot swapped into the params for the running B
   double async_lr_ = 0;
 };
