@@ -5,7 +5,8 @@ reference from the same float32 weights) on layouts that split every sequence ov
 cp 2 and cp 4 alone, cp 2 x tp 2 with sequence parallelism, cp 2 x pp 2 x dp 2 with ZeRO-1 on
 8 ranks, Llama with grouped-query heads, and odd shapes (seq_len divisible by 2 * cp but not by
 64, 3 heads). The reference never splits anything: the whole sequences through one model.
-Run one config with `cp_oracle.py NAME`.
+Run one config with `cp_oracle.py NAME`. TRIDENT_TEST_DEVICE (e.g. "cuda") runs trident on that
+device, as in grad_oracle.
 """
 
 import os
@@ -38,6 +39,9 @@ CONFIGS = {
 
 
 def main():
+    if go.DEVICE == "cuda" and not go.gpu_visible():
+        print(f"{go.NAME}: no GPU visible: skipped")
+        return 77
     names = sys.argv[1:] or list(CONFIGS)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:

@@ -6,6 +6,7 @@
 # models) and linked with the CPU build's libraries into build-emu/trident. Then
 #   test/mpi/device_layouts.py  with TRIDENT_TEST_DEVICE=cuda (every layout against "cpu")
 #   test/oracle/grad_oracle.py  with TRIDENT_TEST_DEVICE=cuda (gradients against PyTorch)
+#   test/oracle/cp_oracle.py    the same for context parallelism (the ring on device memory)
 #   emulate/op_timing.py        the per-op timing table (TRIDENT_OP_TIMING; ~5 s)
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
@@ -105,7 +106,8 @@ export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/
 export PATH="$work/bin:$PATH" TRIDENT_SOURCE_DIR="$src" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mkdir -p "$TRIDENT_TEST_OUT"
 status=0
-for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/unit/ops/cuda/emulate/op_timing.py \
+for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/oracle/cp_oracle.py \
+         test/unit/ops/cuda/emulate/op_timing.py \
          test/unit/ops/cuda/emulate/weight_cache.py; do
   t0=$SECONDS
   rc=0
