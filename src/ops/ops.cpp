@@ -19,6 +19,11 @@
 
 namespace trident::ops {
 
+void Ops::copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src,
+                    std::int64_t rows, std::int64_t width) {
+  for (std::int64_t r = 0; r < rows; r++) copy(dst + r * ld_dst, src + r * ld_src, width);
+}
+
 #if defined(TRIDENT_CUDA_MODULE)
 namespace {
 // The directory of this executable (/proc/self/exe), with a trailing '/', or "".

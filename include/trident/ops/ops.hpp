@@ -130,6 +130,11 @@ class Ops {
   virtual double sum_squares(const float* x, std::int64_t n) = 0;
   virtual void fill(float* x, float value, std::int64_t n) = 0;
   virtual void copy(float* dst, const float* src, std::int64_t n) = 0;
+  // rows x width floats between strided rows (row r at dst + r*ld_dst, src + r*ld_src; the
+  // rows do not overlap): a column block of a wider matrix, e.g. the keys of a fused qkv.
+  // The default copies row by row; backends do it in one call (CUDA: cudaMemcpy2DAsync).
+  virtual void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src,
+                         std::int64_t rows, std::int64_t width);
 
   // ---- attention ----------------------------------------------------------------------
   // Causal (or, with !causal, full) softmax(q k^T / sqrt(hs)) v per query head, flash-style:

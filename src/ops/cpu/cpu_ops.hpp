@@ -147,6 +147,8 @@ class CpuOps final : public Ops {
   double sum_squares(const float* x, std::int64_t n) override;
   void fill(float* x, float value, std::int64_t n) override;
   void copy(float* dst, const float* src, std::int64_t n) override;
+  void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src,
+                 std::int64_t rows, std::int64_t width) override;
   void to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) override;
   void from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) override;
 

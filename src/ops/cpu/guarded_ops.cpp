@@ -192,6 +192,10 @@ class GuardedOps final : public Ops {
   void copy(float* dst, const float* src, std::int64_t n) override {
     on("copy", {dst, src}), inner_->copy(dst, src, n);
   }
+  void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src,
+                 std::int64_t rows, std::int64_t width) override {
+    on("copy_rows", {dst, src}), inner_->copy_rows(dst, ld_dst, src, ld_src, rows, width);
+  }
   void to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) override {
     on("to_bf16", {dst, src}), inner_->to_bf16(dst, src, n);
   }

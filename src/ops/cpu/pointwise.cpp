@@ -139,6 +139,14 @@ void CpuOps::from_bf16(float* dst, const std::uint16_t* src, std::int64_t n) {
   }
 }
 
+void CpuOps::copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src,
+                       std::int64_t rows, std::int64_t width) {
+  if (rows <= 0 || width <= 0) return;
+#pragma omp parallel for schedule(static) num_threads(team(rows * width))
+  for (std::int64_t r = 0; r < rows; r++)
+    std::memcpy(dst + r * ld_dst, src + r * ld_src, std::size_t(width) * sizeof(float));
+}
+
 void CpuOps::copy(float* dst, const float* src, std::int64_t n) {
   if (n <= 0 || dst == src) return;
 #pragma omp parallel num_threads(team(n))

@@ -266,6 +266,17 @@ void CudaOps::copy(float* dst, const float* src, std::int64_t n) {
                                      cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaOps::copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src,
+                        std::int64_t rows, std::int64_t width) {
+  OpScope timed(timer_.get(), "scale");
+  if (rows <= 0 || width <= 0) return;
+  note_write(dst, ((rows - 1) * ld_dst + width) * std::int64_t(sizeof(float)));
+  const std::size_t f = sizeof(float);
+  TRIDENT_CUDA_CHECK(cudaMemcpy2DAsync(dst, std::size_t(ld_dst) * f, src, std::size_t(ld_src) * f,
+                                       std::size_t(width) * f, std::size_t(rows),
+                                       cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaOps::to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) {
   OpScope timed(timer_.get(), "to_bf16");
   launch_to_bf16(stream_, dst, src, 1, n, n);

@@ -269,6 +269,28 @@ TEST_P(Pointwise, AddScaleFillCopySumSquares) {
   EXPECT_NEAR(ops->sum_squares(a.data(), n), ss, 1e-12 * ss);
 }
 
+// copy_rows: a column block between strided rows (the ring's keys out of a fused qkv), the
+// CPU's one loop and the base class's row-by-row default alike; nothing outside the block
+// is written.
+TEST(Pointwise, CopyRowsCopiesTheBlockOnly) {
+  const std::int64_t rows = 37, width = 5, ld_src = 12, ld_dst = 7;
+  Rng r(41);
+  const FVec src = r.normal(std::size_t(rows * ld_src));
+  auto cpu_ops = ops::make_cpu_ops(2);
+  for (ops::Ops* o : {cpu_ops.get(), static_cast<ops::Ops*>(nullptr)}) {
+    FVec dst(std::size_t(rows * ld_dst), 9.0f);
+    if (o) {
+      o->copy_rows(dst.data(), ld_dst, src.data() + 3, ld_src, rows, width);
+    } else {
+      cpu_ops->ops::Ops::copy_rows(dst.data(), ld_dst, src.data() + 3, ld_src, rows, width);
+    }
+    for (std::int64_t i = 0; i < rows; i++)
+      for (std::int64_t j = 0; j < ld_dst; j++)
+        ASSERT_EQ(dst[std::size_t(i * ld_dst + j)], j < width ? src[std::size_t(i * ld_src + 3 + j)] : 9.0f)
+            << (o ? "cpu" : "default") << " row " << i << " column " << j;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, Pointwise, ::testing::Values(std::int64_t(1), std::int64_t(37), std::int64_t(100003)));
 
 TEST(Determinism, RepeatedCallsAreBitwiseEqual) {

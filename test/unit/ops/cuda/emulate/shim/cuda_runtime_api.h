@@ -77,6 +77,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
                             cudaStream_t stream = nullptr);
 cudaError_t cudaMemset(void* p, int value, std::size_t bytes);
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                              std::size_t width, std::size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream);
 cudaError_t cudaMemset2DAsync(void* p, std::size_t pitch, int value, std::size_t width,
                               std::size_t height, cudaStream_t stream = nullptr);
 
