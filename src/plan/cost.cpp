@@ -24,7 +24,8 @@ const char* recompute_name(model::Recompute r) {
 
 std::string Layout::str() const {
   // cp only where it is used, so that the cp = 1 layouts read as they always have.
-  return trident::str("tp", tp, cp > 1 ? trident::str(" cp", cp) : std::string(), " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
+  const std::string cp_part = cp > 1 ? trident::str(" cp", cp) : std::string();
+  return trident::str("tp", tp, cp_part, " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
                       micro_batch, " rc:", recompute_name(recompute), " sp:",
                       sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0, " split:", split);
 }
@@ -163,7 +164,8 @@ ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers,
   const RingCost ring = ring_cost(s, lay.cp, bp, cp_link);
   const RingBytes ring_copies = ring_bytes(s, lay.cp);
   const double ring_f = ring_copies.f / mc.kernel_bytes_per_s;
-  const double att_fwd = bp.att_fwd + ring_f, elem_fwd = bp.elem_fwd_bytes / mc.kernel_bytes_per_s;
+  const double att_fwd = bp.att_fwd + ring_f;  // the attention core: what recomputation repeats
+  const double elem_fwd = bp.elem_fwd_bytes / mc.kernel_bytes_per_s;
   const double gelu_fwd = double(s.n) * kFloat * double(s.F1 + s.F) / mc.kernel_bytes_per_s;
   const double layer_f = bp.mm_fwd + att_fwd + elem_fwd;
   const double layer_dx =
@@ -212,7 +214,7 @@ ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers,
 }  // namespace
 
 BlockCost block_cost(const model::ModelConfig& cfg, int tp, int micro_batch, const Machine& mc) {
-  // (cp = 1: what `trident calibrate` measures a block against)
+  // cp = 1: the block `trident calibrate` times whole
   const BlockParts p = block_parts(shapes(cfg, tp, micro_batch), mc);
   return {p.mm_fwd + p.mm_dx + p.mm_dw, p.att_fwd + p.att_bwd, 3 * p.elem_fwd_bytes};
 }
