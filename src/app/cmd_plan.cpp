@@ -53,7 +53,8 @@ std::string mib(std::int64_t b) { return model::format_bytes(b); }
 nlohmann::json prediction_json(const plan::StepPrediction& p) {
   const plan::Layout& l = p.layout;
   return {{"layout", l.str()},
-          {"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"vpp", l.vpp}, {"schedule", l.schedule},
+          {"tp", l.tp}, {"cp", l.cp}, {"pp", l.pp}, {"dp", l.dp}, {"vpp", l.vpp},
+          {"schedule", l.schedule},
           {"micro_batch_size", l.micro_batch}, {"recompute", plan::recompute_name(l.recompute)},
           {"sequence_parallel", l.sequence_parallel}, {"zero_stage", l.zero1 ? 1 : 0},
           {"split", l.split}, {"pipeline_layers", p.stage_layers},
@@ -62,6 +63,7 @@ nlohmann::json prediction_json(const plan::StepPrediction& p) {
           {"peak_pp_rank", p.memory_pp_rank}, {"rank0_peak_bytes", p.rank0_peak_bytes},
           {"memory_dominant", plan::memory_dominant(p.memory)},
           {"step_s", p.step_s}, {"compute_s", p.compute_s}, {"tp_comm_s", p.tp_comm_s},
+          {"cp_comm_s", p.cp_comm_s},
           {"bubble_s", p.bubble_s}, {"dp_exposed_s", p.dp_exposed_s},
           {"embed_sync_s", p.embed_sync_s}, {"optimizer_s", p.optimizer_s},
           {"bubble_fraction", p.bubble_fraction}, {"tokens_per_s", p.tokens_per_s},
@@ -259,6 +261,7 @@ plan::CalibrateOptions calibrate_options(const train::Config& deck, int world) {
   if (std::find(opt.micro_batches.begin(), opt.micro_batches.end(),
                 deck.parallel.micro_batch_size) == opt.micro_batches.end())
     opt.micro_batches.push_back(deck.parallel.micro_batch_size);
+  opt.cps = plan::cp_candidates(deck.model.seq_len, world);  // the planner's
   return opt;
 }
 
@@ -297,6 +300,7 @@ int run_plan(const PlanArgs& a) {
     opt.ranks_per_node = a.ranks_per_node > 0 ? a.ranks_per_node : machine.ranks_per_node;
     opt.host_memory = deck.runtime.device != "cuda";
     opt.precision = deck.runtime.precision.get();
+    opt.max_cp = a.max_cp;
     if (log::rank() == 0) {
       ranked = plan::make_plan(deck, machine, opt);
       require_fitting_layout(deck, machine, opt, ranked);

@@ -99,6 +99,7 @@ struct PlanArgs {
   std::string machine = "machine.toml";
   bool json = false;
   int top = 10;                       // rows shown; 0: all
+  int max_cp = 0;                     // the largest cp planned; 0: every cp
   int validate = 0;                   // layouts to run through `trident train`
   bool spread = false;                // validate layouts spread over the ranking, not the top
   int validate_steps = 4;

@@ -177,6 +177,9 @@ int run(int argc, char** argv) {
   plan->add_flag("--json", plan_args.json, "print JSON");
   plan->add_option("--top", plan_args.top, "layouts shown (0: all; default 10)")
       ->check(kNonNegative);
+  plan->add_option("--max-cp", plan_args.max_cp,
+                   "plan context parallelism up to this cp only (default: every cp)")
+      ->check(kPositive);
   plan->add_option("--validate", plan_args.validate,
                    "run this many layouts through `trident train` and compare")
       ->check(kNonNegative);

@@ -16,7 +16,7 @@ constexpr std::int64_t kFloat = sizeof(float);
 
 std::int64_t MemoryEstimate::peak() const {
   return weights + gradients + optimizer + scratch + std::max(activations, staging) + collectives +
-         messages + files + libraries;
+         messages + files + ring + libraries;
 }
 
 std::string format_bytes(std::int64_t bytes) {
@@ -40,6 +40,7 @@ std::string MemoryEstimate::describe() const {
   if (collectives > 0) d += " + MPI temporaries " + format_bytes(collectives);
   if (messages > 0) d += " + pipeline messages " + format_bytes(messages);
   if (files > 0) d += " + HDF5 files " + format_bytes(files);
+  if (ring > 0) d += " + ring attention " + format_bytes(ring);
   if (libraries > 0) d += " + libraries " + format_bytes(libraries);
   if (staging > activations) d += " (start-up staging " + format_bytes(staging) + " > activations)";
   return d;
@@ -84,6 +85,15 @@ void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayo
 }
 }  // namespace
 
+std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d) {
+  // The attention shape the chunk gives its RingAttention (the blocks' attention_shape):
+  // nh = NH, hs = head_dim, ld_o = Ca = NH * hs; nkv its key/value heads (LlamaBlock:
+  // kv_heads_, one each when n_kv_head < tp replicates them; GPT-2: NH).
+  const std::int64_t kv = cfg.kv_heads(), nkv = kv >= tp ? kv / tp : 1, hs = cfg.head_dim();
+  const std::int64_t rows = d.B * d.T, kv_block = 2 * rows * nkv * hs;
+  return 5 * kv_block + rows * d.Ca + rows * d.NH + 2 * rows * d.NH * hs;
+}
+
 MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   MemoryEstimate e;
   const std::vector<StageLayout> chunks =
@@ -92,15 +102,18 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   for (const ShardSpec& s : gpt_param_specs(cfg, chunks, lay.tp_rank, lay.tp, 0, lay.tp_2d))
     params += s.local_numel();
   // params_, grads_ (the model's flat buffers, 1D or 2D); ZeRO-1: GradSync's shard_grads_
-  // and AdamW's moments over the shard.
-  const std::int64_t shard = lay.zero1 && lay.dp > 1 ? (params + lay.dp - 1) / lay.dp : params;
+  // and AdamW's moments over the shard. The gradients are shared by the dp_cp communicator
+  // (DP x CP ranks hold the same weights), which the shard divides.
+  const int sharers = lay.dp * lay.cp;
+  const bool sharded = lay.zero1 && sharers > 1;
+  const std::int64_t shard = sharded ? (params + sharers - 1) / sharers : params;
   e.weights = params * kFloat;
   if (lay.weight_versions > 1)  // the older versions and the swap buffer (WeightVersions)
     e.weights += ((lay.weight_versions - 1) * params + std::min(params, kVersionSwapFloats)) * kFloat;
-  e.gradients = (params + (lay.zero1 && lay.dp > 1 ? shard : 0)) * kFloat;
+  e.gradients = (params + (sharded ? shard : 0)) * kFloat;
   e.optimizer = 2 * shard * kFloat;
   if (lay.host_memory) e.files = lay.open_files * kHdf5FileBytes;  // host memory, not the device's
-  if (lay.host_memory && lay.dp > 1)
+  if (lay.host_memory && sharers > 1)
     e.collectives = std::int64_t(lay.nonblocking_temp_ratio * double(params * kFloat));
   if (lay.tp_2d) {  // the activations and scratch of the 2D model's own carving
     predict_2d(cfg, lay, chunks.at(0), e);
@@ -112,8 +125,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   int L = 0;  // the largest chunk's layers: the activation slots are sized for it
   for (const StageLayout& c : chunks) L = std::max(L, c.last_layer - c.first_layer);
 
-  // GptChunk's dimensions (its constructor).
-  const ChunkDims d = chunk_dims(cfg, lay.tp, lay.micro_batch, lay.sequence_parallel);
+  // GptChunk's dimensions (its constructor): under cp, seq_len / cp rows of each sequence.
+  const ChunkDims d = chunk_dims(cfg, lay.tp, lay.micro_batch, lay.sequence_parallel, lay.cp);
   const std::int64_t N = d.N, Nr = d.Nr, C = d.C, C3 = d.C3, F = d.F, F1 = d.F1, Vl = d.Vl;
   e.messages = lay.message_buffers * Nr * C * kFloat;  // GptChunk::boundary_numel each
 
@@ -155,6 +168,9 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
     // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.
     if (lay.bf16_products) e.scratch += 2 * params;
   }
+
+  // Context parallelism: the rank's one RingAttention (shared by its chunks and layers).
+  if (lay.cp > 1) e.ring = ring_floats(cfg, lay.tp, d) * kFloat;
 
   // GptChunk::init_weights draws the weights into a host vector, then copies them over.
   e.staging = lay.host_memory ? params * kFloat : 0;

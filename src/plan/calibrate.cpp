@@ -202,8 +202,8 @@ Link fit_link(Comm& comm, double min_s, bool best, const std::function<void()>& 
 }  // namespace
 
 std::vector<std::array<std::int64_t, 3>> linear_shapes(const model::ModelConfig& cfg, int tp,
-                                                       int micro_batch) {
-  const std::int64_t n = std::int64_t(micro_batch) * cfg.seq_len;
+                                                       int micro_batch, int cp) {
+  const std::int64_t n = std::int64_t(micro_batch) * cfg.seq_len / cp;
   std::vector<std::array<std::int64_t, 3>> out;
   for (const LinearDims& d : linears(cfg, tp)) {
     out.push_back({n, d.out, d.in});
@@ -234,7 +234,8 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
   std::set<std::array<std::int64_t, 3>> shapes;
   for (int tp : opt.tps)
     for (int b : opt.micro_batches)
-      for (const auto& s : linear_shapes(cfg, tp, b)) shapes.insert(s);
+      for (int cp : opt.cps)  // b * T / cp rows: new shapes only where b < cp
+        for (const auto& s : linear_shapes(cfg, tp, b, cp)) shapes.insert(s);
   std::int64_t a_max = 1, b_max = 1, c_max = 1;
   for (const auto& s : shapes) {
     a_max = std::max(a_max, s[0] * s[2]);

@@ -1,6 +1,7 @@
 // The cost model of one layout (see trident/plan/cost.hpp). Shapes follow GptChunk's legend
 // (model/gpt.hpp): n = B*T token rows, C = d_model, C3 = this rank's q|k|v columns, F = the
-// MLP's columns on this rank (F1 = 2F for Llama's gate|up), Vl = vocabulary rows per rank.
+// MLP's columns on this rank (F1 = 2F for Llama's gate|up), Vl = vocabulary rows per rank;
+// under context parallelism T = seq_len / cp, the rank's slice of each sequence.
 #include "trident/plan/cost.hpp"
 
 #include <algorithm>
@@ -22,7 +23,9 @@ const char* recompute_name(model::Recompute r) {
 }
 
 std::string Layout::str() const {
-  return trident::str("tp", tp, " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
+  // cp only where it is used, so that the cp = 1 layouts read as they always have.
+  const std::string cp_part = cp > 1 ? trident::str(" cp", cp) : std::string();
+  return trident::str("tp", tp, cp_part, " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
                       micro_batch, " rc:", recompute_name(recompute), " sp:",
                       sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0, " split:", split);
 }
@@ -57,19 +60,23 @@ struct ChunkCost {
   double f = 0, f_tp = 0;         // forward compute, its TP collectives
   double b_input = 0, w = 0;      // backward: input gradients (+ recompute), weight gradients
   double b_tp = 0;                // the backward's TP collectives
+  double f_cp = 0, b_cp = 0;      // the ring attention's exposed communication (cp > 1)
   double b() const { return b_input + w; }
 };
 
+// T: the rank's rows of each sequence (seq_len / cp), seq: the whole sequence's; nkv: the
+// key/value heads its attention reads (what the ring passes on).
 struct Shapes {
-  std::int64_t n, C, C3, Ca, F, F1, NH, hd, Vl, T, b;
+  std::int64_t n, C, C3, Ca, F, F1, NH, hd, Vl, T, b, seq, nkv;
 };
 
-Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch) {
+Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch, int cp = 1) {
   Shapes s{};
-  s.b = micro_batch, s.T = cfg.seq_len, s.n = s.b * s.T, s.C = cfg.d_model;
+  s.b = micro_batch, s.seq = cfg.seq_len, s.T = s.seq / cp, s.n = s.b * s.T, s.C = cfg.d_model;
   s.Ca = s.C / tp, s.NH = cfg.n_head / tp, s.hd = cfg.head_dim();
   const std::int64_t kv = cfg.kv_heads();
   s.C3 = cfg.llama() ? s.Ca + 2 * (kv >= tp ? kv / tp : kv) * s.hd : 3 * s.C / tp;
+  s.nkv = kv >= tp ? kv / tp : 1;
   s.F = cfg.d_ff() / tp, s.F1 = cfg.llama() ? 2 * s.F : s.F;
   s.Vl = model::vocab_per_rank(cfg.vocab_size, tp);
   return s;
@@ -98,8 +105,9 @@ BlockParts block_parts(const Shapes& s, const Machine& mc) {
   const Linear qkv = linear(mc, s.n, s.C, s.C3), proj = linear(mc, s.n, s.Ca, s.C),
                fc = linear(mc, s.n, s.C, s.F1), fc2 = linear(mc, s.n, s.F, s.C);
   // The attention core, causal (half the T x T products): forward 2 b NH T^2 hd; the
-  // backward 2.5 x that (it recomputes the probabilities).
-  const double att_f = 2.0 * double(s.b * s.NH) * double(s.T * s.T) * double(s.hd);
+  // backward 2.5 x that (it recomputes the probabilities). Under cp the load-balanced split
+  // gives each rank 1/cp of the whole sequence's: 2 b NH (seq / cp) seq hd.
+  const double att_f = 2.0 * double(s.b * s.NH) * double(s.T * s.seq) * double(s.hd);
   BlockParts p;
   p.mm_fwd = qkv.fwd + proj.fwd + fc.fwd + fc2.fwd;
   p.mm_dx = qkv.dx + proj.dx + fc.dx + fc2.dx;
@@ -112,14 +120,56 @@ BlockParts block_parts(const Shapes& s, const Machine& mc) {
   return p;
 }
 
+// The ring attention's communication of one block (model::RingAttention, cp > 1) that its
+// attention tiles do not hide, forward and backward. Each of the cp steps computes 1/cp of
+// the rank's attention (the load-balanced split: two chunk-pairs' work every step) while the
+// next key/value block, 2 b T nkv hd floats, travels one hop (cp - 1 hops forward). The
+// backward's steps also pass the gradient block of the one before (K, V and their gradients:
+// two blocks a step on the same link), and one last hop returns each gradient block to its
+// owner after the tiles, exposed whole. Assumed: a step's transfer and its tiles overlap
+// fully, so a step costs max(tiles, transfer); only the excess is counted.
+struct RingCost {
+  double f = 0, b = 0;
+};
+RingCost ring_cost(const Shapes& s, int cp, const BlockParts& bp, const Link& cp_link) {
+  if (cp <= 1) return {};
+  const double block = 2.0 * double(s.b * s.T) * double(s.nkv * s.hd) * kFloat;
+  const double hop = cp_link.p2p_time(block);
+  RingCost r;
+  r.f = (cp - 1) * std::max(0.0, hop - bp.att_fwd / cp);
+  r.b = (cp - 1) * std::max(0.0, 2 * hop - bp.att_bwd / cp) + hop;
+  return r;
+}
+
+// The ring's own memory-bound work in one layer (model::RingAttention's copies, fills, adds
+// and merges), in bytes moved: forward, packing k and v into one block (read, write) and
+// merging each step's partial output into the running one (~the rank's output rows read
+// twice and written once a step); backward, packing k, v and q, clearing dq, clearing and
+// adding the travelling gradient block every step, and unpacking dq, dk, dv.
+struct RingBytes {
+  double f = 0, b = 0;
+};
+RingBytes ring_bytes(const Shapes& s, int cp) {
+  if (cp <= 1) return {};
+  const double kv = 2.0 * double(s.b * s.T) * double(s.nkv * s.hd) * kFloat;  // one block
+  const double q = double(s.b * s.T) * double(s.Ca) * kFloat;  // the rank's q (or out) rows
+  return {2 * kv + 3.0 * cp * q, 4 * kv + 5 * q + 4.0 * cp * kv};
+}
+
 ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers, bool emb,
-                     bool head, const Layout& lay, const Machine& mc, const Link& tp_link) {
+                     bool head, const Layout& lay, const Machine& mc, const Link& tp_link,
+                     const Link& cp_link) {
   ChunkCost c;
   const BlockParts bp = block_parts(s, mc);
-  const double att_fwd = bp.att_fwd, elem_fwd = bp.elem_fwd_bytes / mc.kernel_bytes_per_s;
+  const RingCost ring = ring_cost(s, lay.cp, bp, cp_link);
+  const RingBytes ring_copies = ring_bytes(s, lay.cp);
+  const double ring_f = ring_copies.f / mc.kernel_bytes_per_s;
+  const double att_fwd = bp.att_fwd + ring_f;  // the attention core: what recomputation repeats
+  const double elem_fwd = bp.elem_fwd_bytes / mc.kernel_bytes_per_s;
   const double gelu_fwd = double(s.n) * kFloat * double(s.F1 + s.F) / mc.kernel_bytes_per_s;
   const double layer_f = bp.mm_fwd + att_fwd + elem_fwd;
-  const double layer_dx = bp.mm_dx + bp.att_bwd + 2 * elem_fwd;
+  const double layer_dx =
+      bp.mm_dx + bp.att_bwd + ring_copies.b / mc.kernel_bytes_per_s + 2 * elem_fwd;
   const double layer_dw = bp.mm_dw;
   // TP per block: two row-parallel outputs forward, two column-parallel inputs backward,
   // [n, C] floats each (sequence parallelism: a reduce-scatter + all-gather pair instead,
@@ -132,12 +182,16 @@ ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers,
   c.b_input = layers * layer_dx;
   c.w = layers * layer_dw;
   c.b_tp = layers * 2 * ar;
+  c.f_cp = layers * ring.f;
+  c.b_cp = layers * ring.b;
   if (lay.recompute == model::Recompute::full) {
     c.b_input += layers * layer_f;
     c.b_tp += layers * 2 * ar;
   } else if (lay.recompute == model::Recompute::selective) {
     c.b_input += layers * (att_fwd + gelu_fwd);
   }
+  // Recomputing the attention core (both recomputations) runs its ring forward again.
+  if (lay.recompute != model::Recompute::none) c.b_cp += layers * ring.f;
   if (emb) {
     c.f += double(s.n * s.C) * 3 * kFloat / mc.kernel_bytes_per_s;
     c.w += double(s.n * s.C) * 3 * kFloat / mc.kernel_bytes_per_s;
@@ -160,6 +214,7 @@ ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers,
 }  // namespace
 
 BlockCost block_cost(const model::ModelConfig& cfg, int tp, int micro_batch, const Machine& mc) {
+  // cp = 1: the block `trident calibrate` times whole
   const BlockParts p = block_parts(shapes(cfg, tp, micro_batch), mc);
   return {p.mm_fwd + p.mm_dx + p.mm_dw, p.att_fwd + p.att_bwd, 3 * p.elem_fwd_bytes};
 }
@@ -192,12 +247,16 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
                                           std::not_equal_to<int>()) == p.stage_layers.end();
   const std::vector<int> stage_layers = uniform ? std::vector<int>{} : p.stage_layers;
 
+  // The ranks holding the same weights (the dp_cp communicator): the gradient reduction and
+  // the ZeRO-1 shard span DP x CP.
+  const int sharers = lay.dp * lay.cp;
+
   // Memory: every pipeline stage (their stashes and chunks differ); the largest.
   std::vector<double> param_bytes(std::size_t(lay.pp), 0.0);  // each rank's parameters
   const std::vector<pipeline::RankScheduleMemory> sched_memory = pipeline::schedule_memory(sched);
   for (int r = 0; r < lay.pp; ++r) {
     model::MemoryLayout ml;
-    ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp;
+    ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp, ml.cp = lay.cp;
     ml.pp_rank = r, ml.tp_rank = 0;
     ml.stage_layers = stage_layers;
     ml.micro_batch = lay.micro_batch;
@@ -212,23 +271,25 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     model::MemoryEstimate e = model::predict_memory(cfg, ml);
     e.libraries = mc.library_bytes();
     // weights also counts an asynchronous schedule's extra versions; gradients holds the
-    // parameters once (plus, under ZeRO-1, the shard of them: params (1 + 1/dp)).
+    // parameters once (plus, under ZeRO-1, the shard of them: params (1 + 1/(dp cp))).
     param_bytes[std::size_t(r)] =
         ml.weight_versions == 1 ? double(e.weights)
-        : ml.zero1 && lay.dp > 1 ? double(e.gradients) * lay.dp / (lay.dp + 1.0)
-                                 : double(e.gradients);
+        : ml.zero1 && sharers > 1 ? double(e.gradients) * sharers / (sharers + 1.0)
+                                  : double(e.gradients);
     if (r == 0) p.rank0_peak_bytes = e.peak();
     if (r == 0 || e.peak() > p.memory.peak()) p.memory = e, p.memory_pp_rank = r;
   }
   p.fits = p.memory.peak() <= mc.memory_bytes();
 
-  // Links by the grid order (tp fastest, then dp, then pp).
+  // Links by the grid order (tp fastest, then cp, then dp, then pp; the DP x CP group spans
+  // tp * cp * dp ranks).
   const int R = mc.ranks_per_node;
   const Link& tp_link = lay.tp > R ? mc.inter : mc.intra;
-  const Link& dp_link = lay.tp * lay.dp > R ? mc.inter : mc.intra;
-  const Link& pp_link = lay.tp * lay.dp * lay.pp > R ? mc.inter : mc.intra;
+  const Link& cp_link = lay.tp * lay.cp > R ? mc.inter : mc.intra;
+  const Link& dp_link = lay.tp * lay.cp * lay.dp > R ? mc.inter : mc.intra;
+  const Link& pp_link = lay.tp * lay.cp * lay.dp * lay.pp > R ? mc.inter : mc.intra;
 
-  const Shapes s = shapes(cfg, lay.tp, lay.micro_batch);
+  const Shapes s = shapes(cfg, lay.tp, lay.micro_batch, lay.cp);
 
   // Every virtual stage at its own cost: its layers, the embedding on the first, the head
   // and the loss on the last (on the rank the schedule's placement gives it: zb-v's rank 0
@@ -236,23 +297,25 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   std::vector<ChunkCost> chunk(static_cast<std::size_t>(stages));
   for (int v = 0; v < stages; ++v)
     chunk[std::size_t(v)] = chunk_cost(cfg, s, p.stage_layers[std::size_t(v)], v == 0,
-                                       v == stages - 1, lay, mc, tp_link);
+                                       v == stages - 1, lay, mc, tp_link, cp_link);
   // The boundary tensor a stage sends: Nr x C floats.
   const double boundary = double(lay.sequence_parallel ? s.n / lay.tp : s.n) * double(s.C) * kFloat;
   const double p2p = lay.pp > 1 ? pp_link.p2p_time(boundary) : 0.0;
 
   // The simulator counts in integer slots: 1/2000 of the slowest action of any stage.
   double slowest = 1e-12;
-  for (const ChunkCost& c : chunk) slowest = std::max({slowest, c.f + c.f_tp, c.b() + c.b_tp});
+  for (const ChunkCost& c : chunk)
+    slowest = std::max({slowest, c.f + c.f_tp + c.f_cp, c.b() + c.b_tp + c.b_cp});
   const double unit = slowest / 2000.0;
   auto slots = [unit](double t) { return std::max(1, int(std::lround(t / unit))); };
   pipeline::Costs costs;
   for (const ChunkCost& c : chunk)
-    costs.stage_slots.push_back({slots(c.f + c.f_tp), slots(c.b() + c.b_tp),
-                                 slots(c.b_input + c.b_tp), slots(c.w)});
+    costs.stage_slots.push_back({slots(c.f + c.f_tp + c.f_cp), slots(c.b() + c.b_tp + c.b_cp),
+                                 slots(c.b_input + c.b_tp + c.b_cp), slots(c.w)});
   costs.comm = p2p > 0 ? int(std::lround(p2p / unit)) : 0;
-  // The DP reduction of a rank's gradients (parallel.grad_bucket_mb, 25 MiB buckets; ZeRO-1:
-  // the reduce-scatter, and the all-gather of the updated weights) and its AdamW update
+  // The DP reduction of a rank's gradients over DP x CP (parallel.grad_bucket_mb, 25 MiB
+  // buckets; ZeRO-1: the reduce-scatter, and the all-gather of the updated weights) and its
+  // AdamW update
   // (reads p, g, m, v and writes p, m, v over its shard; the norm reads the gradients,
   // zeroing writes them).
   struct Update {
@@ -261,16 +324,16 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   auto update_of = [&](double bytes) {
     Update u;
     u.buckets = std::max(1.0, std::ceil(bytes / (25.0 * 1048576.0)));
-    if (lay.dp > 1 && lay.zero1) {
-      u.reduce = half_allreduce_s(lay.dp, bytes, dp_link) +
-                 (u.buckets - 1) * (lay.dp - 1) * dp_link.alpha_s;
+    if (sharers > 1 && lay.zero1) {
+      u.reduce = half_allreduce_s(sharers, bytes, dp_link) +
+                 (u.buckets - 1) * (sharers - 1) * dp_link.alpha_s;
       u.gather = u.reduce;
-    } else if (lay.dp > 1) {
-      u.reduce = allreduce_s(lay.dp, bytes, dp_link) +
-                 (u.buckets - 1) * 2 * (lay.dp - 1) * dp_link.alpha_s;
+    } else if (sharers > 1) {
+      u.reduce = allreduce_s(sharers, bytes, dp_link) +
+                 (u.buckets - 1) * 2 * (sharers - 1) * dp_link.alpha_s;
     }
     const double params = bytes / kFloat;
-    const double shard = lay.zero1 && lay.dp > 1 ? params / lay.dp : params;
+    const double shard = lay.zero1 && sharers > 1 ? params / sharers : params;
     u.optimizer = (7 * shard + 2 * params) * kFloat / mc.kernel_bytes_per_s;
     return u;
   };
@@ -292,24 +355,26 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   const pipeline::Simulation sim = pipeline::simulate(sched, costs);
   // The parts of the step on the rank with the most work (its chunks' actions).
   int critical = 0;
-  double rank_compute = -1, rank_tp = 0, rank_backward = 0;
+  double rank_compute = -1, rank_tp = 0, rank_cp = 0, rank_backward = 0;
   for (int r = 0; r < lay.pp; ++r) {
-    double compute = 0, tp = 0, backward = 0;
+    double compute = 0, tp = 0, cp = 0, backward = 0;
     for (int c = 0; c < lay.vpp; ++c) {
       const ChunkCost& k = chunk[std::size_t(map.virtual_stage(r, c))];
-      compute += k.f + k.b(), tp += k.f_tp + k.b_tp, backward += k.b() + k.b_tp;
+      compute += k.f + k.b(), tp += k.f_tp + k.b_tp, cp += k.f_cp + k.b_cp;
+      backward += k.b() + k.b_tp + k.b_cp;
     }
-    if (compute + tp > rank_compute + rank_tp)
-      rank_compute = compute, rank_tp = tp, rank_backward = backward, critical = r;
+    if (compute + tp + cp > rank_compute + rank_tp + rank_cp)
+      rank_compute = compute, rank_tp = tp, rank_cp = cp, rank_backward = backward, critical = r;
   }
   p.compute_s = double(p.microbatches) * rank_compute;
   p.tp_comm_s = double(p.microbatches) * rank_tp;
+  p.cp_comm_s = double(p.microbatches) * rank_cp;
   // Ranks sharing cores (solo_speedup > 1): while some wait, the others run faster, so the
   // schedule's critical path shrinks by up to that factor, never below a rank's own work.
+  const double own = p.compute_s + p.tp_comm_s + p.cp_comm_s;
   const double makespan =
-      std::max(sim.makespan * unit / mc.solo_speedup,
-               mc.solo_speedup > 1 ? p.compute_s + p.tp_comm_s : 0.0);
-  p.bubble_s = std::max(0.0, makespan - p.compute_s - p.tp_comm_s);
+      std::max(sim.makespan * unit / mc.solo_speedup, mc.solo_speedup > 1 ? own : 0.0);
+  p.bubble_s = std::max(0.0, makespan - own);
   p.bubble_fraction = sim.bubble_fraction;
 
   const Update u = update_of(param_bytes[std::size_t(critical)]);
@@ -332,10 +397,11 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   p.step_s = makespan + (per_microbatch ? 0.0 : p.dp_exposed_s + p.optimizer_s) + p.embed_sync_s;
   p.tokens_per_s = double(global_batch) * cfg.seq_len / p.step_s;
   p.model_flops = model_flops_per_step(cfg, global_batch);
-  const double ranks = double(lay.tp) * lay.pp * lay.dp;
+  const double ranks = double(lay.tp) * lay.cp * lay.pp * lay.dp;
   p.mfu = p.model_flops / (p.step_s * ranks * mc.peak_flops);
   const std::pair<double, const char*> parts[] = {
       {p.compute_s, "compute"},       {p.tp_comm_s, "tp comm"},
+      {p.cp_comm_s, "cp comm"},
       {p.bubble_s, "bubble"},         {p.dp_exposed_s, "dp comm"},
       {p.embed_sync_s, "embedding sync"}, {p.optimizer_s, "optimizer"}};
   p.dominant = std::max_element(std::begin(parts), std::end(parts))->second;

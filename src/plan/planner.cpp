@@ -26,7 +26,7 @@ std::vector<int> divisors(std::int64_t n) {
 train::Config with_layout(const train::Config& deck, const Layout& l) {
   train::Config c = deck;
   c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
-  c.parallel.cp = 1;  // the planner does not lay out context parallelism yet (issue 30)
+  c.parallel.cp = l.cp;
   c.parallel.schedule = l.schedule;
   // The split the layout was planned with (a deck's own list of counts fits its own pp and
   // vpp only): "even" or "auto", resolved by `trident train` as plan::stage_layers_of does.
@@ -43,7 +43,7 @@ std::vector<std::pair<std::string, std::string>> layout_keys(const Layout& l) {
   return {{"tp", str(l.tp)},
           {"pp", str(l.pp)},
           {"dp", str(l.dp)},
-          {"cp", "1"},  // the planner does not lay out context parallelism yet (issue 30)
+          {"cp", str(l.cp)},
           {"vpp", str(l.vpp)},
           {"schedule", quoted(l.schedule)},
           {"pipeline_layers", quoted(l.split)},
@@ -68,7 +68,8 @@ std::vector<std::string> layout_set_lines(const Layout& l) {
 std::string memory_dominant(const model::MemoryEstimate& e) {
   const std::pair<std::int64_t, const char*> parts[] = {
       {e.weights, "weights"},         {e.gradients, "gradients"}, {e.optimizer, "optimizer"},
-      {std::max(e.activations, e.staging), "activations"}, {e.scratch, "scratch"}};
+      {std::max(e.activations, e.staging), "activations"},
+      {e.scratch + e.ring, "scratch"}};  // the ring attention's buffers are working memory too
   return std::max_element(std::begin(parts), std::end(parts))->second;
 }
 
@@ -108,6 +109,13 @@ std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp,
   return {"even", "auto"};
 }
 
+std::vector<int> cp_candidates(int seq_len, int ranks) {
+  std::vector<int> out;
+  for (int cp = 1; cp <= ranks; cp *= 2)
+    if (ranks % cp == 0 && (cp == 1 || seq_len % (2 * cp) == 0)) out.push_back(cp);
+  return out;
+}
+
 std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptions& opt) {
   const int world = opt.nodes * opt.ranks_per_node;
   const std::int64_t G = deck.train.global_batch_size;
@@ -115,10 +123,12 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
   std::vector<Layout> out;
   for (int tp : divisors(world)) {
     if (m.n_head % tp) continue;
-    for (int pp : divisors(world / tp)) {
+    for (int cp : cp_candidates(m.seq_len, world / tp))
+    for (int pp : divisors(world / (tp * cp))) {
+      if (opt.max_cp > 0 && cp > opt.max_cp) continue;
       // pp need not divide n_layer (the balanced split); every stage needs a layer.
       if (m.n_layer < pp) continue;
-      const int dp = world / (tp * pp);
+      const int dp = world / (tp * cp * pp);
       if (G % dp) continue;
       std::set<int> mbs_set{deck.parallel.micro_batch_size};
       for (int b = 1; b <= G / dp; b *= 2) mbs_set.insert(b);
@@ -133,9 +143,9 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
               for (bool zero : {false, true}) {
-                if (zero && dp == 1) continue;
+                if (zero && dp * cp == 1) continue;  // ZeRO-1 shards over DP x CP
                 Layout l;
-                l.tp = tp, l.pp = pp, l.dp = dp, l.vpp = vpp, l.schedule = sched;
+                l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vpp = vpp, l.schedule = sched;
                 l.micro_batch = mbs, l.recompute = rc, l.sequence_parallel = sp, l.zero1 = zero;
                 l.split = split;
                 // The deck's own validation decides what `trident train` would accept.
@@ -170,10 +180,12 @@ std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& 
       // A schedule that cannot be made for this microbatch count: not a layout.
     }
   }
+  // Ties go to the smaller cp: context parallelism only where it fits or runs faster.
   std::stable_sort(out.begin(), out.end(), [](const StepPrediction& a, const StepPrediction& b) {
     if (a.fits != b.fits) return a.fits;
-    if (a.fits) return a.step_s < b.step_s;
-    return a.memory.peak() < b.memory.peak();
+    if (a.fits && a.step_s != b.step_s) return a.step_s < b.step_s;
+    if (!a.fits && a.memory.peak() != b.memory.peak()) return a.memory.peak() < b.memory.peak();
+    return a.layout.cp < b.layout.cp;
   });
   return out;
 }

@@ -47,7 +47,7 @@ checkpoint_every = 2
 [runtime]
 threads = 1
 """
-CHOSEN = re.compile(r'parallel\.layout = "auto": tp(\d+) pp(\d+) dp(\d+) ')
+CHOSEN = re.compile(r'parallel\.layout = "auto": tp(\d+)(?: cp(\d+))? pp(\d+) dp(\d+) ')
 
 
 def run(np_, *args, fault=None, expect=0):
@@ -68,7 +68,7 @@ def run(np_, *args, fault=None, expect=0):
 def chosen_world(out, what):
     m = CHOSEN.search(out)
     check(m is not None, f"{what}: prints the layout the planner chose")
-    return int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else 0
+    return int(m.group(1)) * int(m.group(2) or 1) * int(m.group(3)) * int(m.group(4)) if m else 0
 
 
 def losses(out_dir):

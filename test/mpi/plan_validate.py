@@ -101,9 +101,10 @@ def run(cmd, timeout=400):
 
 
 def validate(deck, k, steps, ranks):
+    # The spread over the cp = 1 layouts (--max-cp 1): the layouts these figures were held on.
     out = run([TRIDENT, "plan", deck, "--machine", "machine.toml", "--ranks-per-node",
                str(ranks), "--validate", str(k), "--spread", "--validate-steps", str(steps),
-               "--json", "--top", "1", "--launcher", LAUNCHER])
+               "--max-cp", "1", "--json", "--top", "1", "--launcher", LAUNCHER])
     return json.loads(out)
 
 

@@ -5,16 +5,18 @@
 //   weights      the rank's parameter shards, times the weight versions an asynchronous
 //                schedule keeps (PipeDream-2BW: 2), plus the small buffer they swap through
 //   gradients    the same size again (+ the ZeRO-1 gradient shard)
-//   optimizer    AdamW's two moments (over the ZeRO-1 shard when dp > 1)
+//   optimizer    AdamW's two moments (over the ZeRO-1 shard when dp * cp > 1)
 //   activations  the schedule's peak stash (pipeline::peak_activations microbatch-chunks in
 //                flight) times one microbatch's stash; attention keeps [B,NH,T], never T x T;
 //                under bf16 storage the layers' large tensors count 2 bytes an element
 //   scratch      the backward's shared buffers, the head's logits, full recomputation's
 //                one-layer store, sequence parallelism's gathers
+//   ring         context parallelism (cp > 1): model::RingAttention's key/value blocks and
+//                partial results, one per rank (every term above follows chunk_dims' T / cp)
 //   staging      host memory of the start-up weight initialization (one copy of the
 //                weights), freed before the first step: it counts only where it is larger
 //                than the activations it precedes (host memory: CPU ranks only)
-// defines: trident::model::MemoryLayout, MemoryEstimate, predict_memory, format_bytes
+// defines: trident::model::MemoryLayout, MemoryEstimate, predict_memory, ring_floats, format_bytes
 #pragma once
 
 #include <cstdint>
@@ -34,6 +36,10 @@ constexpr double kNonblockingTempRatio = 1.0;
 
 struct MemoryLayout {
   int tp = 1, pp = 1, dp = 1, vpp = 1;
+  // parallel.cp: each rank holds seq_len / cp rows of every sequence (chunk_dims), one
+  // RingAttention, and shares its gradients with dp * cp ranks (the dp_cp communicator: the
+  // DP buckets and the ZeRO-1 shard span DP x CP). Not with tp_2d (the deck refuses it).
+  int cp = 1;
   int pp_rank = 0, tp_rank = 0;  // the rank predicted for (its stage and shard)
   std::vector<int> stage_layers;  // parallel.pipeline_layers resolved (empty: even split)
   Placement placement = Placement::round_robin;  // the schedule's (pipeline::placement_of)
@@ -66,7 +72,7 @@ struct MemoryLayout {
   // (model/gpt2d: [B*T/q, C/q] blocks, wte and wpe by grid column) instead of GptChunk's.
   bool tp_2d = false;
   // The DP buckets (GradSync: MPI_Iallreduce, or MPI_Ireduce_scatter under ZeRO-1) are all in
-  // flight at the end of a step: on a CPU rank with dp > 1, MPI holds this many bytes per
+  // flight at the end of a step: on a CPU rank with dp * cp > 1, MPI holds this many bytes per
   // gradient byte more (`trident plan`: machine.nonblocking_temp_ratio, calibrate measures it).
   double nonblocking_temp_ratio = kNonblockingTempRatio;
   // Sets the two above from runtime.precision as GptChunk (stores_bf16) and the device
@@ -97,15 +103,25 @@ struct MemoryEstimate {
   std::int64_t messages = 0;
   // HDF5's metadata caches of the files held open (MemoryLayout::open_files).
   std::int64_t files = 0;
+  // Context parallelism (MemoryLayout::cp > 1): the ring attention's buffers (ring_floats).
+  std::int64_t ring = 0;
   std::int64_t activations_per_microbatch = 0;
   // weights + gradients + optimizer + scratch + max(activations, staging) + collectives
-  // + messages + files + libraries
+  // + messages + files + ring + libraries
   std::int64_t peak() const;
   // One line: "peak 812.0 MiB = weights 124.4 MiB + gradients ..."
   std::string describe() const;
 };
 
 MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& layout);
+
+// Floats of the buffers model::RingAttention's constructor allocates for the local attention
+// shape of a chunk of dimensions d (chunk_dims with cp: d.T = seq_len / cp) on a rank of tp:
+// two key/value blocks in flight, two gradient blocks and the one received (2 * B*t*nkv*hs
+// each), the partial output [B*t, Ca], its log-sum-exps [B, NH, t], the packed q and the dq
+// accumulator [B*t, NH*hs] each. nkv: the key/value heads the rank's attention reads
+// (Llama with n_kv_head < tp: one).
+std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d);
 
 // "812.0 MiB"
 std::string format_bytes(std::int64_t bytes);

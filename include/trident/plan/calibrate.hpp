@@ -21,6 +21,9 @@ struct CalibrateOptions {
   model::ModelConfig model;       // the shapes to measure (vocab_size > 0)
   std::vector<int> tps{1};        // tensor-parallel degrees
   std::vector<int> micro_batches{1};
+  // Context-parallel sizes: the products are also measured at micro_batch * seq_len / cp
+  // rows (the rows a cp rank's linears take; plan/cost.cpp).
+  std::vector<int> cps{1};
   double min_seconds = 0.02;      // each measurement repeats until it has run this long
   // Each figure from its fastest of several rounds (the machine undisturbed) instead of their
   // mean (the machine as a long step sees it on a shared machine, preemptions included).
@@ -30,11 +33,12 @@ struct CalibrateOptions {
   bool cpu_time = false;
 };
 
-// The (m, n, k) of every product of the model's linears for one tp and micro-batch size:
-// forward (n, out, in), input gradient (n, in, out), weight gradient (in, out, n), for q|k|v,
-// the attention and MLP projections and the LM head (plan/cost.cpp uses the same shapes).
+// The (m, n, k) of every product of the model's linears for one tp, micro-batch size and
+// cp: forward (n, out, in), input gradient (n, in, out), weight gradient (in, out, n) with
+// n = micro_batch * seq_len / cp rows, for q|k|v, the attention and MLP projections and the
+// LM head (plan/cost.cpp uses the same shapes).
 std::vector<std::array<std::int64_t, 3>> linear_shapes(const model::ModelConfig& cfg, int tp,
-                                                       int micro_batch);
+                                                       int micro_batch, int cp = 1);
 
 // Measures this machine with `ops` on every rank; returns the same Machine on every rank.
 Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops);

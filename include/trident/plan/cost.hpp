@@ -4,7 +4,11 @@
 //   compute   every matrix product of a microbatch through a chunk at the machine's rate for
 //             its shape, the attention core at attention_flops, the memory-bound kernels at
 //             kernel_bytes_per_s; the backward twice the forward's products (input and weight
-//             gradients), plus what recomputation runs again
+//             gradients), plus what recomputation runs again; under context parallelism the
+//             rank's seq_len / cp rows of each sequence and 1/cp of its causal attention
+//   CP        the ring attention's key/value hops (cp - 1 a layer forward; backward the
+//             same plus their gradients' cp), each overlapped with a step's attention tiles:
+//             only the excess counts (cp_comm_s)
 //   TP        the blocking allreduces (or reduce-scatter + all-gather pairs under sequence
 //             parallelism) of each block, over the intra- or inter-node link (alpha-beta, ring)
 //   pipeline  the schedule's simulation (pipeline::simulate) with each virtual stage's own
@@ -12,12 +16,12 @@
 //             loss on the last, on whichever rank the schedule's placement puts them) and the
 //             p2p time of one boundary tensor on every cross-stage dependency: the makespan,
 //             and the bubble unequal stages leave
-//   DP        the gradient allreduce (ZeRO-1: reduce-scatter, then the all-gather of the
-//             updated weights) in buckets; the part longer than the last microbatch's
+//   DP        the gradient allreduce over DP x CP (ZeRO-1: reduce-scatter, then the
+//             all-gather of the updated weights) in buckets; the part longer than the last microbatch's
 //             backward, during which the buckets start, is exposed
 //   optimizer AdamW, the grad norm and zeroing at kernel_bytes_per_s
-// Ranks are placed as the grid places them (tp fastest, then dp, then pp; DESIGN.md, grid
-// order), so a group spans nodes when its stride times its size exceeds ranks_per_node.
+// Ranks are placed as the grid places them (tp fastest, then cp, then dp, then pp; DESIGN.md,
+// grid order), so a group spans nodes when its stride times its size exceeds ranks_per_node.
 // defines: trident::plan::Layout, StepPrediction, predict, BlockCost, block_cost,
 //          model_flops_per_step
 #pragma once
@@ -35,6 +39,8 @@ namespace trident::plan {
 
 struct Layout {
   int tp = 1, pp = 1, dp = 1, vpp = 1;
+  // parallel.cp: context parallelism (ring attention); model.seq_len divisible by 2 * cp.
+  int cp = 1;
   std::string schedule = "1f1b";
   int micro_batch = 1;
   model::Recompute recompute = model::Recompute::none;
@@ -44,7 +50,8 @@ struct Layout {
   // divide, the balanced split, as `trident train` resolves it) or "auto" (the balanced
   // split, model::balanced_stage_layers); stage_layers_of resolves it.
   std::string split = "even";
-  // "tp2 pp2 dp1 vpp1 1f1b mbs4 rc:none sp:0 zero:0 split:even"
+  // "tp2 pp2 dp1 vpp1 1f1b mbs4 rc:none sp:0 zero:0 split:even" ("tp2 cp2 pp2 ..." where
+  // cp > 1)
   std::string str() const;
 };
 
@@ -67,6 +74,7 @@ struct StepPrediction {
   double step_s = 0;
   double compute_s = 0;    // the stage's forwards and backwards (and recomputation)
   double tp_comm_s = 0;    // its blocking TP collectives
+  double cp_comm_s = 0;    // its ring attention's communication the attention tiles do not hide
   double bubble_s = 0;     // pipeline idle time and p2p waits (makespan - compute - TP)
   double dp_exposed_s = 0; // DP reduction not hidden by the last backward (+ ZeRO all-gather)
   double embed_sync_s = 0; // tied embedding gradient between the first and last stage
@@ -75,7 +83,7 @@ struct StepPrediction {
   double tokens_per_s = 0;
   double model_flops = 0;  // per step (6 N D + attention, no recomputation)
   double mfu = 0;          // model_flops / (step_s * ranks * peak_flops)
-  std::string dominant;    // "compute" | "tp comm" | "bubble" | "dp comm" | "optimizer" | ...
+  std::string dominant;    // "compute" | "tp comm" | "cp comm" | "bubble" | "dp comm" | ...
 };
 
 // Predicts `layout` for a model trained on `global_batch` sequences per step. The layout must

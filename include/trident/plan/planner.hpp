@@ -1,8 +1,9 @@
 // trident/plan/planner.hpp — every layout a deck's model may train in on nodes x ranks, each
 // predicted (plan/cost.hpp) and ranked: fastest fitting layout first, then those that do not
-// fit, smallest peak first.
+// fit, smallest peak first; a tie goes to the smaller context-parallel size.
 // defines: trident::plan::PlanOptions, schedule_candidates, enumerate_layouts, make_plan,
-//          with_layout, layout_keys, layout_deck_lines, layout_set_lines, memory_dominant
+//          cp_candidates, with_layout, layout_keys, layout_deck_lines, layout_set_lines,
+//          memory_dominant
 #pragma once
 
 #include <string>
@@ -20,6 +21,7 @@ struct PlanOptions {
   int ranks_per_node = 1;
   bool host_memory = true;  // CPU ranks (runtime.device = "cpu")
   ops::Precision precision = ops::Precision::fp32;  // runtime.precision
+  int max_cp = 0;  // the largest cp planned (`plan --max-cp`); 0: every cp_candidates cp
 };
 
 // The (vpp, schedule) pairs planned for pp stages of an n_layer model: every schedule in
@@ -37,11 +39,15 @@ std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer
 std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp,
                                           int tp, const std::string& schedule = "1f1b");
 
+// The context-parallel sizes planned on `ranks` ranks (what tp leaves): 1, and each power of
+// two dividing ranks with seq_len divisible by 2 * cp (the load-balanced causal split).
+std::vector<int> cp_candidates(int seq_len, int ranks);
+
 // The layouts `trident train` accepts for the deck's model and global batch on
 // nodes * ranks_per_node ranks (the deck's own validation decides): tp dividing the heads,
-// every pp with a layer per stage, every schedule, each split_candidates split, micro-batch
+// each cp_candidates cp, every pp with a layer per stage, every schedule, each split_candidates split, micro-batch
 // sizes that are powers of two (and the deck's), each recomputation, sequence parallelism
-// where tp > 1, ZeRO-1 where dp > 1.
+// where tp > 1, ZeRO-1 where dp * cp > 1.
 std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptions& opt);
 
 // Predicts every layout and ranks them (see above). cfg.model.vocab_size must be > 0.
@@ -58,7 +64,8 @@ std::vector<std::pair<std::string, std::string>> layout_keys(const Layout& layou
 std::string layout_deck_lines(const Layout& layout);
 // `layout` as `--set` arguments ("parallel.tp=2", ...).
 std::vector<std::string> layout_set_lines(const Layout& layout);
-// "weights" | "gradients" | "optimizer" | "activations" | "scratch": the largest term.
+// "weights" | "gradients" | "optimizer" | "activations" | "scratch": the largest term (the
+// ring attention's buffers count as scratch).
 std::string memory_dominant(const model::MemoryEstimate& e);
 
 }  // namespace trident::plan

@@ -88,5 +88,85 @@ TEST(Memory, WeightVersionsCountTheParametersAgain) {
   EXPECT_EQ(two.optimizer, one.optimizer);
 }
 
+// Context parallelism (MemoryLayout::cp): each rank holds seq_len / cp rows of every
+// sequence, so the stash, the scratch and the boundary messages are 1/cp of cp = 1's; the
+// ring attention adds its buffers (RingAttention's constructor, written out here from the
+// shapes); the weights stay; ZeRO-1 shards over dp * cp ranks and the MPI temporaries of
+// the gradient buckets appear as soon as dp * cp > 1.
+TEST(Memory, ContextParallelSplitsTheActivationsAndAddsTheRing) {
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.seq_len = 64, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
+  MemoryLayout lay;
+  lay.pp = 2, lay.micro_batch = 2, lay.peak_stash = 3, lay.message_buffers = 2;
+  lay.host_memory = false;  // no start-up staging, no MPI temporaries: those below apart
+  const MemoryEstimate one = predict_memory(cfg, lay);
+  EXPECT_EQ(one.ring, 0);
+  for (int cp : {2, 4}) {
+    lay.cp = cp;
+    const MemoryEstimate e = predict_memory(cfg, lay);
+    EXPECT_EQ(e.weights, one.weights) << cp;
+    EXPECT_EQ(e.gradients, one.gradients) << cp;
+    EXPECT_EQ(e.optimizer, one.optimizer) << cp;
+    // Every activation, stash and message is per token row: exactly 1/cp.
+    EXPECT_EQ(e.activations * cp, one.activations) << cp;
+    EXPECT_EQ(e.activations_per_microbatch * cp, one.activations_per_microbatch) << cp;
+    EXPECT_EQ(e.messages * cp, one.messages) << cp;
+    // The scratch too, but for the device backend's 1 MiB floor and LayerNorm's 2 C.
+    const std::int64_t fixed = (std::int64_t(1) << 20) + 2 * 32 * 4;
+    EXPECT_EQ((e.scratch - fixed) * cp, one.scratch - fixed) << cp;
+    // The ring: rows = B * T / cp; GPT-2 at tp 1 has nkv * hs = NH * hs = C = 32. Five
+    // key/value blocks (2 in flight, 2 gradients, 1 received) of 2 rows C, the partial output
+    // [rows, C], its LSE [rows, NH], packed q and the dq accumulator [rows, C] each.
+    const std::int64_t rows = 2 * 64 / cp;
+    const std::int64_t ring = 5 * 2 * rows * 32 + rows * 32 + rows * 4 + 2 * rows * 32;
+    EXPECT_EQ(e.ring, ring * 4) << cp;
+    EXPECT_EQ(e.peak(), e.weights + e.gradients + e.optimizer + e.activations + e.scratch +
+                            e.messages + e.ring) << cp;
+    EXPECT_NE(e.describe().find(" + ring attention " + format_bytes(e.ring)), std::string::npos)
+        << e.describe();
+    EXPECT_LT(e.peak(), one.peak()) << cp;
+  }
+
+  // ZeRO-1 over dp * cp: dp 2 x cp 2 shards the moments and the gradient shard in 4, as dp 4
+  // does at cp 1; the gradient buckets' MPI temporaries (CPU ranks) come with cp alone.
+  MemoryLayout z;
+  z.micro_batch = 2, z.zero1 = true;
+  const std::int64_t params = predict_memory(cfg, z).weights / 4;
+  EXPECT_EQ(predict_memory(cfg, z).optimizer, 2 * params * 4);  // dp 1, cp 1: no sharding
+  EXPECT_EQ(predict_memory(cfg, z).collectives, 0);
+  z.dp = 2, z.cp = 2;
+  const std::int64_t shard = (params + 3) / 4;
+  const MemoryEstimate zc = predict_memory(cfg, z);
+  EXPECT_EQ(zc.optimizer, 2 * shard * 4);
+  EXPECT_EQ(zc.gradients, (params + shard) * 4);
+  EXPECT_EQ(zc.collectives, params * 4);  // ratio 1: the whole gradient in flight
+  z.dp = 1;
+  EXPECT_EQ(predict_memory(cfg, z).optimizer, 2 * ((params + 1) / 2) * 4);
+  EXPECT_EQ(predict_memory(cfg, z).collectives, params * 4);
+}
+
+// Llama's grouped-query attention: the ring passes the key/value heads the rank's attention
+// reads (n_kv_head / tp, or one when n_kv_head < tp replicates them), not the query heads.
+TEST(Memory, RingCountsTheKeyValueHeadsOfTheRank) {
+  ModelConfig cfg;
+  cfg.arch = "llama";
+  cfg.vocab_size = 64, cfg.seq_len = 32, cfg.n_layer = 2, cfg.n_head = 8, cfg.d_model = 64;
+  cfg.n_kv_head = 2;  // head size 8
+  MemoryLayout lay;
+  lay.micro_batch = 1, lay.cp = 2;
+  const std::int64_t rows = 32 / 2;
+  // tp 1: 8 query heads (Ca 64), 2 key/value heads of 8.
+  EXPECT_EQ(predict_memory(cfg, lay).ring,
+            (5 * 2 * rows * 16 + rows * 64 + rows * 8 + 2 * rows * 64) * 4);
+  // tp 2: 4 query heads (Ca 32), 1 key/value head.
+  lay.tp = 2;
+  EXPECT_EQ(predict_memory(cfg, lay).ring,
+            (5 * 2 * rows * 8 + rows * 32 + rows * 4 + 2 * rows * 32) * 4);
+  // tp 4: 2 query heads (Ca 16); the 2 key/value heads are replicated, each rank reads one.
+  lay.tp = 4;
+  EXPECT_EQ(predict_memory(cfg, lay).ring,
+            (5 * 2 * rows * 8 + rows * 16 + rows * 2 + 2 * rows * 16) * 4);
+}
+
 }  // namespace
 }  // namespace trident::model

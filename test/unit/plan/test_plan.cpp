@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -175,7 +176,7 @@ TEST(Plan, EveryLayoutIsValidAndTheBestComesFirst) {
   const std::vector<Layout> all = enumerate_layouts(deck, opt);
   std::set<std::string> seen;
   for (const Layout& l : all) {
-    EXPECT_EQ(l.tp * l.pp * l.dp, 4) << l.str();
+    EXPECT_EQ(l.tp * l.cp * l.pp * l.dp, 4) << l.str();
     EXPECT_EQ(deck.model.n_layer % (l.pp * l.vpp), 0) << l.str();  // 4 layers: all even
     EXPECT_TRUE(seen.insert(l.str()).second) << "twice: " << l.str();
   }
@@ -311,7 +312,7 @@ TEST(Plan, UnequalStagesAreSimulatedAndTheAutoSplitIsProposed) {
   EXPECT_EQ(with_layout(deck, l).parallel.pipeline_layers, "auto");
   EXPECT_NE(layout_deck_lines(l).find("pipeline_layers = \"auto\"\n"), std::string::npos);
   EXPECT_EQ(train::pipeline_stage_layers(with_layout(deck, l)), bal.stage_layers);
-  // The planner's layouts have no context parallelism (issue 30): a deck's cp is reset.
+  // The layout's cp replaces the deck's (here 1: the layout has no context parallelism).
   train::Config cp_deck = deck;
   cp_deck.parallel.cp = 2;
   EXPECT_EQ(with_layout(cp_deck, l).parallel.cp, 1);
@@ -330,7 +331,16 @@ TEST(Plan, LayoutTextParsesBackToWithLayout) {
   a.recompute = model::Recompute::selective, a.sequence_parallel = true, a.split = "auto";
   Layout b;
   b.tp = 1, b.pp = 4, b.dp = 2, b.schedule = "zb-h1", b.zero1 = true;
-  for (const Layout& l : {a, b}) {
+  Layout c;  // context parallelism: seq_len 16 splits in 2 * cp = 4 chunks
+  c.tp = 2, c.cp = 2, c.pp = 2, c.dp = 2, c.micro_batch = 2, c.sequence_parallel = true;
+  c.zero1 = true, c.recompute = model::Recompute::full;
+  EXPECT_EQ(with_layout(deck, c).parallel.cp, 2);
+  EXPECT_NE(layout_deck_lines(c).find("\ncp = 2\n"), std::string::npos);
+  const std::vector<std::string> sets = layout_set_lines(c);
+  EXPECT_EQ(std::count(sets.begin(), sets.end(), "parallel.cp=2"), 1);
+  EXPECT_EQ(c.str(), "tp2 cp2 pp2 dp2 vpp1 1f1b mbs2 rc:full sp:1 zero:1 split:even");
+  EXPECT_EQ(b.str(), "tp1 pp4 dp2 vpp1 zb-h1 mbs1 rc:none sp:0 zero:1 split:even");  // cp 1: as before
+  for (const Layout& l : {a, b, c}) {
     const std::string want = train::to_toml(with_layout(deck, l));
     EXPECT_EQ(train::to_toml(train::parse_config(deck_text, "deck.toml", layout_set_lines(l))),
               want) << l.str();
@@ -338,6 +348,121 @@ TEST(Plan, LayoutTextParsesBackToWithLayout) {
     EXPECT_EQ(train::to_toml(train::parse_config(deck_text + layout_deck_lines(l), "deck.toml")),
               want) << l.str();
   }
+}
+
+// Context parallelism is planned where the sequence splits in 2 * cp chunks and the ranks
+// tp leaves divide: powers of two only.
+TEST(Plan, ContextParallelSizesAreCandidates) {
+  EXPECT_EQ(cp_candidates(64, 4), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(cp_candidates(64, 1), std::vector<int>{1});
+  EXPECT_EQ(cp_candidates(12, 8), (std::vector<int>{1, 2}));  // 12 % 8 and 12 % 16
+  EXPECT_EQ(cp_candidates(64, 6), (std::vector<int>{1, 2}));  // 4 does not divide 6
+  EXPECT_EQ(cp_candidates(66, 4), std::vector<int>{1});       // 66 % 4
+  train::Config deck = train::parse_config(
+      "[model]\nvocab_size = 256\nseq_len = 64\nn_layer = 4\nn_head = 4\nd_model = 64\n"
+      "[train]\nglobal_batch_size = 8\n", "deck.toml");
+  PlanOptions opt;
+  opt.ranks_per_node = 4;
+  std::set<std::pair<int, int>> tp_cp;
+  bool zero_over_cp = false;
+  for (const Layout& l : enumerate_layouts(deck, opt)) {
+    tp_cp.insert({l.tp, l.cp});
+    zero_over_cp = zero_over_cp || (l.zero1 && l.dp == 1 && l.cp > 1);  // shards over DP x CP
+  }
+  EXPECT_EQ(tp_cp, (std::set<std::pair<int, int>>{{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}}));
+  EXPECT_TRUE(zero_over_cp);
+  opt.max_cp = 2;  // `plan --max-cp 2`
+  std::set<int> cps;
+  for (const Layout& l : enumerate_layouts(deck, opt)) cps.insert(l.cp);
+  EXPECT_EQ(cps, (std::set<int>{1, 2}));
+}
+
+// The step of a cp layout: each rank computes 1/cp of every sequence's work (the products
+// and kernels per token row, the causal attention balanced over the ring), the gradients are
+// reduced over DP x CP, and the ring's transfers count where the attention tiles do not hide
+// them: on a link too slow for the tiles every hop (a layer: cp - 1 forward; backward
+// 2 (cp - 1) while the tiles run plus the last gradient hop), on a fast one that last hop
+// alone. The memory is predict_memory's at that cp.
+TEST(Plan, ContextParallelComputesASliceAndRingsTheRest) {
+  model::ModelConfig cfg = tiny();
+  cfg.seq_len = 256;
+  Machine m = parse_machine(kMachine, "m.toml");
+  Layout one;
+  one.micro_batch = 2;  // global batch 4: 2 microbatches
+  const StepPrediction p1 = predict(cfg, 4, one, m, true);
+  Layout two = one;
+  two.cp = 2;
+  const StepPrediction p2 = predict(cfg, 4, two, m, true);
+  // Half of every product, kernel and the causal attention, plus the ring's own copies at
+  // kernel_bytes_per_s (1e10): a layer's forward packs K, V (2 kv) and merges the partial
+  // outputs (3 q a step), its backward packs K, V and q, clears dq, clears and adds the
+  // gradient block every step and unpacks dq, dk, dv (4 kv + 5 q + 4 kv a step);
+  // kv = 2 x 2 x 128 x 64 floats, q = 2 x 128 x 64 floats, 4 layers x 2 microbatches.
+  const double kv = 2.0 * 2 * 128 * 64 * 4, q = 2.0 * 128 * 64 * 4;
+  const double copies = 4 * 2 * ((2 * kv + 3 * 2 * q) + (4 * kv + 5 * q + 4 * 2 * kv)) / 1e10;
+  EXPECT_NEAR(p2.compute_s, p1.compute_s / 2 + copies, 1e-9 * p1.compute_s);
+  EXPECT_EQ(p1.cp_comm_s, 0);
+  EXPECT_EQ(p1.dp_exposed_s, 0);
+  EXPECT_GT(p2.dp_exposed_s, 0);  // the gradients are reduced over the 2 CP ranks
+  EXPECT_GT(p2.cp_comm_s, 0);
+  EXPECT_NEAR(p2.step_s, p2.compute_s + p2.cp_comm_s + p2.dp_exposed_s + p2.optimizer_s +
+                             p2.bubble_s, 1e-3 * p2.step_s);  // the simulator's slots
+  EXPECT_DOUBLE_EQ(p2.tokens_per_s * p2.step_s, 4.0 * 256);  // the same tokens per step
+  // A key/value block: 2 (K, V) x B 2 x T/cp 128 rows x nkv * hd = 64 floats.
+  const double block = 2.0 * 2 * 128 * 64 * 4;
+  const int layers = 4, microbatches = 2;
+  m.intra.alpha_s = 0, m.intra.bytes_per_s = 1e3;  // slow: the tiles hide almost nothing
+  const double slow_hop = block / 1e3;
+  EXPECT_NEAR(predict(cfg, 4, two, m, true).cp_comm_s,
+              layers * microbatches * (1 + 2 + 1) * slow_hop, 1e-3 * slow_hop);
+  m.intra.bytes_per_s = 1e15;  // fast: every hop but the last gradient one hidden
+  EXPECT_NEAR(predict(cfg, 4, two, m, true).cp_comm_s,
+              layers * microbatches * block / 1e15, 1e-9 * block / 1e15);
+  // Full recomputation runs the ring's forward again in the backward.
+  m.intra.bytes_per_s = 1e3;
+  Layout rc = two;
+  rc.recompute = model::Recompute::full;
+  EXPECT_NEAR(predict(cfg, 4, rc, m, true).cp_comm_s,
+              layers * microbatches * (1 + 2 + 1 + 1) * slow_hop, 1e-3 * slow_hop);
+
+  model::MemoryLayout ml;
+  ml.cp = 2, ml.micro_batch = 2;
+  pipeline::set_schedule_memory(ml, pipeline::make_schedule("1f1b", 1, 1, 2), 0);
+  EXPECT_EQ(p2.rank0_peak_bytes, model::predict_memory(cfg, ml).peak());
+  EXPECT_GT(p2.memory.ring, 0);
+  EXPECT_EQ(p2.memory.collectives, p2.memory.gradients);  // dp 1, cp 2: the buckets in flight
+  EXPECT_LT(p2.memory.activations, p1.memory.activations);
+}
+
+// A long sequence on 4 ranks with one sequence per step (no data parallelism to spread it):
+// under a memory limit between the smallest cp = 1 layout and the smallest cp > 1 one, the
+// planner's choice splits the sequence, and no cp = 1 layout is said to fit.
+TEST(Plan, LongSequencesThatFitOnlySplitAreContextParallel) {
+  train::Config deck = train::parse_config(
+      "[model]\narch = \"llama\"\nvocab_size = 256\nseq_len = 16384\nn_layer = 2\n"
+      "n_head = 8\nn_kv_head = 2\nd_model = 256\n"
+      "[train]\nglobal_batch_size = 1\n[parallel]\nmicro_batch_size = 1\n", "deck.toml");
+  Machine m = parse_machine(kMachine, "m.toml");
+  m.memory_gib = 1000;
+  PlanOptions opt;
+  opt.ranks_per_node = 4;
+  std::int64_t least_whole = std::numeric_limits<std::int64_t>::max(), least_split = least_whole;
+  for (const StepPrediction& p : make_plan(deck, m, opt))
+    (p.layout.cp == 1 ? least_whole : least_split) =
+        std::min(p.layout.cp == 1 ? least_whole : least_split, p.memory.peak());
+  std::printf("seq_len 16384 on 4 ranks: the smallest peak at cp 1 %s, at cp > 1 %s\n",
+              model::format_bytes(least_whole).c_str(), model::format_bytes(least_split).c_str());
+  ASSERT_LT(least_split, least_whole);
+  m.memory_gib = double(least_split + least_whole) / 2 / 1073741824.0;
+  const std::vector<StepPrediction> tight = make_plan(deck, m, opt);
+  ASSERT_FALSE(tight.empty());
+  EXPECT_TRUE(tight.front().fits);
+  EXPECT_GT(tight.front().layout.cp, 1) << tight.front().layout.str();
+  std::printf("under %s: %s, %s\n", model::format_bytes(m.memory_bytes()).c_str(),
+              tight.front().layout.str().c_str(), tight.front().memory.describe().c_str());
+  for (const StepPrediction& p : tight)
+    if (p.layout.cp == 1) EXPECT_FALSE(p.fits) << p.layout.str();
+  EXPECT_EQ(with_layout(deck, tight.front().layout).parallel.cp, tight.front().layout.cp);
 }
 
 // The asynchronous schedules run 1F1B's lists, drained at each step's end: pipedream-2bw's
@@ -514,6 +639,10 @@ TEST(Calibrate, ShapesAreTheCostModels) {
   EXPECT_EQ(s[0], (std::array<std::int64_t, 3>{256, 96, 64}));
   EXPECT_EQ(s[1], (std::array<std::int64_t, 3>{256, 64, 96}));
   EXPECT_EQ(s[2], (std::array<std::int64_t, 3>{64, 96, 256}));
+  // A cp rank's linears take micro_batch * seq_len / cp rows.
+  const auto c = linear_shapes(tiny(), 2, 1, 4);
+  EXPECT_EQ(c[0], (std::array<std::int64_t, 3>{16, 96, 64}));
+  EXPECT_EQ(c[2], (std::array<std::int64_t, 3>{64, 96, 16}));
 }
 
 }  // namespace
