@@ -301,6 +301,7 @@ int run_plan(const PlanArgs& a) {
     opt.host_memory = deck.runtime.device != "cuda";
     opt.precision = deck.runtime.precision.get();
     opt.max_cp = a.max_cp;
+    opt.min_cp = a.min_cp;
     if (log::rank() == 0) {
       ranked = plan::make_plan(deck, machine, opt);
       require_fitting_layout(deck, machine, opt, ranked);

@@ -100,6 +100,7 @@ struct PlanArgs {
   bool json = false;
   int top = 10;                       // rows shown; 0: all
   int max_cp = 0;                     // the largest cp planned; 0: every cp
+  int min_cp = 1;                     // the smallest cp planned
   int validate = 0;                   // layouts to run through `trident train`
   bool spread = false;                // validate layouts spread over the ranking, not the top
   int validate_steps = 4;

@@ -180,6 +180,9 @@ int run(int argc, char** argv) {
   plan->add_option("--max-cp", plan_args.max_cp,
                    "plan context parallelism up to this cp only (default: every cp)")
       ->check(kPositive);
+  plan->add_option("--min-cp", plan_args.min_cp,
+                   "plan context parallelism from this cp on only (default 1)")
+      ->check(kPositive);
   plan->add_option("--validate", plan_args.validate,
                    "run this many layouts through `trident train` and compare")
       ->check(kNonNegative);

@@ -125,7 +125,7 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
     if (m.n_head % tp) continue;
     for (int cp : cp_candidates(m.seq_len, world / tp))
     for (int pp : divisors(world / (tp * cp))) {
-      if (opt.max_cp > 0 && cp > opt.max_cp) continue;
+      if ((opt.max_cp > 0 && cp > opt.max_cp) || cp < opt.min_cp) continue;
       // pp need not divide n_layer (the balanced split); every stage needs a layer.
       if (m.n_layer < pp) continue;
       const int dp = world / (tp * cp * pp);

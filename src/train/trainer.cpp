@@ -94,6 +94,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   update_ = pipeline::weight_update_of(cfg.parallel.schedule);
   model::MemoryLayout lay;
   lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
+  lay.cp = ps.shape.cp;
   lay.pp_rank = ps.coord.pp, lay.tp_rank = ps.coord.tp;
   lay.stage_layers = pipeline_stage_layers(cfg);
   lay.placement = pipeline::placement_of(cfg.parallel.schedule);

@@ -43,6 +43,7 @@ remain for users on shared machines.
 
 import json
 import os
+import re
 import random
 import subprocess
 import sys
@@ -90,6 +91,11 @@ DECK_C = DECK_A.replace("vocab_size = 0", "vocab_size = 1000").replace("seq_len 
     .replace("n_layer = 4", "n_layer = 6").replace("n_head = 4", "n_head = 6") \
     .replace("d_model = 128", "d_model = 192").replace('"out-a"', '"out-c"')
 
+# Context parallelism (issue 30): sequences of 1024 on a small model, where the activations
+# are most of the peak; a spread of 3 of its cp 2 layouts on 2 ranks.
+DECK_D = DECK_A.replace("seq_len = 256", "seq_len = 1024").replace("n_layer = 4", "n_layer = 2") \
+    .replace("micro_batch_size = 2", "micro_batch_size = 1").replace('"out-a"', '"out-d"')
+
 
 def run(cmd, timeout=400):
     p = subprocess.run(cmd, cwd=OUT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -100,11 +106,13 @@ def run(cmd, timeout=400):
     return p.stdout
 
 
-def validate(deck, k, steps, ranks):
-    # The spread over the cp = 1 layouts (--max-cp 1): the layouts these figures were held on.
+def validate(deck, k, steps, ranks, cp=1):
+    # Models A-C: the spread over the cp = 1 layouts, the layouts these figures were held on;
+    # model D's long sequences over the cp = 2 ones (--min-cp / --max-cp).
     out = run([TRIDENT, "plan", deck, "--machine", "machine.toml", "--ranks-per-node",
                str(ranks), "--validate", str(k), "--spread", "--validate-steps", str(steps),
-               "--max-cp", "1", "--json", "--top", "1", "--launcher", LAUNCHER])
+               "--min-cp", str(cp), "--max-cp", str(cp), "--json", "--top", "1",
+               "--launcher", LAUNCHER])
     return json.loads(out)
 
 
@@ -131,7 +139,6 @@ LAUNCHER = "mpirun --oversubscribe -np {np}"
 def startup_agrees(deck, fails):
     """The start-up report's figure is plan's (less the machine file's library_mib) for the
     same layout: plan's first dp 2 ZeRO-1 layout, trained for one step."""
-    import re
     plan = json.loads(run([TRIDENT, "plan", deck, "--machine", "machine.toml", "--ranks-per-node",
                            "2", "--json", "--top", "0"]))
     lay = next(l for l in plan["layouts"] if l["dp"] == 2 and l["pp"] == 1 and l["zero_stage"] == 1)
@@ -224,7 +231,8 @@ def main():
     words = "the and of to in that he shall unto for his a lord they be is him not".split()
     with open(os.path.join(OUT, "corpus.txt"), "w") as f:
         f.write("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(3000)))
-    for name, text in (("a.toml", DECK_A), ("b.toml", DECK_B), ("c.toml", DECK_C)):
+    for name, text in (("a.toml", DECK_A), ("b.toml", DECK_B), ("c.toml", DECK_C),
+                       ("d.toml", DECK_D)):
         with open(os.path.join(OUT, name), "w") as f:
             f.write(text)
     run([TRIDENT, "prepare-data", "--input", "corpus.txt", "--output", "train.h5"])
@@ -237,8 +245,8 @@ def main():
             print(f"attempt {n} missed:", "; ".join(fails))
     else:
         fails = []
-        print("calibrate (2 ranks), then 4 layouts of model A, 2 of model B and 6 of model C "
-              "(memory, one step each)")
+        print("calibrate (2 ranks), then 4 layouts of model A, 2 of model B, 6 of model C and "
+              "3 cp 2 layouts of model D (memory, one step each)")
         calibrate()
         check_memory(validate("a.toml", 4, 1, 2)["validation"], fails, "out-a")
         check_memory(validate("b.toml", 2, 1, 2)["validation"], fails, "out-b")
@@ -247,6 +255,12 @@ def main():
         if len(rows) != 6:
             fails.append(f"model C: validated {len(rows)} layouts, expected 6")
         startup_agrees("c.toml", fails)
+        rows = validate("d.toml", 3, 1, 2, cp=2)["validation"]
+        check_memory(rows, fails, "out-d")
+        cp_rows = [v for v in rows if re.search(r"\bcp2\b", v["layout"])]
+        if len(rows) != 3 or len(cp_rows) != len(rows):
+            fails.append(f"model D: validated {len(rows)} layouts, {len(cp_rows)} of them at "
+                         "cp 2; expected 3, all at cp 2")
     for f in fails:
         print("FAIL:", f)
     print(f"{NAME}:", "FAIL" if fails else "PASS")

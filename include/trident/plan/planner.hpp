@@ -22,6 +22,7 @@ struct PlanOptions {
   bool host_memory = true;  // CPU ranks (runtime.device = "cpu")
   ops::Precision precision = ops::Precision::fp32;  // runtime.precision
   int max_cp = 0;  // the largest cp planned (`plan --max-cp`); 0: every cp_candidates cp
+  int min_cp = 1;  // the smallest cp planned (`plan --min-cp`)
 };
 
 // The (vpp, schedule) pairs planned for pp stages of an n_layer model: every schedule in
