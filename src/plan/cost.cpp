@@ -13,6 +13,7 @@
 #include "trident/pipeline/schedule.hpp"
 #include "trident/pipeline/simulator.hpp"
 #include "trident/pipeline/stage_memory.hpp"
+#include "trident/plan/planner.hpp"
 
 namespace trident::plan {
 
@@ -240,29 +241,24 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   const pipeline::Schedule sched =
       pipeline::make_schedule(lay.schedule, lay.pp, lay.vpp, p.microbatches);
   // Layers per virtual stage as `trident train` cuts them (parallel.pipeline_layers =
-  // lay.split); the memory model takes an empty list for the even split.
+  // lay.split).
   const int stages = lay.pp * lay.vpp;
   p.stage_layers = stage_layers_of(cfg, lay);
-  const bool uniform = std::adjacent_find(p.stage_layers.begin(), p.stage_layers.end(),
-                                          std::not_equal_to<int>()) == p.stage_layers.end();
-  const std::vector<int> stage_layers = uniform ? std::vector<int>{} : p.stage_layers;
 
   // The ranks holding the same weights (the dp_cp communicator): the gradient reduction and
   // the ZeRO-1 shard span DP x CP.
   const int sharers = lay.dp * lay.cp;
 
-  // Memory: every pipeline stage (their stashes and chunks differ); the largest.
+  // Memory: every pipeline stage (their stashes and chunks differ); the largest. Each from
+  // the deck this layout makes, as `trident train` reads it (train::memory_layout).
+  train::Config planned;
+  planned.model = cfg;
+  planned.train.global_batch_size = global_batch;
+  planned = with_layout(planned, lay);
   std::vector<double> param_bytes(std::size_t(lay.pp), 0.0);  // each rank's parameters
   const std::vector<pipeline::RankScheduleMemory> sched_memory = pipeline::schedule_memory(sched);
   for (int r = 0; r < lay.pp; ++r) {
-    model::MemoryLayout ml;
-    ml.tp = lay.tp, ml.pp = lay.pp, ml.dp = lay.dp, ml.vpp = lay.vpp, ml.cp = lay.cp;
-    ml.pp_rank = r, ml.tp_rank = 0;
-    ml.stage_layers = stage_layers;
-    ml.micro_batch = lay.micro_batch;
-    ml.sequence_parallel = lay.sequence_parallel;
-    ml.recompute = lay.recompute;
-    ml.zero1 = lay.zero1;
+    model::MemoryLayout ml = train::memory_layout(planned, r);
     pipeline::set_schedule_memory(ml, sched, sched_memory[std::size_t(r)]);
     ml.host_memory = host_memory;
     ml.open_files = r == 0 ? open_files.rank0 : open_files.others;  // rank 0 writes metrics

@@ -30,6 +30,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/model/spec.hpp"
+#include "trident/model/stage_model.hpp"
 #include "trident/pipeline/schedule.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 #include "trident/train/data_loader.hpp"
@@ -951,6 +952,21 @@ std::vector<int> pipeline_stage_layers(const Config& cfg) {
   if (p.pipeline_layers == "even" && cfg.model.n_layer % stages == 0) return {};
   return model::balanced_stage_layers(cfg.model, stages, p.tp,
                                       pipeline::placement_of(p.schedule));
+}
+
+model::MemoryLayout memory_layout(const Config& cfg, int pp_rank, int tp_rank) {
+  const Config::Parallel& p = cfg.parallel;
+  model::MemoryLayout lay;
+  lay.tp = p.tp, lay.pp = p.pp, lay.dp = p.dp, lay.cp = p.cp, lay.vpp = p.vpp;
+  lay.pp_rank = pp_rank, lay.tp_rank = tp_rank;
+  lay.stage_layers = pipeline_stage_layers(cfg);
+  lay.placement = pipeline::placement_of(p.schedule);
+  lay.micro_batch = p.micro_batch_size;
+  lay.sequence_parallel = p.sequence_parallel;
+  lay.recompute = p.recompute.get();
+  lay.zero1 = p.zero_stage == 1;
+  lay.tp_2d = model::tp_mode_of(p.tp_mode) == model::TpMode::two_d;
+  return lay;
 }
 
 int microbatches_per_rank(const Config& cfg) {

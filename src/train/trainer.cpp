@@ -92,17 +92,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   options.sequence_parallel = cfg.parallel.sequence_parallel;
   options.tp_mode = model::tp_mode_of(cfg.parallel.tp_mode);
   update_ = pipeline::weight_update_of(cfg.parallel.schedule);
-  model::MemoryLayout lay;
-  lay.tp = ps.shape.tp, lay.pp = ps.shape.pp, lay.dp = ps.shape.dp, lay.vpp = cfg.parallel.vpp;
-  lay.cp = ps.shape.cp;
-  lay.pp_rank = ps.coord.pp, lay.tp_rank = ps.coord.tp;
-  lay.stage_layers = pipeline_stage_layers(cfg);
-  lay.placement = pipeline::placement_of(cfg.parallel.schedule);
-  lay.micro_batch = cfg.parallel.micro_batch_size;
-  lay.sequence_parallel = cfg.parallel.sequence_parallel;
-  lay.recompute = cfg.parallel.recompute.get();
-  lay.zero1 = cfg.parallel.zero_stage == 1;
-  lay.tp_2d = options.tp_mode == model::TpMode::two_d;
+  model::MemoryLayout lay = memory_layout(cfg, ps.coord.pp, ps.coord.tp);
   lay.host_memory = ops.memory() == nullptr;
   lay.open_files = files_held_open(cfg, ps.world_rank == 0);
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "trident/core/error.hpp"
+#include "trident/model/memory.hpp"
 #include "trident/model/spec.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/pipeline/schedule.hpp"
@@ -228,6 +229,13 @@ void resolve_world(Config& cfg, int world_size);
 // order (pp * vpp entries), or empty for today's even split ("even" where n_layer divides).
 // "auto" needs the model's vocab_size (the dataset's when the deck gives 0).
 std::vector<int> pipeline_stage_layers(const Config& cfg);
+
+// The deck's layout as the memory model takes it, for pipeline rank pp_rank (and TP rank
+// tp_rank): the grid, vpp, the split and the schedule's placement, the micro-batch, SP,
+// recomputation, ZeRO-1 and the TP mode. `trident train` and `trident plan` (with_layout)
+// both start from it; they add what the deck does not say (the schedule's memory,
+// pipeline::set_schedule_memory; host memory; open files; precision). Needs a resolved dp.
+model::MemoryLayout memory_layout(const Config& cfg, int pp_rank, int tp_rank = 0);
 
 // Microbatches each DP rank runs per optimizer step: global_batch_size / (mbs * dp).
 // Needs a resolved dp (resolve_world).
