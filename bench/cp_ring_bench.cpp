@@ -6,9 +6,11 @@
 // ring's own counters (RingAttention::Stats: the time in the calls and the part blocked waiting
 // for messages), then R times the same messages alone (forward_messages_alone,
 // backward_messages_alone: no tiles between them; a barrier before each). Prints one JSON line
-// (rank 0): the medians of each rank's figures, per pass, averaged over the ranks and their
-// maximum, and the hidden share 1 - wait / alone of the forward and the backward, in wall
-// and in thread-CPU seconds. --watchdog S waits as `runtime.watchdog_s = S` does (polling,
+// (rank 0): each rank's median and minimum of every figure, per pass, averaged over the ranks
+// (and the medians' maximum, *_max), and the hidden share 1 - wait / alone of the forward and
+// the backward, in wall and in thread-CPU seconds, from the medians and (*_best) from the
+// minima (the messages and the waits with the least interference from other work on shared
+// cores). --watchdog S waits as `runtime.watchdog_s = S` does (polling,
 // sleeping between polls: ranks that share cores leave them to the others).
 // usage: mpirun -np CP trident_bench_ring [--seq T] [--batch B] [--dmodel C] [--heads NH]
 //        [--reps R] [--warmup W] [--watchdog S]
@@ -47,21 +49,23 @@ double median(std::vector<double> v) {
 // The per-pass figures this rank measured (medians over the reps), in this order.
 enum Figure {
   kForward,          // wall seconds in forward()
+  kForwardCpu,       // and thread-CPU
   kForwardWait,      // of which blocked waiting
   kForwardWaitCpu,   // the waits' thread-CPU seconds
   kForwardAlone,     // forward's messages alone, wall
   kForwardAloneCpu,  // and thread-CPU
   kBackward,
+  kBackwardCpu,
   kBackwardWait,
   kBackwardWaitCpu,
   kBackwardAlone,
   kBackwardAloneCpu,
   kFigures
 };
-const char* kNames[kFigures] = {"forward_s",       "forward_wait_s",   "forward_wait_cpu_s",
-                                "forward_alone_s", "forward_alone_cpu_s", "backward_s",
-                                "backward_wait_s", "backward_wait_cpu_s", "backward_alone_s",
-                                "backward_alone_cpu_s"};
+const char* kNames[kFigures] = {
+    "forward_s",  "forward_cpu_s",  "forward_wait_s",  "forward_wait_cpu_s",  "forward_alone_s",
+    "forward_alone_cpu_s", "backward_s", "backward_cpu_s", "backward_wait_s",
+    "backward_wait_cpu_s", "backward_alone_s", "backward_alone_cpu_s"};
 
 // The bench, between MPI_Init and MPI_Finalize (its communicators freed before the latter).
 int run(int argc, char** argv) {
@@ -113,6 +117,8 @@ int run(int argc, char** argv) {
     const model::RingAttention::Stats& b = ring.stats();
     if (r < warmup) continue;
     per[kForward].push_back(b.forward_s - a.forward_s);
+    per[kForwardCpu].push_back(b.forward_cpu_s - a.forward_cpu_s);
+    per[kBackwardCpu].push_back(b.backward_cpu_s - a.backward_cpu_s);
     per[kForwardWait].push_back(b.forward_wait_s - a.forward_wait_s);
     per[kForwardWaitCpu].push_back(b.forward_wait_cpu_s - a.forward_wait_cpu_s);
     per[kBackward].push_back(b.backward_s - a.backward_s);
@@ -128,11 +134,15 @@ int run(int argc, char** argv) {
     const double b = ring.backward_messages_alone(&cpu);
     if (r >= warmup) per[kBackwardAlone].push_back(b), per[kBackwardAloneCpu].push_back(cpu);
   }
-  double mean[kFigures], most[kFigures];
-  for (int i = 0; i < kFigures; ++i) mean[i] = most[i] = median(per[i]);
+  double mean[kFigures], most[kFigures], least[kFigures];
+  for (int i = 0; i < kFigures; ++i) {
+    mean[i] = most[i] = median(per[i]);
+    least[i] = *std::min_element(per[i].begin(), per[i].end());
+  }
   MPI_Allreduce(MPI_IN_PLACE, mean, kFigures, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, most, kFigures, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  for (double& m : mean) m /= cp;
+  MPI_Allreduce(MPI_IN_PLACE, least, kFigures, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  for (int i = 0; i < kFigures; ++i) mean[i] /= cp, least[i] /= cp;
   if (rank == 0) {
     auto hidden = [](double wait, double alone) {
       return alone > 0 ? std::max(0.0, 1.0 - wait / alone) : 0.0;
@@ -144,13 +154,16 @@ int run(int argc, char** argv) {
                 ring.stats().messages ? ring.stats().bytes / double(ring.stats().messages) : 0.0,
                 cp - 1, cp > 1 ? 2 * cp - 1 : 0);
     for (int i = 0; i < kFigures; ++i)
-      std::printf(", \"%s\": %.6f, \"%s_max\": %.6f", kNames[i], mean[i], kNames[i], most[i]);
-    std::printf(", \"forward_hidden\": %.4f, \"backward_hidden\": %.4f, "
-                "\"forward_hidden_cpu\": %.4f, \"backward_hidden_cpu\": %.4f}\n",
-                hidden(mean[kForwardWait], mean[kForwardAlone]),
-                hidden(mean[kBackwardWait], mean[kBackwardAlone]),
-                hidden(mean[kForwardWaitCpu], mean[kForwardAloneCpu]),
-                hidden(mean[kBackwardWaitCpu], mean[kBackwardAloneCpu]));
+      std::printf(", \"%s\": %.6f, \"%s_max\": %.6f, \"%s_min\": %.6f", kNames[i], mean[i],
+                  kNames[i], most[i], kNames[i], least[i]);
+    for (const double* f : {mean, least})
+      std::printf(", \"forward_hidden%s\": %.4f, \"backward_hidden%s\": %.4f, "
+                  "\"forward_hidden_cpu%s\": %.4f, \"backward_hidden_cpu%s\": %.4f",
+                  f == least ? "_best" : "", hidden(f[kForwardWait], f[kForwardAlone]),
+                  f == least ? "_best" : "", hidden(f[kBackwardWait], f[kBackwardAlone]),
+                  f == least ? "_best" : "", hidden(f[kForwardWaitCpu], f[kForwardAloneCpu]),
+                  f == least ? "_best" : "", hidden(f[kBackwardWaitCpu], f[kBackwardAloneCpu]));
+    std::printf("}\n");
   }
   return 0;
 }

@@ -126,6 +126,8 @@ RingAttention::Stats& RingAttention::Stats::operator+=(const Stats& o) {
   backward_calls += o.backward_calls;
   forward_s += o.forward_s;
   backward_s += o.backward_s;
+  forward_cpu_s += o.forward_cpu_s;
+  backward_cpu_s += o.backward_cpu_s;
   forward_wait_s += o.forward_wait_s;
   backward_wait_s += o.backward_wait_s;
   forward_wait_cpu_s += o.forward_wait_cpu_s;
@@ -141,13 +143,13 @@ std::string RingAttention::Stats::describe(int cp) const {
   std::snprintf(line, sizeof line,
                 "ring attention: %lld forward and %lld backward passes over cp = %d, sent %.1f "
                 "MiB in %lld messages; blocked waiting %.3f s of %.3f s in the ring (forward "
-                "%.3f of %.3f s, backward %.3f of %.3f s; CPU time of the waits %.3f s), "
-                "buffers %.1f MiB",
+                "%.3f of %.3f s, backward %.3f of %.3f s; CPU time: the waits' %.3f s of "
+                "%.3f s), buffers %.1f MiB",
                 static_cast<long long>(forward_calls), static_cast<long long>(backward_calls),
                 cp, bytes / 1048576.0, static_cast<long long>(messages),
                 forward_wait_s + backward_wait_s, forward_s + backward_s, forward_wait_s,
                 forward_s, backward_wait_s, backward_s, forward_wait_cpu_s + backward_wait_cpu_s,
-                double(buffer_bytes) / 1048576.0);
+                forward_cpu_s + backward_cpu_s, double(buffer_bytes) / 1048576.0);
   return line;
 }
 
@@ -188,6 +190,7 @@ void RingAttention::pack_kv(float* kv, const float* k, const float* v) {
 void RingAttention::forward(float* out, float* lse, const float* q, const float* k,
                             const float* v) {
   const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
   Stats call;
   call.forward_calls = 1;
   const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
@@ -219,6 +222,7 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
     recv.wait([&] { return ring_step("forward receive", step, group_); });
   }
   call.forward_s = seconds_since(t0);
+  call.forward_cpu_s = thread_cpu_s() - cpu0;
   record(call);
 }
 
@@ -226,6 +230,7 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                              const float* out, const float* lse, const float* q, const float* k,
                              const float* v) {
   const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
   Stats call;
   call.backward_calls = 1;
   double &wait_s = call.backward_wait_s, &wait_cpu_s = call.backward_wait_cpu_s;
@@ -301,6 +306,7 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
     for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });
   }
   call.backward_s = seconds_since(t0);
+  call.backward_cpu_s = thread_cpu_s() - cpu0;
   record(call);
 }
 

@@ -153,6 +153,8 @@ void check_ring(const Case& c) {
   EXPECT_LE(st.forward_wait_s, st.forward_s);
   EXPECT_GE(st.backward_wait_s, 0.0);
   EXPECT_LE(st.backward_wait_s, st.backward_s);
+  EXPECT_LE(st.forward_wait_cpu_s, st.forward_cpu_s);
+  EXPECT_LE(st.backward_wait_cpu_s, st.backward_cpu_s);
   const model::RingAttention::Stats after = model::RingAttention::process_stats();
   EXPECT_EQ(after.messages - before.messages, messages);
   EXPECT_EQ(after.bytes - before.bytes, st.bytes);

@@ -53,19 +53,21 @@ class RingAttention {
   // Cumulative figures. *_s: wall seconds (steady_clock) inside forward() / backward();
   // *_wait_s: of which blocked in MPI waiting for the ring's messages once the tiles were done
   // (the part of the communication the tiles did not hide, plus waiting for a slower peer);
-  // *_wait_cpu_s: the same waits in this thread's CPU time (differs from wall time when the
-  // ranks share cores). bytes: what this rank sent (key/value blocks and their gradients).
+  // *_cpu_s: the same in this thread's CPU time (differs from wall time when the ranks share
+  // cores or MPI sleeps). bytes: what this rank sent (key/value blocks and their gradients).
   struct Stats {
     std::int64_t forward_calls = 0, backward_calls = 0;
     double forward_s = 0, backward_s = 0;
+    double forward_cpu_s = 0, backward_cpu_s = 0;
     double forward_wait_s = 0, backward_wait_s = 0;
     double forward_wait_cpu_s = 0, backward_wait_cpu_s = 0;
     std::int64_t messages = 0;
     double bytes = 0;
     std::int64_t buffer_bytes = 0;  // the rings' own buffers (made once, at construction)
     Stats& operator+=(const Stats& o);
-    // One line: "ring attention: F forward and B backward passes over cp = C, sent S in M
-    // messages; blocked waiting W s of R s in the ring (forward ..., backward ...), buffers X"
+    // One line: "ring attention: F forward and B backward passes over cp = C, sent S MiB in M
+    // messages; blocked waiting W s of R s in the ring (forward ..., backward ...; CPU time:
+    // the waits' Wc s of Rc s), buffers X MiB" (FORMAT.md)
     std::string describe(int cp) const;
   };
 
