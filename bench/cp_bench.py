@@ -204,8 +204,7 @@ def main():
             continue
         row["activation_part"] = big["peak"] - small["peak"]
         row["ring_buffers"] = big.get("ring", {}).get("buffers", 0.0)
-        if cp > 1:
-            row["ring_alone"] = ring_alone(a, cp)
+        row["ring_alone"] = ring_alone(a, cp)  # cp = 1: plain flash attention's time
         rows.append(row)
 
     base = next((r for r in rows if r["cp"] == 1 and "error" not in r), None)
@@ -245,10 +244,9 @@ def main():
               f"{big.get('predicted_peak', 0) / MIB:9.1f} {big.get('predicted_activations', 0) / MIB:8.1f}")
     print("  time per rank (s): median step (wall), CPU per rank (whole run); the ring over the "
           "run: time in it (wall, CPU), blocked waiting (wall, CPU), the same messages alone x "
-          "passes (trident_bench_ring), hidden = 1 - wait / alone; the bench's own ring (fwd / bwd)")
+          "passes (trident_bench_ring), hidden = 1 - wait / alone (wall, CPU)")
     print(f"  {'cp':>3} {'step s':>7} {'cpu s':>7} {'ring s':>7} {'ring cpu':>8} {'wait s':>7} {'wait cpu':>8} "
-          f"{'alone s':>8} {'alone cpu':>9} {'hidden':>6} {'hid cpu':>7}  {'bench fwd/bwd':>13} "
-          f"{'cpu fwd/bwd':>11}")
+          f"{'alone s':>8} {'alone cpu':>9} {'hidden':>6} {'hid cpu':>7}")
     for r in rows:
         if "error" in r:
             continue
@@ -259,14 +257,28 @@ def main():
                      f"{ring['wait_cpu_s']:8.3f}")
             if "messages_alone_s" in r:
                 line += (f" {r['messages_alone_s']:8.3f} {r['messages_alone_cpu_s']:9.3f} "
-                         f"{pct(r['hidden']):>6} {pct(r['hidden_cpu']):>7}  "
-                         f"{pct(alone['forward_hidden']) + ' / ' + pct(alone['backward_hidden']):>13} "
-                         f"{pct(alone['forward_hidden_cpu']) + ' / ' + pct(alone['backward_hidden_cpu']):>11}")
+                         f"{pct(r['hidden']):>6} {pct(r['hidden_cpu']):>7}")
             elif "error" in alone:
                 line += f"  {alone['error']}"
         else:
             line += "       - (no ring at cp = 1)"
         print(line)
+    print("  one attention layer alone (trident_bench_ring, medians over ranks and reps; best: "
+          "from the minima): CPU s of a forward + backward pass (tiles and waits), its messages "
+          "alone (wall), hidden share fwd / bwd from the medians (wall, CPU) and the minima (wall, CPU)")
+    print(f"  {'cp':>3} {'pass cpu':>8} {'alone s':>8}  {'hidden':>11} {'hid cpu':>11} "
+          f"{'best':>11} {'best cpu':>11}")
+    for r in rows:
+        b = r.get("ring_alone")
+        if not b or "error" in b:
+            continue
+        two = lambda f, bw: f"{pct(b[f])} / {pct(b[bw])}" if r["cp"] > 1 else "-"
+        print(f"  {r['cp']:>3} {b['forward_cpu_s'] + b['backward_cpu_s']:8.3f} "
+              f"{b['forward_alone_s'] + b['backward_alone_s']:8.4f}  "
+              f"{two('forward_hidden', 'backward_hidden'):>11} "
+              f"{two('forward_hidden_cpu', 'backward_hidden_cpu'):>11} "
+              f"{two('forward_hidden_best', 'backward_hidden_best'):>11} "
+              f"{two('forward_hidden_cpu_best', 'backward_hidden_cpu_best'):>11}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"model": {"n_layer": a.layers, "d_model": a.dmodel, "n_head": a.heads,
