@@ -62,10 +62,10 @@ enum Figure {
   kBackwardAloneCpu,
   kFigures
 };
-const char* kNames[kFigures] = {
-    "forward_s",  "forward_cpu_s",  "forward_wait_s",  "forward_wait_cpu_s",  "forward_alone_s",
-    "forward_alone_cpu_s", "backward_s", "backward_cpu_s", "backward_wait_s",
-    "backward_wait_cpu_s", "backward_alone_s", "backward_alone_cpu_s"};
+const char* kNames[kFigures] = {"forward_s",           "forward_cpu_s",    "forward_wait_s",
+                                "forward_wait_cpu_s",  "forward_alone_s",  "forward_alone_cpu_s",
+                                "backward_s",          "backward_cpu_s",   "backward_wait_s",
+                                "backward_wait_cpu_s", "backward_alone_s", "backward_alone_cpu_s"};
 
 // The bench, between MPI_Init and MPI_Finalize (its communicators freed before the latter).
 int run(int argc, char** argv) {
@@ -73,13 +73,20 @@ int run(int argc, char** argv) {
   double watchdog = 0;
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* name) { return std::strcmp(argv[i], name) == 0 && i + 1 < argc; };
-    if (arg("--seq")) seq = std::atoi(argv[++i]);
-    else if (arg("--batch")) batch = std::atoi(argv[++i]);
-    else if (arg("--dmodel")) dmodel = std::atoi(argv[++i]);
-    else if (arg("--heads")) heads = std::atoi(argv[++i]);
-    else if (arg("--reps")) reps = std::atoi(argv[++i]);
-    else if (arg("--warmup")) warmup = std::atoi(argv[++i]);
-    else if (arg("--watchdog")) watchdog = std::atof(argv[++i]);
+    if (arg("--seq"))
+      seq = std::atoi(argv[++i]);
+    else if (arg("--batch"))
+      batch = std::atoi(argv[++i]);
+    else if (arg("--dmodel"))
+      dmodel = std::atoi(argv[++i]);
+    else if (arg("--heads"))
+      heads = std::atoi(argv[++i]);
+    else if (arg("--reps"))
+      reps = std::atoi(argv[++i]);
+    else if (arg("--warmup"))
+      warmup = std::atoi(argv[++i]);
+    else if (arg("--watchdog"))
+      watchdog = std::atof(argv[++i]);
     else {
       std::fprintf(stderr, "trident_bench_ring: unknown or incomplete argument '%s'\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);
@@ -89,8 +96,10 @@ int run(int argc, char** argv) {
   const int cp = world.size(), rank = world.rank();
   if (seq % (2 * cp) != 0 || dmodel % heads != 0 || reps < 1) {
     if (rank == 0)
-      std::fprintf(stderr, "trident_bench_ring: --seq %d must be divisible by 2 * cp = %d, "
-                   "--dmodel %d by --heads %d, and --reps >= 1\n", seq, 2 * cp, dmodel, heads);
+      std::fprintf(stderr,
+                   "trident_bench_ring: --seq %d must be divisible by 2 * cp = %d, "
+                   "--dmodel %d by --heads %d, and --reps >= 1\n",
+                   seq, 2 * cp, dmodel, heads);
     return 2;
   }
   par::set_watchdog_seconds(watchdog);
@@ -147,22 +156,24 @@ int run(int argc, char** argv) {
     auto hidden = [](double wait, double alone) {
       return alone > 0 ? std::max(0.0, 1.0 - wait / alone) : 0.0;
     };
-    std::printf("{\"cp\": %d, \"seq\": %d, \"batch\": %d, \"dmodel\": %d, \"heads\": %d, "
-                "\"reps\": %d, \"watchdog_s\": %g, \"block_bytes\": %.0f, "
-                "\"messages_per_pass\": [%d, %d]",
-                cp, seq, batch, dmodel, heads, reps, watchdog,
-                ring.stats().messages ? ring.stats().bytes / double(ring.stats().messages) : 0.0,
-                cp - 1, cp > 1 ? 2 * cp - 1 : 0);
+    std::printf(
+        "{\"cp\": %d, \"seq\": %d, \"batch\": %d, \"dmodel\": %d, \"heads\": %d, "
+        "\"reps\": %d, \"watchdog_s\": %g, \"block_bytes\": %.0f, "
+        "\"messages_per_pass\": [%d, %d]",
+        cp, seq, batch, dmodel, heads, reps, watchdog,
+        ring.stats().messages ? ring.stats().bytes / double(ring.stats().messages) : 0.0, cp - 1,
+        cp > 1 ? 2 * cp - 1 : 0);
     for (int i = 0; i < kFigures; ++i)
       std::printf(", \"%s\": %.6f, \"%s_max\": %.6f, \"%s_min\": %.6f", kNames[i], mean[i],
                   kNames[i], most[i], kNames[i], least[i]);
     for (const double* f : {mean, least})
-      std::printf(", \"forward_hidden%s\": %.4f, \"backward_hidden%s\": %.4f, "
-                  "\"forward_hidden_cpu%s\": %.4f, \"backward_hidden_cpu%s\": %.4f",
-                  f == least ? "_best" : "", hidden(f[kForwardWait], f[kForwardAlone]),
-                  f == least ? "_best" : "", hidden(f[kBackwardWait], f[kBackwardAlone]),
-                  f == least ? "_best" : "", hidden(f[kForwardWaitCpu], f[kForwardAloneCpu]),
-                  f == least ? "_best" : "", hidden(f[kBackwardWaitCpu], f[kBackwardAloneCpu]));
+      std::printf(
+          ", \"forward_hidden%s\": %.4f, \"backward_hidden%s\": %.4f, "
+          "\"forward_hidden_cpu%s\": %.4f, \"backward_hidden_cpu%s\": %.4f",
+          f == least ? "_best" : "", hidden(f[kForwardWait], f[kForwardAlone]),
+          f == least ? "_best" : "", hidden(f[kBackwardWait], f[kBackwardAlone]),
+          f == least ? "_best" : "", hidden(f[kForwardWaitCpu], f[kForwardAloneCpu]),
+          f == least ? "_best" : "", hidden(f[kBackwardWaitCpu], f[kBackwardAloneCpu]));
     std::printf("}\n");
   }
   return 0;

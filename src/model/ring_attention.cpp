@@ -347,7 +347,8 @@ double RingAttention::backward_messages_alone(double* cpu_s) {
     }
     group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv)
         .wait([&] { return ring_step("gradient return (alone)", cp_, group_); });
-    for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send (alone)", cp_, group_); });
+    for (auto& r : dkv_sent)
+      r.wait([&] { return ring_step("gradient send (alone)", cp_, group_); });
   }
   if (cpu_s) *cpu_s = thread_cpu_s() - cpu0;
   return seconds_since(t0);
