@@ -4,7 +4,8 @@
 # the table; results.json goes to $OUT if set, else to BUILD/bench-work/), then checkpoint
 # I/O at 8 ranks against dd (bench/checkpoint_bench.py; checkpoint.json beside it), and long-
 # sequence attention (bench/attention_bench.py; attention.json), and GPT-2 tokenizer throughput
-# against js-tiktoken (bench/gpt2_bench.py; gpt2.json).
+# against js-tiktoken (bench/gpt2_bench.py; gpt2.json), and context parallelism's memory per rank
+# and hidden ring communication (bench/cp_bench.py; cp.json).
 # usage: bench/run.sh BUILD_DIR
 # Knobs (environment): BENCH_THREADS (2), BENCH_TRIDENT_STEPS (30), BENCH_TORCH_STEPS (20),
 #   OPENBLAS_CORETYPE (left alone if set; see bench.py), PYTHON (/usr/bin/python3).
@@ -70,6 +71,15 @@ fi
 # 1024): median step time and comm/tp/bytes (bench/tp2d_train_bench.py; tp2d_train.json).
 if (( ${#skip[@]} == 0 )); then
   "$python" "$src/bench/tp2d_train_bench.py" --build "$build" --json "$results/tp2d_train.json"
+fi
+# Context parallelism (issue 30): peak activation memory per rank at T = 4096 against cp = 1, 2,
+# 4 (ranks = cp; cp 4 oversubscribes a 2-core machine) and the share of the ring's messages hidden
+# behind the attention tiles (bench/cp_bench.py with trident_bench_ring; cp.json).
+if (( ${#skip[@]} == 0 )) && cmake --build "$build" --target trident_bench_ring -j "$(nproc)" >/dev/null; then
+  results=${OUT:-$build/bench-work}
+  mkdir -p "$results"
+  "$python" "$src/bench/cp_bench.py" --build "$build" --json "$results/cp.json" ||
+    echo "bench: cp_bench.py failed" >&2
 fi
 # GPT-2's BPE (issue 31): prepare-data --tokenizer gpt2 on 1 and 2 ranks against npm's
 # js-tiktoken on the same KJV text (bench/gpt2_bench.py; gpt2.json). Says so and goes on

@@ -1,6 +1,10 @@
 // Ring attention over the CP group (see trident/model/ring_attention.hpp).
 #include "trident/model/ring_attention.hpp"
 
+#include <time.h>
+
+#include <chrono>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
@@ -28,6 +32,41 @@ void copy_rows(ops::Ops& ops, float* dst, std::int64_t ld_dst, std::int64_t bs_d
   for (int bb = 0; bb < b; bb++)
     for (int i = 0; i < t; i++)
       ops.copy(dst + bb * bs_dst + i * ld_dst, src + bb * bs_src + i * ld_src, width);
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Adds the wall and CPU seconds of its scope to two totals (a ring's waits).
+class Waiting {
+ public:
+  Waiting(double& wall, double& cpu) : wall_(wall), cpu_(cpu), cpu0_(thread_cpu_s()) {}
+  ~Waiting() {
+    wall_ += seconds_since(t0_);
+    cpu_ += thread_cpu_s() - cpu0_;
+  }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  double &wall_, &cpu_;
+  Clock::time_point t0_ = Clock::now();
+  double cpu0_;
+};
+
+// Every ring's figures in this process (one thread runs the model).
+RingAttention::Stats& process_totals() {
+  static RingAttention::Stats totals;
+  return totals;
 }
 
 std::string ring_step(const char* what, int step, const parallel::Comm& group) {
@@ -72,6 +111,59 @@ RingAttention::RingAttention(ops::Ops& ops, parallel::Comm& group,
   part_lse_ = FloatBuffer(std::size_t(rows) * s_.nh, mem);
   q_packed_ = FloatBuffer(std::size_t(rows) * s_.nh * s_.hs, mem);
   dq_acc_ = FloatBuffer(std::size_t(rows) * s_.nh * s_.hs, mem);
+  std::size_t floats = 0;
+  for (const FloatBuffer* b : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &dkv_in_, &part_out_,
+                               &part_lse_, &q_packed_, &dq_acc_})
+    floats += b->size();
+  stats_.buffer_bytes = std::int64_t(floats * sizeof(float));
+  process_totals().buffer_bytes += stats_.buffer_bytes;
+}
+
+RingAttention::~RingAttention() { process_totals().buffer_bytes -= stats_.buffer_bytes; }
+
+RingAttention::Stats& RingAttention::Stats::operator+=(const Stats& o) {
+  forward_calls += o.forward_calls;
+  backward_calls += o.backward_calls;
+  forward_s += o.forward_s;
+  backward_s += o.backward_s;
+  forward_cpu_s += o.forward_cpu_s;
+  backward_cpu_s += o.backward_cpu_s;
+  forward_wait_s += o.forward_wait_s;
+  backward_wait_s += o.backward_wait_s;
+  forward_wait_cpu_s += o.forward_wait_cpu_s;
+  backward_wait_cpu_s += o.backward_wait_cpu_s;
+  messages += o.messages;
+  bytes += o.bytes;
+  buffer_bytes += o.buffer_bytes;
+  return *this;
+}
+
+std::string RingAttention::Stats::describe(int cp) const {
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "ring attention: %lld forward and %lld backward passes over cp = %d, sent %.1f "
+                "MiB in %lld messages; blocked waiting %.3f s of %.3f s in the ring (forward "
+                "%.3f of %.3f s, backward %.3f of %.3f s; CPU time: the waits' %.3f s of "
+                "%.3f s), buffers %.1f MiB",
+                static_cast<long long>(forward_calls), static_cast<long long>(backward_calls),
+                cp, bytes / 1048576.0, static_cast<long long>(messages),
+                forward_wait_s + backward_wait_s, forward_s + backward_s, forward_wait_s,
+                forward_s, backward_wait_s, backward_s, forward_wait_cpu_s + backward_wait_cpu_s,
+                forward_cpu_s + backward_cpu_s, double(buffer_bytes) / 1048576.0);
+  return line;
+}
+
+RingAttention::Stats RingAttention::process_stats() { return process_totals(); }
+
+void RingAttention::reset_process_stats() {
+  const std::int64_t buffers = process_totals().buffer_bytes;  // of the rings alive
+  process_totals() = Stats{};
+  process_totals().buffer_bytes = buffers;
+}
+
+void RingAttention::record(const Stats& call) {
+  stats_ += call;
+  process_totals() += call;
 }
 
 bool RingAttention::block_shape(int qa, int src, int kc, ops::Ops::AttentionShape& blk) const {
@@ -97,6 +189,10 @@ void RingAttention::pack_kv(float* kv, const float* k, const float* v) {
 
 void RingAttention::forward(float* out, float* lse, const float* q, const float* k,
                             const float* v) {
+  const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
+  Stats call;
+  call.forward_calls = 1;
   const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   ops_.fill(lse, -std::numeric_limits<float>::infinity(), std::int64_t(s_.b) * s_.nh * s_.t);
   pack_kv(kv_[0].data(), k, v);
@@ -107,6 +203,7 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
     if (step + 1 < cp_) {  // the next block travels while this one is attended to
       recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
       send = group_.isend(cur, kv_floats_, next, kTagKv);
+      count_send(call);
     }
     for (int qa = 0; qa < 2; qa++)
       for (int kc = 0; kc < 2; kc++) {
@@ -120,14 +217,23 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
         ops_.attention_merge(out + orow, lse + lrow, part_out_.data() + orow,
                              part_lse_.data() + lrow, blk);
       }
+    Waiting waiting(call.forward_wait_s, call.forward_wait_cpu_s);
     send.wait([&] { return ring_step("forward send", step, group_); });
     recv.wait([&] { return ring_step("forward receive", step, group_); });
   }
+  call.forward_s = seconds_since(t0);
+  call.forward_cpu_s = thread_cpu_s() - cpu0;
+  record(call);
 }
 
 void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                              const float* out, const float* lse, const float* q, const float* k,
                              const float* v) {
+  const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
+  Stats call;
+  call.backward_calls = 1;
+  double &wait_s = call.backward_wait_s, &wait_cpu_s = call.backward_wait_cpu_s;
   const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   const std::int64_t width_q = std::int64_t(s_.nh) * s_.hs;
   const std::int64_t bs_q = std::int64_t(s_.t) * width_q;
@@ -143,11 +249,15 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
     if (step + 1 < cp_) {
       recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
       send = group_.isend(cur, kv_floats_, next, kTagKv);
+      count_send(call);
     }
     // src's gradients so far: finished by the previous rank at its previous step
     if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
     float* dkv = dkv_[step % 2].data();
-    dkv_sent[step % 2].wait([&] { return ring_step("gradient send", step - 2, group_); });
+    {
+      Waiting waiting(wait_s, wait_cpu_s);
+      dkv_sent[step % 2].wait([&] { return ring_step("gradient send", step - 2, group_); });
+    }
     ops_.fill(dkv, 0.0f, kv_floats_);
     for (int qa = 0; qa < 2; qa++)
       for (int kc = 0; kc < 2; kc++) {
@@ -164,16 +274,24 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                                 cur + krow, cur + kv_floats_ / 2 + krow, blk);
       }
     if (step > 0) {
-      dkv_recv.wait([&] { return ring_step("gradient receive", step, group_); });
+      {
+        Waiting waiting(wait_s, wait_cpu_s);
+        dkv_recv.wait([&] { return ring_step("gradient receive", step, group_); });
+      }
       ops_.add(dkv, dkv, dkv_in_.data(), kv_floats_);
     }
     // on to the next holder of src's block; after the last step that is src itself
-    if (cp_ > 1) dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
+    if (cp_ > 1) {
+      dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
+      count_send(call);
+    }
+    Waiting waiting(wait_s, wait_cpu_s);
     send.wait([&] { return ring_step("backward send", step, group_); });
     recv.wait([&] { return ring_step("backward receive", step, group_); });
   }
   const float* mine = dkv_[(cp_ - 1) % 2].data();  // cp 1: this rank's own, never sent
   if (cp_ > 1) {
+    Waiting waiting(wait_s, wait_cpu_s);
     group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv)
         .wait([&] { return ring_step("gradient return", cp_, group_); });
     mine = dkv_in_.data();
@@ -183,7 +301,57 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
   copy_rows(ops_, dk, s_.ld_k, s_.batch_k(), mine, width_kv_, bs_kv, s_.b, s_.t, width_kv_);
   copy_rows(ops_, dv, s_.ld_v, s_.batch_v(), mine + kv_floats_ / 2, width_kv_, bs_kv, s_.b, s_.t,
             width_kv_);
-  for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });
+  {
+    Waiting waiting(wait_s, wait_cpu_s);
+    for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });
+  }
+  call.backward_s = seconds_since(t0);
+  call.backward_cpu_s = thread_cpu_s() - cpu0;
+  record(call);
+}
+
+// forward()'s messages without its tiles (keep the two in step).
+double RingAttention::forward_messages_alone(double* cpu_s) {
+  const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  for (int step = 0; step + 1 < cp_; step++) {
+    parallel::Request recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
+    parallel::Request send = group_.isend(kv_[step % 2].data(), kv_floats_, next, kTagKv);
+    send.wait([&] { return ring_step("forward send (alone)", step, group_); });
+    recv.wait([&] { return ring_step("forward receive (alone)", step, group_); });
+  }
+  if (cpu_s) *cpu_s = thread_cpu_s() - cpu0;
+  return seconds_since(t0);
+}
+
+// backward()'s messages without its tiles (keep the two in step).
+double RingAttention::backward_messages_alone(double* cpu_s) {
+  const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
+  if (cp_ > 1) {
+    const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+    parallel::Request dkv_sent[2];
+    for (int step = 0; step < cp_; step++) {
+      parallel::Request send, recv, dkv_recv;
+      if (step + 1 < cp_) {
+        recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
+        send = group_.isend(kv_[step % 2].data(), kv_floats_, next, kTagKv);
+      }
+      if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
+      dkv_sent[step % 2].wait([&] { return ring_step("gradient send (alone)", step - 2, group_); });
+      dkv_recv.wait([&] { return ring_step("gradient receive (alone)", step, group_); });
+      dkv_sent[step % 2] = group_.isend(dkv_[step % 2].data(), kv_floats_, next, kTagDkv);
+      send.wait([&] { return ring_step("backward send (alone)", step, group_); });
+      recv.wait([&] { return ring_step("backward receive (alone)", step, group_); });
+    }
+    group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv)
+        .wait([&] { return ring_step("gradient return (alone)", cp_, group_); });
+    for (auto& r : dkv_sent)
+      r.wait([&] { return ring_step("gradient send (alone)", cp_, group_); });
+  }
+  if (cpu_s) *cpu_s = thread_cpu_s() - cpu0;
+  return seconds_since(t0);
 }
 
 }  // namespace trident::model

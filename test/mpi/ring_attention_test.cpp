@@ -136,8 +136,32 @@ void check_ring(const Case& c) {
   float *d_out = on_ring(got_out), *d_lse = on_ring(got_lse), *d_q = on_ring(lq),
         *d_k = on_ring(lk), *d_v = on_ring(lv), *d_dout = on_ring(ldout), *d_dq = on_ring(got_dq),
         *d_dk = on_ring(got_dk), *d_dv = on_ring(got_dv);
+  const model::RingAttention::Stats before = model::RingAttention::process_stats();
   ring.forward(d_out, d_lse, d_q, d_k, d_v);
   ring.backward(d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v);
+  // The counters: a key/value block is b * tl rows of keys and values; the forward sends it
+  // cp - 1 times, the backward cp - 1 times more and its gradient cp times (the last hop
+  // home). The waits are part of the calls' time; the messages alone count nowhere.
+  const model::RingAttention::Stats& st = ring.stats();
+  const std::int64_t messages = cp == 1 ? 0 : 3 * cp - 2;
+  const double block_bytes = double(c.b) * tl * 2 * wkv * sizeof(float);
+  EXPECT_EQ(st.forward_calls, 1);
+  EXPECT_EQ(st.backward_calls, 1);
+  EXPECT_EQ(st.messages, messages);
+  EXPECT_EQ(st.bytes, double(messages) * block_bytes);
+  EXPECT_GE(st.forward_wait_s, 0.0);
+  EXPECT_LE(st.forward_wait_s, st.forward_s);
+  EXPECT_GE(st.backward_wait_s, 0.0);
+  EXPECT_LE(st.backward_wait_s, st.backward_s);
+  EXPECT_LE(st.forward_wait_cpu_s, st.forward_cpu_s);
+  EXPECT_LE(st.backward_wait_cpu_s, st.backward_cpu_s);
+  const model::RingAttention::Stats after = model::RingAttention::process_stats();
+  EXPECT_EQ(after.messages - before.messages, messages);
+  EXPECT_EQ(after.bytes - before.bytes, st.bytes);
+  EXPECT_EQ(after.buffer_bytes, st.buffer_bytes);  // the one ring alive
+  EXPECT_GE(ring.forward_messages_alone() + ring.backward_messages_alone(), 0.0);
+  EXPECT_EQ(ring.stats().messages, messages);
+  EXPECT_EQ(model::RingAttention::process_stats().bytes, after.bytes);
   back(got_out, d_out), back(got_lse, d_lse), back(got_dq, d_dq), back(got_dk, d_dk),
       back(got_dv, d_dv);
 

@@ -5,10 +5,14 @@
 // (rank r sends to r+1) while attending to the block already held, and merges the partial
 // results through their log-sum-exps; the backward passes the same blocks again, their key/value
 // gradients travelling one hop behind and ending at their owner; dq stays local.
+// Every ring counts, always (a clock read around each wait), the time its calls take, the
+// part of it blocked waiting for the ring's messages, and the bytes it sends: per ring and
+// summed over the process (RingAttention::Stats), which the end-of-run report prints.
 // defines: trident::model::cp_chunk, cp_local_positions, CpSlice, RingAttention
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "trident/core/buffer.hpp"
@@ -46,10 +50,34 @@ struct CpSlice {
 
 class RingAttention {
  public:
+  // Cumulative figures. *_s: wall seconds (steady_clock) inside forward() / backward();
+  // *_wait_s: of which blocked in MPI waiting for the ring's messages once the tiles were done
+  // (the part of the communication the tiles did not hide, plus waiting for a slower peer);
+  // *_cpu_s: the same in this thread's CPU time (differs from wall time when the ranks share
+  // cores or MPI sleeps). bytes: what this rank sent (key/value blocks and their gradients).
+  struct Stats {
+    std::int64_t forward_calls = 0, backward_calls = 0;
+    double forward_s = 0, backward_s = 0;
+    double forward_cpu_s = 0, backward_cpu_s = 0;
+    double forward_wait_s = 0, backward_wait_s = 0;
+    double forward_wait_cpu_s = 0, backward_wait_cpu_s = 0;
+    std::int64_t messages = 0;
+    double bytes = 0;
+    std::int64_t buffer_bytes = 0;  // the rings' own buffers (made once, at construction)
+    Stats& operator+=(const Stats& o);
+    // One line: "ring attention: F forward and B backward passes over cp = C, sent S MiB in M
+    // messages; blocked waiting W s of R s in the ring (forward ..., backward ...; CPU time:
+    // the waits' Wc s of Rc s), buffers X MiB" (FORMAT.md)
+    std::string describe(int cp) const;
+  };
+
   // `local`: the shape of this rank's q, k, v, out as Ops::attention_forward takes it, with
   // t = T/cp local rows (even) per sequence, causal; lse is [B, NH, t] packed. The group is
   // the CP communicator (size 1: plain flash attention). Buffers are made here, once.
   RingAttention(ops::Ops& ops, parallel::Comm& group, const ops::Ops::AttentionShape& local);
+  ~RingAttention();
+  RingAttention(const RingAttention&) = delete;
+  RingAttention& operator=(const RingAttention&) = delete;
 
   // out, lse: causal attention of the local queries against the whole sequence's keys.
   void forward(float* out, float* lse, const float* q, const float* k, const float* v);
@@ -58,11 +86,28 @@ class RingAttention {
   void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                 const float* lse, const float* q, const float* k, const float* v);
 
+  // The messages of one forward() or one backward(), alone: the same sizes to the same peers
+  // in the same order, waited for at the same points, with no tiles between them (what they
+  // take when nothing hides them; benchmarks). Collective over the CP group. Wall seconds;
+  // cpu_s (optional): this thread's CPU seconds. Not counted in stats().
+  double forward_messages_alone(double* cpu_s = nullptr);
+  double backward_messages_alone(double* cpu_s = nullptr);
+
+  const Stats& stats() const { return stats_; }
+  // Every ring of this process (alive or gone) since start-up or the last reset.
+  static Stats process_stats();
+  static void reset_process_stats();
+
  private:
   // The attention shape of local query chunk `qa` against chunk `kc` of the travelling
   // key/value block, or false when the pair is skipped (key chunk later in the sequence).
   bool block_shape(int qa, int src, int kc, ops::Ops::AttentionShape& blk) const;
   void pack_kv(float* kv, const float* k, const float* v);
+  void count_send(Stats& call) const {
+    call.messages += 1;
+    call.bytes += double(kv_floats_) * double(sizeof(float));
+  }
+  void record(const Stats& call);  // into stats_ and the process's totals
 
   ops::Ops& ops_;
   parallel::Comm& group_;
@@ -71,6 +116,7 @@ class RingAttention {
   std::int64_t width_kv_ = 0;          // nkv * hs: a packed key (or value) row
   std::int64_t kv_floats_ = 0;         // one packed block: keys then values, [B, t, width_kv] each
   FloatBuffer kv_[2], dkv_[2], dkv_in_, part_out_, part_lse_, q_packed_, dq_acc_;
+  Stats stats_;
 };
 
 }  // namespace trident::model
