@@ -19,8 +19,8 @@ constexpr int kTagKv = 3001;   // key/value blocks, forward and backward
 constexpr int kTagDkv = 3002;  // their gradients, one hop behind
 
 // dst rows = src rows (b sequences of t rows of `width` floats; row strides ld, sequence
-// strides bs): one copy when both are packed, else one per row.
-// TODO(issue 30): a strided-copy op would make the unpacked case one launch on a GPU.
+// strides bs): one copy when both are packed, one strided copy (Ops::copy_rows) when the
+// sequences follow each other at the row stride, else one per sequence.
 void copy_rows(ops::Ops& ops, float* dst, std::int64_t ld_dst, std::int64_t bs_dst,
                const float* src, std::int64_t ld_src, std::int64_t bs_src, int b, int t,
                std::int64_t width) {
@@ -29,9 +29,12 @@ void copy_rows(ops::Ops& ops, float* dst, std::int64_t ld_dst, std::int64_t bs_d
     ops.copy(dst, src, std::int64_t(b) * packed);
     return;
   }
+  if (bs_dst == t * ld_dst && bs_src == t * ld_src) {
+    ops.copy_rows(dst, ld_dst, src, ld_src, std::int64_t(b) * t, width);
+    return;
+  }
   for (int bb = 0; bb < b; bb++)
-    for (int i = 0; i < t; i++)
-      ops.copy(dst + bb * bs_dst + i * ld_dst, src + bb * bs_src + i * ld_src, width);
+    ops.copy_rows(dst + bb * bs_dst, ld_dst, src + bb * bs_src, ld_src, t, width);
 }
 
 using Clock = std::chrono::steady_clock;
