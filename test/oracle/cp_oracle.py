@@ -3,7 +3,7 @@
 grad_oracle's check (loss within 1e-5, every gradient within 1e-4 of the largest, float64
 reference from the same float32 weights) on layouts that split every sequence over a CP ring:
 cp 2 and cp 4 alone, cp 2 x tp 2 with sequence parallelism, cp 2 x pp 2 x dp 2 with ZeRO-1 on
-8 ranks, Llama with grouped-query heads, and odd shapes (seq_len divisible by 2 * cp but not by
+8 ranks, zb-v's split backward at pp 2, Llama with grouped-query heads, and odd shapes (seq_len divisible by 2 * cp but not by
 64, 3 heads). The reference never splits anything: the whole sequences through one model.
 Run one config with `cp_oracle.py NAME`. TRIDENT_TEST_DEVICE (e.g. "cuda") runs trident on that
 device, as in grad_oracle.
@@ -30,6 +30,10 @@ CONFIGS = {
     # 8 ranks: the pipeline carries the local rows; ZeRO-1 shards over DP x CP = 4 ranks.
     "cp2_pp2_dp2_zero1": (dict(vocab_size=64, seq_len=12, n_layer=2, n_head=2, d_model=16), 4, 1,
                           {"cp": 2, "pp": 2, "dp": 2, "zero_stage": 1, "schedule": "1f1b"}),
+    # The split backward (B then W) in a V: zb-v at pp 2 x vpp 2, Llama with a tied head.
+    "llama_cp2_zbv_pp2": (dict(vocab_size=50, seq_len=12, n_layer=4, n_head=2, d_model=16,
+                               arch="llama", n_kv_head=1, ffn_hidden=24, tie_embeddings=True),
+                          4, 1, {"cp": 2, "pp": 2, "vpp": 2, "schedule": "zb-v"}),
     # Llama, grouped-query heads (2 kv of 4): RoPE at each chunk's own positions; selective
     # recomputation.
     "llama_gqa_cp2": (dict(vocab_size=64, seq_len=20, n_layer=2, n_head=4, d_model=32,
