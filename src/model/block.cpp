@@ -45,16 +45,21 @@ Block::Block(const BlockContext& ctx)
       slice_{ctx.cp_group ? ctx.cp_group->size() : 1, ctx.cp_group ? ctx.cp_group->rank() : 0} {}
 
 void Block::make_ring(const ops::Ops::AttentionShape& local) {
-  if (slice_.cp > 1) ring_ = std::make_unique<RingAttention>(ops_, *ctx_.cp_group, local);
+  if (slice_.cp <= 1) return;
+  if (ctx_.cp_mode == CpMode::ulysses)
+    ulysses_ = std::make_unique<UlyssesAttention>(ops_, *ctx_.cp_group, local);
+  else
+    ring_ = std::make_unique<RingAttention>(ops_, *ctx_.cp_group, local);
 }
 
 // The ring is made for the microbatch's shape; other shapes (inference) are refused where
 // cp > 1 before they reach here (GptChunk: "the whole model on one rank").
 void Block::attention_forward(float* out, float* lse, const float* q, const float* k,
                               const float* v, const ops::Ops::AttentionShape& shape) {
-  if (!ring_) return ops_.attention_forward(out, lse, q, k, v, shape);
-  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: ring attention over ", shape.b, " x ",
+  if (!ring_ && !ulysses_) return ops_.attention_forward(out, lse, q, k, v, shape);
+  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: CP attention over ", shape.b, " x ",
                 shape.t, " rows, made for the microbatch's ", B_, " x ", T_);
+  if (ulysses_) return ulysses_->forward(out, lse, q, k, v);
   ring_->forward(out, lse, q, k, v);
 }
 
@@ -62,9 +67,11 @@ void Block::attention_backward(float* dq, float* dk, float* dv, const float* dou
                                const float* out, const float* lse, const float* q,
                                const float* k, const float* v,
                                const ops::Ops::AttentionShape& shape) {
-  if (!ring_) return ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, shape);
-  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: ring attention backward over ",
+  if (!ring_ && !ulysses_)
+    return ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, shape);
+  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: CP attention backward over ",
                 shape.b, " x ", shape.t, " rows, made for the microbatch's ", B_, " x ", T_);
+  if (ulysses_) return ulysses_->backward(dq, dk, dv, dout, out, lse, q, k, v);
   ring_->backward(dq, dk, dv, dout, out, lse, q, k, v);
 }
 

@@ -26,7 +26,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::P
 
 GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
                    parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
-                   Recompute recompute, bool sequence_parallel)
+                   Recompute recompute, bool sequence_parallel, CpMode cp_mode)
     : StageModel(ops),
       cfg_(cfg),
       chunks_(chunks),
@@ -101,7 +101,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
                .make(BlockContext{cfg_, ops_, tpm_, tp_rank, tp, dims_, dbuf_.data(), dqkv_.data(),
                                   dfch_.data(), dact_.data(), full_scratch_.data(),
                                   local_scratch_.data(), ln_discard_.data(),
-                                  cp > 1 ? &ps.cp : nullptr});
+                                  cp > 1 ? &ps.cp : nullptr, cp_mode});
   for (int l = 0; l < local_first_.back(); ++l) {
     block_->check_layer([&](Role role) { return find(role, l); });
     p_layers_.push_back(layer_params(params_.data(), l));

@@ -40,7 +40,8 @@ std::string MemoryEstimate::describe() const {
   if (collectives > 0) d += " + MPI temporaries " + format_bytes(collectives);
   if (messages > 0) d += " + pipeline messages " + format_bytes(messages);
   if (files > 0) d += " + HDF5 files " + format_bytes(files);
-  if (ring > 0) d += " + ring attention " + format_bytes(ring);
+  if (ring > 0)
+    d += (ulysses ? " + ulysses attention " : " + ring attention ") + format_bytes(ring);
   if (libraries > 0) d += " + libraries " + format_bytes(libraries);
   if (staging > activations) d += " (start-up staging " + format_bytes(staging) + " > activations)";
   return d;
@@ -170,7 +171,14 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   }
 
   // Context parallelism: the rank's one RingAttention (shared by its chunks and layers).
-  if (lay.cp > 1) e.ring = ring_floats(cfg, lay.tp, d) * kFloat;
+  if (lay.cp > 1 && lay.cp_mode == CpMode::ulysses) {
+    // UlyssesAttention's buffers for the same local shape (the rank's NH and kv heads).
+    const std::int64_t kv = cfg.kv_heads(), nkv = kv >= lay.tp ? kv / lay.tp : 1;
+    e.ring = ulysses_floats(d.B * d.T, int(d.NH), int(nkv), cfg.head_dim()) * kFloat;
+    e.ulysses = true;
+  } else if (lay.cp > 1) {
+    e.ring = ring_floats(cfg, lay.tp, d) * kFloat;
+  }
 
   // GptChunk::init_weights draws the weights into a host vector, then copies them over.
   e.staging = lay.host_memory ? params * kFloat : 0;

@@ -37,7 +37,7 @@ std::unique_ptr<StageModel> make_stage_model(const ModelConfig& cfg,
   switch (o.tp_mode) {
     case TpMode::one_d:
       return std::make_unique<GptChunk>(cfg, chunks, ps, ops, o.micro_batch, o.recompute,
-                                        o.sequence_parallel);
+                                        o.sequence_parallel, o.cp_mode);
     case TpMode::two_d:
       TRIDENT_CHECK(chunks.size() == 1 && o.recompute == Recompute::none && !o.sequence_parallel,
                     "internal: 2D tensor parallelism runs one chunk per rank, no recompute, no "

@@ -220,6 +220,31 @@ void Comm::all_gather(const float* shard, float* full, std::int64_t shard_n) {
   out.finish();
 }
 
+void Comm::all_to_all(const float* send, float* recv, std::int64_t block_n) {
+  const std::size_t block_bytes = std::size_t(block_n) * 4;
+  if (size_ <= 1) {
+    TRIDENT_CHECK(!staging_ || (!staging_->on_device(send) && !staging_->on_device(recv)),
+                  "Comm::all_to_all on one rank copies host memory only");
+    std::copy(send, send + block_n, recv);
+    return;
+  }
+  flush();
+  count(double(size_ - 1) * double(block_bytes));
+  HostStage in(staging_.get(), const_cast<float*>(send), block_bytes * std::size_t(size_), true,
+               false, 0);
+  HostStage out(staging_.get(), recv, block_bytes * std::size_t(size_), false, true, 1);
+  if (watchdog_seconds() <= 0) {
+    MPI_Alltoall(in.ptr(), as_count(block_n), MPI_FLOAT, out.ptr(), as_count(block_n), MPI_FLOAT,
+                 comm_);
+  } else {
+    MPI_Request r;
+    MPI_Ialltoall(in.ptr(), as_count(block_n), MPI_FLOAT, out.ptr(), as_count(block_n),
+                  MPI_FLOAT, comm_, &r);
+    watch(r, "an all-to-all", block_n * size_);
+  }
+  out.finish();
+}
+
 Request Comm::iallreduce_sum(float* data, std::int64_t n) {
   Request r;
   if (size_ <= 1) return r;

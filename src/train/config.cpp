@@ -84,6 +84,7 @@ const std::vector<KeyDef>& key_table() {
       {"parallel", "sequence_parallel",
        [](Config& c) -> Field { return &c.parallel.sequence_parallel; }},
       {"parallel", "tp_mode", [](Config& c) -> Field { return &c.parallel.tp_mode; }},
+      {"parallel", "cp_mode", [](Config& c) -> Field { return &c.parallel.cp_mode; }},
       {"parallel", "zero_stage", [](Config& c) -> Field { return &c.parallel.zero_stage; }},
       {"parallel", "grad_bucket_mb",
        [](Config& c) -> Field { return &c.parallel.grad_bucket_mb; }},
@@ -545,6 +546,22 @@ class Loader {
     fail(where(key), ": ", key, ": expected ", list, ", got ", toml_string(v));
   }
 
+  // parallel.cp_mode: "ring" or "ulysses" (all-to-all over heads: each CP rank attends the
+  // whole sequence with cp-th of its rank's query and key/value heads, so both divide by cp).
+  void validate_cp_mode() const {
+    const Config::Parallel& p = cfg_.parallel;
+    need_one_of(p.cp_mode, "parallel.cp_mode", {"ring", "ulysses"});
+    if (p.cp_mode != "ulysses" || p.cp == 1 || p.tp_mode == "2d") return;
+    const model::ModelConfig& m = cfg_.model;
+    if (m.n_head % p.tp != 0) return;  // reported with parallel.tp
+    const int nh = m.n_head / p.tp, kv = m.kv_heads(), nkv = kv >= p.tp ? kv / p.tp : 1;
+    if (nh % p.cp != 0 || nkv % p.cp != 0)
+      fail(where("parallel.cp_mode", "parallel.cp"), ": parallel.cp_mode = \"ulysses\" splits "
+           "each rank's attention heads over parallel.cp = ", p.cp, ": needs its ", nh,
+           " query heads (model.n_head / parallel.tp) and ", nkv, " key/value heads divisible "
+           "by ", p.cp, "; use parallel.cp_mode = \"ring\" or another parallel.cp");
+  }
+
   // parallel.tp_mode: "2d" (SUMMA on a q x q grid, issue 20; model::Gpt2dStage, model/gpt2d_stage.hpp):
   // what 2D needs and what it does not do, one error each; commands that do not run it
   // (allow_tp2d false: trident plan) refuse it rather than run something else.
@@ -739,6 +756,7 @@ class Loader {
            ": parallel.sequence_parallel needs model.seq_len = ", c.model.seq_len,
            " divisible by parallel.tp = ", p.tp);
     validate_tp_mode();
+    validate_cp_mode();
     validate_layout_choice();
 
     // [train]
@@ -833,6 +851,11 @@ class Loader {
         fail(where(full), ": ", full, " is chosen by parallel.layout = \"auto\"; remove it, "
              "or set parallel.layout = \"deck\" to lay the run out by hand");
     }
+    // The planner plans the ring only (its memory and communication model).
+    if (p.cp_mode != "ring")
+      fail(where("parallel.cp_mode", "parallel.layout"), ": parallel.layout = \"auto\" plans "
+           "ring attention only; expected parallel.cp_mode = \"ring\", got ",
+           toml_string(p.cp_mode));
   }
 
   std::string source_;
@@ -966,6 +989,7 @@ model::MemoryLayout memory_layout(const Config& cfg, int pp_rank, int tp_rank) {
   lay.recompute = p.recompute.get();
   lay.zero1 = p.zero_stage == 1;
   lay.tp_2d = model::tp_mode_of(p.tp_mode) == model::TpMode::two_d;
+  lay.cp_mode = model::cp_mode_of(p.cp_mode);
   return lay;
 }
 

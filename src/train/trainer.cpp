@@ -91,6 +91,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   options.recompute = cfg.parallel.recompute.get();
   options.sequence_parallel = cfg.parallel.sequence_parallel;
   options.tp_mode = model::tp_mode_of(cfg.parallel.tp_mode);
+  options.cp_mode = model::cp_mode_of(cfg.parallel.cp_mode);
   update_ = pipeline::weight_update_of(cfg.parallel.schedule);
   model::MemoryLayout lay = memory_layout(cfg, ps.coord.pp, ps.coord.tp);
   lay.host_memory = ops.memory() == nullptr;

@@ -22,6 +22,7 @@
 
 #include "trident/model/ring_attention.hpp"
 #include "trident/model/spec.hpp"
+#include "trident/model/ulysses_attention.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/tp_mappings.hpp"
 
@@ -93,6 +94,8 @@ struct BlockContext {
   // Context parallelism: the CP ring (null, or one rank: every row of the sequence is here).
   // Its rank's rows are chunks r and 2·cp−1−r of each sequence (dims.T = seq_len / cp).
   parallel::Comm* cp_group = nullptr;
+  // parallel.cp_mode: the ring (RingAttention) or all-to-all over heads (UlyssesAttention).
+  CpMode cp_mode = CpMode::ring;
 };
 
 // The keys and values of the positions generated so far (per layer, [T, kv width] each) and
@@ -155,14 +158,15 @@ class Block {
   LayerActivations decode_views() const;
 
   // The attention core over the microbatch: the flash kernels, or under context parallelism
-  // the ring over the CP group (then only the microbatch's own shape, B x T).
+  // the ring or Ulysses over the CP group (then only the microbatch's own shape, B x T).
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const ops::Ops::AttentionShape& shape);
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
                           const ops::Ops::AttentionShape& shape);
-  // Makes the ring for the microbatch's attention shape when there is a CP group of more
-  // than one rank (the subclass's constructor: the shape is the architecture's).
+  // Makes the ring (or Ulysses, ctx.cp_mode) for the microbatch's attention shape when there
+  // is a CP group of more than one rank (the subclass's constructor: the shape is the
+  // architecture's).
   void make_ring(const ops::Ops::AttentionShape& local);
 
   // decode's attention: the token's k and v (kv_width() floats each from column k_col of
@@ -181,6 +185,7 @@ class Block {
   // Which positions the local rows hold (RoPE angles); the ring when cp > 1.
   const CpSlice slice_;
   std::unique_ptr<RingAttention> ring_;
+  std::unique_ptr<UlyssesAttention> ulysses_;
 };
 
 // An architecture's block: how it sizes a chunk's q|k|v and MLP columns (C3, F1, kv_cols of

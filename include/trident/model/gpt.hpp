@@ -126,7 +126,8 @@ class GptChunk final : public StageModel {
   // number of layers.
   GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunks,
            parallel::ParallelState& ps, ops::Ops& ops, int micro_batch,
-           Recompute recompute = Recompute::none, bool sequence_parallel = false);
+           Recompute recompute = Recompute::none, bool sequence_parallel = false,
+           CpMode cp_mode = CpMode::ring);
   // One chunk (vpp = 1, or the whole model).
   GptChunk(const ModelConfig& cfg, const StageLayout& stage, parallel::ParallelState& ps,
            ops::Ops& ops, int micro_batch, Recompute recompute = Recompute::none,

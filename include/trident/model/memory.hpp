@@ -12,7 +12,7 @@
 //   scratch      the backward's shared buffers, the head's logits, full recomputation's
 //                one-layer store, sequence parallelism's gathers
 //   ring         context parallelism (cp > 1): model::RingAttention's key/value blocks and
-//                partial results, one per rank (every term above follows chunk_dims' T / cp)
+//                partial results (or UlyssesAttention's all-to-all buffers), one per rank (every term above follows chunk_dims' T / cp)
 //   staging      host memory of the start-up weight initialization (one copy of the
 //                weights), freed before the first step: it counts only where it is larger
 //                than the activations it precedes (host memory: CPU ranks only)
@@ -40,6 +40,8 @@ struct MemoryLayout {
   // RingAttention, and shares its gradients with dp * cp ranks (the dp_cp communicator: the
   // DP buckets and the ZeRO-1 shard span DP x CP). Not with tp_2d (the deck refuses it).
   int cp = 1;
+  // parallel.cp_mode: cp > 1 holds one UlyssesAttention's buffers instead of the ring's.
+  CpMode cp_mode = CpMode::ring;
   int pp_rank = 0, tp_rank = 0;  // the rank predicted for (its stage and shard)
   std::vector<int> stage_layers;  // parallel.pipeline_layers resolved (empty: even split)
   Placement placement = Placement::round_robin;  // the schedule's (pipeline::placement_of)
@@ -105,6 +107,7 @@ struct MemoryEstimate {
   std::int64_t files = 0;
   // Context parallelism (MemoryLayout::cp > 1): the ring attention's buffers (ring_floats).
   std::int64_t ring = 0;
+  bool ulysses = false;  // `ring` holds UlyssesAttention's buffers (ulysses_floats) instead
   std::int64_t activations_per_microbatch = 0;
   // weights + gradients + optimizer + scratch + max(activations, staging) + collectives
   // + messages + files + ring + libraries

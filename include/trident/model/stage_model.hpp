@@ -21,6 +21,7 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/model/spec.hpp"
+#include "trident/model/ulysses_attention.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
 
@@ -133,6 +134,8 @@ struct StageModelOptions {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
   TpMode tp_mode = TpMode::one_d;
+  // parallel.cp_mode (cp > 1): attention over the CP group by the ring or by Ulysses.
+  CpMode cp_mode = CpMode::ring;
 };
 
 // This rank's chunks (chunk_layouts) of the model as the deck lays it out.

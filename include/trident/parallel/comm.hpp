@@ -80,6 +80,10 @@ class Comm {
   void all_gather_inplace(float* full, std::int64_t shard_n);
   // The same from a separate `shard` (not read from `full`).
   void all_gather(const float* shard, float* full, std::int64_t shard_n);
+  // All-to-all of equal blocks: block r of `send` (floats [r*block_n, (r+1)*block_n)) goes
+  // to rank r, and rank r's block for this rank lands in block r of `recv` (separate
+  // buffers). Counted as (p-1)/p of the buffer: the blocks that leave the rank.
+  void all_to_all(const float* send, float* recv, std::int64_t block_n);
   // Non-blocking collectives over one bucket of a flat buffer (DP gradient sync, ZeRO-1);
   // the caller waits (Request::wait). On a size-1 communicator they return a complete
   // request at once (ireduce_scatter_sum copies this rank's part). Counted when started, with the

@@ -129,6 +129,9 @@ struct Config {
     // and DP; model.seq_len divisible by 2 * cp). Not wired into the model yet (issue 30):
     // the commands that run one refuse cp > 1 (app/session.cpp).
     int cp = 1;
+    // How attention runs over the CP group: "ring" (ring attention) | "ulysses" (all-to-all
+    // over heads; n_head / tp and the rank's kv heads divisible by cp).
+    std::string cp_mode = "ring";
     int vpp = 1;  // model chunks per pipeline rank (interleaved-1f1b, looped-bfs)
     // Layers per virtual stage: "even" (n_layer / (pp * vpp); "auto" where that does not
     // divide), "auto" (balanced by predicted cost, model::balanced_stage_layers) or a TOML

@@ -1,0 +1,78 @@
+// trident/model/ulysses_attention.hpp — causal attention over a context-parallel (CP) group by
+// all-to-all over heads (DeepSpeed Ulysses; parallel.cp_mode = "ulysses", docs/context_parallel.md).
+// Each rank holds t = T/cp rows of every sequence (chunks r and 2·cp−1−r of 2·cp, as the ring
+// has them) and all its heads. One all-to-all gives each rank the whole sequence for cp-th of
+// the heads (query heads [r·NH/cp, (r+1)·NH/cp), key/value heads [r·nkv/cp, (r+1)·nkv/cp)), rows
+// back in global order; the ordinary causal flash attention runs on it; one all-to-all brings
+// the output back to the local rows and all heads. The backward redoes the all-to-alls of q, k,
+// v, out and dout (nothing stashed beyond what the block keeps), runs the flash backward and
+// sends dq, dk, dv back. Needs NH % cp == 0 and nkv % cp == 0 (the deck checks
+// parallel.cp_mode).
+// defines: trident::model::CpMode, cp_mode_of, UlyssesAttention, ulysses_floats
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trident/core/buffer.hpp"
+#include "trident/ops/ops.hpp"
+#include "trident/parallel/comm.hpp"
+
+namespace trident::model {
+
+// parallel.cp_mode: how attention runs over the CP group.
+enum class CpMode { ring, ulysses };
+CpMode cp_mode_of(const std::string& name);  // "ring" | "ulysses"; an Error otherwise
+
+// Floats of the buffers UlyssesAttention's constructor allocates for a local shape of
+// rows = B·t rows, nh query heads and nkv key/value heads of hs (send and receive buffers of
+// max(nh + 2·nkv, 2·nh)·hs per row each, the whole-sequence q|k|v of (nh + 2·nkv)·hs per row
+// and out|dout of 2·nh·hs per row).
+std::int64_t ulysses_floats(std::int64_t rows, int nh, int nkv, int hs);
+
+class UlyssesAttention {
+ public:
+  // `local`: the shape of this rank's q, k, v, out as Ops::attention_forward takes it, with
+  // t = T/cp local rows (even) per sequence, causal; lse is [B, NH, t] packed (it holds the
+  // head-split whole-sequence lse, [B, NH/cp, T]: only backward() reads it). The group is the
+  // CP communicator. Buffers are made here, once.
+  UlyssesAttention(ops::Ops& ops, parallel::Comm& group, const ops::Ops::AttentionShape& local);
+  UlyssesAttention(const UlyssesAttention&) = delete;
+  UlyssesAttention& operator=(const UlyssesAttention&) = delete;
+
+  // out: causal attention of the local queries against the whole sequence's keys.
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v);
+  // dq, dk, dv WRITTEN (this rank's rows; each key/value head summing its query heads) from
+  // dout and the forward's out and lse.
+  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                const float* lse, const float* q, const float* k, const float* v);
+
+  std::int64_t buffer_bytes() const { return buffer_bytes_; }
+
+ private:
+  // One tensor of the local rows (row stride ld, sequence stride bs; `heads` heads of hs)
+  // into the send buffer: the cp-th of its heads for rank j at column `col` of j's block.
+  void pack(const float* x, std::int64_t ld, std::int64_t bs, int heads, std::int64_t col);
+  // The received blocks' columns [col, col + w) (w = heads/cp · hs) into whole-sequence rows
+  // [B, T, w] at `full`, each source's two chunks at their global places.
+  void unpack_full(float* full, int heads, std::int64_t col);
+  // The reverse: whole-sequence rows [B, T, w] into the send buffer, rank j's chunks at
+  // column `col` of j's block.
+  void pack_full(const float* full, int heads, std::int64_t col);
+  // The received blocks' columns [col, col + w) back into the local rows, source j's heads.
+  void unpack(float* x, std::int64_t ld, std::int64_t bs, int heads, std::int64_t col);
+  void exchange() { group_.all_to_all(send_.data(), recv_.data(), block_); }
+  // The whole-sequence shape of this rank's heads, packed rows.
+  ops::Ops::AttentionShape full_shape() const;
+
+  ops::Ops& ops_;
+  parallel::Comm& group_;
+  ops::Ops::AttentionShape s_;
+  int cp_ = 1, chunk_ = 0;    // chunk_: rows of one chunk (t / 2)
+  std::int64_t row_w_ = 0;    // floats of one row of a block in the current exchange
+  std::int64_t block_ = 0;    // floats of one rank's block in the current exchange
+  FloatBuffer send_, recv_, qkv_full_, od_full_;
+  std::int64_t buffer_bytes_ = 0;
+};
+
+}  // namespace trident::model

@@ -1,0 +1,182 @@
+// Ulysses attention over the CP group (see trident/model/ulysses_attention.hpp).
+#include "trident/model/ulysses_attention.hpp"
+
+#include <algorithm>
+
+#include "trident/core/error.hpp"
+#include "trident/model/ring_attention.hpp"
+
+namespace trident::model {
+
+CpMode cp_mode_of(const std::string& name) {
+  if (name == "ring") return CpMode::ring;
+  if (name == "ulysses") return CpMode::ulysses;
+  throw Error(str("parallel.cp_mode: expected \"ring\" or \"ulysses\", got \"", name, "\""));
+}
+
+std::int64_t ulysses_floats(std::int64_t rows, int nh, int nkv, int hs) {
+  const std::int64_t qkv = std::int64_t(nh + 2 * nkv) * hs, od = 2 * std::int64_t(nh) * hs;
+  return 2 * rows * std::max(qkv, od) + rows * qkv + rows * od;
+}
+
+UlyssesAttention::UlyssesAttention(ops::Ops& ops, parallel::Comm& group,
+                                   const ops::Ops::AttentionShape& local)
+    : ops_(ops), group_(group), s_(local), cp_(group.size()) {
+  TRIDENT_CHECK(s_.t > 0 && s_.t % 2 == 0, "ulysses attention: the local sequence length ", s_.t,
+                " must be even (two chunks of the 2 * cp)");
+  TRIDENT_CHECK(s_.causal && !s_.accumulate,
+                "ulysses attention: the shape must be causal and not accumulate");
+  TRIDENT_CHECK(s_.lse_row() == s_.t, "ulysses attention: lse must be [B, NH, t] packed");
+  TRIDENT_CHECK(s_.nh > 0 && s_.nkv > 0 && s_.nh % s_.nkv == 0 && s_.hs > 0,
+                "ulysses attention: bad heads (nh ", s_.nh, ", nkv ", s_.nkv, ", hs ", s_.hs, ")");
+  TRIDENT_CHECK(s_.nh % cp_ == 0 && s_.nkv % cp_ == 0, "parallel.cp_mode = \"ulysses\": the ",
+                s_.nh, " query and ", s_.nkv, " key/value heads of the rank must be divisible by "
+                "parallel.cp = ", cp_);
+  chunk_ = s_.t / 2;
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t;
+  const std::int64_t qkv = std::int64_t(s_.nh + 2 * s_.nkv) * s_.hs;
+  const std::int64_t od = 2 * std::int64_t(s_.nh) * s_.hs;
+  DeviceMemory* mem = ops.memory();
+  send_ = FloatBuffer(std::size_t(rows * std::max(qkv, od)), mem);
+  recv_ = FloatBuffer(std::size_t(rows * std::max(qkv, od)), mem);
+  qkv_full_ = FloatBuffer(std::size_t(rows * qkv), mem);
+  od_full_ = FloatBuffer(std::size_t(rows * od), mem);
+  buffer_bytes_ = ulysses_floats(rows, s_.nh, s_.nkv, s_.hs) * std::int64_t(sizeof(float));
+}
+
+ops::Ops::AttentionShape UlyssesAttention::full_shape() const {
+  ops::Ops::AttentionShape f;
+  f.b = s_.b;
+  f.t = s_.t * cp_;
+  f.nh = s_.nh / cp_;
+  f.nkv = s_.nkv / cp_;
+  f.hs = s_.hs;
+  f.ld_q = f.ld_o = std::int64_t(f.nh) * f.hs;
+  f.ld_k = f.ld_v = std::int64_t(f.nkv) * f.hs;
+  return f;
+}
+
+void UlyssesAttention::pack(const float* x, std::int64_t ld, std::int64_t bs, int heads,
+                            std::int64_t col) {
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs;
+  for (int j = 0; j < cp_; j++) {
+    float* dst = send_.data() + j * block_ + col;
+    if (bs == s_.t * ld) {
+      ops_.copy_rows(dst, row_w_, x + j * w, ld, std::int64_t(s_.b) * s_.t, w);
+      continue;
+    }
+    for (int bb = 0; bb < s_.b; bb++)
+      ops_.copy_rows(dst + std::int64_t(bb) * s_.t * row_w_, row_w_, x + bb * bs + j * w, ld,
+                     s_.t, w);
+  }
+}
+
+void UlyssesAttention::unpack(float* x, std::int64_t ld, std::int64_t bs, int heads,
+                              std::int64_t col) {
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs;
+  for (int j = 0; j < cp_; j++) {
+    const float* src = recv_.data() + j * block_ + col;
+    if (bs == s_.t * ld) {
+      ops_.copy_rows(x + j * w, ld, src, row_w_, std::int64_t(s_.b) * s_.t, w);
+      continue;
+    }
+    for (int bb = 0; bb < s_.b; bb++)
+      ops_.copy_rows(x + bb * bs + j * w, ld, src + std::int64_t(bb) * s_.t * row_w_, row_w_,
+                     s_.t, w);
+  }
+}
+
+void UlyssesAttention::unpack_full(float* full, int heads, std::int64_t col) {
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs, T = std::int64_t(s_.t) * cp_;
+  for (int i = 0; i < cp_; i++)
+    for (int bb = 0; bb < s_.b; bb++)
+      for (int which = 0; which < 2; which++) {
+        const std::int64_t local_row = std::int64_t(bb) * s_.t + std::int64_t(which) * chunk_;
+        const std::int64_t global_row =
+            std::int64_t(bb) * T + std::int64_t(cp_chunk(cp_, i, which)) * chunk_;
+        ops_.copy_rows(full + global_row * w, w, recv_.data() + i * block_ + local_row * row_w_ + col,
+                       row_w_, chunk_, w);
+      }
+}
+
+void UlyssesAttention::pack_full(const float* full, int heads, std::int64_t col) {
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs, T = std::int64_t(s_.t) * cp_;
+  for (int j = 0; j < cp_; j++)
+    for (int bb = 0; bb < s_.b; bb++)
+      for (int which = 0; which < 2; which++) {
+        const std::int64_t local_row = std::int64_t(bb) * s_.t + std::int64_t(which) * chunk_;
+        const std::int64_t global_row =
+            std::int64_t(bb) * T + std::int64_t(cp_chunk(cp_, j, which)) * chunk_;
+        ops_.copy_rows(send_.data() + j * block_ + local_row * row_w_ + col, row_w_,
+                       full + global_row * w, w, chunk_, w);
+      }
+}
+
+void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v) {
+  const ops::Ops::AttentionShape f = full_shape();
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
+  // q | k | v of this rank's heads for every rank, each rank's rows in one block
+  row_w_ = f.ld_q + 2 * f.ld_k;
+  block_ = rows * row_w_;
+  pack(q, s_.ld_q, s_.batch_q(), s_.nh, 0);
+  pack(k, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
+  pack(v, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
+  exchange();
+  float* Q = qkv_full_.data();
+  float* K = Q + full_rows * f.ld_q;
+  float* V = K + full_rows * f.ld_k;
+  unpack_full(Q, s_.nh, 0);
+  unpack_full(K, s_.nkv, f.ld_q);
+  unpack_full(V, s_.nkv, f.ld_q + f.ld_k);
+  ops_.attention_forward(od_full_.data(), lse, Q, K, V, f);
+  // the output back to the rows it belongs to
+  row_w_ = f.ld_o;
+  block_ = rows * row_w_;
+  pack_full(od_full_.data(), s_.nh, 0);
+  exchange();
+  unpack(out, s_.ld_o, s_.batch_o(), s_.nh, 0);
+}
+
+void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q,
+                                const float* k, const float* v) {
+  const ops::Ops::AttentionShape f = full_shape();
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
+  // out | dout, then q | k | v, as the forward sent them
+  row_w_ = 2 * f.ld_o;
+  block_ = rows * row_w_;
+  pack(out, s_.ld_o, s_.batch_o(), s_.nh, 0);
+  pack(dout, s_.ld_o, s_.batch_o(), s_.nh, f.ld_o);
+  exchange();
+  float* O = od_full_.data();
+  float* dO = O + full_rows * f.ld_o;
+  unpack_full(O, s_.nh, 0);
+  unpack_full(dO, s_.nh, f.ld_o);
+  row_w_ = f.ld_q + 2 * f.ld_k;
+  block_ = rows * row_w_;
+  pack(q, s_.ld_q, s_.batch_q(), s_.nh, 0);
+  pack(k, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
+  pack(v, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
+  exchange();
+  float* Q = qkv_full_.data();
+  float* K = Q + full_rows * f.ld_q;
+  float* V = K + full_rows * f.ld_k;
+  unpack_full(Q, s_.nh, 0);
+  unpack_full(K, s_.nkv, f.ld_q);
+  unpack_full(V, s_.nkv, f.ld_q + f.ld_k);
+  // the received blocks are spent: the whole-sequence gradients go there
+  float* dQ = recv_.data();
+  float* dK = dQ + full_rows * f.ld_q;
+  float* dV = dK + full_rows * f.ld_k;
+  ops_.attention_backward(dQ, dK, dV, dO, O, lse, Q, K, V, f);
+  pack_full(dQ, s_.nh, 0);
+  pack_full(dK, s_.nkv, f.ld_q);
+  pack_full(dV, s_.nkv, f.ld_q + f.ld_k);
+  exchange();
+  unpack(dq, s_.ld_q, s_.batch_q(), s_.nh, 0);
+  unpack(dk, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
+  unpack(dv, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
+}
+
+}  // namespace trident::model
