@@ -4,7 +4,8 @@ grad_oracle's check (loss within 1e-5, every gradient within 1e-4 of the largest
 reference from the same float32 weights) on layouts that split every sequence over a CP ring:
 cp 2 and cp 4 alone, cp 2 x tp 2 with sequence parallelism, cp 2 x pp 2 x dp 2 with ZeRO-1 on
 8 ranks, zb-v's split backward at pp 2, Llama with grouped-query heads, and odd shapes (seq_len divisible by 2 * cp but not by
-64, 3 heads). The reference never splits anything: the whole sequences through one model.
+64, 3 heads); and the same kinds of layouts with parallel.cp_mode = "ulysses" (all-to-all over
+heads). The reference never splits anything: the whole sequences through one model.
 Run one config with `cp_oracle.py NAME`. TRIDENT_TEST_DEVICE (e.g. "cuda") runs trident on that
 device, as in grad_oracle.
 """
@@ -39,6 +40,26 @@ CONFIGS = {
     "llama_gqa_cp2": (dict(vocab_size=64, seq_len=20, n_layer=2, n_head=4, d_model=32,
                            arch="llama", n_kv_head=2, ffn_hidden=40), 2, 2,
                       {"cp": 2, "recompute": "selective"}),
+    # Ulysses (parallel.cp_mode = "ulysses": all-to-all over heads). Two sequences a
+    # microbatch: the whole-sequence rows of each put back in order.
+    "ulysses_cp2": (dict(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=32), 4, 2,
+                    {"cp": 2, "cp_mode": "ulysses"}),
+    # Under TP 2 with SP: each rank's 2 heads (of 4) split over cp 2.
+    "ulysses_cp2_tp2_sp": (dict(vocab_size=64, seq_len=20, n_layer=2, n_head=4, d_model=32), 2,
+                           2, {"cp": 2, "tp": 2, "sequence_parallel": True,
+                               "cp_mode": "ulysses"}),
+    # Llama GQA (2 kv heads of 4): one kv head per CP rank for its two query heads.
+    "ulysses_llama_gqa_cp2": (dict(vocab_size=64, seq_len=20, n_layer=2, n_head=4, d_model=32,
+                                   arch="llama", n_kv_head=2, ffn_hidden=40), 2, 2,
+                              {"cp": 2, "recompute": "selective", "cp_mode": "ulysses"}),
+    # cp 4: one head per rank, T = 24 (3 rows a chunk), full recomputation.
+    "ulysses_cp4_recompute": (dict(vocab_size=67, seq_len=24, n_layer=2, n_head=4, d_model=32),
+                              2, 2, {"cp": 4, "recompute": "full", "cp_mode": "ulysses"}),
+    # 8 ranks: the pipeline and ZeRO-1 over DP x CP, with Ulysses.
+    "ulysses_cp2_pp2_dp2_zero1": (dict(vocab_size=64, seq_len=12, n_layer=2, n_head=2,
+                                       d_model=16), 4, 1,
+                                  {"cp": 2, "pp": 2, "dp": 2, "zero_stage": 1,
+                                   "schedule": "1f1b", "cp_mode": "ulysses"}),
 }
 
 
