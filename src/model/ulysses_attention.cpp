@@ -112,6 +112,11 @@ void UlyssesAttention::pack_full(const float* full, int heads, std::int64_t col)
       }
 }
 
+void UlyssesAttention::exchange() {
+  if (cp_ == 1) return ops_.copy(recv_.data(), send_.data(), block_);  // device memory too
+  group_.all_to_all(send_.data(), recv_.data(), block_);
+}
+
 void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
                                const float* v) {
   const ops::Ops::AttentionShape f = full_shape();

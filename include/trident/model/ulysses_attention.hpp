@@ -61,7 +61,8 @@ class UlyssesAttention {
   void pack_full(const float* full, int heads, std::int64_t col);
   // The received blocks' columns [col, col + w) back into the local rows, source j's heads.
   void unpack(float* x, std::int64_t ld, std::int64_t bs, int heads, std::int64_t col);
-  void exchange() { group_.all_to_all(send_.data(), recv_.data(), block_); }
+  // send_ -> recv_: the all-to-all of blocks of block_ floats over the CP group.
+  void exchange();
   // The whole-sequence shape of this rank's heads, packed rows.
   ops::Ops::AttentionShape full_shape() const;
 
