@@ -548,6 +548,24 @@ deck_case("div_seq_len_by_2cp", {"parallel.cp": 3},
 deck_case("cp_with_tp_2d", {"parallel.cp": 2, "parallel.tp": 4, "parallel.tp_mode": "2d"},
           ["deck.toml", "parallel.tp_mode = \"2d\"", "context parallelism",
            "expected parallel.cp = 1"], np=2)
+# Ulysses (parallel.cp_mode): the word, and each rank's heads split over cp.
+deck_case("cp_mode_unknown", {"parallel.cp_mode": "tree"},
+          ["deck.toml:", "parallel.cp_mode", "ring or ulysses", "\"tree\""])
+deck_case("ulysses_heads_not_divisible_by_cp",
+          {"parallel.cp": 2, "parallel.cp_mode": "ulysses", "model.n_head": 1},
+          ["deck.toml", "parallel.cp_mode = \"ulysses\"", "parallel.cp = 2", "1 query heads",
+           "divisible by 2"], np=2)
+deck_case("ulysses_tp_heads_not_divisible_by_cp",
+          {"parallel.cp": 2, "parallel.tp": 2, "parallel.cp_mode": "ulysses"},
+          ["deck.toml", "parallel.cp_mode = \"ulysses\"", "1 query heads", "parallel.tp"], np=4)
+deck_case("ulysses_kv_heads_not_divisible_by_cp",
+          {"parallel.cp": 2, "parallel.cp_mode": "ulysses", "model.arch": "llama",
+           "model.n_head": 4, "model.n_kv_head": 1},
+          ["deck.toml", "parallel.cp_mode = \"ulysses\"", "4 query heads", "1 key/value heads"],
+          np=2)
+deck_case("ulysses_with_layout_auto", {"parallel.layout": "auto", "parallel.micro_batch_size": None,
+                                       "parallel.cp_mode": "ulysses"},
+          ["deck.toml:", "parallel.cp_mode", "parallel.layout = \"auto\"", "ring"])
 
 
 @case("cli_grid_world_vs_cp", ["--tp * --cp * --dp * --pp", "1 * 2 * 2 * 1 = 4", "world has 2"],
