@@ -168,5 +168,34 @@ TEST(Memory, RingCountsTheKeyValueHeadsOfTheRank) {
             (5 * 2 * rows * 8 + rows * 16 + rows * 2 + 2 * rows * 16) * 4);
 }
 
+// parallel.cp_mode = "ulysses": the term holds UlyssesAttention's buffers instead of the
+// ring's (send and receive of max(q|k|v, out|dout) per row, the whole-sequence q|k|v and
+// out|dout of the rank's heads); nothing else changes.
+TEST(Memory, UlyssesCountsItsAllToAllBuffersInsteadOfTheRing) {
+  ModelConfig cfg;
+  cfg.arch = "llama";
+  cfg.vocab_size = 64, cfg.seq_len = 32, cfg.n_layer = 2, cfg.n_head = 8, cfg.d_model = 64;
+  cfg.n_kv_head = 2;  // head size 8
+  MemoryLayout lay;
+  lay.micro_batch = 1, lay.cp = 2;
+  const MemoryEstimate ring = predict_memory(cfg, lay);
+  lay.cp_mode = CpMode::ulysses;
+  const MemoryEstimate uly = predict_memory(cfg, lay);
+  const std::int64_t rows = 32 / 2;
+  // tp 1: q|k|v (8 + 2 * 2) * 8 = 96 floats a row, out|dout 2 * 64 = 128.
+  EXPECT_EQ(uly.ring, (2 * rows * 128 + rows * 96 + rows * 128) * 4);
+  EXPECT_TRUE(uly.ulysses);
+  EXPECT_FALSE(ring.ulysses);
+  EXPECT_EQ(uly.peak() - uly.ring, ring.peak() - ring.ring);
+  EXPECT_NE(uly.describe().find("+ ulysses attention"), std::string::npos) << uly.describe();
+  EXPECT_EQ(uly.describe().find("ring attention"), std::string::npos) << uly.describe();
+  // tp 2: 4 query heads, 1 key/value head: q|k|v 48, out|dout 64 floats a row.
+  lay.tp = 2;
+  EXPECT_EQ(predict_memory(cfg, lay).ring, (2 * rows * 64 + rows * 48 + rows * 64) * 4);
+  // cp 1: no CP attention at all, whatever the mode.
+  lay.cp = 1;
+  EXPECT_EQ(predict_memory(cfg, lay).ring, 0);
+}
+
 }  // namespace
 }  // namespace trident::model

@@ -28,6 +28,7 @@ tp = 1
 pp = 1
 dp = 0                  # 0: world size / (tp * cp * pp)
 cp = 1                  # context parallelism: ranks per sequence (grid only so far)
+cp_mode = "ring"        # ring | ulysses (all-to-all over heads)
 vpp = 1                 # model chunks per pipeline rank (interleaved schedules)
 schedule = "1f1b"       # naive | gpipe | 1f1b | interleaved-1f1b | looped-bfs | zb-h1
 micro_batch_size = 4
@@ -156,7 +157,8 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   // Every key of FORMAT.md's deck, in its order, each exactly once.
   const std::vector<std::string> lines = {
       "[model]", "vocab_size = 0", "seq_len = 128", "n_layer = 4", "n_head = 4",
-      "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "cp = 1", "vpp = 1",
+      "d_model = 256", "[parallel]", "tp = 1", "pp = 1", "dp = 0", "cp = 1",
+      "cp_mode = \"ring\"", "vpp = 1",
       "schedule = \"1f1b\"", "pipeline_layers = \"even\"", "micro_batch_size = 4", "sequence_parallel = false", "tp_mode = \"1d\"",
       "zero_stage = 0", "grad_bucket_mb = 25.0", "recompute = \"none\"", "layout = \"deck\"", "machine = \"\"", "[train]", "steps = 200",
       "global_batch_size = 32", "lr = 0.0003", "min_lr = 3e-05", "warmup_steps = 20",
@@ -174,7 +176,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 48u);
+  EXPECT_EQ(assignments, 49u);
 }
 
 // parallel.pipeline_layers: "even" by default, "auto", or a list that prints and parses back;
@@ -576,6 +578,20 @@ TEST(ConfigErrors, Divisibility) {
   // The planner lays out cp = 1 only: parallel.layout = "auto" chooses cp like tp.
   expect_error("", {"parallel.layout=auto", "parallel.cp=2"},
                {"parallel.cp is chosen by parallel.layout = \"auto\""});
+  // Ulysses splits each rank's heads over cp: n_head / tp and its kv heads divisible by cp.
+  expect_error("", {"parallel.cp_mode=tree"}, {"parallel.cp_mode", "ring or ulysses"});
+  expect_error("", {"parallel.cp=8", "parallel.cp_mode=ulysses"},
+               {"parallel.cp_mode = \"ulysses\"", "parallel.cp = 8", "4 query heads"});
+  expect_error("", {"parallel.cp=2", "parallel.tp=4", "parallel.cp_mode=ulysses"},
+               {"parallel.cp_mode = \"ulysses\"", "1 query heads"});
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.cp=4", "parallel.cp_mode=ulysses"}));
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.cp=2", "parallel.tp=2",
+                                               "parallel.cp_mode=ulysses"}));
+  // cp = 1: any head count (no CP attention)
+  EXPECT_NO_THROW(parse_config("", "d.toml", {"model.n_head=1", "model.d_model=8",
+                                               "parallel.cp_mode=ulysses"}));
+  expect_error("", {"parallel.layout=auto", "parallel.cp_mode=ulysses"},
+               {"parallel.cp_mode", "plans ring attention only"});
   expect_error("", {"parallel.sequence_parallel=true", "parallel.tp=4", "model.seq_len=126"},
                {"parallel.sequence_parallel", "model.seq_len = 126", "parallel.tp = 4"});
   EXPECT_NO_THROW(parse_config("", "d.toml", {"parallel.sequence_parallel=true", "parallel.tp=4"}));
