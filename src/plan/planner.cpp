@@ -27,6 +27,9 @@ train::Config with_layout(const train::Config& deck, const Layout& l) {
   train::Config c = deck;
   c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
   c.parallel.cp = l.cp;
+  // The planner models ring attention only (its buffers and its overlapped hops), whatever
+  // the deck's parallel.cp_mode.
+  c.parallel.cp_mode = "ring";
   c.parallel.schedule = l.schedule;
   // The split the layout was planned with (a deck's own list of counts fits its own pp and
   // vpp only): "even" or "auto", resolved by `trident train` as plan::stage_layers_of does.

@@ -55,7 +55,8 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
 std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& machine,
                                       const PlanOptions& opt);
 
-// The deck with `layout` in its [parallel] section (dp explicit).
+// The deck with `layout` in its [parallel] section (dp explicit; parallel.cp_mode "ring": the
+// planner models ring attention only).
 train::Config with_layout(const train::Config& deck, const Layout& layout);
 // The deck keys of `layout` ([parallel], dp explicit), each with its value as TOML: the one
 // mapping from a layout to text, which the two below write (and with_layout's typed one
