@@ -17,6 +17,7 @@
 #include "trident/io/dataset.hpp"
 #include "trident/io/out_dir_lock.hpp"
 #include "trident/model/ring_attention.hpp"
+#include "trident/model/ulysses_attention.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/train/checkpointer.hpp"
 #include "trident/train/data_loader.hpp"
@@ -207,8 +208,10 @@ void run_training(Trainer& tr) {
             "); activations ", model::format_bytes(tr.measured_activation_bytes()),
             " (predicted ", model::format_bytes(tr.memory_estimate().activations), ")");
   overlap.print();
-  // cp > 1: rank 0's ring figures over the run (time blocked waiting for the ring's messages).
-  if (ps.shape.cp > 1) log::info(model::RingAttention::process_stats().describe(ps.shape.cp));
+  // cp > 1: rank 0's ring figures over the run (time blocked waiting for the ring's messages;
+  // Ulysses' all-to-alls are in the metrics' comm/cp columns).
+  if (ps.shape.cp > 1 && model::cp_mode_of(cfg.parallel.cp_mode) == model::CpMode::ring)
+    log::info(model::RingAttention::process_stats().describe(ps.shape.cp));
 }
 
 }  // namespace trident::train
