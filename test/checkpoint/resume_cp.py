@@ -3,8 +3,10 @@
 on) follows the serial run's curve (steps 1-8, losses to 1e-5 relative), and its checkpoint of
 step 4, which does not record cp, resumes at cp 1 (one rank) and at cp 4 (four ranks) on the
 cp 2 run's own curve (steps 5-8 to 1e-5 relative, final weights to 1e-5 of max|w|); resumed at
-cp 2 it goes on bitwise. The metrics count the ring's traffic (comm/cp) and the gradient sums
-over DP x CP (comm/dp_cp) at cp 2, and have no such columns at cp 1.
+cp 2 it goes on bitwise, and resumed at cp 2 with parallel.cp_mode = "ulysses" (all-to-all over
+heads) on the same curve. The metrics count the ring's traffic (comm/cp) and the gradient sums
+over DP x CP (comm/dp_cp) at cp 2, and have no such columns at cp 1; under Ulysses comm/cp is
+exactly its five all-to-alls per layer and microbatch.
 """
 import os
 import shutil
@@ -75,12 +77,12 @@ def close_losses(what, got, ref, rows):
           f"({rel:.1e})")
 
 
-def resume(run, cp, ref, bitwise):
+def resume(run, cp, ref, bitwise, extra=()):
     os.makedirs(os.path.join(OUT, run, "checkpoints"))
     shutil.copy(T.checkpoint_path(os.path.join(OUT, "cp2"), AT),
                 os.path.join(OUT, run, "checkpoints"))
     shutil.copy(os.path.join(OUT, "cp2", "metrics.h5"), os.path.join(OUT, run))
-    if not train(run, cp, resume="auto", extra=["--set", "parallel.zero_stage=1"]):
+    if not train(run, cp, resume="auto", extra=["--set", "parallel.zero_stage=1", *extra]):
         return
     got = metrics(run)
     check(list(got["step"]) == list(range(1, STEPS + 1)), f"{run}: metrics rows 1..{STEPS}")
@@ -126,6 +128,17 @@ def main():
     resume("resume-cp1", 1, cp2, bitwise=False)
     resume("resume-cp4", 4, cp2, bitwise=False)
     resume("resume-cp2", 2, cp2, bitwise=True)
+    resume("resume-cp2-ulysses", 2, cp2, bitwise=False,
+           extra=["--set", "parallel.cp_mode=ulysses"])
+    if os.path.exists(os.path.join(OUT, "resume-cp2-ulysses", "metrics.h5")):
+        # Per layer and microbatch five all-to-alls leave (cp - 1) / cp of their buffers: q|k|v
+        # and out forward, out|dout, q|k|v and dq|dk|dv backward; 16 local rows of 32 channels
+        # (tp 1: k and v as wide as q), 2 layers, 2 microbatches a step.
+        per_call = 0.5 * 4 * 16 * (3 * 96 + 3 * 32)
+        got = metrics("resume-cp2-ulysses")["comm/cp/bytes"][AT:]
+        check(np.all(got == 2 * 2 * per_call),
+              f"resume-cp2-ulysses: comm/cp/bytes {sorted(set(got.tolist()))} per step = "
+              f"{2 * 2 * per_call:.0f} (its all-to-alls)")
     check.finish()
 
 
