@@ -94,8 +94,8 @@ void UlyssesAttention::unpack_full(float* full, int heads, std::int64_t col) {
         const std::int64_t local_row = std::int64_t(bb) * s_.t + std::int64_t(which) * chunk_;
         const std::int64_t global_row =
             std::int64_t(bb) * T + std::int64_t(cp_chunk(cp_, i, which)) * chunk_;
-        ops_.copy_rows(full + global_row * w, w, recv_.data() + i * block_ + local_row * row_w_ + col,
-                       row_w_, chunk_, w);
+        ops_.copy_rows(full + global_row * w, w,
+                       recv_.data() + i * block_ + local_row * row_w_ + col, row_w_, chunk_, w);
       }
 }
 

@@ -195,7 +195,9 @@ TEST(CommAllToAll, BlockRGoesToRankR) {
 }
 
 TEST(UlyssesAttention, MatchesWholeSequenceFlash) { check_ulysses({2, 4, 4, 8, false, false}); }
-TEST(UlyssesAttention, MatchesWholeSequenceFlashPadded) { check_ulysses({2, 4, 4, 8, true, false}); }
+TEST(UlyssesAttention, MatchesWholeSequenceFlashPadded) {
+  check_ulysses({2, 4, 4, 8, true, false});
+}
 TEST(UlyssesAttention, GroupedQueryHeads) { check_ulysses({2, 8, 4, 8, false, false}); }
 TEST(UlyssesAttention, GroupedQueryHeadsPadded) { check_ulysses({1, 8, 4, 8, true, false}); }
 TEST(UlyssesAttention, OnDeviceMemoryStagedMpi) { check_ulysses({2, 8, 4, 8, true, true}); }

@@ -12,7 +12,8 @@
 //   scratch      the backward's shared buffers, the head's logits, full recomputation's
 //                one-layer store, sequence parallelism's gathers
 //   ring         context parallelism (cp > 1): model::RingAttention's key/value blocks and
-//                partial results (or UlyssesAttention's all-to-all buffers), one per rank (every term above follows chunk_dims' T / cp)
+//                partial results (or UlyssesAttention's all-to-all buffers), one per rank
+//                (every term above follows chunk_dims' T / cp)
 //   staging      host memory of the start-up weight initialization (one copy of the
 //                weights), freed before the first step: it counts only where it is larger
 //                than the activations it precedes (host memory: CPU ranks only)

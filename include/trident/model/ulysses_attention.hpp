@@ -1,13 +1,13 @@
-// trident/model/ulysses_attention.hpp — causal attention over a context-parallel (CP) group by
-// all-to-all over heads (DeepSpeed Ulysses; parallel.cp_mode = "ulysses", docs/context_parallel.md).
-// Each rank holds t = T/cp rows of every sequence (chunks r and 2·cp−1−r of 2·cp, as the ring
-// has them) and all its heads. One all-to-all gives each rank the whole sequence for cp-th of
-// the heads (query heads [r·NH/cp, (r+1)·NH/cp), key/value heads [r·nkv/cp, (r+1)·nkv/cp)), rows
-// back in global order; the ordinary causal flash attention runs on it; one all-to-all brings
-// the output back to the local rows and all heads. The backward redoes the all-to-alls of q, k,
-// v, out and dout (nothing stashed beyond what the block keeps), runs the flash backward and
-// sends dq, dk, dv back. Needs NH % cp == 0 and nkv % cp == 0 (the deck checks
-// parallel.cp_mode).
+// trident/model/ulysses_attention.hpp — causal attention over a context-parallel (CP) group
+// by all-to-all over heads (DeepSpeed Ulysses; parallel.cp_mode = "ulysses",
+// docs/context_parallel.md). Each rank holds t = T/cp rows of every sequence (chunks r and
+// 2·cp−1−r of 2·cp, as the ring has them) and all its heads. One all-to-all gives each rank
+// the whole sequence for cp-th of the heads (query heads [r·NH/cp, (r+1)·NH/cp), key/value
+// heads [r·nkv/cp, (r+1)·nkv/cp)), rows back in global order; the ordinary causal flash
+// attention runs on it; one all-to-all brings the output back to the local rows and all
+// heads. The backward redoes the all-to-alls of q, k, v, out and dout (nothing stashed beyond
+// what the block keeps), runs the flash backward and sends dq, dk, dv back. Needs
+// NH % cp == 0 and nkv % cp == 0 (the deck checks parallel.cp_mode).
 // defines: trident::model::CpMode, cp_mode_of, UlyssesAttention, ulysses_floats
 #pragma once
 

@@ -6,7 +6,8 @@
 # models) and linked with the CPU build's libraries into build-emu/trident. Then
 #   test/mpi/device_layouts.py  with TRIDENT_TEST_DEVICE=cuda (every layout against "cpu")
 #   test/oracle/grad_oracle.py  with TRIDENT_TEST_DEVICE=cuda (gradients against PyTorch)
-#   test/oracle/cp_oracle.py    the same for context parallelism (the ring on device memory)
+#   test/oracle/cp_oracle.py    the same for context parallelism (the ring and Ulysses on
+#                               device memory)
 #   emulate/op_timing.py        the per-op timing table (TRIDENT_OP_TIMING; ~5 s)
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
