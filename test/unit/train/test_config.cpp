@@ -114,6 +114,7 @@ TEST(Config, DefaultsAreFormatMd) {
   EXPECT_EQ(c.parallel.pp, 1);
   EXPECT_EQ(c.parallel.dp, 0);
   EXPECT_EQ(c.parallel.cp, 1);
+  EXPECT_EQ(c.parallel.cp_mode, "ring");
   EXPECT_EQ(c.parallel.vpp, 1);
   EXPECT_EQ(c.parallel.schedule, "1f1b");
   EXPECT_EQ(c.parallel.micro_batch_size, 4);
