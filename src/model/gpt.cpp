@@ -413,8 +413,8 @@ void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t,
                          vocab_start_, Vl_);
   if (learned_positions_ && ps_.tp.rank() == 0) {
     const float* wpe = at(params_.data(), Role::position_embedding);
-    slice_.for_each_run(b, t, pos0, [&](std::int64_t row, int seqs, int rows, int first) {
-      ops_.position_forward(partial + row * C_, wpe + std::int64_t(first) * C_, seqs, rows, C_);
+    slice_.for_each_run(b, t, pos0, [&](std::int64_t row, int seqs, int rows, int pos) {
+      ops_.position_forward(partial + row * C_, wpe + std::int64_t(pos) * C_, seqs, rows, C_);
     });
   }
   tpm_.leave_forward(partial, x, local_n);
@@ -532,8 +532,8 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
                             vocab_start_, Vl_);
     if (learned_positions_) {
       float* dwpe = at(grads_.data(), Role::position_embedding);
-      slice_.for_each_run(B_, T_, 0, [&](std::int64_t row, int seqs, int rows, int first) {
-        ops_.position_backward(dwpe + std::int64_t(first) * C_, demb + row * C_, seqs, rows, C_);
+      slice_.for_each_run(B_, T_, 0, [&](std::int64_t row, int seqs, int rows, int pos) {
+        ops_.position_backward(dwpe + std::int64_t(pos) * C_, demb + row * C_, seqs, rows, C_);
       });
     }
     if (grad_ready_) report_grads_ready(-1);
