@@ -1462,8 +1462,13 @@ def main():
                         TEST)
     os.makedirs(base, exist_ok=True)
     os.chmod(base, 0o755)  # the cases that run as nobody walk through it
+    # odls_base_sigkill_timeout 0: when a rank exits non-zero, mpirun sends SIGTERM to the
+    # job's processes and waited 1 s (the default) before SIGKILL and its own exit, even with
+    # every rank already gone: 1 s of each of the ~60 multi-rank cases. A rank that would
+    # hang is killed by mpirun either way, so the cases see the same.
     for k, v in {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
-                 "OMPI_MCA_rmaps_base_oversubscribe": "1"}.items():
+                 "OMPI_MCA_rmaps_base_oversubscribe": "1",
+                 "OMPI_MCA_odls_base_sigkill_timeout": "0"}.items():
         os.environ.setdefault(k, v)
     if os.geteuid() == 0:
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -5,11 +5,10 @@ Skipped (exit 77) where slurmctld, slurmd or munged are missing, or when not roo
 and munged need it). test/slurm/minislurm.py starts the cluster in a temporary folder and
 stops every daemon it started, whatever happens.
 
-1. jobscripts/slurm/cpu.sbatch with `sbatch --wait`: two ranks through srun --mpi=pmix;
-   exit 0, COMPLETED, the run's metrics.h5 (one row per step, eval rows), its last
-   checkpoint and config.toml;
-2. an uninterrupted run of N steps (the reference; N sized from round 1's step time so
-   that a run lasts about 12 s on an idle machine);
+1. jobscripts/slurm/cpu.sbatch: two ranks through srun --mpi=pmix; exit code 0:0,
+   COMPLETED, the run's metrics.h5 (one row per step, eval rows), its last checkpoint and
+   config.toml;
+2. an uninterrupted run of N steps (the reference for the chains' curves);
 3. a time limit that the run outlives, twice: `--time=1 --signal=B:USR1@50` with
    jobscripts/slurm/chain.sbatch, CHAIN=requeue and then CHAIN=successor (its options as
    SBATCH_TIMELIMIT/SBATCH_SIGNAL). The batch shell gets SIGUSR1 from Slurm, forwards it
@@ -23,9 +22,13 @@ stops every daemon it started, whatever happens.
    checkpoint on the uninterrupted curve (to 1e-5 near the resume; layouts differ in
    summation order only).
 
-The reference and the three chains run side by side (the node declares 10 CPUs; the chains
-are paced, so they mostly sleep): about 85 s on an idle 2-core machine, against 107 s for
-the reference and two chains one after the other.
+cpu.sbatch, the reference and the three chains run side by side (the node declares 12 CPUs;
+the chains are paced, so they mostly sleep), cpu.sbatch and the reference while the chains
+wait for their tick. On a 2-core machine loaded by other work (load ~4): 74-78 s, against
+113 s when cpu.sbatch ran alone first and the chains ran 20 s (their second jobs outlived
+the next tick: three jobs a chain, see RUN_SECONDS). The elastic chain still took three
+there: its first job, 4 ranks on 2 busy cores, loaded for ~10 s and wrote its checkpoint in
+19-30 s.
 
 Slurm checks time limits (and sends --signal) on a 30 s timer that starts with
 slurmctld; the chains are submitted 12 s before a tick so that the signal lands mid-run
@@ -54,7 +57,14 @@ OUT = T.out_dir("slurm.jobs")
 JOBSCRIPTS = os.path.join(T.SOURCE, "jobscripts", "slurm")
 TICK = 30.0       # slurmctld's PERIODIC_TIMEOUT: time limits and --signal are checked then
 LEAD = 12.0       # submit a chain this long before a tick (the job and trident start in ~2-7 s)
-RUN_SECONDS = 20  # a chain run lasts at least this long (paced, see PACE)
+# A chain's run lasts at least RUN_SECONDS (paced, see PACE), r = RUN_SECONDS * (1 + a step's
+# compute / PACE_MS) in all. Its first job is in its loop s = 1-7 s after submission, so it
+# outlasts the tick when s + r > LEAD (4 s to spare at s = 1); what is left after the stop,
+# s + r - LEAD, must end before the next tick, in the next job that starts ~7 s after the
+# tick and loads in ~3 s: s + r - LEAD < 20 (else a third job runs: the test passes, 30 s
+# later). At s = 7 that holds up to 14 ms of compute per step (20 s: up to 5 ms; loaded, the
+# steps took 12 ms).
+RUN_SECONDS = 15
 PACE_MS = 20      # each step of a chain sleeps this long (TRIDENT_FAULT=slow:0:PACE_MS)
 PACE = f"TRIDENT_FAULT=slow:0:{PACE_MS}"
 check = T.Checks("slurm.jobs")
@@ -66,8 +76,8 @@ def job_env(**extra):
     return "ALL," + ",".join(f"{k}={v}" for k, v in env.items())
 
 
-def sbatch(cluster, *args, env=None, wait=False, timeout=240):
-    cmd = ["sbatch", "--parsable"] + (["--wait"] if wait else []) + list(args)
+def sbatch(cluster, *args, env=None, timeout=240):
+    cmd = ["sbatch", "--parsable"] + list(args)
     p = subprocess.run(cmd, cwd=OUT, env=env or cluster.env(), capture_output=True, text=True,
                        timeout=timeout)
     jobid = p.stdout.strip().split(";")[0] if p.stdout.strip() else None
@@ -163,21 +173,29 @@ def check_elastic(outputs, state, steps, ref_metrics):
         show_output(text)
 
 
-def round_cpu(cluster):
+def submit_cpu(cluster):
+    """Submits jobscripts/slurm/cpu.sbatch (60 steps, eval and checkpoints); its job runs
+    while the chains wait for their tick. Returns the job id."""
     T.write_deck(os.path.join(OUT, "cpu.toml"), "cpu", 60, eval_every=20, checkpoint_every=30)
-    t0 = time.time()
     rc, jobid, err = sbatch(cluster, "--output=cpu-%j.out", f"--export={job_env(DECK='cpu.toml')}",
-                            os.path.join(JOBSCRIPTS, "cpu.sbatch"), wait=True)
+                            os.path.join(JOBSCRIPTS, "cpu.sbatch"))
+    check(rc == 0 and jobid, f"cpu.sbatch submitted ({err.strip()})")
+    return jobid
+
+
+def check_cpu(cluster, jobid, state, seconds):
+    """What `sbatch --wait` of cpu.sbatch would show: exit 0, COMPLETED, and the run's files."""
     out = read(os.path.join(OUT, f"cpu-{jobid}.out"))
-    print(f"cpu.sbatch: job {jobid} in {time.time() - t0:.1f} s")
-    check(rc == 0, f"cpu.sbatch: sbatch --wait exits 0 (got {rc}{': ' + err.strip() if rc else ''})")
-    check(cluster.job(jobid).get("JobState") == "COMPLETED", "cpu.sbatch: job COMPLETED")
+    print(f"cpu.sbatch: job {jobid} {state} {seconds:.1f} s after its submission")
+    exit_code = cluster.job(jobid).get("ExitCode")
+    check(state == "COMPLETED" and exit_code == "0:0",
+          f"cpu.sbatch: job COMPLETED with exit code 0:0 (got {state}, {exit_code})")
     check("layout tp=1 x pp=1 x dp=2" in out, "cpu.sbatch: two ranks through srun --mpi=pmix")
     check("jobscript: trident exited 0" in out, "cpu.sbatch: trident exited 0")
-    if rc != 0 or "trident exited 0" not in out:
+    if state != "COMPLETED" or "trident exited 0" not in out:
         show_output(out)
         cluster.dump_logs()
-        return None
+        return
     run = os.path.join(OUT, "cpu")
     m = T.read_metrics(os.path.join(run, "metrics.h5"))
     check(list(m["step"]) == list(range(1, 61)), "cpu.sbatch: metrics rows 1..60")
@@ -187,9 +205,14 @@ def round_cpu(cluster):
     check(os.path.exists(T.checkpoint_path(run, 60)) and os.path.exists(T.checkpoint_path(run, 30)),
           "cpu.sbatch: checkpoints of steps 30 and 60")
     check("steps = 60" in read(os.path.join(run, "config.toml")), "cpu.sbatch: config.toml")
-    # The pace now (median), and a fast pace (10th percentile, printed for the record).
-    t = m["step_time_s"][1:]
-    return float(np.median(t)), float(np.percentile(t, 10))
+    t = m["step_time_s"][1:]  # the pace, for the record
+    print(f"cpu.sbatch steps: median {np.median(t) * 1e3:.2f} ms, 10th percentile "
+          f"{np.percentile(t, 10) * 1e3:.2f} ms")
+
+
+def wait_timed(cluster, jobid, timeout, t_submit):
+    """The job's final state, and the seconds from t_submit until it was seen."""
+    return cluster.wait_job(jobid, timeout), time.time() - t_submit
 
 
 def follow_requeue(cluster, jobid, timeout):
@@ -232,25 +255,20 @@ def main():
     os.makedirs(OUT)
     T.make_data(OUT)
     root = tempfile.mkdtemp(prefix="trident-slurm-")
-    cluster = minislurm.MiniSlurm(root, cpus=10, cred_expire=5)
+    cluster = minislurm.MiniSlurm(root, cpus=12, cred_expire=5)
     t_start = time.time()
     try:
         cluster.start()
         print(f"cluster up in {time.time() - t_start:.1f} s ({root})")
-        pace = round_cpu(cluster)
-        if pace is None:
-            check.finish()
-        median_s, fast_s = pace
-        # The chains are paced (TRIDENT_FAULT=slow: PACE_MS of sleep in every step), so that
-        # a chain lasts at least RUN_SECONDS whatever the load: sized from a measured pace,
-        # a run that sped up when the machine went idle finished before the signal came.
+        # 1. cpu.sbatch and 2. the uninterrupted reference (chain.toml, through the same
+        # jobscript and layout) run while the chains wait for their tick (the node has CPUs
+        # for all five jobs). The chains are paced (TRIDENT_FAULT=slow: PACE_MS of sleep in
+        # every step), so that a chain lasts at least RUN_SECONDS whatever the load.
+        t_cpu = time.time()
+        cpu_id = submit_cpu(cluster)
         steps = RUN_SECONDS * 1000 // PACE_MS
-        expect_s = steps * (PACE_MS / 1e3 + median_s)  # the waits allow for more
-        print(f"steps: median {median_s * 1e3:.2f} ms, 10th percentile {fast_s * 1e3:.2f} ms: "
-              f"chains of {steps} steps paced at {PACE_MS} ms (about {expect_s:.0f} s each)")
-
-        # 2. the uninterrupted reference, through the same jobscript and layout; it runs
-        # while the chains wait for their tick (the node has CPUs for all three jobs).
+        expect_s = 1.5 * steps * PACE_MS / 1e3  # the waits allow for more
+        print(f"chains of {steps} steps paced at {PACE_MS} ms (at least {RUN_SECONDS} s each)")
         T.write_deck(os.path.join(OUT, "chain.toml"), "ref", steps)
         t_ref = time.time()
         rc, ref_id, _ = sbatch(cluster, "--output=ref-%j.out",
@@ -286,11 +304,14 @@ def main():
                                 os.path.join(JOBSCRIPTS, "chain.sbatch"), env=env)
         check(rc == 0, f"chain.sbatch (elastic) submitted ({err.strip()})")
         timeout = 150 + 4 * expect_s
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            cpu_f = pool.submit(wait_timed, cluster, cpu_id, 240, t_cpu) if cpu_id else None
             el_f = pool.submit(follow_successors, cluster, el_id, timeout, "elastic")
             ref_f = pool.submit(cluster.wait_job, ref_id, 120 + 4 * expect_s)
             req_f = pool.submit(follow_requeue, cluster, req_id, timeout)
             succ_f = pool.submit(follow_successors, cluster, succ_id, timeout)
+            if cpu_f:
+                check_cpu(cluster, cpu_id, *cpu_f.result())
             st = ref_f.result() if ref_id else "not submitted"
             print(f"reference: {steps} steps in {time.time() - t_ref:.1f} s")
             j = req_f.result()
