@@ -117,23 +117,30 @@ void UlyssesAttention::exchange() {
   group_.all_to_all(send_.data(), recv_.data(), block_);
 }
 
-void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
-                               const float* v) {
+void UlyssesAttention::gather_qkv(const float* q, const float* k, const float* v) {
   const ops::Ops::AttentionShape f = full_shape();
-  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
-  // q | k | v of this rank's heads for every rank, each rank's rows in one block
+  const std::int64_t full_rows = std::int64_t(s_.b) * s_.t * cp_;
+  // q | k | v of each rank's heads for that rank, each rank's rows in one block
   row_w_ = f.ld_q + 2 * f.ld_k;
-  block_ = rows * row_w_;
+  block_ = std::int64_t(s_.b) * s_.t * row_w_;
   pack(q, s_.ld_q, s_.batch_q(), s_.nh, 0);
   pack(k, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
   pack(v, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
   exchange();
   float* Q = qkv_full_.data();
+  unpack_full(Q, s_.nh, 0);
+  unpack_full(Q + full_rows * f.ld_q, s_.nkv, f.ld_q);
+  unpack_full(Q + full_rows * (f.ld_q + f.ld_k), s_.nkv, f.ld_q + f.ld_k);
+}
+
+void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v) {
+  const ops::Ops::AttentionShape f = full_shape();
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
+  gather_qkv(q, k, v);
+  float* Q = qkv_full_.data();
   float* K = Q + full_rows * f.ld_q;
   float* V = K + full_rows * f.ld_k;
-  unpack_full(Q, s_.nh, 0);
-  unpack_full(K, s_.nkv, f.ld_q);
-  unpack_full(V, s_.nkv, f.ld_q + f.ld_k);
   ops_.attention_forward(od_full_.data(), lse, Q, K, V, f);
   // the output back to the rows it belongs to
   row_w_ = f.ld_o;
@@ -158,18 +165,10 @@ void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* do
   float* dO = O + full_rows * f.ld_o;
   unpack_full(O, s_.nh, 0);
   unpack_full(dO, s_.nh, f.ld_o);
-  row_w_ = f.ld_q + 2 * f.ld_k;
-  block_ = rows * row_w_;
-  pack(q, s_.ld_q, s_.batch_q(), s_.nh, 0);
-  pack(k, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
-  pack(v, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
-  exchange();
+  gather_qkv(q, k, v);
   float* Q = qkv_full_.data();
   float* K = Q + full_rows * f.ld_q;
   float* V = K + full_rows * f.ld_k;
-  unpack_full(Q, s_.nh, 0);
-  unpack_full(K, s_.nkv, f.ld_q);
-  unpack_full(V, s_.nkv, f.ld_q + f.ld_k);
   // the received blocks are spent: the whole-sequence gradients go there
   float* dQ = recv_.data();
   float* dK = dQ + full_rows * f.ld_q;

@@ -15,6 +15,8 @@
 #include <random>
 #include <vector>
 
+#include "cp_attention_check.hpp"
+
 #include "trident/model/ring_attention.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
@@ -23,49 +25,11 @@
 namespace model = trident::model;
 namespace par = trident::parallel;
 using trident::ops::Ops;
-using FVec = std::vector<float>;
+using cp_attention_check::FVec;
 
 namespace {
 
-FVec normal(std::size_t n, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  FVec v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-// The rows of a [B, T, ld] tensor at `pos` of every sequence: [B, pos.size(), ld].
-FVec gather_rows(const FVec& x, int b, int t, std::int64_t ld, const std::vector<int>& pos) {
-  FVec r;
-  for (int bb = 0; bb < b; bb++)
-    for (int p : pos) {
-      const float* row = x.data() + (std::int64_t(bb) * t + p) * ld;
-      r.insert(r.end(), row, row + ld);
-    }
-  return r;
-}
-// lse [B, NH, T] at `pos`: [B, NH, pos.size()].
-FVec gather_lse(const FVec& x, int b, int nh, int t, const std::vector<int>& pos) {
-  FVec r;
-  for (int bh = 0; bh < b * nh; bh++)
-    for (int p : pos) r.push_back(x[std::size_t(bh) * t + p]);
-  return r;
-}
-
-// max |got - want| over the head columns (width) of rows of stride ld; relative to max |want|.
-double max_err(const FVec& got, const FVec& want, std::int64_t ld, std::int64_t width,
-               double* scale = nullptr) {
-  double e = 0, m = 0;
-  for (std::size_t row = 0; row < want.size() / std::size_t(ld); row++)
-    for (std::int64_t c = 0; c < width; c++) {
-      const std::size_t i = row * ld + c;
-      e = std::max(e, double(std::fabs(got[i] - want[i])));
-      m = std::max(m, double(std::fabs(want[i])));
-    }
-  if (scale) *scale = m;
-  return e;
-}
+using namespace cp_attention_check;
 
 struct Case {
   int b, nh, nkv, hs;

@@ -63,6 +63,9 @@ class UlyssesAttention {
   void unpack(float* x, std::int64_t ld, std::int64_t bs, int heads, std::int64_t col);
   // send_ -> recv_: the all-to-all of blocks of block_ floats over the CP group.
   void exchange();
+  // q, k, v of the local rows to the ranks whose heads they are, and this rank's heads of
+  // the whole sequence back into qkv_full_ (Q, then K, then V; packed rows).
+  void gather_qkv(const float* q, const float* k, const float* v);
   // The whole-sequence shape of this rank's heads, packed rows.
   ops::Ops::AttentionShape full_shape() const;
 
