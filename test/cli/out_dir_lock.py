@@ -208,7 +208,11 @@ def main():
     proc.wait()
     print(f"streamed {len(got)} bytes before the end: {got[:60]!r}")
     check(running and len(got) >= len("and the") + 50, "sample's tokens arrive while it runs")
-    check(short.stdout.encode().startswith(got), "and they are those of the shorter run")
+    # The longer run's stream continues the shorter one's tokens: compare the bytes both have
+    # (a read may return more than the 200-token run printed in all).
+    both = min(len(got), len(short.stdout.encode()))
+    check(both >= len("and the") + 50 and got[:both] == short.stdout.encode()[:both],
+          "and they are those of the shorter run")
 
     if failures:
         sys.exit(f"FAIL: {len(failures)} check(s): {failures}")
