@@ -92,16 +92,19 @@ std::vector<int> cp_local_positions(int t, int cp, int rank) {
   return pos;
 }
 
+void check_cp_attention_shape(const ops::Ops::AttentionShape& s, const char* who) {
+  TRIDENT_CHECK(s.t > 0 && s.t % 2 == 0, who, ": the local sequence length ", s.t,
+                " must be even (two chunks of the 2 * cp)");
+  TRIDENT_CHECK(s.causal && !s.accumulate, who, ": the shape must be causal and not accumulate");
+  TRIDENT_CHECK(s.lse_row() == s.t, who, ": lse must be [B, NH, t] packed");
+  TRIDENT_CHECK(s.nh > 0 && s.nkv > 0 && s.nh % s.nkv == 0 && s.hs > 0, who, ": bad heads (nh ",
+                s.nh, ", nkv ", s.nkv, ", hs ", s.hs, ")");
+}
+
 RingAttention::RingAttention(ops::Ops& ops, parallel::Comm& group,
                              const ops::Ops::AttentionShape& local)
     : ops_(ops), group_(group), s_(local), cp_(group.size()), rank_(group.rank()) {
-  TRIDENT_CHECK(s_.t > 0 && s_.t % 2 == 0, "ring attention: the local sequence length ", s_.t,
-                " must be even (two chunks of the 2 * cp)");
-  TRIDENT_CHECK(s_.causal && !s_.accumulate,
-                "ring attention: the shape must be causal and not accumulate");
-  TRIDENT_CHECK(s_.lse_row() == s_.t, "ring attention: lse must be [B, NH, t] packed");
-  TRIDENT_CHECK(s_.nh > 0 && s_.nkv > 0 && s_.nh % s_.nkv == 0 && s_.hs > 0,
-                "ring attention: bad heads (nh ", s_.nh, ", nkv ", s_.nkv, ", hs ", s_.hs, ")");
+  check_cp_attention_shape(s_, "ring attention");
   chunk_ = s_.t / 2;
   width_kv_ = std::int64_t(s_.nkv) * s_.hs;
   const std::int64_t rows = std::int64_t(s_.b) * s_.t;

@@ -22,13 +22,7 @@ std::int64_t ulysses_floats(std::int64_t rows, int nh, int nkv, int hs) {
 UlyssesAttention::UlyssesAttention(ops::Ops& ops, parallel::Comm& group,
                                    const ops::Ops::AttentionShape& local)
     : ops_(ops), group_(group), s_(local), cp_(group.size()) {
-  TRIDENT_CHECK(s_.t > 0 && s_.t % 2 == 0, "ulysses attention: the local sequence length ", s_.t,
-                " must be even (two chunks of the 2 * cp)");
-  TRIDENT_CHECK(s_.causal && !s_.accumulate,
-                "ulysses attention: the shape must be causal and not accumulate");
-  TRIDENT_CHECK(s_.lse_row() == s_.t, "ulysses attention: lse must be [B, NH, t] packed");
-  TRIDENT_CHECK(s_.nh > 0 && s_.nkv > 0 && s_.nh % s_.nkv == 0 && s_.hs > 0,
-                "ulysses attention: bad heads (nh ", s_.nh, ", nkv ", s_.nkv, ", hs ", s_.hs, ")");
+  check_cp_attention_shape(s_, "ulysses attention");
   TRIDENT_CHECK(s_.nh % cp_ == 0 && s_.nkv % cp_ == 0, "parallel.cp_mode = \"ulysses\": the ",
                 s_.nh, " query and ", s_.nkv, " key/value heads of the rank must be divisible by "
                 "parallel.cp = ", cp_);

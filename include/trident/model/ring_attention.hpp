@@ -8,7 +8,8 @@
 // Every ring counts, always (a clock read around each wait), the time its calls take, the
 // part of it blocked waiting for the ring's messages, and the bytes it sends: per ring and
 // summed over the process (RingAttention::Stats), which the end-of-run report prints.
-// defines: trident::model::cp_chunk, cp_local_positions, CpSlice, RingAttention
+// defines: trident::model::cp_chunk, cp_local_positions, check_cp_attention_shape, CpSlice,
+//          RingAttention
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,11 @@ inline int cp_chunk(int cp, int rank, int which) { return which == 0 ? rank : 2 
 // The global positions (0..t-1) of CP rank `rank`'s t/cp local tokens, in local order (for
 // position embeddings, RoPE angles and the data loader). t must be divisible by 2·cp.
 std::vector<int> cp_local_positions(int t, int cp, int rank);
+
+// What every context-parallel attention (ring, Ulysses) needs of a rank's local shape: causal,
+// not accumulating, an even t (two chunks), lse packed, heads that group. `who` names the
+// caller in the error.
+void check_cp_attention_shape(const ops::Ops::AttentionShape& s, const char* who);
 
 // Which global positions a rank's local rows hold: runs of consecutive positions, each
 // (row offset within the local sequence, rows, first position). cp == 1: one run of all t
