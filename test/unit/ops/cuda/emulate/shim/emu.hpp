@@ -39,6 +39,8 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
 
 namespace emu {
 // emu.cpp
@@ -68,6 +70,11 @@ bool check_arg(const char* kernel, const T& arg) {
 }  // namespace emu
 
 inline void __syncthreads() { emu::sync_block(); }
+// Full mask only: a barrier of the calling thread's warp.
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) emu::die("__syncwarp", "only full masks are emulated");
+  emu::sync_warp();
+}
 
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
