@@ -63,12 +63,14 @@ Dims dims_of(const FlashShape& s) {
               s.bs_lse, 1.0f / sqrtf(float(s.hs)), s.causal, s.accumulate};
 }
 
-// dst[r * ldd + c] = bf16(src[(row0 + r) * ld + c]) for r < rows, c < hs (rows from t on: 0).
-// All threads of the block.
+// dst[r * ldd + c] = bf16(src[(row0 + r) * ld + c]) for r < rows, c < hs <= D (rows from t
+// on: 0). All threads of the block, consecutive threads on consecutive columns.
+template <int D>
 __device__ __forceinline__ void stage_bf16(bf16* dst, int ldd, const float* src, long long ld,
                                            int row0, int rows, int t, int hs) {
-  for (int x = threadIdx.x; x < rows * hs; x += blockDim.x) {
-    const int r = x / hs, c = x % hs;
+  for (int x = threadIdx.x; x < rows * D; x += blockDim.x) {
+    const int r = x / D, c = x % D;
+    if (c >= hs) continue;
     const float v = row0 + r < t ? src[(long long)(row0 + r) * ld + c] : 0.0f;
     dst[r * ldd + c] = __float2bfloat16_rn(v);
   }
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const int i0 = blockIdx.x * kQueryRows, i = i0 + warp * kRowsPerWarp + row;
   const float* kh = k + b * d.bsk + (long long)kvh * d.hs;
   const float* vh = v + b * d.bsv + (long long)kvh * d.hs;
-  stage_bf16(sq, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t, d.hs);
+  stage_bf16<D>(sq, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t, d.hs);
   __syncthreads();
   FragA qf[D / 16];
   FragAcc of[D / 16];
@@ -160,8 +162,8 @@ __global__ void __launch_bounds__(kRowThreads)
   const int kend = !d.causal || d.t < i0 + kQueryRows ? d.t : i0 + kQueryRows;
   for (int j0 = 0; j0 < kend; j0 += BC) {
     __syncthreads();  // q's staging (first pass) and the previous tile's k, v, P are read
-    stage_bf16(sk, L::kLdH, kh, d.ldk, j0, BC, d.t, d.hs);
-    stage_bf16(sv, L::kLdH, vh, d.ldv, j0, BC, d.t, d.hs);
+    stage_bf16<D>(sk, L::kLdH, kh, d.ldk, j0, BC, d.t, d.hs);
+    stage_bf16<D>(sv, L::kLdH, vh, d.ldv, j0, BC, d.t, d.hs);
     __syncthreads();
     // S = Q K^T for the warp's 16 rows (K^T: k's rows read column-major)
 #pragma unroll
@@ -205,10 +207,13 @@ __global__ void __launch_bounds__(kRowThreads)
     l = l * corr + sum;
     m = m_new;
     __syncwarp();  // P complete; the scores' rows are free for staging
+    // O *= corr row by row, unless O is still 0 (the first tile) or no row's max moved
+    if (j0 > 0 && !__all_sync(kFullMask, corr == 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < D / 16; n++) {
-      if (n * 16 >= d.hs) break;
-      scale_rows(of[n], sw, L::kLdS, corr);
+      for (int n = 0; n < D / 16; n++) {
+        if (n * 16 >= d.hs) break;
+        scale_rows(of[n], sw, L::kLdS, corr);
+      }
     }
     // O += P V
     FragA pf[BC / 16];
@@ -278,7 +283,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const float* vh = v + b * d.bsv + (long long)kvh * d.hs;
   // q and dout tiles into fragments, one after the other through the work area
   FragA qf[D / 16], dof[D / 16];
-  stage_bf16(stage, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t,
+  stage_bf16<D>(stage, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t,
              d.hs);
   __syncthreads();
 #pragma unroll
@@ -287,7 +292,7 @@ __global__ void __launch_bounds__(kRowThreads)
     wmma::load_matrix_sync(qf[n], stage + warp * kRowsPerWarp * L::kLdH + n * 16, L::kLdH);
   }
   __syncthreads();
-  stage_bf16(stage, L::kLdH, dout + b * d.bso + (long long)h * d.hs, d.ldo, i0, kQueryRows, d.t,
+  stage_bf16<D>(stage, L::kLdH, dout + b * d.bso + (long long)h * d.hs, d.ldo, i0, kQueryRows, d.t,
              d.hs);
   __syncthreads();
 #pragma unroll
@@ -306,8 +311,8 @@ __global__ void __launch_bounds__(kRowThreads)
   const int kend = !d.causal || d.t < i0 + kQueryRows ? d.t : i0 + kQueryRows;
   for (int j0 = 0; j0 < kend; j0 += BC) {
     __syncthreads();  // the staging (first pass) and the previous tile's k, dS are read
-    stage_bf16(sk, L::kLdH, kh, d.ldk, j0, BC, d.t, d.hs);
-    stage_bf16(sv, L::kLdH, vh, d.ldv, j0, BC, d.t, d.hs);
+    stage_bf16<D>(sk, L::kLdH, kh, d.ldk, j0, BC, d.t, d.hs);
+    stage_bf16<D>(sv, L::kLdH, vh, d.ldv, j0, BC, d.t, d.hs);
     __syncthreads();
     // S = Q K^T and dP = dO V^T for the warp's 16 rows
 #pragma unroll
@@ -400,8 +405,8 @@ __global__ void __launch_bounds__(BK * 2)
   const int bkv = blockIdx.y, b = bkv / nkv, kvh = bkv % nkv;
   const int warp = threadIdx.x / 32, row = lane_row(), half = lane_half();
   const int j0 = blockIdx.x * BK, j = j0 + warp * kRowsPerWarp + row;  // the lane's key
-  stage_bf16(sk, L::kLdH, k + b * d.bsk + (long long)kvh * d.hs, d.ldk, j0, BK, d.t, d.hs);
-  stage_bf16(sv, L::kLdH, v + b * d.bsv + (long long)kvh * d.hs, d.ldv, j0, BK, d.t, d.hs);
+  stage_bf16<D>(sk, L::kLdH, k + b * d.bsk + (long long)kvh * d.hs, d.ldk, j0, BK, d.t, d.hs);
+  stage_bf16<D>(sv, L::kLdH, v + b * d.bsv + (long long)kvh * d.hs, d.ldv, j0, BK, d.t, d.hs);
   FragAcc dkf[D / 16], dvf[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; n++) {
@@ -421,8 +426,8 @@ __global__ void __launch_bounds__(BK * 2)
     // causal: the query tiles from the key tile's first row on
     for (int i0 = d.causal ? j0 : 0; i0 < d.t; i0 += kQ) {
       __syncthreads();  // the previous tile's q, dout, lse, D are read
-      stage_bf16(sq, L::kLdH, qh, d.ldq, i0, kQ, d.t, d.hs);
-      stage_bf16(sdo, L::kLdH, doh, d.ldo, i0, kQ, d.t, d.hs);
+      stage_bf16<D>(sq, L::kLdH, qh, d.ldq, i0, kQ, d.t, d.hs);
+      stage_bf16<D>(sdo, L::kLdH, doh, d.ldo, i0, kQ, d.t, d.hs);
       {
         const int r = threadIdx.x / kLanes, part = threadIdx.x % kLanes;
         const float delta = row_delta(dout, out, d, b, h, i0 + r, part, kLanes);
