@@ -237,13 +237,16 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // D = rowsum(dout * out) of query row i (0 from t on), over the `lanes` consecutive lanes
-// of the row, each summing columns part, part + lanes, ...
+// of the row, each summing columns part, part + lanes, ... dout rounded to bf16 as in the
+// products: sum_j P_ij dP_ij = D then holds up to P's rounding (out = P V with the same bf16
+// v), so that dS = P (dP - D) does not carry dout's rounding (halves the gradients' error).
 __device__ __forceinline__ float row_delta(const float* dout, const float* out, const Dims& d,
                                            int b, int h, int i, int part, int lanes) {
   float s = 0.0f;
   if (i < d.t) {
     const long long o = b * d.bso + (long long)i * d.ldo + (long long)h * d.hs;
-    for (int c = part; c < d.hs; c += lanes) s += dout[o + c] * out[o + c];
+    for (int c = part; c < d.hs; c += lanes)
+      s += __bfloat162float(__float2bfloat16_rn(dout[o + c])) * out[o + c];
   }
   for (int x = 1; x < lanes; x <<= 1) s += __shfl_xor_sync(kFullMask, s, x);
   return s;

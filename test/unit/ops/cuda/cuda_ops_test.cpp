@@ -387,8 +387,9 @@ double max_abs(const FVec& v) {
 // the tensor-core kernels do not take): out and lse within tol, the gradients within 10 tol.
 // Under bf16 with hs a multiple of 16 up to 128 the backend runs flash_attention_tc.cu (bf16
 // operands, fp32 accumulation), checked as test/unit/ops/cuda/emulate does: out and lse
-// within 2e-2, the gradients within 4e-2 of the largest of dq, dk, dv (t = 1's dq and dk are
-// 0 but for rounding); and out must err more than fp32 would, or the kernels did not run.
+// within 2e-2, the gradients within 3e-2 of the largest of dq, dk, dv (2e-2 on the stand-in,
+// whose worst case is 1.0%; t = 1's dq and dk are 0 but for rounding); and out must err more
+// than fp32 would, or the kernels did not run.
 bool tensor_core_attention(const Ops& g, int hs) {
   return g.precision() == Precision::bf16 && hs % 16 == 0 && hs <= 128;
 }
@@ -406,9 +407,9 @@ void expect_attention(bool tc, double tol, const FVec& gout, const FVec& out, co
   const double grads = std::max({max_abs(dq), max_abs(dk), max_abs(dv)});
   EXPECT_TRUE(near(gout, out, 2e-2)) << "out (tensor cores)";
   EXPECT_TRUE(near(glse, lse, 2e-2)) << "lse (tensor cores)";
-  EXPECT_TRUE(near(gdq, dq, 4e-2, grads)) << "dq (tensor cores)";
-  EXPECT_TRUE(near(gdk, dk, 4e-2, grads)) << "dk (tensor cores)";
-  EXPECT_TRUE(near(gdv, dv, 4e-2, grads)) << "dv (tensor cores)";
+  EXPECT_TRUE(near(gdq, dq, 3e-2, grads)) << "dq (tensor cores)";
+  EXPECT_TRUE(near(gdk, dk, 3e-2, grads)) << "dk (tensor cores)";
+  EXPECT_TRUE(near(gdv, dv, 3e-2, grads)) << "dv (tensor cores)";
   EXPECT_FALSE(near(gout, out, 1e-5)) << "out as exact as fp32: the tensor-core kernels did not run";
 }
 

@@ -55,7 +55,7 @@ int main() {
   // run.sh's second run: the tensor-core kernels built with a float standing in for bf16
   // (shim/cuda_bf16.h), so their logic must match fp32 to fp32's accuracy.
   const bool exact_bf16 = std::getenv("TRIDENT_EMU_BF16_EXACT") != nullptr;
-  const double tc_tol_out = exact_bf16 ? 1e-5 : 2e-2, tc_tol_grad = exact_bf16 ? 1e-4 : 4e-2;
+  const double tc_tol_out = exact_bf16 ? 1e-5 : 2e-2, tc_tol_grad = exact_bf16 ? 1e-4 : 2e-2;
   char name[128];
   // every transpose pair, leading dimensions wider than the matrices, alpha and beta
   for (int tcase = 0; tcase < 4; tcase++) {
@@ -230,7 +230,9 @@ int main() {
   }
   // Tensor-core flash attention (flash_attention_tc.cu: bf16 operands, fp32 accumulation)
   // against the CPU's fp32 attention, tolerance 2e-2 of the largest |value| (bf16 operands:
-  // 8 bits of mantissa). Causal and full, grouped-query heads, accumulate (gradients start
+  // 8 bits of mantissa; the gradients against the largest of dq, dk, dv). Printed beside each
+  // case: the error of the CPU's attention on inputs rounded to bf16, which the kernels' stays
+  // close to. Causal and full, grouped-query heads, accumulate (gradients start
   // non-zero), q|k|v from one fused buffer and dq|dk|dv into one (GPT's layout), padded row
   // strides, t = 1 and t off the 64/32/16-row tiles, head sizes 16 to 128.
   {
@@ -281,8 +283,9 @@ int main() {
       const FlashShape fs = to_fs(sh);
       if (!flash_tc_supported(fs)) { printf("flash tc: shape not supported\n"); bad++; continue; }
       launch_flash_attention_tc_forward(nullptr, o2.data(), l2.data(), q, k, v, fs);
-      // the backward from the CPU's out and lse: its own error, not the forward's again
-      launch_flash_attention_tc_backward(nullptr, p2[0], p2[1], p2[2], dout.data(), o1.data(), l1.data(), q, k, v, fs);
+      // the backward from the kernels' own out and lse, as in training (D = rowsum(dout out)
+      // then agrees with the bf16 products: from the CPU's out the gradients err ~2x more)
+      launch_flash_attention_tc_backward(nullptr, p2[0], p2[1], p2[2], dout.data(), o2.data(), l2.data(), q, k, v, fs);
       snprintf(name, sizeof name, "flash tc%s b%d t%d nh%d nkv%d hs%d%s%s out", sh.causal ? "" : " full", sh.b, sh.t, sh.nh,
                sh.nkv, sh.hs, f.fused ? " fused" : "", f.accumulate ? " acc" : "");
       // What bf16 inputs alone cost: the CPU's fp32 attention on q, k, v, dout rounded to bf16.
