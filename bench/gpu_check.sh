@@ -14,6 +14,9 @@
 #      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit);
 #   4. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
 #   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
+#   5b. flash attention at GPT-2 small's shape (B 8, T 1024, NH 12, HS 64, causal, bf16): the
+#      scalar kernels against the tensor-core ones (bench/cuda_attention_bench.cpp), and
+#      PyTorch's SDPA where torch sees the GPU (bench/gpu_attention_torch.py), in TFLOP/s;
 #   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
 #      (bench/gpu_train_bench.py; trident runs as a single rank without mpirun);
 #   6b. the same-machine peer: PyTorch on this GPU, the same GPT-2 small and medium and the same
@@ -23,7 +26,8 @@
 #      now and with TRIDENT_CUDA_BASELINE=1 (the paths before issue 27): before/after;
 #   7. with PIPELINE_BEFORE (another trident), the pipeline's idle time at pp = 4 before and
 #      after on the CPU cores (bench/pipeline_bench.py --compare);
-#   8. compute-sanitizer memcheck and racecheck over trident's own kernels (time-bounded).
+#   8. compute-sanitizer memcheck, racecheck and synccheck over trident's own kernels
+#      (time-bounded).
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
 # script ends with a table of the steps and exits 1 if any failed.
@@ -34,7 +38,7 @@
 # PREBUILT=build-gpu/bundle.tar.xz (no build step then; a .tar.xz is unpacked into $BUILD).
 # usage: bench/gpu_check.sh   knobs: PREBUILT, JOBS (nproc), BUILD (build-gpu), GEMM_REPS (20),
 #        STEP_REPS (5), SANITIZE (1), MEMCHECK_TIMEOUT (100 s), RACECHECK_TIMEOUT (45 s),
-#        CTEST_TIMEOUT (120 s), TRAIN_BENCH (1), TRAIN_BENCH_TIMEOUT (200 s), BUDGET_S (520 s:
+#        SYNCCHECK_TIMEOUT (30 s), CTEST_TIMEOUT (120 s), TRAIN_BENCH (1), TRAIN_BENCH_TIMEOUT (200 s), BUDGET_S (520 s:
 #        the steps after the build together), PYTHON (python3), PIPELINE_BEFORE (unset),
 #        PIPELINE_TIMEOUT (120 s), PEER (1), PEER_TIMEOUT (100 s), PEER_COMPILE (0: also a
 #        torch.compile'd peer when 1), OP_TABLE (1), OP_TABLE_TIMEOUT (120 s)
@@ -111,7 +115,7 @@ configure() {
 }
 build_targets() {
   cmake --build "$build" -j "$jobs" --target trident trident_cuda trident_unit_ops_cuda \
-        trident_bench_cublas trident_bench_cuda_step
+        trident_bench_cublas trident_bench_cuda_step trident_bench_cuda_attention
 }
 # Only the cuBLAS benchmark, without trident's CMake (its dependencies are absent).
 build_gemm_bench_bare() {
@@ -146,12 +150,14 @@ if [ -n "${PREBUILT:-}" ]; then
   tests=$prebuilt/trident_unit_ops_cuda
   gemm=$prebuilt/trident_bench_cublas
   step_bench=$prebuilt/trident_bench_cuda_step
+  attention_bench=$prebuilt/trident_bench_cuda_attention
   trident=$prebuilt/trident
   built=yes
 else
   tests=$build/test/trident_unit_ops_cuda
   gemm=$build/bench/trident_bench_cublas
   step_bench=$build/bench/trident_bench_cuda_step
+  attention_bench=$build/bench/trident_bench_cuda_attention
   trident=$build/trident
   built=no
   step configure configure
@@ -241,6 +247,31 @@ else
   skip step_estimate "not built"
 fi
 
+# Flash attention's kernels at GPT-2 small's shape: scalar fp32 against tensor cores, then
+# PyTorch's SDPA on the same shape where torch sees the GPU (one JSON line each).
+if [ "$built" = yes ] && [ -x "$attention_bench" ]; then
+  t=$(bounded 60)
+  if [ "$t" -eq 0 ]; then
+    skip attention_bench "time budget spent"
+  else
+    step attention_bench to_file "$out/attention.jsonl" timeout "$t" "$attention_bench" \
+         "${ATTENTION_REPS:-10}" 8 1024 12 64
+  fi
+else
+  skip attention_bench "not built"
+fi
+if ! "$python" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  skip attention_torch "$python has no torch that sees a GPU"
+else
+  t=$(bounded 60)
+  if [ "$t" -eq 0 ]; then
+    skip attention_torch "time budget spent"
+  else
+    step attention_torch to_file "$out/attention_torch.jsonl" timeout "$t" "$python" \
+         "$src/bench/gpu_attention_torch.py" --reps "${ATTENTION_REPS:-10}"
+  fi
+fi
+
 # trident train end to end on the GPU: tokens/s and MFU for GPT-2 small and medium.
 if [ "${TRAIN_BENCH:-1}" = 0 ]; then
   skip train_bench "TRAIN_BENCH=0"
@@ -318,32 +349,47 @@ fi
 
 # Out-of-bounds accesses and shared-memory races in trident's own kernels (the fp32 cases of
 # everything but the pure cuBLAS products, and the bf16 linears: their bf16 packing, the bias
-# gradient's column sums and the cuBLASLt bias epilogue), each bounded in time. SANITIZE=0
-# leaves them out.
+# gradient's column sums and the cuBLASLt bias epilogue; the tensor-core flash attention, bf16,
+# on small shapes: hs 32, 64, 128, causal and full, ring blocks), each bounded in time; and
+# synccheck (barriers every thread of a block or warp must reach) over the tensor-core flash
+# attention, whose warps share tiles through __syncthreads and __syncwarp. SANITIZE=0 leaves
+# them out.
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ "${SANITIZE:-1}" = 0 ]; then
   skip memcheck "SANITIZE=0"
   skip racecheck "SANITIZE=0"
+  skip synccheck "SANITIZE=0"
 elif [ "$built" != yes ] || [ ! -x "$tests" ]; then
   skip memcheck "not built"
   skip racecheck "not built"
+  skip synccheck "not built"
 elif [ ! -x "$sanitizer" ]; then
   skip memcheck "no compute-sanitizer"
   skip racecheck "no compute-sanitizer"
+  skip synccheck "no compute-sanitizer"
 else
+  tc_flash='Fast/*flash_b2_t77_nh2_nkv2_hs32_bf16:Fast/*flash_b2_t130_nh4_nkv2_hs64_bf16'
+  tc_flash+=':Fast/*flash_full_b1_t45_nh2_nkv2_hs128_bf16:Fast/*flash_blocks_b1_t75_nh4_nkv2_hs64_bf16'
   t=$(bounded "${MEMCHECK_TIMEOUT:-100}")
   if [ "$t" -eq 0 ]; then
     skip memcheck "time budget spent"
   else
     step memcheck timeout "$t" "$sanitizer" --tool memcheck --error-exitcode 99 \
-         "$tests" --gtest_filter='Fp32/*:Fast/*linear_*_bf16-Fp32/*gemm_*:Fp32/*linear_*'
+         "$tests" --gtest_filter="Fp32/*:Fast/*linear_*_bf16:$tc_flash-Fp32/*gemm_*:Fp32/*linear_*"
   fi
   t=$(bounded "${RACECHECK_TIMEOUT:-45}")
   if [ "$t" -eq 0 ]; then
     skip racecheck "time budget spent"
   else
     step racecheck timeout "$t" "$sanitizer" --tool racecheck --error-exitcode 99 \
-         "$tests" --gtest_filter='Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*'
+         "$tests" --gtest_filter="Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*:$tc_flash"
+  fi
+  t=$(bounded "${SYNCCHECK_TIMEOUT:-30}")
+  if [ "$t" -eq 0 ]; then
+    skip synccheck "time budget spent"
+  else
+    step synccheck timeout "$t" "$sanitizer" --tool synccheck --error-exitcode 99 \
+         "$tests" --gtest_filter="$tc_flash"
   fi
 fi
 
@@ -383,6 +429,13 @@ json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }
     sed -n 's/.*"model": "\([^"]*\)", "precision": "\([^"]*\)".*"step_ms_est": \([0-9.]*\), "tokens_per_s_est": \([0-9.]*\), "model_tflops_est": \([0-9.]*\).*/  \1 \2 \3 ms\/step \4 tok\/s \5 TFLOP\/s/p' \
         "$out/step_estimate.jsonl" |
         awk '{printf "  %-12s %-5s %9s ms/step %9s tok/s %7s TFLOP/s\n", $1, $2, $3, $5, $7}'
+  fi
+  if [ -s "$out/attention.jsonl" ] || [ -s "$out/attention_torch.jsonl" ]; then
+    echo
+    echo "Flash attention, causal bf16, B 8 T 1024 NH 12 HS 64 (attention.jsonl, attention_torch.jsonl):"
+    cat "$out/attention.jsonl" "$out/attention_torch.jsonl" 2>/dev/null |
+      sed -n 's/.*"kernels": "\([^"]*\)".*"fwd_ms": \([0-9.]*\), "bwd_ms": \([0-9.]*\), "fwd_tflops": \([0-9.]*\), "bwd_tflops": \([0-9.]*\).*/\1 \2 \3 \4 \5/p' |
+      awk '{printf "  %-11s fwd %8s ms %7s TFLOP/s   bwd %8s ms %7s TFLOP/s\n", $1, $2, $4, $3, $5}'
   fi
   if [ -s "$out/train_bench/gpu_train_bench.txt" ]; then
     echo
@@ -433,6 +486,9 @@ PY
   json_lines "$out/gemm.jsonl"
   printf ',\n  "step_estimate": '
   json_lines "$out/step_estimate.jsonl"
+  printf ',\n  "attention": '
+  cat "$out/attention.jsonl" "$out/attention_torch.jsonl" 2>/dev/null >"$out/attention_all.jsonl" || true
+  json_lines "$out/attention_all.jsonl"
   printf ',\n  "env_probe": '
   if [ -s "$out/env_probe.json" ]; then sed -e '2,$s/^/  /' "$out/env_probe.json"; else printf 'null'; fi
   printf ',\n  "torch_peer": '

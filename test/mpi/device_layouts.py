@@ -8,8 +8,9 @@ TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
   cuda         the GPU (skipped, exit 77, when none is visible). Ranks share the GPU. fp32
                products: gradients within 1e-4 of the CPU's (max|d|/max|g| per tensor), losses
                within 1e-4 relative; bf16 (TRIDENT_TEST_PRECISION=bf16, or the bf16 case
-               below): 20 steps within 1e-3 of the fp32 CPU loss curve, and the arena's peak
-               below fp32's by the bf16 stash's predicted saving.
+               below): 20 steps within 1e-3 of the fp32 CPU loss curve (and 6 steps in a few
+               layouts, with heads of 16 among them: attention on the tensor cores), and the
+               arena's peak below fp32's by the bf16 stash's predicted saving.
 Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
 parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
@@ -171,8 +172,14 @@ def main():
         t.check(rel <= 1e-3, f"bf16: 20 losses within 1e-3 of the fp32 CPU curve ({rel:.2e})")
         llama = ['model.arch="llama"', "model.n_kv_head=2"]  # SwiGLU: [gate | up] stashed
         cpu_curves["llama"], = t.train(1, "cpu-llama", sets=llama)
+        # Two heads of 16: attention on the tensor cores (flash_attention_tc.cu; the heads of 8
+        # above keep the fp32 kernels), GPT and Llama with both query heads on one kv head.
+        tc = [("hs16", 1, ["model.n_head=2"]),
+              ("hs16-llama-gqa", 1, ['model.arch="llama"', "model.n_head=2", "model.n_kv_head=1"])]
+        for lname, _, sets in tc:
+            cpu_curves[lname], = t.train(1, f"cpu-{lname}", sets=sets)
         for lname, np_, sets in [l for l in layouts if l[0] in ("pp2-zb", "tp2-sp")] + \
-                [("llama", 1, llama)]:
+                [("llama", 1, llama)] + tc:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
             rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))
             t.check(rel <= 1e-3, f"bf16 {lname}: 6 losses within 1e-3 of the fp32 CPU curve "

@@ -58,6 +58,11 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   timer_ = OpTimer::from_environment(stream_);  // TRIDENT_OP_TIMING (op_timer.hpp)
   const char* baseline = std::getenv("TRIDENT_CUDA_BASELINE");
   baseline_ = baseline && std::string(baseline) == "1";
+  const char* attention = std::getenv("TRIDENT_CUDA_ATTENTION");
+  attention_kernel_ = attention ? attention : "";
+  TRIDENT_CHECK(attention_kernel_.empty() || attention_kernel_ == "tc" ||
+                    attention_kernel_ == "scalar",
+                "TRIDENT_CUDA_ATTENTION: expected tc or scalar, got '", attention_kernel_, "'");
   const char* cache = std::getenv("TRIDENT_CUDA_WEIGHT_CACHE");
   weight_cache_ = !baseline_ && !(cache && std::string(cache) == "0");
 }

@@ -51,6 +51,8 @@
 
 namespace trident::ops::cuda {
 
+struct FlashShape;  // kernels.hpp
+
 // cuBLAS's (and cuBLASLt's) workspace: NVIDIA's recommendation for Hopper (32 MiB; 4 MiB
 // would do before it).
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t(32) << 20;
@@ -215,6 +217,11 @@ class CudaOps final : public Ops {
   // TRIDENT_CUDA_BASELINE=1: the paths before issue 27 (three-pass classifier, per-product
   // conversions and the GEMV bias gradient in linear_backward), for before/after timings.
   bool baseline_ = false;
+  // TRIDENT_CUDA_ATTENTION ("tc", "scalar", or empty when unset): tc_attention() reads it.
+  std::string attention_kernel_;
+  // Whether attention_forward/backward of shape s run the tensor-core kernels
+  // (flash_attention_tc.cu) rather than the scalar fp32 ones (flash_attention.cu); matmul.cpp.
+  bool tc_attention(const FlashShape& s) const;
   // The weight cache (bf16 products): a bf16 copy of set_weights' range, in the arena, made
   // at the first product after the weights changed (an op's or copy's write into the range,
   // weights_changed(): the optimizer's step). TRIDENT_CUDA_WEIGHT_CACHE=0 or the baseline

@@ -69,6 +69,17 @@ void launch_flash_attention_backward(cudaStream_t s, float* dq, float* dk, float
                                      const float* dout, const float* out, const float* lse,
                                      const float* q, const float* k, const float* v,
                                      const FlashShape& shape);
+// ---- flash_attention_tc.cu ----------------------------------------------------------------
+// The same contract on tensor cores (WMMA, sm_80+): bf16 operands in the products, fp32
+// accumulation, softmax and outputs. Shapes with flash_tc_supported (hs a multiple of 16 up
+// to 128) only.
+bool flash_tc_supported(const FlashShape& shape);
+void launch_flash_attention_tc_forward(cudaStream_t s, float* out, float* lse, const float* q,
+                                       const float* k, const float* v, const FlashShape& shape);
+void launch_flash_attention_tc_backward(cudaStream_t s, float* dq, float* dk, float* dv,
+                                        const float* dout, const float* out, const float* lse,
+                                        const float* q, const float* k, const float* v,
+                                        const FlashShape& shape);
 // Ops::attention_merge.
 void launch_attention_merge(cudaStream_t s, float* out, float* lse, const float* out_part,
                             const float* lse_part, const FlashShape& shape);

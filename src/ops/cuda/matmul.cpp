@@ -2,8 +2,9 @@
 // linear forward/backward, and causal attention (strided-batched per-head products read in
 // place from qkv, around the softmax kernels of softmax.cu).
 // defines: CudaOps::gemm_rm, gemm_batched_rm, gemm, linear_forward, linear_backward,
-//          attention_forward, attention_backward (flash_attention.cu's kernels),
-//          attention_merge, attention_naive_forward, attention_naive_backward
+//          attention_forward, attention_backward (the kernels of flash_attention.cu or
+//          flash_attention_tc.cu: tc_attention), attention_merge, attention_naive_forward,
+//          attention_naive_backward, tc_attention
 //
 // Row-major to cuBLAS: see col_major in plans.hpp (C^T = op(B)^T op(A)^T), which also holds
 // the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
@@ -321,18 +322,34 @@ FlashShape flash_shape(const Ops::AttentionShape& s, const char* op) {
 }
 }  // namespace
 
+// The tensor-core kernels under bf16 products, for the head sizes they take (multiples of 16
+// up to 128); the scalar fp32 kernels otherwise, under TRIDENT_CUDA_BASELINE=1, and with
+// TRIDENT_CUDA_ATTENTION=scalar. TRIDENT_CUDA_ATTENTION=tc asks for the tensor cores under
+// fp32 and tf32 too (benchmarks, tests).
+bool CudaOps::tc_attention(const FlashShape& s) const {
+  if (baseline_ || attention_kernel_ == "scalar" || !flash_tc_supported(s)) return false;
+  return attention_kernel_ == "tc" || precision_ == Precision::bf16;
+}
+
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const AttentionShape& s) {
   OpScope timed(timer_.get(), "attention_forward");
-  launch_flash_attention_forward(stream_, out, lse, q, k, v, flash_shape(s, "attention_forward"));
+  const FlashShape fs = flash_shape(s, "attention_forward");
+  if (tc_attention(fs))
+    launch_flash_attention_tc_forward(stream_, out, lse, q, k, v, fs);
+  else
+    launch_flash_attention_forward(stream_, out, lse, q, k, v, fs);
 }
 
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, const AttentionShape& s) {
   OpScope timed(timer_.get(), "attention_backward");
-  launch_flash_attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v,
-                                  flash_shape(s, "attention_backward"));
+  const FlashShape fs = flash_shape(s, "attention_backward");
+  if (tc_attention(fs))
+    launch_flash_attention_tc_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v, fs);
+  else
+    launch_flash_attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v, fs);
 }
 
 void CudaOps::attention_merge(float* out, float* lse, const float* out_part,

@@ -28,6 +28,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <functional>
@@ -90,8 +91,10 @@ class DevVec {
   Buffer<T> buf_;
 };
 
-// ||got - want||_inf <= tol ||want||_inf (see the file comment).
-::testing::AssertionResult near(const FVec& got, const FVec& want, double tol) {
+// ||got - want||_inf <= tol ||want||_inf (see the file comment); with scale > 0,
+// <= tol * scale (one norm for a set of outputs).
+::testing::AssertionResult near(const FVec& got, const FVec& want, double tol,
+                                double scale = 0) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
   double ref = 0.0, err = 0.0;
@@ -108,6 +111,7 @@ class DevVec {
       worst = i;
     }
   }
+  if (scale > 0) ref = scale;
   if (!nan && err <= tol * ref) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << (nan ? "NaN; " : "") << "max |gpu - cpu| = " << err << " > " << tol
@@ -373,9 +377,47 @@ void check_attention(Ops& g, double tol, int b, int t, int c, int nh) {
   EXPECT_EQ(above, 0u) << "att above the diagonal must be exactly 0";
 }
 
-// Flash attention (fp32 kernels under every precision): q, k, v with padded strides and
-// grouped-query heads, against the CPU backend's flash path.
-void check_flash(Ops& g, double tol, int b, int t, int nh, int nkv, int hs, bool causal = true) {
+double max_abs(const FVec& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::abs(double(x)));
+  return m;
+}
+
+// Flash attention's outputs against the CPU's. The fp32 kernels (fp32, tf32, and head sizes
+// the tensor-core kernels do not take): out and lse within tol, the gradients within 10 tol.
+// Under bf16 with hs a multiple of 16 up to 128 the backend runs flash_attention_tc.cu (bf16
+// operands, fp32 accumulation), checked as test/unit/ops/cuda/emulate does: out and lse
+// within 2e-2, the gradients within 3e-2 of the largest of dq, dk, dv (2e-2 on the stand-in,
+// whose worst case is 1.0%; t = 1's dq and dk are 0 but for rounding); and out must err more
+// than fp32 would, or the kernels did not run.
+bool tensor_core_attention(const Ops& g, int hs) {
+  return g.precision() == Precision::bf16 && hs % 16 == 0 && hs <= 128;
+}
+void expect_attention(bool tc, double tol, const FVec& gout, const FVec& out, const FVec& glse,
+                      const FVec& lse, const FVec& gdq, const FVec& dq, const FVec& gdk,
+                      const FVec& dk, const FVec& gdv, const FVec& dv) {
+  if (!tc) {
+    EXPECT_TRUE(near(gout, out, tol)) << "out";
+    EXPECT_TRUE(near(glse, lse, tol)) << "lse";
+    EXPECT_TRUE(near(gdq, dq, 10 * tol)) << "dq";
+    EXPECT_TRUE(near(gdk, dk, 10 * tol)) << "dk";
+    EXPECT_TRUE(near(gdv, dv, 10 * tol)) << "dv";
+    return;
+  }
+  const double grads = std::max({max_abs(dq), max_abs(dk), max_abs(dv)});
+  EXPECT_TRUE(near(gout, out, 2e-2)) << "out (tensor cores)";
+  EXPECT_TRUE(near(glse, lse, 2e-2)) << "lse (tensor cores)";
+  EXPECT_TRUE(near(gdq, dq, 3e-2, grads)) << "dq (tensor cores)";
+  EXPECT_TRUE(near(gdk, dk, 3e-2, grads)) << "dk (tensor cores)";
+  EXPECT_TRUE(near(gdv, dv, 3e-2, grads)) << "dv (tensor cores)";
+  EXPECT_FALSE(near(gout, out, 1e-5)) << "out as exact as fp32: the tensor-core kernels did not run";
+}
+
+// Flash attention: q, k, v with padded strides and grouped-query heads, against the CPU
+// backend's flash path.
+// tc: 1 or 0 says which kernels g runs (TRIDENT_CUDA_ATTENTION); -1: by precision and hs.
+void check_flash(Ops& g, double tol, int b, int t, int nh, int nkv, int hs, bool causal = true,
+                 int tc = -1) {
   Rng r(1801u + unsigned(t * 13 + nh * 5 + nkv + hs));
   Ops::AttentionShape s;
   s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
@@ -395,11 +437,8 @@ void check_flash(Ops& g, double tol, int b, int t, int nh, int nkv, int hs, bool
   g.attention_forward(gout.get(), glse.get(), gq.get(), gk.get(), gv.get(), s);
   g.attention_backward(gdq.get(), gdk.get(), gdv.get(), gdout.get(), gout.get(), glse.get(),
                        gq.get(), gk.get(), gv.get(), s);
-  EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
-  EXPECT_TRUE(near(glse.host(), lse, tol)) << "lse";
-  EXPECT_TRUE(near(gdq.host(), dq, 10 * tol)) << "dq";
-  EXPECT_TRUE(near(gdk.host(), dk, 10 * tol)) << "dk";
-  EXPECT_TRUE(near(gdv.host(), dv, 10 * tol)) << "dv";
+  expect_attention(tc < 0 ? tensor_core_attention(g, hs) : tc == 1, tol, gout.host(), out,
+                   glse.host(), lse, gdq.host(), dq, gdk.host(), dk, gdv.host(), dv);
 }
 
 // Ring attention's blocks (model/ring_attention.cpp): a sequence of 2t rows as blocks of t
@@ -449,11 +488,8 @@ void check_flash_blocks(Ops& g, double tol, int b, int t, int nh, int nkv, int h
       gdv(g, FVec(v.size(), -0.5f));
   run(g, gout.get(), glse.get(), gpart.get(), gplse.get(), gdq.get(), gdk.get(), gdv.get(),
       gq.get(), gk.get(), gv.get(), gdout.get());
-  EXPECT_TRUE(near(gout.host(), out, tol)) << "out";
-  EXPECT_TRUE(near(glse.host(), lse, tol)) << "lse";
-  EXPECT_TRUE(near(gdq.host(), dq, 10 * tol)) << "dq";
-  EXPECT_TRUE(near(gdk.host(), dk, 10 * tol)) << "dk";
-  EXPECT_TRUE(near(gdv.host(), dv, 10 * tol)) << "dv";
+  expect_attention(tensor_core_attention(g, hs), tol, gout.host(), out, glse.host(), lse,
+                   gdq.host(), dq, gdk.host(), dk, gdv.host(), dv);
 }
 
 void check_embedding(Ops& g, double tol, int n, int c, int vocab_start, int v) {
@@ -633,16 +669,19 @@ std::vector<CudaCase> cases() {
   for (auto& s : att_shapes)
     cs.push_back({name_of("attention_b%d_t%d_c%d_nh%d", s[0], s[1], s[2], s[3]), true, true,
                   [=](Ops& g, double tol) { check_attention(g, tol, s[0], s[1], s[2], s[3]); }});
+  // (bf16: hs 64, 128, 32, 16 on the tensor cores, t = 1 and t off their tiles)
   const int flash_shapes[][5] = {{2, 37, 3, 3, 24}, {1, 256, 12, 12, 64}, {2, 1000, 4, 2, 128},
-                                 {1, 45, 6, 1, 7}};
+                                 {1, 45, 6, 1, 7}, {1, 1, 2, 1, 64}, {2, 130, 4, 2, 64},
+                                 {1, 1024, 12, 12, 64}, {2, 77, 2, 2, 32}};
   for (auto& s : flash_shapes)
     cs.push_back({name_of("flash_b%d_t%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), true, true,
                   [=](Ops& g, double tol) { check_flash(g, tol, s[0], s[1], s[2], s[3], s[4]); }});
-  const int full_shapes[][5] = {{2, 37, 3, 3, 24}, {1, 70, 4, 2, 16}};
+  const int full_shapes[][5] = {{2, 37, 3, 3, 24}, {1, 70, 4, 2, 16}, {1, 100, 4, 2, 64},
+                                {1, 45, 2, 2, 128}};
   for (auto& s : full_shapes)
     cs.push_back({name_of("flash_full_b%d_t%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), true, true,
                   [=](Ops& g, double tol) { check_flash(g, tol, s[0], s[1], s[2], s[3], s[4], false); }});
-  const int block_shapes[][5] = {{2, 12, 3, 3, 8}, {1, 37, 4, 2, 16}};
+  const int block_shapes[][5] = {{2, 12, 3, 3, 8}, {1, 37, 4, 2, 16}, {1, 75, 4, 2, 64}};
   for (auto& s : block_shapes)
     cs.push_back({name_of("flash_blocks_b%d_t%d_nh%d_nkv%d_hs%d", s[0], s[1], s[2], s[3], s[4]), true, true,
                   [=](Ops& g, double tol) { check_flash_blocks(g, tol, s[0], s[1], s[2], s[3], s[4]); }});
@@ -746,6 +785,27 @@ TEST(CudaOps, NameAndDevice) {
   auto o = ops::make_cuda_ops(Precision::tf32, 64 * kMiB);
   EXPECT_NE(o->name().find("tf32"), std::string::npos) << o->name();
   EXPECT_THROW(ops::make_ops("cpu", 1, Precision::bf16), Error) << "the CPU has fp32 only";
+}
+
+// Which flash kernels run, read when the backend is made: TRIDENT_CUDA_ATTENTION=scalar and
+// TRIDENT_CUDA_BASELINE=1 keep bf16 on the fp32 kernels (fp32's tolerance holds), =tc puts
+// fp32 on the tensor cores; another value is refused.
+TEST(CudaOps, AttentionKernelChoice) {
+  struct Unset {
+    ~Unset() {
+      unsetenv("TRIDENT_CUDA_ATTENTION");
+      unsetenv("TRIDENT_CUDA_BASELINE");
+    }
+  } unset;
+  setenv("TRIDENT_CUDA_ATTENTION", "scalar", 1);
+  check_flash(*ops::make_cuda_ops(Precision::bf16, 64 * kMiB), 1e-5, 2, 100, 2, 2, 64, true, 0);
+  setenv("TRIDENT_CUDA_ATTENTION", "tc", 1);
+  check_flash(*ops::make_cuda_ops(Precision::fp32, 64 * kMiB), 1e-5, 2, 100, 2, 2, 64, true, 1);
+  setenv("TRIDENT_CUDA_ATTENTION", "tensor", 1);
+  EXPECT_THROW(ops::make_cuda_ops(Precision::bf16, 64 * kMiB), Error);
+  unsetenv("TRIDENT_CUDA_ATTENTION");
+  setenv("TRIDENT_CUDA_BASELINE", "1", 1);
+  check_flash(*ops::make_cuda_ops(Precision::bf16, 64 * kMiB), 1e-5, 2, 100, 2, 2, 64, true, 0);
 }
 
 TEST(CudaOps, SelectDevice) {

@@ -6,8 +6,10 @@
 // Not a CTest test; run.sh builds and runs it (about 10 s, most of it compiling).
 #include <cblas.h>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -22,9 +24,14 @@ using V = std::vector<float>;
 std::mt19937 g(3);  // NOLINT: one generator for the whole run
 V rnd(size_t n, float sd = 1, float mean = 0) { std::normal_distribution<float> d(mean, sd); V v(n); for (auto& x : v) x = d(g); return v; }
 int bad = 0;
-void cmp(const char* what, const V& got, const V& want, double tol) {
+float bf16_round(float f) { std::uint32_t u; std::memcpy(&u, &f, 4); u += 0x7fffu + ((u >> 16) & 1u); u &= 0xffff0000u; std::memcpy(&f, &u, 4); return f; }
+double maxdiff(const V& a, const V& b) { double e = 0; for (size_t i = 0; i < a.size(); i++) e = std::fmax(e, std::fabs(double(a[i]) - b[i])); return e; }
+double maxabs(const V& a) { double r = 0; for (float x : a) r = std::fmax(r, std::fabs(x)); return r; }
+// scale > 0: the error relative to it instead of ||want||_inf (a set of outputs, one norm)
+void cmp(const char* what, const V& got, const V& want, double tol, double scale = 0) {
   double e = 0, r = 0; bool nan = false;
   for (size_t i = 0; i < got.size(); i++) { double d = std::fabs(double(got[i]) - want[i]); if (std::isnan(d)) nan = true; e = std::fmax(e, d); r = std::fmax(r, std::fabs(want[i])); }
+  if (scale > 0) r = scale;
   bool ok = !nan && e <= tol * r;
   if (!ok) bad++;
   printf("%-44s %s  err %.2e  ref %.2e\n", what, ok ? "ok  " : "BAD ", e, r);
@@ -45,6 +52,10 @@ static void gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, 
 }
 int main() {
   auto cpu = ops::make_cpu_ops(1);
+  // run.sh's second run: the tensor-core kernels built with a float standing in for bf16
+  // (shim/cuda_bf16.h), so their logic must match fp32 to fp32's accuracy.
+  const bool exact_bf16 = std::getenv("TRIDENT_EMU_BF16_EXACT") != nullptr;
+  const double tc_tol_out = exact_bf16 ? 1e-5 : 2e-2, tc_tol_grad = exact_bf16 ? 1e-4 : 2e-2;
   char name[128];
   // every transpose pair, leading dimensions wider than the matrices, alpha and beta
   for (int tcase = 0; tcase < 4; tcase++) {
@@ -164,9 +175,14 @@ int main() {
   // ring attention's blocks: a sequence of 2t rows as two blocks of t (batch strides 2t rows,
   // lse row stride 2t); the second half's queries against the first half's keys (full) and its
   // own (causal), merged (attention_merge, the first merge into lse = -inf); the backward of
-  // every block accumulating into dq, dk, dv (which start non-zero)
-  const int bl[][5] = {{2, 12, 3, 3, 8}, {1, 37, 4, 2, 16}};
+  // every block accumulating into dq, dk, dv (which start non-zero); the scalar kernels
+  // (f[5] = 0) and the tensor-core ones (1, bf16 tolerance)
+  const int bl[][6] = {{2, 12, 3, 3, 8, 0}, {1, 37, 4, 2, 16, 0}, {2, 40, 3, 3, 32, 1}, {1, 75, 4, 2, 64, 1}};
   for (auto& f : bl) {
+    const bool tcm = f[5] != 0;
+    const auto fwd = tcm ? launch_flash_attention_tc_forward : launch_flash_attention_forward;
+    const auto bwd = tcm ? launch_flash_attention_tc_backward : launch_flash_attention_backward;
+    const double tol_o = tcm ? tc_tol_out : 1e-5, tol_g = tcm ? tc_tol_grad : 1e-4;
     ops::Ops::AttentionShape sh;
     sh.b = f[0], sh.t = f[1], sh.nh = f[2], sh.nkv = f[3], sh.hs = f[4];
     const int t = sh.t;
@@ -192,7 +208,7 @@ int main() {
             cpu->attention_forward(po, pls, q.data() + half * tq, k.data() + kb * tk, v.data() + kb * tv, s2);
             cpu->attention_merge(oo, ll, po, pls, s2);
           } else {
-            launch_flash_attention_forward(nullptr, po, pls, q.data() + half * tq, k.data() + kb * tk, v.data() + kb * tv, to_fs(s2));
+            fwd(nullptr, po, pls, q.data() + half * tq, k.data() + kb * tk, v.data() + kb * tv, to_fs(s2));
             launch_attention_merge(nullptr, oo, ll, po, pls, to_fs(s2));
           }
         }
@@ -205,12 +221,101 @@ int main() {
           if (which == 0)
             cpu->attention_backward(a[0], a[1], a[2], in[0], in[1], in[2], in[3], in[4], in[5], s2);
           else
-            launch_flash_attention_backward(nullptr, a[0], a[1], a[2], in[0], in[1], in[2], in[3], in[4], in[5], to_fs(s2));
+            bwd(nullptr, a[0], a[1], a[2], in[0], in[1], in[2], in[3], in[4], in[5], to_fs(s2));
         }
     }
-    snprintf(name, sizeof name, "flash blocks b%d t%d nh%d nkv%d hs%d merged out", sh.b, t, sh.nh, sh.nkv, sh.hs);
-    cmp(name, o[1], o[0], 1e-5);
-    cmp("  lse", l[1], l[0], 1e-5); cmp("  dq", dq[1], dq[0], 1e-4); cmp("  dk", dk[1], dk[0], 1e-4); cmp("  dv", dv[1], dv[0], 1e-4);
+    snprintf(name, sizeof name, "flash%s blocks b%d t%d nh%d nkv%d hs%d merged out", tcm ? " tc" : "", sh.b, t, sh.nh, sh.nkv, sh.hs);
+    cmp(name, o[1], o[0], tol_o);
+    cmp("  lse", l[1], l[0], tol_o); cmp("  dq", dq[1], dq[0], tol_g); cmp("  dk", dk[1], dk[0], tol_g); cmp("  dv", dv[1], dv[0], tol_g);
+  }
+  // Tensor-core flash attention (flash_attention_tc.cu: bf16 operands, fp32 accumulation)
+  // against the CPU's fp32 attention, tolerance 2e-2 of the largest |value| (bf16 operands:
+  // 8 bits of mantissa; the gradients against the largest of dq, dk, dv). Printed beside each
+  // case: the error of the CPU's attention on inputs rounded to bf16, which the kernels' stays
+  // close to. Causal and full, grouped-query heads, accumulate (gradients start
+  // non-zero), q|k|v from one fused buffer and dq|dk|dv into one (GPT's layout), padded row
+  // strides, t = 1 and t off the 64/32/16-row tiles, head sizes 16 to 128.
+  {
+    struct F { int b, t, nh, nkv, hs; bool causal, fused, accumulate; };
+    const F tc[] = {{2, 37, 3, 3, 64, true, true, false},   {2, 37, 3, 3, 64, false, true, true},
+                    {1, 1, 2, 1, 64, true, false, false},    {1, 1, 2, 2, 32, false, false, true},
+                    {2, 130, 4, 2, 64, true, false, true},   {1, 100, 4, 2, 64, false, true, false},
+                    {1, 77, 2, 1, 128, true, true, true},    {1, 45, 2, 2, 128, false, false, false},
+                    {2, 70, 2, 2, 32, true, false, false},   {1, 50, 4, 1, 16, true, true, false},
+                    {1, 33, 2, 2, 48, false, false, true},   {1, 96, 1, 1, 96, true, false, false},
+                    {1, 200, 2, 2, 64, true, true, false}};
+    for (const F& f : tc) {
+      ops::Ops::AttentionShape sh;
+      sh.b = f.b, sh.t = f.t, sh.nh = f.nh, sh.nkv = f.nkv, sh.hs = f.hs, sh.causal = f.causal, sh.accumulate = f.accumulate;
+      const size_t rows = size_t(sh.b) * sh.t;
+      const int cq = sh.nh * sh.hs, ckv = sh.nkv * sh.hs;
+      V qkv, dqkv0, qs, ks, vs, dqs0, dks0, dvs0;
+      const float *q, *k, *v;
+      if (f.fused) {  // one [rows, cq + 2 ckv + 5] buffer, q | k | v at column offsets
+        const int ld = cq + 2 * ckv + 5;
+        sh.ld_q = sh.ld_k = sh.ld_v = ld;
+        qkv = rnd(rows * ld, 1.5f);
+        q = qkv.data(), k = qkv.data() + cq, v = qkv.data() + cq + ckv;
+        dqkv0 = f.accumulate ? rnd(qkv.size(), 0.3f) : V(qkv.size(), 0);
+      } else {
+        sh.ld_q = cq + 3, sh.ld_k = ckv + 1, sh.ld_v = ckv + 2;
+        qs = rnd(rows * sh.ld_q, 1.5f), ks = rnd(rows * sh.ld_k, 1.5f), vs = rnd(rows * sh.ld_v);
+        q = qs.data(), k = ks.data(), v = vs.data();
+        dqs0 = f.accumulate ? rnd(qs.size(), 0.3f) : V(qs.size(), 0);
+        dks0 = f.accumulate ? rnd(ks.size(), 0.3f) : V(ks.size(), 0);
+        dvs0 = f.accumulate ? rnd(vs.size(), 0.3f) : V(vs.size(), 0);
+      }
+      sh.ld_o = cq + 1;
+      const V dout = rnd(rows * sh.ld_o);
+      V o1(rows * sh.ld_o, 0), l1(size_t(sh.b) * sh.nh * sh.t), o2 = o1, l2(l1.size(), 7);
+      V g1[3], g2[3];  // dq, dk, dv (fused: g[0] is the one dqkv buffer)
+      if (f.fused) g1[0] = dqkv0; else g1[0] = dqs0, g1[1] = dks0, g1[2] = dvs0;
+      for (int x = 0; x < 3; x++) g2[x] = g1[x];
+      const auto grads = [&](V* g) {
+        std::array<float*, 3> p;
+        if (f.fused) p = {g[0].data(), g[0].data() + cq, g[0].data() + cq + ckv};
+        else p = {g[0].data(), g[1].data(), g[2].data()};
+        return p;
+      };
+      const auto p1 = grads(g1), p2 = grads(g2);
+      cpu->attention_forward(o1.data(), l1.data(), q, k, v, sh);
+      cpu->attention_backward(p1[0], p1[1], p1[2], dout.data(), o1.data(), l1.data(), q, k, v, sh);
+      const FlashShape fs = to_fs(sh);
+      if (!flash_tc_supported(fs)) { printf("flash tc: shape not supported\n"); bad++; continue; }
+      launch_flash_attention_tc_forward(nullptr, o2.data(), l2.data(), q, k, v, fs);
+      // the backward from the kernels' own out and lse, as in training (D = rowsum(dout out)
+      // then agrees with the bf16 products: from the CPU's out the gradients err ~2x more)
+      launch_flash_attention_tc_backward(nullptr, p2[0], p2[1], p2[2], dout.data(), o2.data(), l2.data(), q, k, v, fs);
+      snprintf(name, sizeof name, "flash tc%s b%d t%d nh%d nkv%d hs%d%s%s out", sh.causal ? "" : " full", sh.b, sh.t, sh.nh,
+               sh.nkv, sh.hs, f.fused ? " fused" : "", f.accumulate ? " acc" : "");
+      // What bf16 inputs alone cost: the CPU's fp32 attention on q, k, v, dout rounded to bf16.
+      if (!exact_bf16) {
+      const auto round = [](const float* x, size_t n) { V r(x, x + n); for (auto& e : r) e = bf16_round(e); return r; };
+      {
+        const size_t nq = f.fused ? qkv.size() : qs.size();
+        V rq = round(f.fused ? qkv.data() : qs.data(), nq), rk, rv;
+        const float *q3 = rq.data(), *k3, *v3;
+        if (f.fused) k3 = rq.data() + cq, v3 = rq.data() + cq + ckv;
+        else rk = round(ks.data(), ks.size()), rv = round(vs.data(), vs.size()), k3 = rk.data(), v3 = rv.data();
+        const V rdo = round(dout.data(), dout.size());
+        V o3(o1.size(), 0), l3(l1.size()), g3[3];
+        for (int x = 0; x < 3; x++) g3[x] = f.fused ? (x == 0 ? dqkv0 : V()) : (x == 0 ? dqs0 : x == 1 ? dks0 : dvs0);
+        const auto p3 = grads(g3);
+        cpu->attention_forward(o3.data(), l3.data(), q3, k3, v3, sh);
+        cpu->attention_backward(p3[0], p3[1], p3[2], rdo.data(), o3.data(), l3.data(), q3, k3, v3, sh);
+        printf("%-44s [bf16 inputs alone: out err %.2e, grads err %.2e]\n", name, maxdiff(o3, o1),
+               std::max({maxdiff(g3[0], g1[0]), f.fused ? 0.0 : maxdiff(g3[1], g1[1]), f.fused ? 0.0 : maxdiff(g3[2], g1[2])}));
+      }
+      }
+      cmp(name, o2, o1, tc_tol_out);
+      cmp("  lse", l2, l1, tc_tol_out);
+      if (f.fused) {
+        cmp("  dqkv", g2[0], g1[0], tc_tol_grad);
+      } else {  // one scale for the three: t = 1's dq and dk are 0 but for rounding
+        const double sc = std::max({maxabs(g1[0]), maxabs(g1[1]), maxabs(g1[2])});
+        cmp("  dq", g2[0], g1[0], tc_tol_grad, sc); cmp("  dk", g2[1], g1[1], tc_tol_grad, sc); cmp("  dv", g2[2], g1[2], tc_tol_grad, sc);
+      }
+    }
   }
   struct X { int n, ld, v, vs; float off, sd; } xs[] = {{5, 13, 11, 20, 0, 1}, {64, 1008, 1000, 0, 80, 5}, {3, 4109, 4096, 4096, -30, 3}};
   for (auto& s : xs) {

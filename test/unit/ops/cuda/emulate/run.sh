@@ -42,3 +42,15 @@ g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -I"$work" -I"$src/include" -
     "${objs[@]}" "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp \
     -pthread -o "$work/emulate"
 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/emulate"
+# The tensor-core attention once more with exact "bf16" (a float: shim/cuda_bf16.h), checked
+# against fp32 at fp32's tolerance: its logic apart from its rounding.
+g++ -std=c++17 -O1 -ffp-contract=off -DTRIDENT_EMU_BF16_EXACT -I"$here/shim" -I"$work" \
+    -c "$work/flash_attention_tc.cpp" -o "$work/flash_attention_tc-exact.o"
+exact_objs=("${objs[@]/#$work\/flash_attention_tc.o/$work/flash_attention_tc-exact.o}")
+g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -I"$work" -I"$src/include" -I"$blas_inc" "$here/driver.cpp" \
+    "${exact_objs[@]}" "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp \
+    -pthread -o "$work/emulate-exact"
+echo "emulate: the tensor-core attention with exact bf16 (TRIDENT_EMU_BF16_EXACT)"
+TRIDENT_EMU_BF16_EXACT=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/emulate-exact" |
+  sed -n -e '/^flash tc/,/^xent/{/^xent/!p}' -e '/agree\|MISMATCH/p'
+exit "${PIPESTATUS[0]}"

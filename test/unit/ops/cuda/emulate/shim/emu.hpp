@@ -5,9 +5,10 @@
 // block (or warp) has all arrived. A kernel whose first thread reaches no such point runs its
 // other threads as plain calls, without fibers; should one of them then synchronize, the run
 // stops with an error instead of guessing. __shared__ arrays are function statics (one block
-// at a time), atomicAdd a plain add (one OS thread), __shfl_xor_sync an exchange through a
-// slot array between two warp barriers, full masks only. Threads leaving early drop out of
-// the barriers (as exited threads do on the GPU).
+// at a time), atomicAdd a plain add (one OS thread), __shfl_xor_sync and __all_sync an
+// exchange through a slot array between two warp barriers, full masks only; __syncwarp a warp
+// barrier. Threads leaving early drop out of the barriers (as exited threads do on the GPU).
+// WMMA (nvcuda::wmma): mma.h.
 // Checks indexing, masks, reductions, launch limits (block size, grid size: an invalid
 // configuration is reported through cudaGetLastError, as a real launch) and, built with
 // TRIDENT_EMU_DEVICE_POINTERS (train.sh), that every pointer argument of a kernel is null or
@@ -39,6 +40,8 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
 
 namespace emu {
 // emu.cpp
@@ -68,6 +71,11 @@ bool check_arg(const char* kernel, const T& arg) {
 }  // namespace emu
 
 inline void __syncthreads() { emu::sync_block(); }
+// Full mask only: a barrier of the calling thread's warp.
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) emu::die("__syncwarp", "only full masks are emulated");
+  emu::sync_warp();
+}
 
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
@@ -83,6 +91,20 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   std::memcpy(&r, &slots[src], sizeof r);
   emu::sync_warp();  // nobody overwrites its slot before everyone has read
   return r;
+}
+
+// Full masks and whole warps only (an exited lane's slot would be stale).
+inline int __all_sync(unsigned mask, int predicate) {
+  if (mask != 0xffffffffu) emu::die("__all_sync", "only full masks are emulated");
+  const unsigned tid = emu::thread_rank(), base = tid & ~31u;
+  if (base + 32 > emu::block_threads()) emu::die("__all_sync", "a warp of fewer than 32 threads");
+  std::uint64_t* slots = emu::shuffle_slots();
+  slots[tid] = predicate != 0;
+  emu::sync_warp();
+  int all = 1;
+  for (unsigned i = base; i < base + 32; i++) all &= int(slots[i]);
+  emu::sync_warp();  // nobody overwrites its slot before everyone has read
+  return all;
 }
 
 // nvcc's round-to-nearest intrinsics are there to stop contraction into FMAs; the shim's

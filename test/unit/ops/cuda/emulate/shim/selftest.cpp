@@ -3,7 +3,10 @@
 // batches, bf16 inputs, the TF32/bf16 rounding of the fast compute types) against a plain
 // double loop, cuBLAS's argument checks, and that the checks of device pointers, poisoned
 // fresh memory and launch limits fire; cuBLASLt's bias epilogue against the GEMM plus the bias,
-// its layout checks and its device-pointer check of the bias. Built with TRIDENT_EMU_DEVICE_POINTERS.
+// its layout checks and its device-pointer check of the bias; WMMA (mma.h): D = A B + C with
+// A row-major, B column-major, C read column-major and D stored row-major from padded tiles,
+// against a double loop on the bf16-rounded values, and __all_sync. Built with
+// TRIDENT_EMU_DEVICE_POINTERS.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +16,7 @@
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cuda_runtime.h"
+#include "mma.h"
 
 namespace {
 int bad = 0;
@@ -204,6 +208,51 @@ int main() {
     cublasLtDestroy(lt);
   }
   cublasDestroy(h);
+  {  // WMMA as CUDA documents it: A is M x K, B is K x N; row_major (r, c) at p[r * ldm + c],
+     // col_major at p[c * ldm + r]; ldm in elements
+    namespace wmma = nvcuda::wmma;
+    constexpr int lda = 24, ldb = 40, ldc = 20, ldd = 28;
+    alignas(32) static __nv_bfloat16 a[16 * lda], b[16 * ldb];
+    alignas(32) static float c[16 * ldc], d[16 * ldd];
+    float fa[16][16], fb[16][16];
+    for (int r = 0; r < 16; r++)
+      for (int k = 0; k < 16; k++) {
+        a[r * lda + k] = __float2bfloat16_rn(fa[r][k] = std::sin(float(r * 16 + k)) * 3.0f);
+        b[k * ldb + r] = __float2bfloat16_rn(fb[r][k] = std::cos(float(r * 7 + k)));  // B(r, k)
+        c[k * ldc + r] = float(r - k);                                                // C(r, k)
+      }
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fra;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> frb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> frc;
+    wmma::load_matrix_sync(fra, a, lda);
+    wmma::load_matrix_sync(frb, b, ldb);
+    wmma::load_matrix_sync(frc, c, ldc, wmma::mem_col_major);
+    wmma::mma_sync(frc, fra, frb, frc);
+    for (auto& e : frc.x) e *= 2.0f;  // a uniform op on the elements
+    wmma::store_matrix_sync(d, frc, ldd, wmma::mem_row_major);
+    double err = 0;
+    for (int r = 0; r < 16; r++)
+      for (int n = 0; n < 16; n++) {
+        double want = r - n;
+        for (int k = 0; k < 16; k++)
+          want += double(__bfloat162float(__float2bfloat16_rn(fa[r][k]))) *
+                  __bfloat162float(__float2bfloat16_rn(fb[k][n]));
+        err = std::fmax(err, std::fabs(2 * want - d[r * ldd + n]));
+      }
+    check(err < 1e-4, "wmma: D = 2 (A B + C), A row-major, B and C column-major, D row-major");
+  }
+  {  // __all_sync: per warp
+    const auto all_kernel = [](float* out) {
+      const unsigned t = threadIdx.x;
+      out[t] = float(__all_sync(0xffffffffu, t != 40));  // false only in the second warp
+    };
+    float* dgot = dev(64);
+    emu_launch(+all_kernel, "all_kernel", dim3(1), dim3(64), dgot);
+    float got[64];
+    cudaMemcpy(got, dgot, sizeof got, cudaMemcpyDeviceToHost);
+    cudaFree(dgot);
+    check(got[0] == 1 && got[31] == 1 && got[32] == 0 && got[63] == 0, "__all_sync per warp");
+  }
   std::printf(bad ? "shim selftest: %d FAILED\n" : "shim selftest: all ok\n", bad);
   return bad != 0;
 }
