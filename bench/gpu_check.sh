@@ -5,13 +5,22 @@
 #   0. the machine: bench/gpu_probe.py (GPU, driver, CUDA runtime, cuBLASLt, every libcudnn and
 #      its cudnnGetVersion, PyTorch's CUDA and cuDNN), env_probe.json;
 #   1. configure and build for sm_90 into build-gpu/ (only the targets below, trident included);
+#   1b. cuDNN (issue 27, step 1): where libcudnn.so.9 is (the loader's path, /usr/local/cuda,
+#      PyTorch's nvidia/cudnn: exported as TRIDENT_CUDNN_LIBRARY with its folder on
+#      LD_LIBRARY_PATH when the loader alone would not find it), and trident_cudnn_probe: the
+#      causal bf16 attention graphs for GPT-2 small built and planned, or the first failing
+#      call (cudnn_probe.log);
 #   2. the CUDA op tests (test/unit/ops/cuda: every op against the CPU backend, fp32/tf32/bf16,
-#      and the device arena, CudaMemory);
+#      and the device arena, CudaMemory; cuDNN attention against the CPU, required to run
+#      when the probe made its plans: TRIDENT_TEST_EXPECT_CUDNN=1);
 #   3. the other CTest tests labelled cuda (ctest -L cuda, e.g. test/mpi/device_layouts.py with
 #      TRIDENT_TEST_DEVICE=cuda); with PREBUILT, the bundle's trident runs
 #      test/mpi/device_layouts.py directly when it and mpirun are there;
 #   3b. the per-op timing's check with CUDA events (test/unit/ops/cuda/emulate/op_timing.py)
-#      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit);
+#      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit),
+#      cuDNN attention's fallback line and whether it ran in training (cudnn_fallback.py);
+#   3c. cuDNN attention against trident's kernel at B 8, T 1024, NH 12, hs 64: ms and TFLOP/s
+#      forward and backward, and whether each path ran (trident_bench_cuda_attention);
 #   4. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
 #   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
 #   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
@@ -111,7 +120,8 @@ configure() {
 }
 build_targets() {
   cmake --build "$build" -j "$jobs" --target trident trident_cuda trident_unit_ops_cuda \
-        trident_bench_cublas trident_bench_cuda_step
+        trident_bench_cublas trident_bench_cuda_step trident_cudnn_probe \
+        trident_bench_cuda_attention
 }
 # Only the cuBLAS benchmark, without trident's CMake (its dependencies are absent).
 build_gemm_bench_bare() {
@@ -146,12 +156,16 @@ if [ -n "${PREBUILT:-}" ]; then
   tests=$prebuilt/trident_unit_ops_cuda
   gemm=$prebuilt/trident_bench_cublas
   step_bench=$prebuilt/trident_bench_cuda_step
+  cudnn_probe=$prebuilt/trident_cudnn_probe
+  attention_bench=$prebuilt/trident_bench_cuda_attention
   trident=$prebuilt/trident
   built=yes
 else
   tests=$build/test/trident_unit_ops_cuda
   gemm=$build/bench/trident_bench_cublas
   step_bench=$build/bench/trident_bench_cuda_step
+  cudnn_probe=$build/trident_cudnn_probe
+  attention_bench=$build/bench/trident_bench_cuda_attention
   trident=$build/trident
   built=no
   step configure configure
@@ -166,9 +180,36 @@ fi
 
 # ---- run -----------------------------------------------------------------------------------
 set_budget
+# cuDNN for trident's attention (loaded at run time): the loader's own search first; else the
+# first libcudnn.so.9 of /usr/local/cuda or PyTorch's wheel (nvidia/cudnn/lib), whose folder
+# also holds the sub-libraries libcudnn.so.9 loads by name.
+find_cudnn() {
+  if [ -n "${TRIDENT_CUDNN_LIBRARY:-}" ]; then echo "$TRIDENT_CUDNN_LIBRARY"; return; fi
+  if ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9 '; then echo "libcudnn.so.9 (loader)"; return; fi
+  local d
+  for d in ${LD_LIBRARY_PATH//:/ } /usr/local/cuda/lib64 /usr/local/cuda/lib \
+           "$("$python" -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)"; do
+    [ -n "$d" ] && [ -f "$d/libcudnn.so.9" ] && { echo "$d/libcudnn.so.9"; return; }
+  done
+  echo none
+}
+cudnn_lib=$(find_cudnn)
+echo "cuDNN for trident: $cudnn_lib"
+case $cudnn_lib in
+  /*) export TRIDENT_CUDNN_LIBRARY=$cudnn_lib
+      export LD_LIBRARY_PATH="$(dirname "$cudnn_lib"):${LD_LIBRARY_PATH:-}" ;;
+esac
+expect_cudnn=0
+if [ "$built" = yes ] && [ -x "${cudnn_probe:-}" ]; then
+  step cudnn_probe "$cudnn_probe" 8 1024 12 64
+  [ "${status[cudnn_probe]}" = ok ] && expect_cudnn=1
+else
+  skip cudnn_probe "not built"
+fi
 if [ "$built" = yes ] && [ -x "$tests" ]; then
   # exit 77 = no GPU visible: a failure here (the point of this script is the GPU)
-  step op_tests "$tests" --gtest_output="json:$out/op_tests.json"
+  step op_tests env TRIDENT_TEST_EXPECT_CUDNN=$expect_cudnn "$tests" \
+       --gtest_output="json:$out/op_tests.json"
 else
   skip op_tests "not built"
 fi
@@ -228,6 +269,20 @@ emulate_script op_timing_test 60 op_timing.py
 # The bf16 weight cache against no cache, bit for bit, over each way the weights change (the
 # mpirun cases where mpirun is).
 emulate_script weight_cache_test 90 weight_cache.py
+# cuDNN attention in bf16 training: the fallback line (TRIDENT_CUDNN=0, a missing library) and,
+# where cuDNN runs, its rows in the per-op table and losses within 1e-3 of trident's kernel.
+emulate_script cudnn_fallback_test 60 cudnn_fallback.py
+# cuDNN attention against trident's kernel, GPT-2 small's attention shape.
+if [ "$built" = yes ] && [ -x "${attention_bench:-}" ]; then
+  t=$(bounded 60)
+  if [ "$t" -eq 0 ]; then
+    skip attention_bench "time budget spent"
+  else
+    step attention_bench to_file "$out/attention_bench.jsonl" timeout "$t" "$attention_bench" 10
+  fi
+else
+  skip attention_bench "not built"
+fi
 
 if [ -x "$gemm" ]; then
   step gemm_bench to_file "$out/gemm.jsonl" "$gemm" "${GEMM_REPS:-20}"
@@ -371,6 +426,17 @@ json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }
   for name in "${order[@]}"; do printf '  %-22s %s\n' "$name" "${status[$name]}"; done
   echo
   echo "op tests: ${passed:-0} passed, ${failed_tests:-0} failed (details: op_tests.log, op_tests.json)"
+  echo
+  echo "cuDNN attention: library ${cudnn_lib:-not looked for}; probe (cudnn_probe.log):"
+  grep -E '^(ok   load|note|FAIL|ok   plan|ok   forward|ok   backward)' "$out/cudnn_probe.log" \
+      2>/dev/null | sed -e 's/^/  /' || echo "  (no probe log)"
+  grep -h "cuDNN attention unavailable" "$out"/op_tests.log "$out"/attention_bench.log \
+      2>/dev/null | sort -u | sed -e 's/^/  fell back: /' || true
+  if [ -s "$out/attention_bench.jsonl" ]; then
+    sed -n 's/.*"path": "\([^"]*\)", "used": \([a-z]*\).*"fwd_ms": \([0-9.]*\), "bwd_ms": \([0-9.]*\), "fwd_tflops": \([0-9.]*\), "bwd_tflops": \([0-9.]*\).*/\1 \2 \3 \4 \5 \6/p' \
+        "$out/attention_bench.jsonl" |
+        awk '{printf "  %-8s ran %-5s fwd %8s ms %7s TFLOP/s   bwd %8s ms %7s TFLOP/s\n", $1, $2, $3, $5, $4, $6}'
+  fi
   if [ -s "$out/gemm.jsonl" ]; then
     echo
     echo "GEMM (cuBLAS, median of ${GEMM_REPS:-20}):"
@@ -433,6 +499,8 @@ PY
   json_lines "$out/gemm.jsonl"
   printf ',\n  "step_estimate": '
   json_lines "$out/step_estimate.jsonl"
+  printf ',\n  "attention_bench": '
+  json_lines "$out/attention_bench.jsonl"
   printf ',\n  "env_probe": '
   if [ -s "$out/env_probe.json" ]; then sed -e '2,$s/^/  /' "$out/env_probe.json"; else printf 'null'; fi
   printf ',\n  "torch_peer": '

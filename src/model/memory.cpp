@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "trident/ops/cuda.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 
 namespace trident::model {
@@ -164,6 +165,15 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       };
       linear(C, C3), linear(d.Ca, C), linear(C, F1), linear(F, C);
       if (head) linear(C, Vl);
+      // cuDNN attention (ops/cuda/cudnn_attention.hpp) on the shapes it takes: the rank's
+      // heads when key/value heads are not grouped, a head size it supports. Ulysses runs
+      // attention over the whole sequence with NH / cp heads.
+      const std::int64_t hs = cfg.head_dim();
+      if (lay.fused_attention && cfg.kv_heads() == cfg.n_head && hs % 8 == 0 && hs <= 128) {
+        const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
+        const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
+        need = std::max(need, ops::cudnn_attention_scratch_bytes(d.B, t, nh, hs));
+      }
     }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
     // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.

@@ -97,6 +97,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.host_memory = ops.memory() == nullptr;
   lay.open_files = files_held_open(cfg, ps.world_rank == 0);
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
+  lay.fused_attention = !lay.host_memory && ops.fused_attention();
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
     try {

@@ -59,6 +59,10 @@ class Ops {
   }
   // The weights were written other than through this backend (MPI into device memory).
   virtual void weights_changed() {}
+  // Whether causal attention runs through a library's fused attention that takes the
+  // backend's scratch (CUDA under bf16: cuDNN, loaded by this call if not yet), so that
+  // model::predict_memory counts it (MemoryLayout::fused_attention). CPU: never.
+  virtual bool fused_attention() { return false; }
 
   // ---- bf16 storage (the model's stash under runtime.precision = "bf16") -------------
   // dst[i] = the 16 bits of bfloat16(src[i]), rounded to nearest even (NaN stays NaN).

@@ -323,6 +323,7 @@ FlashShape flash_shape(const Ops::AttentionShape& s, const char* op) {
 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const AttentionShape& s) {
+  if (attention_cudnn_forward(out, lse, q, k, v, s)) return;  // cudnn_attention.cpp
   OpScope timed(timer_.get(), "attention_forward");
   launch_flash_attention_forward(stream_, out, lse, q, k, v, flash_shape(s, "attention_forward"));
 }
@@ -330,6 +331,7 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, const AttentionShape& s) {
+  if (attention_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, s)) return;
   OpScope timed(timer_.get(), "attention_backward");
   launch_flash_attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v,
                                   flash_shape(s, "attention_backward"));

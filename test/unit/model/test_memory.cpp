@@ -67,6 +67,39 @@ TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
 }
 
+// cuDNN attention (ops/cuda/cudnn_attention.hpp) takes its bf16 copies, its row sums, a dQ
+// accumulator and cuDNN's workspace (bounded) from the same scratch, when the backend says
+// cuDNN is loaded (fused_attention) and the heads are ones it takes. GPT-2 small's attention
+// at B 8 with a small vocabulary, where it is the largest need: 8 bf16 copies of [8192, 768]
+// (100663296 B), the row sums [8, 12, 1024] fp32 (393216), the fp32 accumulator
+// [8, 12, 1024, 64] (25165824), the workspace bound 2 * 8 * 12 * 1024 * 1024 + 25165824
+// (226492416) and 11 blocks' alignment (2816): 352717568 B, against c_fc's 62914560.
+TEST(Memory, FusedAttentionCountsCudnnsScratchWhereItIsTheLargestNeed) {
+  ModelConfig cfg;
+  cfg.vocab_size = 512, cfg.seq_len = 1024, cfg.n_layer = 2, cfg.n_head = 12, cfg.d_model = 768;
+  MemoryLayout lay;
+  lay.micro_batch = 8;
+  lay.host_memory = false;
+  lay.bf16_products = true;
+  const MemoryEstimate kernel = predict_memory(cfg, lay);
+  lay.fused_attention = true;
+  const MemoryEstimate cudnn = predict_memory(cfg, lay);
+  const std::int64_t att = 352717568, fc = 2 * 8192 * (768 + 3072);
+  EXPECT_EQ(cudnn.scratch - kernel.scratch, (att + att / 4) - (fc + fc / 4));
+  // Grouped key/value heads stay on trident's kernel: nothing more.
+  cfg.arch = "llama", cfg.n_kv_head = 4;
+  lay.fused_attention = false;
+  const std::int64_t gqa = predict_memory(cfg, lay).scratch;
+  lay.fused_attention = true;
+  EXPECT_EQ(predict_memory(cfg, lay).scratch, gqa);
+  // Without bf16 products there is no cuDNN path.
+  cfg.arch = "gpt2", cfg.n_kv_head = 0;
+  lay.bf16_products = false;
+  const std::int64_t fp32 = predict_memory(cfg, lay).scratch;
+  lay.fused_attention = false;
+  EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32);
+}
+
 // An asynchronous schedule's weight versions (PipeDream-2BW: 2) count the rank's parameters
 // once more each, plus the buffer they are swapped through (kVersionSwapFloats or fewer);
 // nothing else changes.

@@ -28,6 +28,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <functional>
@@ -755,6 +756,64 @@ TEST(CudaOps, SelectDevice) {
   EXPECT_EQ(ops::cuda_select_device(2 * n + 1), 1 % n);
   EXPECT_THROW(ops::cuda_select_device(-1), Error);
   ops::cuda_select_device(0);
+}
+
+// ---- cuDNN attention ------------------------------------------------------------------------
+
+// cuDNN's fused flash attention (src/ops/cuda/cudnn_attention.hpp), which a bf16 backend tries
+// first for causal attention: against the CPU backend's flash path (bf16 product tolerance;
+// padded strides: the bf16 copies and the widened outputs honour them) at GPT-2 small's heads
+// and T 1024 and at an odd small shape; the backward bit for bit the same twice (the default
+// deterministic graph); and proof that cuDNN ran: its rows in the per-op table
+// (TRIDENT_OP_TIMING). Skipped where cuDNN is unavailable, unless TRIDENT_TEST_EXPECT_CUDNN=1
+// (bench/gpu_check.sh sets it when trident_cudnn_probe made both plans): then it fails.
+TEST(CudnnAttention, MatchesTheCpuIsDeterministicAndRuns) {
+  const std::string table = ::testing::TempDir() + "cudnn_attention_ops.json";
+  std::remove(table.c_str());
+  setenv("TRIDENT_OP_TIMING", table.c_str(), 1);
+  auto o = ops::make_cuda_ops(Precision::bf16, 1024 * kMiB);
+  unsetenv("TRIDENT_OP_TIMING");
+  if (!o->fused_attention()) {
+    const char* expect = std::getenv("TRIDENT_TEST_EXPECT_CUDNN");
+    if (expect && std::string(expect) == "1")
+      FAIL() << "cuDNN attention unavailable (its reason is the line on stderr)";
+    GTEST_SKIP() << "cuDNN attention unavailable here (the line on stderr says why)";
+  }
+  const double tol = 3e-2;
+  check_flash(*o, tol, 1, 1024, 12, 12, 64);
+  check_flash(*o, tol, 3, 77, 2, 2, 40);
+  {
+    Rng r(4242u);
+    Ops::AttentionShape s;
+    s.b = 2, s.t = 256, s.nh = 4, s.nkv = 4, s.hs = 64;
+    s.ld_q = s.ld_k = s.ld_v = s.ld_o = 3 * s.nh * s.hs;  // views of a fused qkv
+    const std::size_t n = std::size_t(s.b) * s.t * s.ld_q;
+    DevVec<float> q(*o, r.normal(n)), k(*o, r.normal(n)), v(*o, r.normal(n)),
+        dout(*o, r.normal(n)), out(*o, FVec(n, 0.0f)),
+        lse(*o, FVec(std::size_t(s.b) * s.nh * s.t, 0.0f));
+    o->attention_forward(out.get(), lse.get(), q.get(), k.get(), v.get(), s);
+    std::array<FVec, 3> first;
+    for (int run = 0; run < 2; run++) {
+      DevVec<float> dq(*o, FVec(n, 0.0f)), dk(*o, FVec(n, 0.0f)), dv(*o, FVec(n, 0.0f));
+      o->attention_backward(dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(),
+                            q.get(), k.get(), v.get(), s);
+      const std::array<FVec, 3> got = {dq.host(), dk.host(), dv.host()};
+      if (run == 0) first = got;
+      const char* det = std::getenv("TRIDENT_CUDNN_DETERMINISTIC");
+      if (run == 1 && !(det && std::string(det) == "0"))
+        for (int i = 0; i < 3; i++)
+          EXPECT_TRUE(std::memcmp(got[i].data(), first[i].data(), got[i].size() * 4) == 0)
+              << "d" << "qkv"[i] << " differs between two identical backward calls";
+    }
+  }
+  o.reset();  // writes the per-op table
+  std::FILE* f = std::fopen(table.c_str(), "r");
+  ASSERT_NE(f, nullptr) << table;
+  std::string json;
+  for (int ch; (ch = std::fgetc(f)) != EOF;) json += char(ch);
+  std::fclose(f);
+  EXPECT_NE(json.find("\"attention_forward cudnn\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"attention_backward cudnn\""), std::string::npos) << json;
 }
 
 // ---- CudaMemory: the one device arena behind memory() --------------------------------------
