@@ -20,6 +20,9 @@
 // The causal mask is top-left: keep column j of row i when i >= j (GEN_INDEX on axes 2 and
 // 3, CMP_GE, BINARY_SELECT(x = score, b = -inf, t = mask): y = t ? x : b); the fill is -inf
 // from cuDNN 9.10 on, the lowest float before (the frontend's get_negative_inf_value).
+// GEN_INDEX computes in fp32 (the current frontend leaves its compute type to the context's)
+// and, when that graph gets no plan, in int32 (the frontend's earlier causal_mask): each
+// shape tries both before giving up.
 // Stats = max + log(sum exp(s - max)) in fp32, natural log: trident's lse.
 //
 // Forward (14 operations):
@@ -194,7 +197,10 @@ struct Graph {
 // Builds one graph's descriptors, recording the first failure (later calls are no-ops).
 class Builder {
  public:
-  Builder(Graph& g, std::ostream* log) : g_(g), api_(*g.api), log_(log) {}
+  // index_compute: GEN_INDEX's compute type (fp32 as cudnn-frontend's composite band mask
+  // leaves it; int32 as its earlier causal_mask set it).
+  Builder(Graph& g, std::ostream* log, cudnnDataType_t index_compute)
+      : g_(g), api_(*g.api), log_(log), index_compute_(index_compute) {}
   bool ok() const { return g_.error.empty(); }
 
   bool check(cudnnStatus_t st, const std::string& what) {
@@ -310,9 +316,9 @@ class Builder {
     auto col = tensor("col_index", -1, CUDNN_DATA_INT32, dims, strides, true);
     auto keep = tensor("causal_keep", -1, CUDNN_DATA_BOOLEAN, dims, strides, true);
     auto out = tensor("masked", -1, CUDNN_DATA_FLOAT, dims, strides, true);
-    pointwise("gen_row_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, nullptr, nullptr,
+    pointwise("gen_row_index", CUDNN_POINTWISE_GEN_INDEX, index_compute_, s, nullptr, nullptr,
               row, 2);
-    pointwise("gen_col_index", CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, nullptr, nullptr,
+    pointwise("gen_col_index", CUDNN_POINTWISE_GEN_INDEX, index_compute_, s, nullptr, nullptr,
               col, 3);
     pointwise("row_ge_col", CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
     pointwise("causal_select", CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s, fill, keep,
@@ -372,8 +378,11 @@ class Builder {
             for (std::int64_t k = 0; k < notes_n && k < std::int64_t(notes.size()); k++)
               nondet = nondet || notes[std::size_t(k)] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
         }
+        const std::string cfg = "     " + m + " config " + std::to_string(i) + ": engine " +
+                                std::to_string(index) + (nondet ? " (non-deterministic)" : "");
         if (deterministic && nondet) {
           nondeterministic++;
+          if (log_) *log_ << cfg << ": skipped\n";
           continue;
         }
         cudnnBackendDescriptor_t p = nullptr;
@@ -390,6 +399,7 @@ class Builder {
           st = api_.GetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
                                  1, &n, &ws);
         if (st != CUDNN_STATUS_SUCCESS) {
+          if (log_) *log_ << cfg << ": " << api_.status(st) << "\n";
           if (first_refusal.empty())
             first_refusal = "engine " + std::to_string(index) + ": " + api_.status(st);
           refused++;
@@ -397,6 +407,7 @@ class Builder {
           continue;
         }
         if (ws > workspace_bound) {
+          if (log_) *log_ << cfg << ": workspace " << ws << " > bound " << workspace_bound << "\n";
           too_big++;
           api_.DestroyDescriptor(p);
           continue;
@@ -406,7 +417,8 @@ class Builder {
         g_.workspace = ws;
         g_.engine = index;
         if (log_)
-          *log_ << "ok   plan: engine " << index << ", workspace " << ws << " bytes\n";
+          *log_ << "ok   plan: engine " << index << (nondet ? " (non-deterministic)" : "")
+                << ", workspace " << ws << " bytes (bound " << workspace_bound << ")\n";
         return;
       }
     }
@@ -423,6 +435,7 @@ class Builder {
   Graph& g_;
   const Api& api_;
   std::ostream* log_;
+  cudnnDataType_t index_compute_;
   std::vector<cudnnBackendDescriptor_t> ops_;
   std::int64_t next_virtual_ = 100;
 };
@@ -563,20 +576,32 @@ struct CudnnAttention::Impl {
     // The library stays loaded: cuDNN keeps process-wide state that outlives dlclose badly.
   }
 
+  // The graph with a plan, trying the two ways cudnn-frontend has written the causal mask's
+  // index generation (fp32 compute, then int32); the last attempt when neither plans.
   std::unique_ptr<Graph> build(bool backward, std::int64_t b, std::int64_t t, std::int64_t nh,
                                std::int64_t hs, cudnnHandle_t h, std::ostream* log) {
-    auto g = std::make_unique<Graph>();
-    g->api = &api;
-    g->scale = 1.0f / std::sqrt(float(hs));
-    // -inf from cuDNN 9.10 on; earlier versions prefer the lowest float as the mask's fill.
-    g->neg_inf = api.version < 91000 ? std::numeric_limits<float>::lowest() : -INFINITY;
-    g->dq_accumulator = backward && !deterministic;
-    Builder B(*g, log);
-    if (backward)
-      build_backward(*g, B, b, t, nh, hs);
-    else
-      build_forward(*g, B, b, t, nh, hs);
-    B.plan(h, deterministic, cudnn_workspace_bound(b, t, nh, hs));
+    std::unique_ptr<Graph> g;
+    std::string first_error;
+    for (cudnnDataType_t index_compute : {CUDNN_DATA_FLOAT, CUDNN_DATA_INT32}) {
+      if (log)
+        *log << "     causal mask's GEN_INDEX computing in "
+             << (index_compute == CUDNN_DATA_FLOAT ? "fp32" : "int32") << "\n";
+      g = std::make_unique<Graph>();
+      g->api = &api;
+      g->scale = 1.0f / std::sqrt(float(hs));
+      // -inf from cuDNN 9.10 on; earlier versions prefer the lowest float as the mask's fill.
+      g->neg_inf = api.version < 91000 ? std::numeric_limits<float>::lowest() : -INFINITY;
+      g->dq_accumulator = backward && !deterministic;
+      Builder B(*g, log, index_compute);
+      if (backward)
+        build_backward(*g, B, b, t, nh, hs);
+      else
+        build_forward(*g, B, b, t, nh, hs);
+      B.plan(h, deterministic, cudnn_workspace_bound(b, t, nh, hs));
+      if (g->error.empty() && g->plan) return g;
+      if (first_error.empty()) first_error = g->error;
+    }
+    g->error = first_error + " (and with int32 indices: " + g->error + ")";
     return g;
   }
 };
@@ -787,15 +812,20 @@ std::string CudnnAttention::probe(int b, int t, int nh, int hs) {
   } else {
     out << "ok   cudnnCreate\n";
   }
-  for (bool backward : {false, true}) {
-    out << "---- " << (backward ? "backward" : "forward") << " b " << b << " t " << t << " nh "
-        << nh << " hs " << hs << "\n";
+  // The forward, the backward trident uses (deterministic unless TRIDENT_CUDNN_DETERMINISTIC=0:
+  // "ok   backward" is for that one), and the other backward, for the record.
+  const bool deterministic = !env_equals("TRIDENT_CUDNN_DETERMINISTIC", "0");
+  for (int which = 0; which < 3; which++) {
+    const bool backward = which > 0, det = which == 2 ? !deterministic : deterministic;
+    const std::string name = !backward ? "forward" : which == 1 ? "backward" : "other backward";
+    out << "---- " << name << (backward ? det ? " (deterministic)" : " (non-deterministic)" : "")
+        << " b " << b << " t " << t << " nh " << nh << " hs " << hs << "\n";
     Impl impl;
     impl.api = api;
     impl.handle = nullptr;  // the probe's own handle is destroyed below, not by impl
-    impl.deterministic = !env_equals("TRIDENT_CUDNN_DETERMINISTIC", "0");
+    impl.deterministic = det;
     std::unique_ptr<Graph> g = impl.build(backward, b, t, nh, hs, handle, &out);
-    if (g->error.empty() && g->plan) out << "ok   " << (backward ? "backward" : "forward") << "\n";
+    if (g->error.empty() && g->plan) out << "ok   " << name << "\n";
     g.reset();
   }
   if (handle) api.Destroy(handle);
