@@ -8,9 +8,10 @@ default, and TRIDENT_CUDA_BASELINE=1. Checks: each refusal prints exactly one li
 (TRIDENT_CUDNN=0; "cannot load /nonexistent"), the baseline prints none (no cuDNN path at all),
 and the /nonexistent run's losses are bit for bit the TRIDENT_CUDNN=0 run's. The
 default run: where it printed the line (no usable cuDNN: the stand-in) the same bit-for-bit
-check; where it printed none, cuDNN ran, and the per-op table must have the
-"attention_forward cudnn" and "attention_backward cudnn" rows and no plain attention row, and
-its losses must be within 1e-3 relative of the kernel's (bf16 products either way).
+check; where cuDNN ran (its rows in the per-op table), its losses must be within 1e-3
+relative of the kernel's (bf16 products either way), and with no line at all every call went
+to cuDNN (both cudnn rows, no plain attention row). TRIDENT_CUDNN_LIBRARY, where the caller set
+it (bench/gpu_check.sh), holds for the default run.
 usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 cudnn_fallback.py
 """
 import json
@@ -33,8 +34,7 @@ LINE = "cuDNN attention unavailable ("
 
 def train(t, out, env_extra):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TRIDENT_CUDNN", "TRIDENT_CUDNN_LIBRARY", "TRIDENT_CUDA_BASELINE",
-                        "TRIDENT_OP_TIMING")}
+           if k not in ("TRIDENT_CUDNN", "TRIDENT_CUDA_BASELINE", "TRIDENT_OP_TIMING")}
     env.update(env_extra)
     cmd = [lc.TRIDENT, "train", "deck.toml", "--set", f"io.out_dir={out}"]
     for kv in SETS:
@@ -69,17 +69,20 @@ def main():
     default, lines = train(t, "default", {"TRIDENT_OP_TIMING": table_path})
     with open(table_path) as f:
         rows = {r["op"]: r["calls"] for r in json.load(f)["ops"]}
-    if lines:
-        t.check(len(lines) == 1, f"default: cuDNN unusable here, said once ({lines[0]})")
+    ran = [op for op in ("attention_forward cudnn", "attention_backward cudnn") if rows.get(op)]
+    t.check(len(lines) <= 1, f"default: at most one line ({lines})")
+    if not ran:
+        t.check(len(lines) == 1, f"default: cuDNN never ran, and the line says why ({lines})")
         t.check(np.array_equal(default, kernel),
                 f"default: losses bit for bit the kernel's ({default} vs {kernel})")
-        t.check("attention_forward cudnn" not in rows, "default: no cudnn row in the per-op table")
     else:
-        print("default: cuDNN attention ran")
-        for op in ("attention_forward cudnn", "attention_backward cudnn"):
-            t.check(rows.get(op, 0) > 0, f"default: '{op}' in the per-op table ({rows.get(op)})")
-        for op in ("attention_forward", "attention_backward"):
-            t.check(op not in rows, f"default: no '{op}' row: every call went to cuDNN")
+        print(f"default: cuDNN attention ran ({', '.join(ran)})" +
+              (f"; refused once: {lines[0]}" if lines else ""))
+        if not lines:
+            for op in ("attention_forward cudnn", "attention_backward cudnn"):
+                t.check(rows.get(op, 0) > 0, f"default: '{op}' in the per-op table ({rows.get(op)})")
+            for op in ("attention_forward", "attention_backward"):
+                t.check(op not in rows, f"default: no '{op}' row: every call went to cuDNN")
         rel = float(np.max(np.abs(default - kernel) / np.abs(kernel)))
         t.check(rel <= 1e-3, f"default: losses within 1e-3 of the kernel's ({rel:.2e})")
     t.finish()
