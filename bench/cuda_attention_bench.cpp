@@ -49,13 +49,13 @@ void run(bool cudnn, int reps, int b, int t, int nh, int hs) {
   setenv("TRIDENT_OP_TIMING", table.c_str(), 1);
   if (!cudnn) setenv("TRIDENT_CUDNN", "0", 1);
   auto ops = trident::ops::make_cuda_ops(Precision::bf16);
-  ops->fused_attention();  // loads (or refuses) cuDNN now, under this environment
-  unsetenv("TRIDENT_OP_TIMING");
-  unsetenv("TRIDENT_CUDNN");
   const std::int64_t c = std::int64_t(nh) * hs, rows = std::int64_t(b) * t;
   Ops::AttentionShape s;
   s.b = b, s.t = t, s.nh = nh, s.nkv = nh, s.hs = hs;
   s.ld_q = s.ld_k = s.ld_v = 3 * c, s.ld_o = c;
+  ops->fused_attention_bytes(s);  // loads (or refuses) cuDNN now, under this environment
+  unsetenv("TRIDENT_OP_TIMING");
+  unsetenv("TRIDENT_CUDNN");
   std::vector<float> h(std::size_t(rows * 3 * c));
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);

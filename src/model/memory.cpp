@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "trident/ops/cuda.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 
 namespace trident::model {
@@ -165,15 +164,17 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       };
       linear(C, C3), linear(d.Ca, C), linear(C, F1), linear(F, C);
       if (head) linear(C, Vl);
-      // cuDNN attention (ops/cuda/cudnn_attention.hpp) on the shapes it takes: the rank's
-      // heads when key/value heads are not grouped, a head size it supports. Ulysses runs
-      // attention over the whole sequence with NH / cp heads.
-      const std::int64_t hs = cfg.head_dim();
-      if (lay.fused_attention && cfg.kv_heads() == cfg.n_head && hs % 8 == 0 && hs <= 128) {
-        const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
-        const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
-        need = std::max(need, ops::cudnn_attention_scratch_bytes(d.B, t, nh, hs));
-      }
+    }
+    // Attention through a library (cuDNN): the backend's exact bytes for the rank's shape, its
+    // heads (key/value heads as ring_floats counts them); Ulysses runs attention over the
+    // whole sequence with NH / cp heads.
+    if (lay.fused_attention_bytes) {
+      const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
+      const std::int64_t kv = cfg.kv_heads(), nkv = kv >= lay.tp ? kv / lay.tp : 1;
+      const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
+      const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
+      need = std::max(need, lay.fused_attention_bytes(int(d.B), int(t), int(nh), int(nkv_l),
+                                                      cfg.head_dim()));
     }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
     // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.

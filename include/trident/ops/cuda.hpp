@@ -4,8 +4,7 @@
 // object's stream. Only built when TRIDENT_CUDA is on. No CUDA header is needed to include
 // this one.
 // defines: trident::ops::cuda_device_count, cuda_select_device, make_cuda_ops,
-//          cuda_default_arena_bytes, cuda_upload, cuda_download, cuda_synchronize,
-//          cudnn_workspace_bound, cudnn_attention_scratch_bytes
+//          cuda_default_arena_bytes, cuda_upload, cuda_download, cuda_synchronize
 //
 // Streams: a CUDA Ops object owns one stream; every op it runs is queued there, in call
 // order, and returns before the GPU has finished (sum_squares, which returns a number, waits).
@@ -13,9 +12,7 @@
 // cuda_synchronize). A fault inside a kernel is reported by the next call that waits.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <cstdint>
 #include <memory>
 
 #include "trident/ops/ops.hpp"
@@ -57,26 +54,5 @@ void cuda_upload(Ops& ops, void* device_dst, const void* host_src, std::size_t b
 void cuda_download(Ops& ops, void* host_dst, const void* device_src, std::size_t bytes);
 // Waits for everything queued on the stream of `ops`; a kernel fault becomes an Error here.
 void cuda_synchronize(Ops& ops);
-
-// cuDNN's fused attention (ops/cuda/cudnn_attention.hpp) takes its buffers from the op
-// scratch: inline here so that model::predict_memory, built without CUDA, counts the same.
-// cuDNN's own workspace is known only once a plan exists; plans asking more than this bound
-// are skipped, so it is a bound: the deterministic backward's dP buffer as cudnn-frontend
-// sizes it on Hopper (bf16 [b, h, ceil64(s), ceil128(s)]), plus an fp32 dQ accumulator
-// [b, h, s, d] (the non-deterministic backward's), and at least 64 MiB.
-inline std::int64_t cudnn_workspace_bound(std::int64_t b, std::int64_t t, std::int64_t nh,
-                                          std::int64_t hs) {
-  const std::int64_t dp = 2 * b * nh * ((t + 63) / 64 * 64) * ((t + 127) / 128 * 128);
-  return std::max<std::int64_t>(dp + 4 * b * nh * t * hs, std::int64_t(64) << 20);
-}
-// The largest scratch of one call (the backward's): eight bf16 copies [b, t, nh * hs] (q, k,
-// v, o, do, dq, dk, dv), the fp32 row sums of dO * O [b, nh, t], the fp32 dQ accumulator
-// [b, nh, t, hs] (the non-deterministic backward only; counted always), cuDNN's workspace
-// (at most the bound), and the 256-byte alignment of the eleven blocks.
-inline std::int64_t cudnn_attention_scratch_bytes(std::int64_t b, std::int64_t t,
-                                                  std::int64_t nh, std::int64_t hs) {
-  return 8 * 2 * b * t * nh * hs + 4 * b * nh * t + 4 * b * nh * t * hs +
-         cudnn_workspace_bound(b, t, nh, hs) + 11 * 256;
-}
 
 }  // namespace trident::ops

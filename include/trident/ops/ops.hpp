@@ -59,10 +59,6 @@ class Ops {
   }
   // The weights were written other than through this backend (MPI into device memory).
   virtual void weights_changed() {}
-  // Whether causal attention runs through a library's fused attention that takes the
-  // backend's scratch (CUDA under bf16: cuDNN, loaded by this call if not yet), so that
-  // model::predict_memory counts it (MemoryLayout::fused_attention). CPU: never.
-  virtual bool fused_attention() { return false; }
 
   // ---- bf16 storage (the model's stash under runtime.precision = "bf16") -------------
   // dst[i] = the 16 bits of bfloat16(src[i]), rounded to nearest even (NaN stays NaN).
@@ -188,6 +184,15 @@ class Ops {
   // A running lse of -inf (no keys yet) takes the partial as it is.
   virtual void attention_merge(float* out, float* lse, const float* out_part,
                                const float* lse_part, const AttentionShape& s) = 0;
+  // The backend scratch attention_forward / attention_backward of this shape take when they
+  // run through a library's fused attention (CUDA under bf16: cuDNN, loaded and its plans
+  // made by this call if not yet): the larger of the two, exact; 0 when they do not (the
+  // CPU; no cuDNN; a shape it does not take). model::predict_memory counts it
+  // (MemoryLayout::fused_attention_bytes).
+  virtual std::int64_t fused_attention_bytes(const AttentionShape& s) {
+    (void)s;
+    return 0;
+  }
 
   // The reference path (tests and benchmarks only: it stores T x T per head).
   // qkv[B,T,3C]: columns q (C), then k (C), then v (C); inside each, head h owns columns

@@ -70,7 +70,6 @@ class CudaOps final : public Ops {
   Precision precision() const override { return precision_; }
   void set_weights(const float* params, std::int64_t n) override;
   void weights_changed() override { weights16_fresh_ = false; }
-  bool fused_attention() override { return cudnn_ && cudnn_->available(); }
   cudaStream_t stream() const { return stream_; }
   DeviceMemory* memory() override { return memory_.get(); }
   CudaMemory& cuda_memory() { return *memory_; }
@@ -125,6 +124,7 @@ class CudaOps final : public Ops {
                           const AttentionShape& s) override;
   void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
                        const AttentionShape& s) override;
+  std::int64_t fused_attention_bytes(const AttentionShape& s) override;  // cudnn_attention.cpp
   void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override;
   void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,

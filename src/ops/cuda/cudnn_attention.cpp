@@ -78,6 +78,12 @@ std::atomic<bool> g_told{false};  // the one stderr line per process
 
 }  // namespace
 
+std::int64_t cudnn_workspace_bound(std::int64_t b, std::int64_t t, std::int64_t nh,
+                                   std::int64_t hs) {
+  const std::int64_t dp = 2 * b * nh * ((t + 63) / 64 * 64) * ((t + 127) / 128 * 128);
+  return std::max<std::int64_t>(dp + 4 * b * nh * t * hs, std::int64_t(64) << 20);
+}
+
 const char* CudnnAttention::decline(const Ops::AttentionShape& s) {
   if (!s.causal) return "not causal";
   if (s.accumulate) return "accumulated gradients";
@@ -867,6 +873,11 @@ std::string CudnnAttention::probe(int, int, int, int) {
 #endif
 
 // ---- CudaOps's entry points ------------------------------------------------------------
+
+std::int64_t CudaOps::fused_attention_bytes(const AttentionShape& s) {
+  if (!cudnn_ || CudnnAttention::decline(s) || !cudnn_->available()) return 0;
+  return std::max<std::int64_t>({0, cudnn_->prepare(s, false), cudnn_->prepare(s, true)});
+}
 
 bool CudaOps::attention_cudnn_forward(float* out, float* lse, const float* q, const float* k,
                                       const float* v, const AttentionShape& s) {

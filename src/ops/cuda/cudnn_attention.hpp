@@ -2,8 +2,9 @@
 // (private to src/ops/cuda; issue 27, step 1). cuDNN is loaded at run time (dlopen of
 // libcudnn.so.9, or TRIDENT_CUDNN_LIBRARY), so trident builds, links and runs where it is
 // missing; the cuDNN headers are used at compile time for enums and types only, and where
-// the build does not find them (TRIDENT_HAVE_CUDNN unset: CMake's detection, the CPU
-// stand-in) this file's class is a stub that is never available.
+// the build does not find them (TRIDENT_HAVE_CUDNN unset by CMake's detection) this file's
+// class is a stub that is never available. The CPU stand-in (emulate/train.sh) builds the
+// real loader where the headers are and refuses after cudnnCreate (no device memory).
 // defines: trident::ops::cuda::CudnnAttention
 //
 // What it takes (decline() says why not): causal, written (not accumulated) gradients,
@@ -18,6 +19,11 @@
 // (max + log(sum exp) of the scaled, masked scores, natural log) is trident's lse
 // [B,NH,T] exactly, so cuDNN reads and writes lse in place. The backward converts dout and
 // out too and widens dQ/dK/dV (bf16) into dq/dk/dv.
+//
+// Memory: each call takes its bf16 copies, the backward's fp32 row sums (and dQ accumulator
+// when non-deterministic) and cuDNN's workspace from the op scratch; prepare() says how much,
+// exactly, and Ops::fused_attention_bytes reports it to model::predict_memory. cuDNN states
+// its workspace only per plan: plans asking more than cudnn_workspace_bound are skipped.
 //
 // Failure is never fatal: a library that is missing or older than 9.0, a graph that cuDNN
 // does not support, no engine (or none deterministic, or none within the workspace bound),
@@ -38,13 +44,16 @@
 #include <string>
 
 #include "memory.hpp"
-#include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
 
 namespace trident::ops::cuda {
 
-// The op scratch a call may take is bounded by cudnn_attention_scratch_bytes
-// (trident/ops/cuda.hpp, which model::predict_memory counts).
+// The largest cuDNN workspace a plan may ask: the deterministic backward's dP buffer as
+// cudnn-frontend sizes it on Hopper (bf16 [b, h, ceil64(s), ceil128(s)]), plus an fp32
+// [b, h, s, d], and at least 64 MiB (a cap against absurd plans, not a prediction).
+std::int64_t cudnn_workspace_bound(std::int64_t b, std::int64_t t, std::int64_t nh,
+                                   std::int64_t hs);
+
 class CudnnAttention {
  public:
   // nullptr when the shape is one this path takes; else why not (a fixed string).

@@ -4,6 +4,9 @@
 // expected figures are written out from the model's shapes, not from the carving functions.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <vector>
+
 #include "trident/model/memory.hpp"
 
 namespace trident::model {
@@ -67,14 +70,12 @@ TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
 }
 
-// cuDNN attention (ops/cuda/cudnn_attention.hpp) takes its bf16 copies, its row sums, a dQ
-// accumulator and cuDNN's workspace (bounded) from the same scratch, when the backend says
-// cuDNN is loaded (fused_attention) and the heads are ones it takes. GPT-2 small's attention
-// at B 8 with a small vocabulary, where it is the largest need: 8 bf16 copies of [8192, 768]
-// (100663296 B), the row sums [8, 12, 1024] fp32 (393216), the fp32 accumulator
-// [8, 12, 1024, 64] (25165824), the workspace bound 2 * 8 * 12 * 1024 * 1024 + 25165824
-// (226492416) and 11 blocks' alignment (2816): 352717568 B, against c_fc's 62914560.
-TEST(Memory, FusedAttentionCountsCudnnsScratchWhereItIsTheLargestNeed) {
+// Attention through cuDNN (ops/cuda/cudnn_attention.hpp) takes its bf16 copies and cuDNN's
+// workspace from the backend's scratch; the backend states the bytes for a shape
+// (Ops::fused_attention_bytes) and predict_memory counts them where they are the largest
+// need, asking for the rank's own attention shape: here GPT-2 small's heads at B 8, T 1024,
+// then tp 2 (6 heads), then Ulysses at cp 2 (the whole sequence, 3 of the 6 heads).
+TEST(Memory, FusedAttentionCountsTheBackendsBytesForTheRanksShape) {
   ModelConfig cfg;
   cfg.vocab_size = 512, cfg.seq_len = 1024, cfg.n_layer = 2, cfg.n_head = 12, cfg.d_model = 768;
   MemoryLayout lay;
@@ -82,22 +83,28 @@ TEST(Memory, FusedAttentionCountsCudnnsScratchWhereItIsTheLargestNeed) {
   lay.host_memory = false;
   lay.bf16_products = true;
   const MemoryEstimate kernel = predict_memory(cfg, lay);
-  lay.fused_attention = true;
+  std::vector<std::array<int, 5>> asked;
+  const std::int64_t bytes = 400000000;  // more than any product's conversion here
+  lay.fused_attention_bytes = [&](int b, int t, int nh, int nkv, int hs) {
+    asked.push_back({b, t, nh, nkv, hs});
+    return bytes;
+  };
   const MemoryEstimate cudnn = predict_memory(cfg, lay);
-  const std::int64_t att = 352717568, fc = 2 * 8192 * (768 + 3072);
-  EXPECT_EQ(cudnn.scratch - kernel.scratch, (att + att / 4) - (fc + fc / 4));
-  // Grouped key/value heads stay on trident's kernel: nothing more.
-  cfg.arch = "llama", cfg.n_kv_head = 4;
-  lay.fused_attention = false;
-  const std::int64_t gqa = predict_memory(cfg, lay).scratch;
-  lay.fused_attention = true;
-  EXPECT_EQ(predict_memory(cfg, lay).scratch, gqa);
-  // Without bf16 products there is no cuDNN path.
-  cfg.arch = "gpt2", cfg.n_kv_head = 0;
-  lay.bf16_products = false;
-  const std::int64_t fp32 = predict_memory(cfg, lay).scratch;
-  lay.fused_attention = false;
-  EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32);
+  // c_fc's conversion, 2 * 8192 * (768 + 3072) bytes, was the largest need; both at 1.25x.
+  const std::int64_t fc = 2 * 8192 * (768 + 3072);
+  EXPECT_EQ(cudnn.scratch - kernel.scratch, (bytes + bytes / 4) - (fc + fc / 4));
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], (std::array<int, 5>{8, 1024, 12, 12, 64}));
+  lay.tp = 2;
+  predict_memory(cfg, lay);
+  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 6, 6, 64}));
+  lay.cp = 2, lay.cp_mode = CpMode::ulysses;
+  predict_memory(cfg, lay);
+  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 3, 3, 64}));
+  // A backend that takes none (0 bytes): the prediction without it.
+  lay.tp = 1, lay.cp = 1, lay.cp_mode = CpMode::ring;
+  lay.fused_attention_bytes = [](int, int, int, int, int) { return std::int64_t(0); };
+  EXPECT_EQ(predict_memory(cfg, lay).scratch, kernel.scratch);
 }
 
 // An asynchronous schedule's weight versions (PipeDream-2BW: 2) count the rank's parameters
