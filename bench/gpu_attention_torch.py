@@ -1,6 +1,6 @@
 """PyTorch's peer of bench/cuda_attention_bench.cpp on the GPU: scaled_dot_product_attention
 (is_causal, bf16, whichever fused kernel PyTorch picks) forward and backward at the same shape,
-timed with CUDA events (median). One JSON line in the bench's format, "kernels": "torch_sdpa";
+timed with CUDA events (median). One JSON line in the bench's format, "path": "torch_sdpa";
 FLOPs counted as the bench counts them (forward 4 B NH T^2 HS / 2, backward 2.5 times that).
 usage: gpu_attention_torch.py [--reps 10] [--b 8] [--t 1024] [--nh 12] [--hs 64]
 """
@@ -41,7 +41,8 @@ def main():
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     bwd = timed(a.reps, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
     flops = 4.0 * a.b * a.nh * a.t * a.t * a.hs / 2
-    print(json.dumps({"kernels": "torch_sdpa", "b": a.b, "t": a.t, "nh": a.nh, "hs": a.hs,
+    print(json.dumps({"path": "torch_sdpa", "used": True,
+                      "b": a.b, "t": a.t, "nh": a.nh, "hs": a.hs,
                       "fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4),
                       "fwd_tflops": round(flops / fwd * 1e-9, 2),
                       "bwd_tflops": round(2.5 * flops / bwd * 1e-9, 2),

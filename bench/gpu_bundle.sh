@@ -7,7 +7,9 @@
 # What is in it:
 #   * trident with its CUDA backend module beside it (libtrident_cuda.so: trident dlopens it
 #     from its own folder for runtime.device = "cuda"), trident_unit_ops_cuda,
-#     trident_bench_cublas, trident_bench_cuda_step, trident_bench_cuda_attention;
+#     trident_bench_cublas, trident_bench_cuda_step, trident_cudnn_probe,
+#     trident_bench_cuda_attention (cuDNN itself is not bundled: gpu_check.sh finds the
+#     machine's, or PyTorch's);
 #   * lib/: every shared library they (and Open MPI's plugins) load, found with ldd, except
 #     glibc's own and CUDA's (cudart, cuBLAS: the GPU machine's CUDA 13 provides them):
 #     Open MPI, HDF5 (openmpi flavour), SentencePiece, toml++, OpenBLAS, libgomp, libstdc++...;
@@ -27,7 +29,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 targets=(trident trident_cuda trident_unit_ops_cuda trident_bench_cublas trident_bench_cuda_step
-         trident_bench_cuda_attention)
+         trident_cudnn_probe trident_bench_cuda_attention)
 
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DTRIDENT_CUDA=ON
@@ -38,7 +40,7 @@ rm -rf "$bundle" "$build/bundle.tar.xz"
 mkdir -p "$bundle/lib" "$bundle/openmpi"
 cp "$build/trident" "$build/libtrident_cuda.so" "$build/test/trident_unit_ops_cuda" \
    "$build/bench/trident_bench_cublas" "$build/bench/trident_bench_cuda_step" \
-   "$build/bench/trident_bench_cuda_attention" "$bundle/"
+   "$build/trident_cudnn_probe" "$build/bench/trident_bench_cuda_attention" "$bundle/"
 
 # Open MPI's plugins (and PMIx's), as installed here
 ompi_plugins=$(ompi_info --parsable --path pkglibdir 2>/dev/null | sed -n 's/^path:pkglibdir://p')

@@ -5,18 +5,26 @@
 #   0. the machine: bench/gpu_probe.py (GPU, driver, CUDA runtime, cuBLASLt, every libcudnn and
 #      its cudnnGetVersion, PyTorch's CUDA and cuDNN), env_probe.json;
 #   1. configure and build for sm_90 into build-gpu/ (only the targets below, trident included);
+#   1b. cuDNN (issue 27, step 1): where libcudnn.so.9 is (the loader's path, /usr/local/cuda,
+#      PyTorch's nvidia/cudnn: exported as TRIDENT_CUDNN_LIBRARY with its folder on
+#      LD_LIBRARY_PATH when the loader alone would not find it), and trident_cudnn_probe: the
+#      causal bf16 attention graphs for GPT-2 small built and planned, or the first failing
+#      call (cudnn_probe.log);
 #   2. the CUDA op tests (test/unit/ops/cuda: every op against the CPU backend, fp32/tf32/bf16,
-#      and the device arena, CudaMemory);
+#      and the device arena, CudaMemory; cuDNN attention against the CPU, required to run
+#      when the probe made its plans: TRIDENT_TEST_EXPECT_CUDNN=1);
 #   3. the other CTest tests labelled cuda (ctest -L cuda, e.g. test/mpi/device_layouts.py with
 #      TRIDENT_TEST_DEVICE=cuda); with PREBUILT, the bundle's trident runs
 #      test/mpi/device_layouts.py directly when it and mpirun are there;
 #   3b. the per-op timing's check with CUDA events (test/unit/ops/cuda/emulate/op_timing.py)
-#      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit);
+#      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit),
+#      cuDNN attention's fallback line and whether it ran in training (cudnn_fallback.py);
+#   3c. causal bf16 attention at B 8, T 1024, NH 12, hs 64 by each path: cuDNN, trident's
+#      tensor-core kernels, its scalar ones (trident_bench_cuda_attention), and PyTorch's SDPA
+#      where torch sees the GPU (bench/gpu_attention_torch.py): ms and TFLOP/s forward and
+#      backward, and whether each path ran;
 #   4. cuBLAS GEMM rates on GPT-2 small/medium shapes (bench/cublas_gemm_bench.cpp);
 #   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
-#   5b. flash attention at GPT-2 small's shape (B 8, T 1024, NH 12, HS 64, causal, bf16): the
-#      scalar kernels against the tensor-core ones (bench/cuda_attention_bench.cpp), and
-#      PyTorch's SDPA where torch sees the GPU (bench/gpu_attention_torch.py), in TFLOP/s;
 #   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
 #      (bench/gpu_train_bench.py; trident runs as a single rank without mpirun);
 #   6b. the same-machine peer: PyTorch on this GPU, the same GPT-2 small and medium and the same
@@ -115,7 +123,8 @@ configure() {
 }
 build_targets() {
   cmake --build "$build" -j "$jobs" --target trident trident_cuda trident_unit_ops_cuda \
-        trident_bench_cublas trident_bench_cuda_step trident_bench_cuda_attention
+        trident_bench_cublas trident_bench_cuda_step trident_cudnn_probe \
+        trident_bench_cuda_attention
 }
 # Only the cuBLAS benchmark, without trident's CMake (its dependencies are absent).
 build_gemm_bench_bare() {
@@ -150,6 +159,7 @@ if [ -n "${PREBUILT:-}" ]; then
   tests=$prebuilt/trident_unit_ops_cuda
   gemm=$prebuilt/trident_bench_cublas
   step_bench=$prebuilt/trident_bench_cuda_step
+  cudnn_probe=$prebuilt/trident_cudnn_probe
   attention_bench=$prebuilt/trident_bench_cuda_attention
   trident=$prebuilt/trident
   built=yes
@@ -157,6 +167,7 @@ else
   tests=$build/test/trident_unit_ops_cuda
   gemm=$build/bench/trident_bench_cublas
   step_bench=$build/bench/trident_bench_cuda_step
+  cudnn_probe=$build/trident_cudnn_probe
   attention_bench=$build/bench/trident_bench_cuda_attention
   trident=$build/trident
   built=no
@@ -172,9 +183,38 @@ fi
 
 # ---- run -----------------------------------------------------------------------------------
 set_budget
+# cuDNN for trident's attention (loaded at run time): the loader's own search first; else the
+# first libcudnn.so.9 of /usr/local/cuda or PyTorch's wheel (nvidia/cudnn/lib), whose folder
+# also holds the sub-libraries libcudnn.so.9 loads by name.
+find_cudnn() {
+  if [ -n "${TRIDENT_CUDNN_LIBRARY:-}" ]; then echo "$TRIDENT_CUDNN_LIBRARY"; return; fi
+  if ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9 '; then echo "libcudnn.so.9 (loader)"; return; fi
+  local d
+  for d in ${LD_LIBRARY_PATH//:/ } /usr/local/cuda/lib64 /usr/local/cuda/lib \
+           "$("$python" -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)"; do
+    [ -n "$d" ] && [ -f "$d/libcudnn.so.9" ] && { echo "$d/libcudnn.so.9"; return; }
+  done
+  echo none
+}
+cudnn_lib=$(find_cudnn)
+echo "cuDNN for trident: $cudnn_lib"
+case $cudnn_lib in
+  /*) export TRIDENT_CUDNN_LIBRARY=$cudnn_lib
+      export LD_LIBRARY_PATH="$(dirname "$cudnn_lib"):${LD_LIBRARY_PATH:-}" ;;
+esac
+expect_cudnn=0
+if [ "$cudnn_lib" = none ]; then
+  skip cudnn_probe "no libcudnn.so.9 on this machine (trident runs its own attention kernel)"
+elif [ "$built" = yes ] && [ -x "${cudnn_probe:-}" ]; then
+  step cudnn_probe "$cudnn_probe" 8 1024 12 64
+  [ "${status[cudnn_probe]}" = ok ] && expect_cudnn=1
+else
+  skip cudnn_probe "not built"
+fi
 if [ "$built" = yes ] && [ -x "$tests" ]; then
   # exit 77 = no GPU visible: a failure here (the point of this script is the GPU)
-  step op_tests "$tests" --gtest_output="json:$out/op_tests.json"
+  step op_tests env TRIDENT_TEST_EXPECT_CUDNN=$expect_cudnn "$tests" \
+       --gtest_output="json:$out/op_tests.json"
 else
   skip op_tests "not built"
 fi
@@ -234,6 +274,20 @@ emulate_script op_timing_test 60 op_timing.py
 # The bf16 weight cache against no cache, bit for bit, over each way the weights change (the
 # mpirun cases where mpirun is).
 emulate_script weight_cache_test 90 weight_cache.py
+# cuDNN attention in bf16 training: the fallback line (TRIDENT_CUDNN=0, a missing library) and,
+# where cuDNN runs, its rows in the per-op table and losses within 1e-3 of trident's kernel.
+emulate_script cudnn_fallback_test 60 cudnn_fallback.py
+# Attention by each path (cuDNN, tensor-core kernels, scalar kernels), GPT-2 small's shape.
+if [ "$built" = yes ] && [ -x "${attention_bench:-}" ]; then
+  t=$(bounded 60)
+  if [ "$t" -eq 0 ]; then
+    skip attention_bench "time budget spent"
+  else
+    step attention_bench to_file "$out/attention_bench.jsonl" timeout "$t" "$attention_bench" 10
+  fi
+else
+  skip attention_bench "not built"
+fi
 
 if [ -x "$gemm" ]; then
   step gemm_bench to_file "$out/gemm.jsonl" "$gemm" "${GEMM_REPS:-20}"
@@ -247,19 +301,7 @@ else
   skip step_estimate "not built"
 fi
 
-# Flash attention's kernels at GPT-2 small's shape: scalar fp32 against tensor cores, then
-# PyTorch's SDPA on the same shape where torch sees the GPU (one JSON line each).
-if [ "$built" = yes ] && [ -x "$attention_bench" ]; then
-  t=$(bounded 60)
-  if [ "$t" -eq 0 ]; then
-    skip attention_bench "time budget spent"
-  else
-    step attention_bench to_file "$out/attention.jsonl" timeout "$t" "$attention_bench" \
-         "${ATTENTION_REPS:-10}" 8 1024 12 64
-  fi
-else
-  skip attention_bench "not built"
-fi
+# PyTorch's SDPA at the attention bench's shape (step 3c), where torch sees the GPU.
 if ! "$python" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
   skip attention_torch "$python has no torch that sees a GPU"
 else
@@ -417,6 +459,18 @@ json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }
   for name in "${order[@]}"; do printf '  %-22s %s\n' "$name" "${status[$name]}"; done
   echo
   echo "op tests: ${passed:-0} passed, ${failed_tests:-0} failed (details: op_tests.log, op_tests.json)"
+  echo
+  echo "cuDNN attention: library ${cudnn_lib:-not looked for}; probe (cudnn_probe.log):"
+  grep -E '^(----|ok   load|note|FAIL|ok   plan|ok   forward|ok   backward|ok   other)' \
+      "$out/cudnn_probe.log" \
+      2>/dev/null | sed -e 's/^/  /' || echo "  (no probe log)"
+  grep -h "cuDNN attention unavailable" "$out"/op_tests.log "$out"/attention_bench.log \
+      2>/dev/null | sort -u | sed -e 's/^/  fell back: /' || true
+  if [ -s "$out/attention_bench.jsonl" ] || [ -s "$out/attention_torch.jsonl" ]; then
+    echo "  causal bf16 attention, B 8 T 1024 NH 12 HS 64 (attention_bench.jsonl, attention_torch.jsonl):"
+    cat "$out/attention_bench.jsonl" "$out/attention_torch.jsonl" 2>/dev/null | sed -n 's/.*"path": "\([^"]*\)", "used": \([a-z]*\).*"fwd_ms": \([0-9.]*\), "bwd_ms": \([0-9.]*\), "fwd_tflops": \([0-9.]*\), "bwd_tflops": \([0-9.]*\).*/\1 \2 \3 \4 \5 \6/p' |
+        awk '{printf "  %-8s ran %-5s fwd %8s ms %7s TFLOP/s   bwd %8s ms %7s TFLOP/s\n", $1, $2, $3, $5, $4, $6}'
+  fi
   if [ -s "$out/gemm.jsonl" ]; then
     echo
     echo "GEMM (cuBLAS, median of ${GEMM_REPS:-20}):"
@@ -429,13 +483,6 @@ json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }
     sed -n 's/.*"model": "\([^"]*\)", "precision": "\([^"]*\)".*"step_ms_est": \([0-9.]*\), "tokens_per_s_est": \([0-9.]*\), "model_tflops_est": \([0-9.]*\).*/  \1 \2 \3 ms\/step \4 tok\/s \5 TFLOP\/s/p' \
         "$out/step_estimate.jsonl" |
         awk '{printf "  %-12s %-5s %9s ms/step %9s tok/s %7s TFLOP/s\n", $1, $2, $3, $5, $7}'
-  fi
-  if [ -s "$out/attention.jsonl" ] || [ -s "$out/attention_torch.jsonl" ]; then
-    echo
-    echo "Flash attention, causal bf16, B 8 T 1024 NH 12 HS 64 (attention.jsonl, attention_torch.jsonl):"
-    cat "$out/attention.jsonl" "$out/attention_torch.jsonl" 2>/dev/null |
-      sed -n 's/.*"kernels": "\([^"]*\)".*"fwd_ms": \([0-9.]*\), "bwd_ms": \([0-9.]*\), "fwd_tflops": \([0-9.]*\), "bwd_tflops": \([0-9.]*\).*/\1 \2 \3 \4 \5/p' |
-      awk '{printf "  %-11s fwd %8s ms %7s TFLOP/s   bwd %8s ms %7s TFLOP/s\n", $1, $2, $4, $3, $5}'
   fi
   if [ -s "$out/train_bench/gpu_train_bench.txt" ]; then
     echo
@@ -486,8 +533,8 @@ PY
   json_lines "$out/gemm.jsonl"
   printf ',\n  "step_estimate": '
   json_lines "$out/step_estimate.jsonl"
-  printf ',\n  "attention": '
-  cat "$out/attention.jsonl" "$out/attention_torch.jsonl" 2>/dev/null >"$out/attention_all.jsonl" || true
+  printf ',\n  "attention_bench": '
+  cat "$out/attention_bench.jsonl" "$out/attention_torch.jsonl" 2>/dev/null >"$out/attention_all.jsonl" || true
   json_lines "$out/attention_all.jsonl"
   printf ',\n  "env_probe": '
   if [ -s "$out/env_probe.json" ]; then sed -e '2,$s/^/  /' "$out/env_probe.json"; else printf 'null'; fi

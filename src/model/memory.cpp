@@ -165,6 +165,17 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       linear(C, C3), linear(d.Ca, C), linear(C, F1), linear(F, C);
       if (head) linear(C, Vl);
     }
+    // Attention through a library (cuDNN): the backend's exact bytes for the rank's shape, its
+    // heads (key/value heads as ring_floats counts them); Ulysses runs attention over the
+    // whole sequence with NH / cp heads.
+    if (lay.fused_attention_bytes) {
+      const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
+      const std::int64_t kv = cfg.kv_heads(), nkv = kv >= lay.tp ? kv / lay.tp : 1;
+      const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
+      const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
+      need = std::max(need, lay.fused_attention_bytes(int(d.B), int(t), int(nh), int(nkv_l),
+                                                      cfg.head_dim()));
+    }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
     // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.
     if (lay.bf16_products) e.scratch += 2 * params;

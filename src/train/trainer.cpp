@@ -97,6 +97,14 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.host_memory = ops.memory() == nullptr;
   lay.open_files = files_held_open(cfg, ps.world_rank == 0);
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
+  if (!lay.host_memory)  // the backend's exact scratch for attention through cuDNN (or 0)
+    lay.fused_attention_bytes = [&ops](int b, int t, int nh, int nkv, int hs) {
+      ops::Ops::AttentionShape s;  // packed rows: the bytes do not depend on the strides
+      s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
+      s.ld_q = s.ld_o = std::int64_t(nh) * hs;
+      s.ld_k = s.ld_v = std::int64_t(nkv) * hs;
+      return ops.fused_attention_bytes(s);
+    };
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
     try {

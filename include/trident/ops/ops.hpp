@@ -184,6 +184,15 @@ class Ops {
   // A running lse of -inf (no keys yet) takes the partial as it is.
   virtual void attention_merge(float* out, float* lse, const float* out_part,
                                const float* lse_part, const AttentionShape& s) = 0;
+  // The backend scratch attention_forward / attention_backward of this shape take when they
+  // run through a library's fused attention (CUDA under bf16: cuDNN, loaded and its plans
+  // made by this call if not yet): the larger of the two, exact; 0 when they do not (the
+  // CPU; no cuDNN; a shape it does not take). model::predict_memory counts it
+  // (MemoryLayout::fused_attention_bytes).
+  virtual std::int64_t fused_attention_bytes(const AttentionShape& s) {
+    (void)s;
+    return 0;
+  }
 
   // The reference path (tests and benchmarks only: it stores T x T per head).
   // qkv[B,T,3C]: columns q (C), then k (C), then v (C); inside each, head h owns columns

@@ -65,6 +65,8 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
                 "TRIDENT_CUDA_ATTENTION: expected tc or scalar, got '", attention_kernel_, "'");
   const char* cache = std::getenv("TRIDENT_CUDA_WEIGHT_CACHE");
   weight_cache_ = !baseline_ && !(cache && std::string(cache) == "0");
+  if (precision_ == Precision::bf16 && !baseline_)
+    cudnn_ = std::make_unique<CudnnAttention>(stream_);
 }
 
 void CudaOps::set_weights(const float* params, std::int64_t n) {
@@ -101,6 +103,7 @@ void CudaOps::release() noexcept {
   // The arena goes last but one: cuBLAS may use its workspace until destroyed.
   if (stream_) cudaStreamSynchronize(stream_);
   timer_.reset();  // writes its table; its events are on the stream
+  cudnn_.reset();  // its handle and plans, before the arena its buffers came from
   if (cublas_) cublasDestroy(cublas_);
   for (auto& [key, plan] : lt_plans_) {
     (void)key;

@@ -1,7 +1,8 @@
 // ops/cuda/cuda_ops.hpp — the CUDA backend of trident::ops::Ops (private to src/ops/cuda):
 // cuBLAS for every matrix product, the kernels of kernels.hpp for everything else, all queued
 // on one stream the object owns. The member functions are defined in cuda_ops.cpp (setup,
-// scratch, copies, the non-GEMM ops) and matmul.cpp (gemm, linear, attention).
+// scratch, copies, the non-GEMM ops), matmul.cpp (gemm, linear, attention) and
+// cudnn_attention.cpp (attention through cuDNN, tried first under bf16).
 // defines: trident::ops::cuda::CudaOps
 //
 // Memory: one cudaMalloc per object, made in the constructor: the arena of `memory_`
@@ -44,6 +45,7 @@
 #include <memory>
 #include <string>
 
+#include "cudnn_attention.hpp"
 #include "memory.hpp"
 #include "op_timer.hpp"
 #include "trident/ops/cuda.hpp"
@@ -124,6 +126,7 @@ class CudaOps final : public Ops {
                           const AttentionShape& s) override;
   void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
                        const AttentionShape& s) override;
+  std::int64_t fused_attention_bytes(const AttentionShape& s) override;  // cudnn_attention.cpp
   void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override;
   void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
@@ -196,6 +199,14 @@ class CudaOps final : public Ops {
   // linear_backward under bf16 products (matmul.cpp says how the operands are converted).
   void linear_backward_bf16(float* dx, float* dw, float* db, const float* dy, const float* x,
                             const float* w, int n, int in, int out);
+  // Attention through cuDNN's fused flash attention (cudnn_attention.cpp): true when it ran,
+  // false when this call is not one cuDNN takes or cuDNN is unavailable (the caller then
+  // runs flash_attention.cu's kernel). Timed as "attention_forward cudnn" / "... backward".
+  bool attention_cudnn_forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, const AttentionShape& s);
+  bool attention_cudnn_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q,
+                                const float* k, const float* v, const AttentionShape& s);
   // `batch` row-major products, operand i at a + i*sa, b + i*sb, c + i*sc.
   void gemm_batched_rm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
                        int lda, std::int64_t sa, const float* b, int ldb, std::int64_t sb,
@@ -239,6 +250,9 @@ class CudaOps final : public Ops {
     bool ok = false;  // cuBLASLt offered an algorithm and has not refused one since
   };
   cublasLtHandle_t lt_ = nullptr;
+  // cuDNN attention (bf16 products, not the baseline; null otherwise): loads cuDNN at the
+  // first attention call.
+  std::unique_ptr<CudnnAttention> cudnn_;
   std::map<std::array<std::int64_t, 4>, LtPlan> lt_plans_;  // {n, in, out, alignments}
 };
 

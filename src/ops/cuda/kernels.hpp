@@ -142,6 +142,9 @@ void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
                            const float* src, int n, int cols);
 // dst[n] = float(src[n] bf16), exact
 void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n);
+// dst[rows, cols] (row stride ld) = float(src[rows, cols] bf16, packed), or += with accumulate
+void launch_from_bf16_rows(cudaStream_t s, float* dst, std::int64_t ld, const void* src,
+                           std::int64_t rows, std::int64_t cols, bool accumulate);
 // *result = sum x^2 in double, deterministic (fixed grid, fixed reduction order); `partial`
 // holds sum_squares_blocks() doubles of scratch.
 void launch_sum_squares(cudaStream_t s, double* result, double* partial, const float* x,

@@ -333,6 +333,7 @@ bool CudaOps::tc_attention(const FlashShape& s) const {
 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const AttentionShape& s) {
+  if (attention_cudnn_forward(out, lse, q, k, v, s)) return;  // cudnn_attention.cpp
   OpScope timed(timer_.get(), "attention_forward");
   const FlashShape fs = flash_shape(s, "attention_forward");
   if (tc_attention(fs))
@@ -344,6 +345,7 @@ void CudaOps::attention_forward(float* out, float* lse, const float* q, const fl
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, const AttentionShape& s) {
+  if (attention_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, s)) return;
   OpScope timed(timer_.get(), "attention_backward");
   const FlashShape fs = flash_shape(s, "attention_backward");
   if (tc_attention(fs))

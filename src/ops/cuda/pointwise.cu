@@ -3,7 +3,8 @@
 // loops, one element per thread per step.
 // defines: launch_gelu_forward, launch_gelu_backward, launch_swiglu_forward,
 //          launch_swiglu_backward, launch_add, launch_scale, launch_fill,
-//          launch_bias_rows, launch_to_bf16, launch_from_bf16, launch_sum_squares, sum_squares_blocks,
+//          launch_bias_rows, launch_to_bf16, launch_from_bf16,
+//          launch_from_bf16_rows, launch_sum_squares, sum_squares_blocks,
 //          launch_adamw
 #include <cuda_bf16.h>
 
@@ -132,6 +133,15 @@ __global__ void colsum_add_kernel(float* db, const float* partial, int blocks, i
 
 __global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, std::int64_t n) {
   TRIDENT_GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+}
+
+__global__ void from_bf16_rows_kernel(float* dst, std::int64_t ld, const __nv_bfloat16* src,
+                                      std::int64_t rows, std::int64_t cols, bool accumulate) {
+  TRIDENT_GRID_STRIDE(i, rows * cols) {
+    float& d = dst[(i / cols) * ld + i % cols];
+    const float v = __bfloat162float(src[i]);
+    d = accumulate ? d + v : v;
+  }
 }
 
 // Fixed grid and fixed reduction tree: the same sum on every call for a given n.
@@ -265,6 +275,14 @@ void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t 
   if (n <= 0) return;
   from_bf16_kernel<<<grid_for(n), kBlock, 0, s>>>(dst, static_cast<const __nv_bfloat16*>(src), n);
   check_launch("from_bf16");
+}
+
+void launch_from_bf16_rows(cudaStream_t s, float* dst, std::int64_t ld, const void* src,
+                           std::int64_t rows, std::int64_t cols, bool accumulate) {
+  if (rows <= 0 || cols <= 0) return;
+  from_bf16_rows_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(
+      dst, ld, static_cast<const __nv_bfloat16*>(src), rows, cols, accumulate);
+  check_launch("from_bf16_rows");
 }
 
 int sum_squares_blocks() { return kSumBlocks; }

@@ -4,6 +4,9 @@
 // expected figures are written out from the model's shapes, not from the carving functions.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <vector>
+
 #include "trident/model/memory.hpp"
 
 namespace trident::model {
@@ -65,6 +68,43 @@ TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   // On the CPU there is no backend scratch, whatever the flag says.
   lay.host_memory = true;
   EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
+}
+
+// Attention through cuDNN (ops/cuda/cudnn_attention.hpp) takes its bf16 copies and cuDNN's
+// workspace from the backend's scratch; the backend states the bytes for a shape
+// (Ops::fused_attention_bytes) and predict_memory counts them where they are the largest
+// need, asking for the rank's own attention shape: here GPT-2 small's heads at B 8, T 1024,
+// then tp 2 (6 heads), then Ulysses at cp 2 (the whole sequence, 3 of the 6 heads).
+TEST(Memory, FusedAttentionCountsTheBackendsBytesForTheRanksShape) {
+  ModelConfig cfg;
+  cfg.vocab_size = 512, cfg.seq_len = 1024, cfg.n_layer = 2, cfg.n_head = 12, cfg.d_model = 768;
+  MemoryLayout lay;
+  lay.micro_batch = 8;
+  lay.host_memory = false;
+  lay.bf16_products = true;
+  const MemoryEstimate kernel = predict_memory(cfg, lay);
+  std::vector<std::array<int, 5>> asked;
+  const std::int64_t bytes = 400000000;  // more than any product's conversion here
+  lay.fused_attention_bytes = [&](int b, int t, int nh, int nkv, int hs) {
+    asked.push_back({b, t, nh, nkv, hs});
+    return bytes;
+  };
+  const MemoryEstimate cudnn = predict_memory(cfg, lay);
+  // c_fc's conversion, 2 * 8192 * (768 + 3072) bytes, was the largest need; both at 1.25x.
+  const std::int64_t fc = 2 * 8192 * (768 + 3072);
+  EXPECT_EQ(cudnn.scratch - kernel.scratch, (bytes + bytes / 4) - (fc + fc / 4));
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], (std::array<int, 5>{8, 1024, 12, 12, 64}));
+  lay.tp = 2;
+  predict_memory(cfg, lay);
+  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 6, 6, 64}));
+  lay.cp = 2, lay.cp_mode = CpMode::ulysses;
+  predict_memory(cfg, lay);
+  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 3, 3, 64}));
+  // A backend that takes none (0 bytes): the prediction without it.
+  lay.tp = 1, lay.cp = 1, lay.cp_mode = CpMode::ring;
+  lay.fused_attention_bytes = [](int, int, int, int, int) { return std::int64_t(0); };
+  EXPECT_EQ(predict_memory(cfg, lay).scratch, kernel.scratch);
 }
 
 // An asynchronous schedule's weight versions (PipeDream-2BW: 2) count the rank's parameters

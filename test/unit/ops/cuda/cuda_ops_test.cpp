@@ -817,6 +817,74 @@ TEST(CudaOps, SelectDevice) {
   ops::cuda_select_device(0);
 }
 
+// ---- cuDNN attention ------------------------------------------------------------------------
+
+// cuDNN's fused flash attention (src/ops/cuda/cudnn_attention.hpp), which a bf16 backend tries
+// first for causal attention: against the CPU backend's flash path (bf16 product tolerance;
+// padded strides: the bf16 copies and the widened outputs honour them) at GPT-2 small's heads
+// and T 1024 and at an odd small shape; the backward bit for bit the same twice (the default
+// deterministic graph); and proof that cuDNN ran: its rows in the per-op table
+// (TRIDENT_OP_TIMING). Skipped where cuDNN is unavailable, unless TRIDENT_TEST_EXPECT_CUDNN=1
+// (bench/gpu_check.sh sets it when trident_cudnn_probe made both plans): then it fails.
+TEST(CudnnAttention, MatchesTheCpuIsDeterministicAndRuns) {
+  const std::string table = ::testing::TempDir() + "cudnn_attention_ops.json";
+  std::remove(table.c_str());
+  setenv("TRIDENT_OP_TIMING", table.c_str(), 1);
+  // main() turns cuDNN off for the other tests; this backend loads it (at its first question)
+  const std::string cudnn_setting = std::getenv("TRIDENT_CUDNN") ? std::getenv("TRIDENT_CUDNN") : "";
+  unsetenv("TRIDENT_CUDNN");
+  auto o = ops::make_cuda_ops(Precision::bf16, 1024 * kMiB);
+  unsetenv("TRIDENT_OP_TIMING");
+  Ops::AttentionShape gpt2;  // GPT-2 small's attention at B 8: what trident trains
+  gpt2.b = 8, gpt2.t = 1024, gpt2.nh = gpt2.nkv = 12, gpt2.hs = 64;
+  gpt2.ld_q = gpt2.ld_k = gpt2.ld_v = 3 * 768, gpt2.ld_o = 768;
+  const std::int64_t bytes = o->fused_attention_bytes(gpt2);
+  if (!cudnn_setting.empty()) setenv("TRIDENT_CUDNN", cudnn_setting.c_str(), 1);
+  std::printf("cuDNN attention scratch at B 8, T 1024, NH 12, hs 64: %lld bytes\n",
+              static_cast<long long>(bytes));
+  if (bytes <= 0) {
+    const char* expect = std::getenv("TRIDENT_TEST_EXPECT_CUDNN");
+    if (expect && std::string(expect) == "1")
+      FAIL() << "cuDNN attention unavailable (its reason is the line on stderr)";
+    GTEST_SKIP() << "cuDNN attention unavailable here (the line on stderr says why)";
+  }
+  const double tol = 3e-2;
+  check_flash(*o, tol, 1, 1024, 12, 12, 64);
+  check_flash(*o, tol, 3, 77, 2, 2, 40);
+  {
+    Rng r(4242u);
+    Ops::AttentionShape s;
+    s.b = 2, s.t = 256, s.nh = 4, s.nkv = 4, s.hs = 64;
+    s.ld_q = s.ld_k = s.ld_v = s.ld_o = 3 * s.nh * s.hs;  // views of a fused qkv
+    const std::size_t n = std::size_t(s.b) * s.t * s.ld_q;
+    DevVec<float> q(*o, r.normal(n)), k(*o, r.normal(n)), v(*o, r.normal(n)),
+        dout(*o, r.normal(n)), out(*o, FVec(n, 0.0f)),
+        lse(*o, FVec(std::size_t(s.b) * s.nh * s.t, 0.0f));
+    o->attention_forward(out.get(), lse.get(), q.get(), k.get(), v.get(), s);
+    std::array<FVec, 3> first;
+    for (int run = 0; run < 2; run++) {
+      DevVec<float> dq(*o, FVec(n, 0.0f)), dk(*o, FVec(n, 0.0f)), dv(*o, FVec(n, 0.0f));
+      o->attention_backward(dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(),
+                            q.get(), k.get(), v.get(), s);
+      const std::array<FVec, 3> got = {dq.host(), dk.host(), dv.host()};
+      if (run == 0) first = got;
+      const char* det = std::getenv("TRIDENT_CUDNN_DETERMINISTIC");
+      if (run == 1 && !(det && std::string(det) == "0"))
+        for (int i = 0; i < 3; i++)
+          EXPECT_TRUE(std::memcmp(got[i].data(), first[i].data(), got[i].size() * 4) == 0)
+              << "d" << "qkv"[i] << " differs between two identical backward calls";
+    }
+  }
+  o.reset();  // writes the per-op table
+  std::FILE* f = std::fopen(table.c_str(), "r");
+  ASSERT_NE(f, nullptr) << table;
+  std::string json;
+  for (int ch; (ch = std::fgetc(f)) != EOF;) json += char(ch);
+  std::fclose(f);
+  EXPECT_NE(json.find("\"attention_forward cudnn\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"attention_backward cudnn\""), std::string::npos) << json;
+}
+
 // ---- CudaMemory: the one device arena behind memory() --------------------------------------
 
 bool contains(const std::string& s, const std::string& part) {
@@ -1017,6 +1085,9 @@ TEST(CudaOps, CopiesRefuseTheCpuBackend) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  // The op tests check trident's own kernels: cuDNN would take their bf16 causal attention
+  // calls (the tensor-core cases among them). CudnnAttention turns it on for its backend.
+  setenv("TRIDENT_CUDNN", "0", 0);
 #ifdef GTEST_FLAG_GET
   const bool listing = GTEST_FLAG_GET(list_tests);
 #else

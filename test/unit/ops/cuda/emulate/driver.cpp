@@ -465,6 +465,22 @@ int main() {
   }
   { V b = rnd(7), y(5 * 7, 9), want(35); for (int i = 0; i < 35; i++) want[i] = b[i % 7];
     launch_bias_rows(nullptr, y.data(), b.data(), 5, 7); cmp("bias_rows", y, want, 0); }
+  // cuDNN attention's widening of its bf16 outputs into strided fp32 rows (written, or added
+  // to): against the CPU's from_bf16 of the packed rows, the padding columns untouched.
+  for (bool acc : {false, true}) {
+    const int rows = 5, cols = 12, ld = 17;
+    V x = rnd(size_t(rows) * cols, 3), base = rnd(size_t(rows) * ld), y = base, want = base, wide(x.size());
+    std::vector<std::uint16_t> packed(x.size());
+    cpu->to_bf16(packed.data(), x.data(), std::int64_t(x.size()));
+    cpu->from_bf16(wide.data(), packed.data(), std::int64_t(x.size()));
+    for (int r = 0; r < rows; r++)
+      for (int c = 0; c < cols; c++) {
+        float& w = want[size_t(r) * ld + c];
+        w = acc ? w + wide[size_t(r) * cols + c] : wide[size_t(r) * cols + c];
+      }
+    launch_from_bf16_rows(nullptr, y.data(), ld, packed.data(), rows, cols, acc);
+    cmp(acc ? "from_bf16_rows accumulate" : "from_bf16_rows", y, want, 0);
+  }
   printf(bad ? "%d MISMATCHES\n" : "all kernels agree with the CPU backend\n", bad);
   return bad != 0;
 }

@@ -10,6 +10,7 @@
 #                               device memory)
 #   emulate/op_timing.py        the per-op timing table (TRIDENT_OP_TIMING; ~5 s)
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
+#   emulate/cudnn_fallback.py   cuDNN attention's loader and fallback line (~10 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself. A check of the backend's host code, its use
 # of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
@@ -69,8 +70,19 @@ for cu in "$src"/src/ops/cuda/*.cu; do
   fi
   compile "$work/gen/$name.cpp" "$work/obj/kernel-$name.o" -I"$work/gen"
 done
+# cudnn_attention.cpp with the real cuDNN headers where they are (shim/library_types.h stands
+# in for the one that would clash with the cuBLAS shim): the stand-in then runs the real
+# loader (dlopen, version, cudnnCreate) and the fallback to trident's kernel; the stub without.
+cudnn_inc=""
+for d in /usr/local/cuda/include /usr/include; do
+  [ -f "$d/cudnn_graph.h" ] && { cudnn_inc=$d; break; }
+done
 for cpp in "$src"/src/ops/cuda/*.cpp; do
-  compile "$cpp" "$work/obj/host-$(basename "$cpp" .cpp).o" "${warn[@]}"
+  extra=()
+  if [ "$(basename "$cpp")" = cudnn_attention.cpp ] && [ -n "$cudnn_inc" ]; then
+    extra=(-DTRIDENT_HAVE_CUDNN=1 -DTRIDENT_CUDNN_STAND_IN=1 -idirafter "$cudnn_inc")
+  fi
+  compile "$cpp" "$work/obj/host-$(basename "$cpp" .cpp).o" "${warn[@]}" "${extra[@]}"
 done
 # Backend selection with CUDA on (the CPU build's libtrident_ops.a has it off).
 compile "$src/src/ops/ops.cpp" "$work/obj/ops.o" -DTRIDENT_HAVE_CUDA=1 "${warn[@]}"
@@ -109,7 +121,8 @@ mkdir -p "$TRIDENT_TEST_OUT"
 status=0
 for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/oracle/cp_oracle.py \
          test/unit/ops/cuda/emulate/op_timing.py \
-         test/unit/ops/cuda/emulate/weight_cache.py; do
+         test/unit/ops/cuda/emulate/weight_cache.py \
+         test/unit/ops/cuda/emulate/cudnn_fallback.py; do
   t0=$SECONDS
   rc=0
   "${TRIDENT_PYTHON:-python3}" "$src/$t" || rc=$?
