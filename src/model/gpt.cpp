@@ -478,8 +478,8 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf_partial, C_);
   const float* dlnf = tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
   ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, lnf, C_, 1.0f, dwte, C_);
-  // d loss / d x into dres_ (free until the backward), then a.doutput: the outputs' last row,
-  // which may be x itself.
+  // d loss / d x into dres_ (free: no backward runs, its last input gradient is sent), then
+  // a.doutput: the outputs' last row, which may be x itself.
   float* dx = dres_.data();
   ops_.fill(dx, 0.0f, local_n);
   block_->norm_backward(dx, at(grads_.data(), Role::final_norm_weight),
