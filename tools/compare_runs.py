@@ -71,6 +71,17 @@ LAYOUTS = {
     "llama-pp2-zb-h1": (LLAMA, 2, ["parallel.pp=2", "parallel.schedule=zb-h1"]),
     "llama-tp2-dp2-zero1": (LLAMA, 4, ["parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=1"]),
     "llama-tp2-pp2": (LLAMA, 4, ["parallel.tp=2", "parallel.pp=2"]),
+    "llama-pp2-1f1b": (LLAMA, 2, ["parallel.pp=2", "parallel.schedule=1f1b"]),
+    "gpt2-pp2-zb-v": (GPT2, 2, ["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v"]),
+    "gpt2-pp2-zb-v-selective": (GPT2, 2, ["parallel.pp=2", "parallel.vpp=2",
+                                          "parallel.schedule=zb-v",
+                                          "parallel.recompute=selective"]),
+    "gpt2-pp2-zb-h1-full": (GPT2, 2, ["parallel.pp=2", "parallel.schedule=zb-h1",
+                                      "parallel.recompute=full"]),
+    "gpt2-tp2-pp2-sp-zb-v": (GPT2, 4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                       "parallel.pp=2", "parallel.vpp=2",
+                                       "parallel.schedule=zb-v"]),
+    "llama-pp2-zb-v": (LLAMA, 2, ["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v"]),
 }
 
 
@@ -134,7 +145,8 @@ def main():
                 if not same:
                     step = next((i for i in range(min(len(x), len(y))) if x[i].tobytes() != y[i].tobytes()),
                                 min(len(x), len(y)))
-                    diffs.append(f"{c} differs from step {step}")
+                    rel = float(np.max(np.abs(x.astype(np.float64) - y) / np.abs(x)))
+                    diffs.append(f"{c} differs from step {step} (max relative {rel:.1e})")
             n = len(got["base"]["loss"])
             print(f"{'same' if not diffs else 'DIFF'} {name} ({ranks} ranks, {n} steps, "
                   f"loss {got['base']['loss'][-1]:.6f}){': ' + '; '.join(diffs) if diffs else ''}")

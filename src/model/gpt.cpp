@@ -95,12 +95,11 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     full_scratch_ = buffer(N * C_);
     local_scratch_ = buffer(std::int64_t(Nr_) * C_);
   }
-  ln_discard_ = buffer(2 * std::int64_t(C_));
   // The architecture's block, once; the layers' tensors as it finds them.
   block_ = block_kind(cfg.architecture())
                .make(BlockContext{cfg_, ops_, tpm_, tp_rank, tp, dims_, dbuf_.data(), dqkv_.data(),
                                   dfch_.data(), dact_.data(), full_scratch_.data(),
-                                  local_scratch_.data(), ln_discard_.data(),
+                                  local_scratch_.data(),
                                   cp > 1 ? &ps.cp : nullptr, cp_mode});
   for (int l = 0; l < local_first_.back(); ++l) {
     block_->check_layer([&](Role role) { return find(role, l); });
@@ -110,6 +109,9 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   if (any_head(chunks_)) {
     logits_ = buffer(N * Vl_);
     row_max_ = buffer(N);
+    lnf_ = buffer(N * C_);
+    lnf_mean_ = buffer(Nr_);
+    lnf_rstd_ = buffer(Nr_);
     sumexp_ = buffer(2 * N);  // sumexp then target logit: one allreduce for both
     token_loss_ = buffer(N);
   }
@@ -286,12 +288,12 @@ std::int64_t packed_layer_floats(const ChunkDims& d) {
 }
 
 void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g) {
-  g.dmlp = take(d.N * d.C);
   g.dfch = take(d.N * d.F1);
-  g.dln2 = take(d.Nr * d.C);
-  g.dattn = take(d.N * d.C);
   g.dqkv = take(d.N * d.C3);
-  g.dln1 = take(d.Nr * d.C);
+}
+
+bool grad_stash_separate(bool bf16_storage, Recompute recompute) {
+  return bf16_storage || recompute == Recompute::full;
 }
 
 std::int64_t layer_floats(const ChunkDims& d, bool selective) {
@@ -336,14 +338,13 @@ std::unique_ptr<StageActivations> GptChunk::make_activations(int chunk,
 
 std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
                                                                    bool split_backward) const {
-  const std::int64_t N = std::int64_t(B_) * T_, NrC = boundary_numel();
+  const std::int64_t NrC = boundary_numel();
   const int L = chunk < 0 ? L_ : chunk_layers(chunk);  // -1: any chunk (the largest)
-  const bool head = chunk < 0 ? any_head(chunks_) : this->chunk(chunk).has_head;
   auto a = std::make_unique<ChunkActivations>();
   a->input = buffer(NrC);
   a->outputs = buffer(std::max(1, L) * NrC);
-  a->doutput = buffer(NrC);
-  a->dinput = buffer(NrC);
+  a->doutput = a->outputs.data() + std::int64_t(std::max(1, L) - 1) * NrC;
+  a->dinput = const_cast<float*>(dres_.data());  // one backward at a time (backward())
   if (bf16_store_) {
     a->layers.resize(std::size_t(L));
     a->packed.resize(std::size_t(L));
@@ -354,15 +355,16 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
     bind_layers(a->store, a->layers, L);
   }
   if (split_backward) {
+    // B's gradients for W go where B leaves the layer's qkv and fch dead; a layer without an
+    // fp32 copy of its own (bf16 storage, full recompute) keeps them apart.
     a->grad_stash.resize(std::size_t(L));
-    a->grad_store = buffer(std::max<std::int64_t>(1, grad_stash_floats(dims_) * L));
-    Carver take{a->grad_store.data()};
-    for (LayerGradStash& g : a->grad_stash) carve_grad_stash(dims_, take, g);
-  }
-  if (head) {
-    a->lnf = buffer(N * C_);
-    a->lnf_mean = buffer(Nr_);
-    a->lnf_rstd = buffer(Nr_);
+    if (grad_stash_separate(bf16_store_, recompute_)) {
+      a->grad_store = buffer(grad_stash_floats(dims_) * L);
+      Carver take{a->grad_store.data()};
+      for (LayerGradStash& g : a->grad_stash) carve_grad_stash(dims_, take, g);
+    } else {
+      for (int l = 0; l < L; ++l) a->grad_stash[l] = {a->layers[l].fch, a->layers[l].qkv};
+    }
   }
   a->last_output = L == 0 ? a->input.data() : a->outputs.data() + std::int64_t(L - 1) * NrC;
   return a;
@@ -385,10 +387,11 @@ void GptChunk::pack_layer(ChunkActivations& a, int l) {
   }
 }
 
-void GptChunk::unpack_layer(ChunkActivations& a, int l) {
+void GptChunk::unpack_layer(ChunkActivations& a, int l, bool norms_only) {
   const std::uint16_t* src = a.packed[std::size_t(l)];
   for (const StashedTensor& t : stashed_tensors(dims_)) {
-    ops_.from_bf16(bf16_work_.*t.field, src, t.numel);
+    if (!norms_only || t.field == &LayerActivations::ln1 || t.field == &LayerActivations::ln2)
+      ops_.from_bf16(bf16_work_.*t.field, src, t.numel);
     src += t.numel;
   }
 }
@@ -454,13 +457,13 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   float* dwte = at(grads_.data(), head_role_);
   float* lnf_w = at(params_.data(), Role::final_norm_weight);
   const float* x = output(a);  // [Nr,C]
-  block_->norm_forward(tpm_.local_part(a.lnf.data(), local_n), a.lnf_mean.data(),
-                       a.lnf_rstd.data(), x, lnf_w,
+  float* lnf = lnf_.data();
+  block_->norm_forward(tpm_.local_part(lnf, local_n), lnf_mean_.data(), lnf_rstd_.data(), x, lnf_w,
                        at_or_null(params_.data(), Role::final_norm_bias), Nr_);
-  tpm_.enter_forward(a.lnf.data(), local_n);
+  tpm_.enter_forward(lnf, local_n);
   // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
   float* logits = logits_.data();
-  ops_.gemm(false, true, N, Vl_, C_, 1.0f, a.lnf.data(), C_, wte, C_, 0.0f, logits, Vl_);
+  ops_.gemm(false, true, N, Vl_, C_, 1.0f, lnf, C_, wte, C_, 0.0f, logits, Vl_);
   vocab_parallel_xent_forward(ops_, ps_.tp, token_loss_.data(), row_max_.data(), sumexp_.data(),
                               logits, targets, N, Vl_, v_valid_, vocab_start_);
   // The sum in the backend (one host loop's order on the CPU); read now, or once a step.
@@ -474,11 +477,15 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   float* dlnf_partial = dbuf_.data();  // [N,C] this rank's vocabulary share
   ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf_partial, C_);
   const float* dlnf = tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
-  ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, a.lnf.data(), C_, 1.0f, dwte, C_);
-  zero(a.doutput);
-  block_->norm_backward(a.doutput.data(), at(grads_.data(), Role::final_norm_weight),
+  ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, lnf, C_, 1.0f, dwte, C_);
+  // d loss / d x into dres_ (free: no backward runs, its last input gradient is sent), then
+  // a.doutput: the outputs' last row, which may be x itself.
+  float* dx = dres_.data();
+  ops_.fill(dx, 0.0f, local_n);
+  block_->norm_backward(dx, at(grads_.data(), Role::final_norm_weight),
                         at_or_null(grads_.data(), Role::final_norm_bias), dlnf, x, lnf_w,
-                        a.lnf_mean.data(), a.lnf_rstd.data(), Nr_);
+                        lnf_mean_.data(), lnf_rstd_.data(), Nr_);
+  ops_.copy(a.doutput, dx, local_n);
   return loss_sum;
 }
 
@@ -504,6 +511,14 @@ LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, in
   return la;
 }
 
+LayerActivations& GptChunk::weight_pass_inputs(ChunkActivations& a, int chunk, int l,
+                                               const float* x) {
+  if (recompute_ == Recompute::full) return layer_activations(a, chunk, l, x);
+  if (!bf16_store_) return a.layers[l];  // selective: ln1 and ln2 are kept
+  unpack_layer(a, l, true);
+  return bf16_working(a.layers[l]);
+}
+
 void GptChunk::backward(int chunk, StageActivations& activations, const std::int32_t* inputs,
                         bool weight_grads) {
   ChunkActivations& a = own(activations);
@@ -512,7 +527,7 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
   TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) >= chunk_layers(chunk),
                 "an input-gradient-only backward needs make_activations(chunk, true)");
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
-  ops_.copy(dres, a.doutput.data(), NC);
+  ops_.copy(dres, a.doutput, NC);
   if (grad_ready_ && st.has_head) report_grads_ready(-2);  // ln_f: done in forward
   set_output(a, chunk);
   const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
@@ -521,7 +536,8 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
     LayerActivations& la = layer_activations(a, chunk, l, x);
     block_->backward(p_layers_[std::size_t(first + l)], g_layers_[std::size_t(first + l)], x, dres,
                      la, weight_grads ? nullptr : &a.grad_stash[l]);
-    // An input-gradient-only backward (zb-h1's B) leaves the block's weights to its W.
+    // A split backward's B (zb-h1, zb-v) leaves two of the block's weights to its W, which
+    // reports the block once both are done (every W follows its own B).
     if (grad_ready_ && weight_grads) report_grads_ready(st.first_layer + l);
   }
   if (st.has_embedding) {
@@ -537,9 +553,7 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
       });
     }
     if (grad_ready_) report_grads_ready(-1);
-  } else {
-    ops_.copy(a.dinput.data(), dres, NC);
-  }
+  }  // else a.dinput is dres: sent before the next backward
 }
 
 void GptChunk::backward_weights(int chunk, StageActivations& activations) {
@@ -551,9 +565,9 @@ void GptChunk::backward_weights(int chunk, StageActivations& activations) {
   const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = L - 1; l >= 0; --l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
-    LayerActivations& la = layer_activations(a, chunk, l, x);
+    const LayerActivations& la = weight_pass_inputs(a, chunk, l, x);
     block_->backward_weights(p_layers_[std::size_t(first + l)], g_layers_[std::size_t(first + l)],
-                             x, la, a.grad_stash[l]);
+                             la, a.grad_stash[l]);
     if (grad_ready_) report_grads_ready(chunk_layout.first_layer + l);
   }
 }
@@ -620,7 +634,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
       x = out;
     }
   }
-  head_logits(x + (t - 1) * C_, a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), logits);
+  head_logits(x + (t - 1) * C_, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), logits);
 }
 
 void GptChunk::head_logits(const float* x, float* lnf, float* mean, float* rstd, float* logits) {

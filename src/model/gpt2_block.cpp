@@ -74,62 +74,47 @@ void Gpt2Block::backward(const BlockParams& p, const BlockParams& g, const float
   float* dbuf = ctx_.dbuf;      // [N,C] partial input gradients of column-parallel layers
   float* dfull = ctx_.full;     // SP: the gathered [N,C] residual gradient
   float* dlocal = ctx_.local;   // SP: [Nr,C] reduce-scattered LayerNorm gradient
-  // Without a stash: ops' fused backward (input and parameter gradients). With one (the
-  // zero-bubble B): the input gradient only, and the output gradient kept for W.
+  // c_fc and c_attn: ops' fused backward (input and parameter gradients) without a stash;
+  // with one (the zero-bubble B) the input gradient only, and the output gradient kept for W.
+  // The c_projs and the LayerNorms always take both here: W keeps only the two largest.
   auto linear = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
                     const float* w, int in, int out, float* keep) {
     if (!keep) return ops_.linear_backward(dx, dw, db, dy, in_x, w, n, in, out);
     ops_.gemm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
     ops_.copy(keep, dy, std::int64_t(n) * out);
   };
-  auto layernorm = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
-                       const float* w, const float* mean, const float* rstd, float* keep) {
-    if (keep) {
-      ops_.copy(keep, dy, local_n);
-      dw = ctx_.ln_discard;
-      db = ctx_.ln_discard + C_;
-    }
-    ops_.layernorm_backward(dx, dw, db, dy, in_x, w, mean, rstd, Nr_, C_);
-  };
   // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))   (dres: [Nr,C])
   const float* dout = tpm_.leave_backward(dres, dfull, local_n);
-  linear(ctx_.dact, g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, F_, C_,
-         stash ? stash->dmlp : nullptr);
+  ops_.linear_backward(ctx_.dact, g.fcproj_w, g.fcproj_b, dout, la.fch_gelu, p.fcproj_w, n, F_,
+                       C_);
   ops_.gelu_backward(ctx_.dfch, la.fch, ctx_.dact, std::int64_t(n) * F_);
+  // la.fch is read for the last time above: the stash may be it.
   linear(dbuf, g.fc_w, g.fc_b, ctx_.dfch, la.ln2, p.fc_w, C_, F_, stash ? stash->dfch : nullptr);
   const float* dln2 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  layernorm(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean, la.ln2_rstd,
-            stash ? stash->dln2 : nullptr);
+  ops_.layernorm_backward(dres, g.ln2_w, g.ln2_b, dln2, la.res2, p.ln2_w, la.ln2_mean,
+                          la.ln2_rstd, Nr_, C_);
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x))))
   const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
   float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
-  linear(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, Ca_, C_,
-         stash ? stash->dattn : nullptr);
+  ops_.linear_backward(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, n, Ca_, C_);
   const ops::Ops::AttentionShape att = ops::attention_shape_qkv(B_, T_, Ca_, NH_);
   float* dqkv = ctx_.dqkv;
   attention_backward(dqkv, dqkv + Ca_, dqkv + 2 * Ca_, datty, la.atty, la.lse, la.qkv,
                           la.qkv + Ca_, la.qkv + 2 * Ca_, att);
+  // la.qkv is read for the last time above: the stash may be it.
   linear(dbuf, g.qkv_w, g.qkv_b, dqkv, la.ln1, p.qkv_w, C_, C3_, stash ? stash->dqkv : nullptr);
   const float* dln1 = tpm_.enter_backward(dbuf, dlocal, local_n);
-  layernorm(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
-            stash ? stash->dln1 : nullptr);
+  ops_.layernorm_backward(dres, g.ln1_w, g.ln1_b, dln1, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
+                          Nr_, C_);
 }
 
-// The parameter half of backward, from the output gradients it stashed.
-void Gpt2Block::backward_weights(const BlockParams& p, const BlockParams& g, const float* x,
+// The weight gradients backward left to the weight pass, from the output gradients it
+// stashed.
+void Gpt2Block::backward_weights(const BlockParams& p, const BlockParams& g,
                                  const LayerActivations& la, const LayerGradStash& st) {
   const int n = B_ * T_;
-  float* discard = ctx_.dbuf;  // [Nr,C] the LayerNorms' input gradients, not needed here
-  ops_.linear_backward(nullptr, g.fcproj_w, g.fcproj_b, st.dmlp, la.fch_gelu, p.fcproj_w, n,
-                       F_, C_);
   ops_.linear_backward(nullptr, g.fc_w, g.fc_b, st.dfch, la.ln2, p.fc_w, n, C_, F_);
-  ops_.layernorm_backward(discard, g.ln2_w, g.ln2_b, st.dln2, la.res2, p.ln2_w, la.ln2_mean,
-                          la.ln2_rstd, Nr_, C_);
-  ops_.linear_backward(nullptr, g.attproj_w, g.attproj_b, st.dattn, la.atty, p.attproj_w, n,
-                       Ca_, C_);
   ops_.linear_backward(nullptr, g.qkv_w, g.qkv_b, st.dqkv, la.ln1, p.qkv_w, n, C_, C3_);
-  ops_.layernorm_backward(discard, g.ln1_w, g.ln1_b, st.dln1, x, p.ln1_w, la.ln1_mean,
-                          la.ln1_rstd, Nr_, C_);
 }
 
 void Gpt2Block::norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,

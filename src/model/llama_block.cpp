@@ -126,8 +126,9 @@ void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const floa
   float* dbuf = ctx_.dbuf;      // [N,C] partial input gradients of column-parallel layers
   float* dfull = ctx_.full;     // SP: the gathered [N,C] residual gradient
   float* dlocal = ctx_.local;   // SP: [Nr,C] reduce-scattered norm gradient
-  // A linear y = x @ W^T: dx = dy @ W, and dW += dy^T x now (no stash) or in the weight pass
-  // (the stash keeps dy).
+  // A linear y = x @ W^T: dx = dy @ W, and dW += dy^T x now (no stash) or, for [gate up] and
+  // [q k v] under a stash (the zero-bubble B), in the weight pass (the stash keeps dy). The
+  // down and o projections and the norms always take both here.
   auto linear = [&](float* dx, float* dw, const float* dy, const float* in_x, const float* w,
                     int in, int out, float* keep) {
     ops_.gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
@@ -136,26 +137,18 @@ void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const floa
     else
       ops_.gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
   };
-  auto rmsnorm = [&](float* dw, const float* dy, const float* in_x, const float* w,
-                     const float* rstd, float* keep) {
-    if (keep) {
-      ops_.copy(keep, dy, local_n);
-      dw = ctx_.ln_discard;
-    }
-    ops_.rmsnorm_backward(dres, dw, dy, in_x, w, rstd, Nr_, C_);
-  };
   // MLP
   const float* dout = tpm_.leave_backward(dres, dfull, local_n);
-  linear(ctx_.dact, g.fcproj_w, dout, la.fch_gelu, p.fcproj_w, F_, C_,
-         stash ? stash->dmlp : nullptr);
+  linear(ctx_.dact, g.fcproj_w, dout, la.fch_gelu, p.fcproj_w, F_, C_, nullptr);
   ops_.swiglu_backward(ctx_.dfch, la.fch, ctx_.dact, n, F_);
+  // la.fch is read for the last time above: the stash may be it.
   linear(dbuf, g.fc_w, ctx_.dfch, la.ln2, p.fc_w, C_, F1_, stash ? stash->dfch : nullptr);
-  rmsnorm(g.ln2_w, tpm_.enter_backward(dbuf, dlocal, local_n), la.res2, p.ln2_w, la.ln2_rstd,
-          stash ? stash->dln2 : nullptr);
+  ops_.rmsnorm_backward(dres, g.ln2_w, tpm_.enter_backward(dbuf, dlocal, local_n), la.res2,
+                        p.ln2_w, la.ln2_rstd, Nr_, C_);
   // attention
   const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
   float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
-  linear(datty, g.attproj_w, dres2, la.atty, p.attproj_w, Ca_, C_, stash ? stash->dattn : nullptr);
+  linear(datty, g.attproj_w, dres2, la.atty, p.attproj_w, Ca_, C_, nullptr);
   float* dqkv = ctx_.dqkv;
   // Replicated kv heads: attention writes the gradients of the one its heads read.
   if (kv_heads_ * hd_ != kv_cols_) ops_.fill(dqkv, 0.0f, std::int64_t(n) * C3_);
@@ -166,25 +159,22 @@ void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const floa
     ops_.rope_backward(dqkv + row * C3_, seqs, rows, C3_, NH_ + kv_cols_ / hd_, hd_, pos0,
                        float(cfg_.rope_theta));
   });
+  // la.qkv is read for the last time above: the stash may be it.
   linear(dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C_, C3_, stash ? stash->dqkv : nullptr);
-  rmsnorm(g.ln1_w, tpm_.enter_backward(dbuf, dlocal, local_n), x, p.ln1_w, la.ln1_rstd,
-          stash ? stash->dln1 : nullptr);
+  ops_.rmsnorm_backward(dres, g.ln1_w, tpm_.enter_backward(dbuf, dlocal, local_n), x, p.ln1_w,
+                        la.ln1_rstd, Nr_, C_);
 }
 
-// The parameter half of backward, from the output gradients it stashed.
-void LlamaBlock::backward_weights(const BlockParams& p, const BlockParams& g, const float* x,
+// The weight gradients backward left to the weight pass, from the output gradients it
+// stashed.
+void LlamaBlock::backward_weights(const BlockParams&, const BlockParams& g,
                                   const LayerActivations& la, const LayerGradStash& st) {
   const int n = B_ * T_;
-  float* discard = ctx_.dbuf;  // [Nr,C] the norms' input gradients, not needed here
   auto weight = [&](float* dw, const float* dy, const float* in_x, int in, int out) {
     ops_.gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
   };
-  weight(g.fcproj_w, st.dmlp, la.fch_gelu, F_, C_);
   weight(g.fc_w, st.dfch, la.ln2, C_, F1_);
-  ops_.rmsnorm_backward(discard, g.ln2_w, st.dln2, la.res2, p.ln2_w, la.ln2_rstd, Nr_, C_);
-  weight(g.attproj_w, st.dattn, la.atty, Ca_, C_);
   weight(g.qkv_w, st.dqkv, la.ln1, C_, C3_);
-  ops_.rmsnorm_backward(discard, g.ln1_w, st.dln1, x, p.ln1_w, la.ln1_rstd, Nr_, C_);
 }
 
 void LlamaBlock::norm_forward(float* y, float*, float* rstd, const float* x, const float* w,

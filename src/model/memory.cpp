@@ -131,25 +131,28 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   const std::int64_t N = d.N, Nr = d.Nr, C = d.C, C3 = d.C3, F = d.F, F1 = d.F1, Vl = d.Vl;
   e.messages = lay.message_buffers * Nr * C * kFloat;  // GptChunk::boundary_numel each
 
-  // GptChunk::make_activations: boundary buffers, the layers' stash (carve_layer), the
-  // zero-bubble gradient stash (carve_grad_stash), the head's LayerNorm.
+  // GptChunk::make_activations: the input and each layer's output (the last also takes the
+  // output gradient; the input gradient is dres_, scratch), the layers' stash (carve_layer),
+  // the zero-bubble gradient stash (carve_grad_stash).
   const std::int64_t layer_store = layer_floats(d, false);
-  std::int64_t per_mb = Nr * C * (3 + std::max(1, L));
+  std::int64_t per_mb = Nr * C * (1 + std::max(1, L));
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
   if (lay.recompute == Recompute::none) per_mb += L * (bf16 ? packed_layer_floats(d) : layer_store);
   if (lay.recompute == Recompute::selective) per_mb += L * layer_floats(d, true);
-  if (lay.split_backward) per_mb += std::max<std::int64_t>(1, L * grad_stash_floats(d));
-  if (head) per_mb += N * C + 2 * Nr;
+  // The split backward's gradients for W: in the layers' dead qkv and fch, or their own.
+  if (lay.split_backward && grad_stash_separate(bf16, lay.recompute))
+    per_mb += L * grad_stash_floats(d);
   e.activations_per_microbatch = per_mb * kFloat;
   e.activations = std::max(1, lay.peak_stash) * per_mb * kFloat;
 
   // The backward's shared buffers (dres_, dbuf_, dqkv_, dfch_, dgelu_), sequence
-  // parallelism's gathers, the head's logits and loss, full recomputation's one layer.
-  std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F + 2 * C;
+  // parallelism's gathers, the head's final norm, logits and loss, full recomputation's one
+  // layer.
+  std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
-  if (head) scratch += N * Vl + 5 * N;
+  if (head) scratch += N * C + 2 * Nr + N * Vl + 5 * N;
   if (lay.recompute == Recompute::full || bf16) scratch += layer_store;  // one layer in fp32
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;

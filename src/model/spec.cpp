@@ -255,6 +255,13 @@ EndCosts stage_end_costs(const ModelConfig& cfg, int tp) {
   return e;
 }
 
+double weight_pass_share(const ModelConfig& cfg) {
+  const double d = cfg.d_model, T = cfg.seq_len, F = cfg.d_ff();
+  const double C3 = cfg.llama() ? d + 2.0 * cfg.kv_heads() * cfg.head_dim() : 3 * d;
+  const double F1 = cfg.llama() ? 2 * F : F;
+  return 2 * d * (C3 + F1) / (2 * d * (C3 + d + F1 + F) + 4 * T * d);
+}
+
 namespace {
 
 // n layers over parts of predicted costs extra[i] + their layers, at least `least` each:

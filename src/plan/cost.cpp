@@ -59,7 +59,9 @@ double half_allreduce_s(int p, double bytes, const Link& l) {
 // Seconds of one microbatch through one chunk.
 struct ChunkCost {
   double f = 0, f_tp = 0;         // forward compute, its TP collectives
-  double b_input = 0, w = 0;      // backward: input gradients (+ recompute), weight gradients
+  // backward: a split backward's B (input gradients, + recompute, the weight gradients it
+  // keeps) and W (c_attn's and c_fc's weight gradients)
+  double b_input = 0, w = 0;
   double b_tp = 0;                // the backward's TP collectives
   double f_cp = 0, b_cp = 0;      // the ring attention's exposed communication (cp > 1)
   double b() const { return b_input + w; }
@@ -97,10 +99,11 @@ Linear linear(const Machine& m, std::int64_t n, std::int64_t in, std::int64_t ou
   return {gemm_s(m, n, out, in), gemm_s(m, n, in, out), gemm_s(m, in, out, n)};
 }
 
-// One block's parts: its products (forward, input and weight gradients), the attention
-// core, and the bytes of its memory-bound kernels in the forward (the backward moves twice).
+// One block's parts: its products (forward, input and weight gradients; of these a split
+// backward defers c_attn's and c_fc's to W, mm_dw_deferred), the attention core, and the
+// bytes of its memory-bound kernels in the forward (the backward moves twice).
 struct BlockParts {
-  double mm_fwd, mm_dx, mm_dw, att_fwd, att_bwd, elem_fwd_bytes;
+  double mm_fwd, mm_dx, mm_dw, mm_dw_deferred, att_fwd, att_bwd, elem_fwd_bytes;
 };
 BlockParts block_parts(const Shapes& s, const Machine& mc) {
   const Linear qkv = linear(mc, s.n, s.C, s.C3), proj = linear(mc, s.n, s.Ca, s.C),
@@ -113,6 +116,7 @@ BlockParts block_parts(const Shapes& s, const Machine& mc) {
   p.mm_fwd = qkv.fwd + proj.fwd + fc.fwd + fc2.fwd;
   p.mm_dx = qkv.dx + proj.dx + fc.dx + fc2.dx;
   p.mm_dw = qkv.dw + proj.dw + fc.dw + fc2.dw;
+  p.mm_dw_deferred = qkv.dw + fc.dw;
   p.att_fwd = att_f / mc.attention_flops;
   p.att_bwd = 2.5 * att_f / mc.attention_flops;
   // Memory-bound kernels per token row: two norms (read, write C), bias and residual adds,
@@ -169,9 +173,11 @@ ChunkCost chunk_cost(const model::ModelConfig& cfg, const Shapes& s, int layers,
   const double elem_fwd = bp.elem_fwd_bytes / mc.kernel_bytes_per_s;
   const double gelu_fwd = double(s.n) * kFloat * double(s.F1 + s.F) / mc.kernel_bytes_per_s;
   const double layer_f = bp.mm_fwd + att_fwd + elem_fwd;
-  const double layer_dx =
-      bp.mm_dx + bp.att_bwd + ring_copies.b / mc.kernel_bytes_per_s + 2 * elem_fwd;
-  const double layer_dw = bp.mm_dw;
+  // A split backward's B: the input gradients and the weight gradients W does not take (the
+  // c_projs', the norms': model::Block::backward); the sum is the whole backward either way.
+  const double layer_dx = bp.mm_dx + (bp.mm_dw - bp.mm_dw_deferred) + bp.att_bwd +
+                          ring_copies.b / mc.kernel_bytes_per_s + 2 * elem_fwd;
+  const double layer_dw = bp.mm_dw_deferred;
   // TP per block: two row-parallel outputs forward, two column-parallel inputs backward,
   // [n, C] floats each (sequence parallelism: a reduce-scatter + all-gather pair instead,
   // the same bytes and twice the messages).

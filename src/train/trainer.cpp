@@ -395,7 +395,9 @@ pipeline::Costs expected_stage_costs(const Config& cfg, int forward_slots) {
   const double heaviest = *std::max_element(costs.stage_weight.begin(), costs.stage_weight.end());
   for (double& w : costs.stage_weight) w = w / heaviest;
   costs.f = forward_slots, costs.b = 2 * forward_slots;  // the heaviest stage's
-  costs.b_split = costs.w = forward_slots;
+  // A split backward: W the c_attn and c_fc weight gradients, B the rest.
+  costs.w = std::max(1, int(std::lround(forward_slots * model::weight_pass_share(cfg.model))));
+  costs.b_split = costs.b - costs.w;
   return costs;
 }
 

@@ -45,14 +45,14 @@ struct LayerActivations {
 };
 
 // What the weight-gradient pass (Block::backward_weights) of one transformer block needs
-// from its input-gradient pass: the gradients at the outputs of its linears and norms.
+// from its input-gradient pass besides the linears' inputs (ln1, ln2): the gradients at the
+// outputs of c_attn and c_fc, the only weight gradients it defers (B computes the c_projs'
+// and the norms' with the input gradients). GptChunk points them at the layer's own qkv and
+// fch, dead once B has read them (same sizes), unless the layer keeps no fp32 copy of its
+// own (bf16 storage, full recompute: a stash of their own, grad_stash_separate).
 struct LayerGradStash {
-  float* dmlp;   // [B,T,C]   at the MLP c_proj output (all rows)
   float* dfch;   // [B,T,F1]  at the c_fc output
-  float* dln2;   // [Nr,C]    at the ln_2 output (this rank's rows)
-  float* dattn;  // [B,T,C]   at the attention c_proj output (all rows)
   float* dqkv;   // [B,T,C3]  at the c_attn output
-  float* dln1;   // [Nr,C]    at the ln_1 output
 };
 
 // The sizes a rank's chunks are allocated by, for one microbatch: B micro_batch, T seq_len,
@@ -90,7 +90,6 @@ struct BlockContext {
   float* dact;        // [N,F]   d loss / d the MLP activation's output
   float* full;        // SP: [N,C] partial sums and gathers (null without SP)
   float* local;       // SP: [Nr,C] reduce-scattered norm gradients (null without SP)
-  float* ln_discard;  // [2C] norm weight gradients an input-only backward drops
   // Context parallelism: the CP ring (null, or one rank: every row of the sequence is here).
   // Its rank's rows are chunks r and 2·cp−1−r of each sequence (dims.T = seq_len / cp).
   parallel::Comm* cp_group = nullptr;
@@ -118,12 +117,14 @@ class Block {
   virtual void forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
                        int b, int t) = 0;
   // Backward over the microbatch: dres [Nr,C] holds d loss / d out and becomes d loss / d x.
-  // stash null: the input and the parameter gradients (+= into g); otherwise the input
-  // gradients only, and the weight pass's inputs saved in *stash (zero-bubble B).
+  // stash null: the input and the parameter gradients (+= into g); otherwise (zero-bubble B)
+  // all but c_attn's and c_fc's weight gradients, whose output gradients go to *stash, which
+  // may alias la.qkv and la.fch (written only after B's last read of them).
   virtual void backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                         LayerActivations& la, LayerGradStash* stash) = 0;
-  // The parameter half of backward (zero-bubble W, += into g) from what it stashed.
-  virtual void backward_weights(const BlockParams& p, const BlockParams& g, const float* x,
+  // The rest of backward (zero-bubble W, += into g): c_attn's and c_fc's weight gradients
+  // from *stash and la.ln1, la.ln2 (the only activations it reads).
+  virtual void backward_weights(const BlockParams& p, const BlockParams& g,
                                 const LayerActivations& la, const LayerGradStash& stash) = 0;
   // Selective recompute: la's attention core (atty, lse) and MLP activation (fch_gelu) again
   // over the microbatch, from its kept qkv and fch.

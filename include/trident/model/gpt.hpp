@@ -73,7 +73,10 @@ void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
                  const LayerActivations* shared = nullptr);
 // What selective recompute recomputes, carved: atty, lse and fch_gelu (the rest null).
 void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la);
+// The split backward's gradient stash of one layer (LayerGradStash) when it has one of its
+// own: where grad_stash_separate, else the layer's qkv and fch are it (no floats).
 void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g);
+bool grad_stash_separate(bool bf16_storage, Recompute recompute);
 // bf16 storage (GptChunk::bf16_storage): a layer keeps its large tensors (ln1 qkv atty res2
 // ln2 fch fch_gelu, stashed_tensors' order) as bf16, packed in `packed`, and its per-row
 // statistics (ln*_mean, ln*_rstd, lse: log-sum-exps lose too much in bf16) as fp32. Carves
@@ -103,10 +106,12 @@ struct ChunkActivations final : StageActivations {
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
   std::vector<LayerActivations> layers;  // views into store
   std::vector<std::uint16_t*> packed;    // bf16 storage: each layer's bf16 tensors (in store)
-  FloatBuffer lnf;                       // [B,T,C] (last stage; all rows)
-  FloatBuffer lnf_mean, lnf_rstd;        // [Nr]
-  FloatBuffer doutput;                   // [Nr,C] d loss / d chunk output
-  FloatBuffer dinput;                    // [Nr,C] d loss / d chunk input (to send back)
+  // [Nr,C] d loss / d chunk output, from the head's forward or received when B starts: the
+  // outputs' last row of layers, free once the forward's output is sent (or the head read it).
+  float* doutput = nullptr;
+  // [Nr,C] d loss / d chunk input, to send back right after B: the chunk's own scratch (the
+  // residual gradient B ends with), which the next backward overwrites.
+  float* dinput = nullptr;
   IntBuffer tokens, targets;             // [B,T] device copies of the microbatch's tokens
                                          // (empty when the backend works on host memory)
   FloatBuffer grad_store;                // split backward only: the layers' gradient stashes
@@ -116,8 +121,8 @@ struct ChunkActivations final : StageActivations {
 
   float* forward_input() override { return input.data(); }
   const float* forward_output() override { return last_output; }
-  float* backward_input() override { return doutput.data(); }
-  const float* backward_output() override { return dinput.data(); }
+  float* backward_input() override { return doutput; }
+  const float* backward_output() override { return dinput; }
 };
 
 class GptChunk final : public StageModel {
@@ -183,13 +188,14 @@ class GptChunk final : public StageModel {
   // One microbatch backward through chunk `chunk` from a.doutput (set by forward on the head
   // chunk, received otherwise). Parameter gradients accumulate (+=). The embedding chunk:
   // into wte/wpe; others: writes a.dinput.
-  // weight_grads = false (zero-bubble schedules' B): the input gradients only; the blocks'
-  // weight and bias gradients wait in a.grad_stash (make_activations(.., true)) for
-  // backward_weights (their W). The embedding's wte/wpe gradients are still taken here.
+  // weight_grads = false (zero-bubble schedules' B): the input gradients and the weight
+  // gradients but c_attn's and c_fc's, whose output gradients wait in a.grad_stash
+  // (make_activations(.., true)) for backward_weights (their W). The embedding's wte/wpe
+  // gradients are still taken here.
   void backward(int chunk, StageActivations& a, const std::int32_t* inputs,
                 bool weight_grads = true) override;
-  // The blocks' parameter gradients of a backward run with weight_grads = false (+=). With
-  // full recompute each block's forward runs again first.
+  // The blocks' c_attn and c_fc weight gradients of a backward run with weight_grads =
+  // false (+=). With full recompute each block's forward runs again first.
   void backward_weights(int chunk, StageActivations& a) override;
   // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
   // only, and a Llama's k/v weights replicated over TP (n_kv_head < tp) get from each rank
@@ -246,6 +252,9 @@ class GptChunk final : public StageModel {
   void block_forward(int l, const float* x, float* out, LayerActivations& la, int b, int t);
   void report_grads_ready(int layer);  // global block index; -1: embedding, -2: head
   LayerActivations& layer_activations(ChunkActivations& a, int chunk, int l, const float* x);
+  // What the weight pass reads of layer l: its ln1 and ln2 (no recomputed attention: its qkv
+  // may hold the stashed gradient).
+  LayerActivations& weight_pass_inputs(ChunkActivations& a, int chunk, int l, const float* x);
   double head_forward_backward(ChunkActivations& a, const std::int32_t* targets,
                                float loss_scale, bool with_backward);
 
@@ -278,16 +287,19 @@ class GptChunk final : public StageModel {
   // Views, by rank-local layer index: chunk c's layer i is local_first_[c] + i.
   std::vector<BlockParams> p_layers_, g_layers_;
 
-  // Backward scratch, shared by all microbatches (only one backward runs at a time).
+  // Backward scratch, shared by all microbatches (only one backward runs at a time). dres_
+  // also holds the chunk's input gradient until its send (ChunkActivations::dinput).
   FloatBuffer dres_, dbuf_, dqkv_, dfch_, dact_;  // the blocks' (BlockContext) but dres_
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
   FloatBuffer sp_grad_pack_;                  // the gradients summed over TP, packed
   std::vector<const ShardSpec*> sp_norms_;    // their tensors (SP: the norms; Llama's
                                               // replicated k/v), in pack order
   FloatBuffer logits_, row_max_, sumexp_, target_logit_, token_loss_;
+  // The head's final norm output [B,T,C] (all rows) and its statistics [Nr]: read only within
+  // the head's forward (its backward runs there too), so one copy serves every microbatch.
+  FloatBuffer lnf_, lnf_mean_, lnf_rstd_;
   bool loss_on_device_ = false;   // set_loss_on_device
   FloatBuffer recompute_store_;
-  FloatBuffer ln_discard_;  // [2C] norm weight gradients an input-only backward drops
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   bool bf16_store_ = false;
   FloatBuffer bf16_work_store_;    // bf16 storage: one layer's fp32 working copy
@@ -295,7 +307,8 @@ class GptChunk final : public StageModel {
   // bf16 storage: the working copy, its statistics bound to the stored layer `kept`.
   LayerActivations& bf16_working(const LayerActivations& kept);
   void pack_layer(ChunkActivations& a, int l);    // working copy -> a.packed[l]
-  void unpack_layer(ChunkActivations& a, int l);  // a.packed[l] -> working copy
+  // a.packed[l] -> working copy (norms_only: ln1 and ln2, what the weight pass reads)
+  void unpack_layer(ChunkActivations& a, int l, bool norms_only = false);
   FloatBuffer selective_store_;  // selective recompute: one layer's atty, lse, fch_gelu
   LayerActivations selective_;   // its views (atty, lse, fch_gelu)
   std::unique_ptr<ChunkActivations> infer_acts_;    // for logits_last, made on first use

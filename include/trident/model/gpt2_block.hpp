@@ -21,8 +21,8 @@ class Gpt2Block final : public Block {
                int t) override;
   void backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                 LayerActivations& la, LayerGradStash* stash) override;
-  void backward_weights(const BlockParams& p, const BlockParams& g, const float* x,
-                        const LayerActivations& la, const LayerGradStash& stash) override;
+  void backward_weights(const BlockParams& p, const BlockParams& g, const LayerActivations& la,
+                        const LayerGradStash& stash) override;
   void recompute(LayerActivations& la) override;
   void decode(const BlockParams& p, float* x, const KvCache& cache) override;
   void norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,

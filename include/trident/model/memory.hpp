@@ -8,9 +8,11 @@
 //   optimizer    AdamW's two moments (over the ZeRO-1 shard when dp * cp > 1)
 //   activations  the schedule's peak stash (pipeline::peak_activations microbatch-chunks in
 //                flight) times one microbatch's stash; attention keeps [B,NH,T], never T x T;
+//                a split backward's B -> W gradients live in the layers' dead qkv and fch
+//                (a stash of their own only under bf16 storage or full recompute);
 //                under bf16 storage the layers' large tensors count 2 bytes an element
-//   scratch      the backward's shared buffers, the head's logits, full recomputation's
-//                one-layer store, sequence parallelism's gathers
+//   scratch      the backward's shared buffers, the head's final norm and logits, full
+//                recomputation's one-layer store, sequence parallelism's gathers
 //   ring         context parallelism (cp > 1): model::RingAttention's key/value blocks and
 //                partial results (or UlyssesAttention's all-to-all buffers), one per rank
 //                (every term above follows chunk_dims' T / cp)

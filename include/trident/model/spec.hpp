@@ -225,6 +225,12 @@ struct EndCosts {
 };
 EndCosts stage_end_costs(const ModelConfig& cfg, int tp);
 
+// The share of a block's forward FLOPs that a split backward's W recomputes as weight
+// gradients: c_attn's and c_fc's (model::Block::backward_weights; B takes the c_projs' and
+// the norms'), 2 d (C3 + F1) of 2 d (C3 + d + F1 + F) + 4 T d per token (GPT-2: 14 d^2 of
+// 24 d^2 + 4 T d).
+double weight_pass_share(const ModelConfig& cfg);
+
 // Llama's MLP width: 2/3 of 4 d_model, rounded up to a multiple of multiple_of
 // (d_model 4096 -> 11008 with 256).
 int llama_ffn_hidden(int d_model, int multiple_of);

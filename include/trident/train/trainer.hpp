@@ -45,8 +45,9 @@ int files_held_open(const Config& cfg, bool writes_metrics);
 // embedding's or the head's predicted share (model::stage_end_costs), relative to the
 // heaviest stage. Even splits are unequal stages too, the first and last carrying the ends.
 // The start-up line's expected bubble and `trident schedule --deck` simulate with these.
-// forward_slots: the heaviest stage's forward in simulator slots (B 2x, B and W split 1x
-// each); the others' are rounded to slots, so more slots, less rounding.
+// forward_slots: the heaviest stage's forward in simulator slots (B 2x; split, W
+// model::weight_pass_share of a forward and B the rest); the others' are rounded to slots,
+// so more slots, less rounding.
 pipeline::Costs expected_stage_costs(const Config& cfg, int forward_slots = 100);
 
 class Trainer {

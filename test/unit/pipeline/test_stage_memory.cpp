@@ -2,6 +2,9 @@
 // buffers (stage_memory.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "trident/model/memory.hpp"
 #include "trident/pipeline/lower.hpp"
 #include "trident/pipeline/stage_memory.hpp"
 
@@ -73,4 +76,35 @@ TEST(ScheduleMemory, EveryRankAtOnce) {
     if (std::string(name) == "1f1b")  // the first rank stashes most
       EXPECT_GT(all[0].peak_stash, all[3].peak_stash) << name;
   }
+}
+
+// Issue 29: zb-v holds 1F1B's activation memory on its worst rank but for one boundary
+// tensor [Nr, C] per extra slot: the split backward's stash lives in the layers' dead qkv and
+// fch, the head's final norm and the output and input gradients are shared scratch, and
+// zb-v's 2·pp half-stage slots hold 1F1B's pp stages' layers, each with its own input (pp
+// more than 1F1B's). The pipeline bench's model with a 32k vocabulary, m = 8, at pp 2 and
+// pp 4, plain, with selective recompute, and with tp 2 and sequence parallelism.
+TEST(ScheduleMemory, ZeroBubbleVHolds1F1BsActivationsButAnInputPerExtraSlot) {
+  for (int pp : {2, 4})
+    for (int variant = 0; variant < 3; ++variant) {
+      trident::model::ModelConfig cfg;
+      cfg.vocab_size = 32000, cfg.seq_len = 128, cfg.n_layer = 4 * pp / 2, cfg.n_head = 4;
+      cfg.d_model = 256;
+      auto worst = [&](const char* name, int vpp) {
+        const Schedule s = make_schedule(name, pp, vpp, 8);
+        std::int64_t most = 0;
+        for (int r = 0; r < pp; ++r) {
+          trident::model::MemoryLayout lay;
+          lay.pp = pp, lay.vpp = vpp, lay.pp_rank = r;
+          if (variant == 1) lay.recompute = trident::model::Recompute::selective;
+          if (variant == 2) lay.tp = 2, lay.sequence_parallel = true;
+          set_schedule_memory(lay, s, r);
+          most = std::max(most, trident::model::predict_memory(cfg, lay).activations);
+        }
+        return most;
+      };
+      const std::int64_t rows = variant == 2 ? 128 / 2 : 128, input = rows * 256 * 4;
+      EXPECT_EQ(worst("zb-v", 2), worst("1f1b", 1) + pp * input)
+          << "pp " << pp << " variant " << variant;
+    }
 }
