@@ -71,6 +71,9 @@ LAYOUTS = {
     "llama-pp2-zb-h1": (LLAMA, 2, ["parallel.pp=2", "parallel.schedule=zb-h1"]),
     "llama-tp2-dp2-zero1": (LLAMA, 4, ["parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=1"]),
     "llama-tp2-pp2": (LLAMA, 4, ["parallel.tp=2", "parallel.pp=2"]),
+    "gpt2-cp2-ring": (GPT2, 2, ["parallel.cp=2"]),
+    "gpt2-cp2-ulysses": (GPT2, 2, ["parallel.cp=2", "parallel.cp_mode=ulysses"]),
+    "llama-cp2-ring": (LLAMA, 2, ["parallel.cp=2"]),
 }
 
 

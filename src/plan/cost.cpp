@@ -5,6 +5,7 @@
 #include "trident/plan/cost.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 
@@ -55,17 +56,21 @@ struct ChunkCost {
 // key/value heads its attention reads (what the ring passes on).
 struct Shapes {
   std::int64_t n, C, C3, Ca, F, F1, NH, hd, Vl, T, b, seq, nkv;
+  std::array<model::LinearDims, 4> linears;  // q|k|v, attention out, MLP in, MLP out
 };
 
 Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch, int cp = 1) {
+  // The model's own sizes of a rank's chunk (its block kind's q|k|v and MLP columns).
+  const model::ChunkDims d = model::chunk_dims(cfg, tp, micro_batch, false, cp);
   Shapes s{};
-  s.b = micro_batch, s.seq = cfg.seq_len, s.T = s.seq / cp, s.n = s.b * s.T, s.C = cfg.d_model;
-  s.Ca = s.C / tp, s.NH = cfg.n_head / tp, s.hd = cfg.head_dim();
+  s.b = d.B, s.seq = cfg.seq_len, s.T = d.T, s.n = d.N, s.C = d.C;
+  s.Ca = d.Ca, s.NH = d.NH, s.hd = cfg.head_dim();
+  s.C3 = d.C3;
   const std::int64_t kv = cfg.kv_heads();
-  s.C3 = cfg.llama() ? s.Ca + 2 * (kv >= tp ? kv / tp : kv) * s.hd : 3 * s.C / tp;
   s.nkv = kv >= tp ? kv / tp : 1;
-  s.F = cfg.d_ff() / tp, s.F1 = cfg.llama() ? 2 * s.F : s.F;
-  s.Vl = model::vocab_per_rank(cfg.vocab_size, tp);
+  s.F = d.F, s.F1 = d.F1;
+  s.Vl = d.Vl;
+  s.linears = model::block_linears(d);
   return s;
 }
 
@@ -89,8 +94,10 @@ struct BlockParts {
   double mm_fwd, mm_dx, mm_dw, att_fwd, att_bwd, elem_fwd_bytes;
 };
 BlockParts block_parts(const Shapes& s, const Machine& mc) {
-  const Linear qkv = linear(mc, s.n, s.C, s.C3), proj = linear(mc, s.n, s.Ca, s.C),
-               fc = linear(mc, s.n, s.C, s.F1), fc2 = linear(mc, s.n, s.F, s.C);
+  std::array<Linear, 4> l;
+  for (std::size_t i = 0; i < l.size(); ++i)
+    l[i] = linear(mc, s.n, s.linears[i].in, s.linears[i].out);
+  const Linear &qkv = l[0], &proj = l[1], &fc = l[2], &fc2 = l[3];
   // The attention core, causal (half the T x T products): forward 2 b NH T^2 hd; the
   // backward 2.5 x that (it recomputes the probabilities). Under cp the load-balanced split
   // gives each rank 1/cp of the whole sequence's: 2 b NH (seq / cp) seq hd.
