@@ -20,12 +20,9 @@ namespace trident::plan {
 
 std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& lay) {
   const int stages = lay.pp * lay.vpp;
-  const std::string& split = lay.pipeline_layers;
-  if (split == "even" && cfg.n_layer % stages == 0)
-    return std::vector<int>(std::size_t(stages), cfg.n_layer / stages);
-  TRIDENT_CHECK(split == "even" || split == "auto", "plan: split \"", split,
-                "\" is not \"even\" or \"auto\"");
-  return model::balanced_stage_layers(cfg, stages, lay.tp, lay.schedule->placement);
+  std::vector<int> layers = train::pipeline_stage_layers(cfg, lay);
+  if (layers.empty()) layers.assign(std::size_t(stages), cfg.n_layer / stages);  // even
+  return layers;
 }
 
 namespace {

@@ -22,8 +22,8 @@
 //   optimizer AdamW, the grad norm and zeroing at kernel_bytes_per_s
 // Ranks are placed as the grid places them (tp fastest, then cp, then dp, then pp; DESIGN.md,
 // grid order), so a group spans nodes when its stride times its size exceeds ranks_per_node.
-// defines: trident::plan::Layout (= train::Layout), StepPrediction, predict, BlockCost, block_cost,
-//          model_flops_per_step
+// defines: trident::plan::Layout (= train::Layout), StepPrediction, predict, BlockCost,
+//          block_cost, model_flops_per_step
 #pragma once
 
 #include <cstdint>
@@ -42,8 +42,7 @@ namespace trident::plan {
 using Layout = train::Layout;
 
 // The layers of each virtual stage under `layout` (pp * vpp counts, in virtual-stage order),
-// as `trident train` cuts them with parallel.pipeline_layers = layout.pipeline_layers
-// ("even" or "auto").
+// as `trident train` cuts them (train::pipeline_stage_layers, the even split written out).
 std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& layout);
 
 struct StepPrediction {
