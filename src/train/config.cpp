@@ -730,7 +730,8 @@ class Loader {
            ", got ", toml_string(p.schedule.word()));
     if (misfit == pipeline::ScheduleMisfit::chunk_count)  // zb-v: exactly two chunks, a V
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.schedule = ",
-           toml_string(p.schedule.word()), " needs parallel.vpp = ", kind->fixed_vpp, ", got ", p.vpp);
+           toml_string(p.schedule.word()), " needs parallel.vpp = ", kind->fixed_vpp, ", got ",
+           p.vpp);
     // Chunks of one rank pass activations to each other through the pipeline's ring.
     if (p.vpp > 1 && p.pp < 2)
       fail(where("parallel.vpp", "parallel.pp"), ": parallel.vpp = ", p.vpp,
@@ -962,9 +963,9 @@ void resolve_world(Config& cfg, int world_size) {
   // Megatron's interleaved schedule takes the microbatches in groups of pp per chunk.
   const std::int64_t m = cfg.train.global_batch_size / per_step;
   if (p.schedule->misfit(p.pp, p.vpp, int(m)) == pipeline::ScheduleMisfit::microbatches)
-    fail(src, ": parallel.schedule = ", toml_string(p.schedule.word()), " with parallel.vpp = ", p.vpp,
-         " needs the microbatches per rank (train.global_batch_size / (parallel.micro_batch_size"
-         " * parallel.dp) = ", m, ") divisible by parallel.pp = ", p.pp);
+    fail(src, ": parallel.schedule = ", toml_string(p.schedule.word()), " with parallel.vpp = ",
+         p.vpp, " needs the microbatches per rank (train.global_batch_size / "
+         "(parallel.micro_batch_size * parallel.dp) = ", m, ") divisible by parallel.pp = ", p.pp);
 }
 
 std::vector<int> pipeline_stage_layers(const model::ModelConfig& m, const Layout& p) {

@@ -148,8 +148,9 @@ std::vector<int> pipeline_stage_layers(const model::ModelConfig& model, const La
 // The deck's layout as the memory model takes it, for pipeline rank pp_rank (and TP rank
 // tp_rank): the grid, vpp, the split and the schedule's placement, the micro-batch, SP,
 // recomputation, ZeRO-1 and the TP and CP modes. `trident train` (the deck's) and `trident
-// plan` (each layout's) both start from it; they add what the deck does not say (the schedule's memory,
-// pipeline::set_schedule_memory; host memory; open files; precision). Needs a resolved dp.
+// plan` (each layout's) both start from it; they add what the deck does not say (the
+// schedule's memory, pipeline::set_schedule_memory; host memory; open files; precision).
+// Needs a resolved dp.
 model::MemoryLayout memory_layout(const Config& cfg, int pp_rank, int tp_rank = 0);
 model::MemoryLayout memory_layout(const model::ModelConfig& model, const Layout& layout,
                                   int pp_rank, int tp_rank = 0);

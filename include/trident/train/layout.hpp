@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "trident/core/error.hpp"
-#include "trident/model/memory.hpp"
 #include "trident/model/stage_model.hpp"
 #include "trident/model/ulysses_attention.hpp"
 #include "trident/ops/ops.hpp"
@@ -97,7 +96,9 @@ class Choice : public ChoiceKey {
   bool operator==(E e) const { return value_ == e; }
   bool operator!=(E e) const { return value_ != e; }
   // Against a word: for tests and tools that read decks as text, not for code paths.
-  friend bool operator==(const Choice& c, const char* word) { return std::string(c.word()) == word; }
+  friend bool operator==(const Choice& c, const char* word) {
+    return std::string(c.word()) == word;
+  }
   friend std::ostream& operator<<(std::ostream& os, const Choice& c) { return os << c.word(); }
 
  private:
@@ -145,7 +146,7 @@ class ScheduleChoice : public ChoiceKey {
 };
 
 // The layout keys of [parallel] (FORMAT.md), with the deck's defaults. Set the grid by name
-// (`l.tp = 2; l.pp = 4;`) or from a GridShape (on()), never by position.
+// (`l.tp = 2; l.pp = 4;`), never by position.
 struct Layout {
   // The grid, in its rank order (tp fastest, then cp, dp, pp; parallel/grid.hpp).
   int tp = 1;
@@ -170,18 +171,12 @@ struct Layout {
   // over heads; n_head / tp and the rank's kv heads divisible by cp).
   Choice<model::CpMode> cp_mode = model::CpMode::ring;
 
-  // The deck's defaults with the grid `g`.
-  static Layout on(const parallel::GridShape& g) {
-    Layout l;
-    l.tp = g.tp, l.cp = g.cp, l.dp = g.dp, l.pp = g.pp;
-    return l;
-  }
+  // The grid's shape, for make_parallel_state.
   parallel::GridShape grid() const {
     parallel::GridShape g;
     g.tp = tp, g.cp = cp, g.dp = dp, g.pp = pp;
     return g;
   }
-  int ranks() const { return tp * cp * dp * pp; }
   bool zero1() const { return zero_stage == 1; }
 
   // "tp2 pp2 dp1 vpp1 1f1b mbs4 rc:none sp:0 zero:0 split:even" ("tp2 cp2 pp2 ..." where

@@ -347,7 +347,15 @@ TEST(Plan, LayoutTextParsesBackToWithLayout) {
     // The printed lines replace the deck's [parallel] table (it has none here).
     EXPECT_EQ(train::to_toml(train::parse_config(deck_text + layout_deck_lines(l), "deck.toml")),
               want) << l.str();
+    // The deck is the layout: it reads back as the same value.
+    EXPECT_EQ(static_cast<const Layout&>(train::parse_config(want, "deck.toml").parallel), l)
+        << l.str();
   }
+  // [parallel]'s keys outside the layout stay the deck's.
+  train::Config tuned = deck;
+  tuned.parallel.grad_bucket_mb = 7.5;
+  EXPECT_EQ(with_layout(tuned, b).parallel.grad_bucket_mb, 7.5);
+  EXPECT_EQ(with_layout(tuned, b).parallel.layout, "deck");
 }
 
 // Context parallelism is planned where the sequence splits in 2 * cp chunks and the ranks
