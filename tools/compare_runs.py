@@ -82,6 +82,9 @@ LAYOUTS = {
                                        "parallel.pp=2", "parallel.vpp=2",
                                        "parallel.schedule=zb-v"]),
     "llama-pp2-zb-v": (LLAMA, 2, ["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v"]),
+    "gpt2-cp2-ring": (GPT2, 2, ["parallel.cp=2"]),
+    "gpt2-cp2-ulysses": (GPT2, 2, ["parallel.cp=2", "parallel.cp_mode=ulysses"]),
+    "llama-cp2-ring": (LLAMA, 2, ["parallel.cp=2"]),
 }
 
 

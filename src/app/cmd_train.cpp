@@ -44,7 +44,7 @@ FixedBatch load_fixed(train::Trainer& tr, const std::string& weights, const std:
   parallel::agree([&] {
     model::StageModel& m = tr.model();
     HostMirror params(m.memory(), m.params(), m.num_params(), false);
-    io::read_weights(weights, MPI_COMM_WORLD, cfg.model, m.specs(), params.data(),
+    io::read_weights(weights, tr.state().world.raw(), cfg.model, m.specs(), params.data(),
                      train::shard_role(tr.state()));
     params.commit();
   });
@@ -70,7 +70,7 @@ int run_grad(const DeckArgs& args, const std::string& weights, const std::string
   tr.write_trace();  // io.trace_step = 1: the pipeline trace of this one step
   model::StageModel& m = tr.model();
   HostMirror grads(m.memory(), m.grads(), m.num_params(), true);
-  io::write_grad_dump(out, MPI_COMM_WORLD, s.cfg.model, m.specs(), grads.data(), loss,
+  io::write_grad_dump(out, s.ps.world.raw(), s.cfg.model, m.specs(), grads.data(), loss,
                       train::shard_role(s.ps));
   log::info("loss ", loss, " -> ", out);
   return 0;
@@ -93,7 +93,7 @@ int run_step(const DeckArgs& args, const std::string& weights, const std::string
   // Every rank holds the same losses, as the collective attribute write needs.
   model::StageModel& m = tr.model();
   HostMirror params(m.memory(), m.params(), m.num_params(), true);
-  io::write_tensor_file(out, MPI_COMM_WORLD, io::kWeightsFormat, "model", s.cfg.model,
+  io::write_tensor_file(out, s.ps.world.raw(), io::kWeightsFormat, "model", s.cfg.model,
                         m.specs(), params.data(), train::shard_role(s.ps),
                         [&](const io::h5::File& f) {
                           io::h5::write_attr_doubles(f, "losses", losses);
@@ -108,7 +108,7 @@ int run_init(const DeckArgs& args, const std::string& out) {
   model::StageModel& m = tr.model();
   m.init_weights(std::uint64_t(s.cfg.train.seed));
   HostMirror params(m.memory(), m.params(), m.num_params(), true);
-  io::write_weights(out, MPI_COMM_WORLD, s.cfg.model, m.specs(), params.data(),
+  io::write_weights(out, s.ps.world.raw(), s.cfg.model, m.specs(), params.data(),
                     train::shard_role(s.ps));
   log::info("initialized weights (seed ", s.cfg.train.seed, ") -> ", out);
   return 0;

@@ -70,11 +70,8 @@ Session open_session(const DeckArgs& args, const std::string& vocab_from, bool a
     parallel::agree([&] { train::resolve_world(s.cfg, world); });
   }
   parallel::set_watchdog_seconds(s.cfg.runtime.watchdog_s);
-  parallel::GridShape shape;
-  shape.tp = s.cfg.parallel.tp, shape.cp = s.cfg.parallel.cp;
-  shape.dp = s.cfg.parallel.dp, shape.pp = s.cfg.parallel.pp;
-  s.ps = parallel::make_parallel_state(
-      shape, pipeline::placement_of(s.cfg.parallel.schedule), s.cfg.parallel.vpp);
+  s.ps = parallel::make_parallel_state(s.cfg.parallel.grid(), s.cfg.parallel.schedule->placement,
+                                       s.cfg.parallel.vpp);
   // Device buffers reach MPI directly when it is CUDA-aware ("cuda" only: the guarded test
   // backend always stages), else through host memory.
   const bool gpu = s.cfg.runtime.device == train::RuntimeDevice::cuda;

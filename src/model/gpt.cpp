@@ -236,6 +236,10 @@ ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool seque
   return d;
 }
 
+std::array<LinearDims, 4> block_linears(const ChunkDims& d) {
+  return {{{d.C, d.C3}, {d.Ca, d.C}, {d.C, d.F1}, {d.F, d.C}}};
+}
+
 void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la) {
   la = LayerActivations{};
   la.atty = take(d.N * d.Ca);

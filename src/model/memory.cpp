@@ -165,7 +165,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       auto linear = [&](std::int64_t in, std::int64_t out) {
         need = std::max({need, 2 * N * in, 2 * N * out, 2 * (N * in + N * out)});
       };
-      linear(C, C3), linear(d.Ca, C), linear(C, F1), linear(F, C);
+      for (const LinearDims& l : block_linears(d)) linear(l.in, l.out);
       if (head) linear(C, Vl);
     }
     // Attention through a library (cuDNN): the backend's exact bytes for the rank's shape, its

@@ -24,12 +24,6 @@ void StageModel::read_grads(float* host) const {
   copy_to_host(memory(), host, grads(), std::size_t(num_params_) * sizeof(float));
 }
 
-TpMode tp_mode_of(const std::string& name) {
-  if (name == "1d") return TpMode::one_d;
-  if (name == "2d") return TpMode::two_d;
-  throw Error(str("parallel.tp_mode: expected \"1d\" or \"2d\", got \"", name, "\""));
-}
-
 std::unique_ptr<StageModel> make_stage_model(const ModelConfig& cfg,
                                              const std::vector<StageLayout>& chunks,
                                              parallel::ParallelState& ps, ops::Ops& ops,

@@ -8,12 +8,6 @@
 
 namespace trident::model {
 
-CpMode cp_mode_of(const std::string& name) {
-  if (name == "ring") return CpMode::ring;
-  if (name == "ulysses") return CpMode::ulysses;
-  throw Error(str("parallel.cp_mode: expected \"ring\" or \"ulysses\", got \"", name, "\""));
-}
-
 std::int64_t ulysses_floats(std::int64_t rows, int nh, int nkv, int hs) {
   const std::int64_t qkv = std::int64_t(nh + 2 * nkv) * hs, od = 2 * std::int64_t(nh) * hs;
   return 2 * rows * std::max(qkv, od) + rows * qkv + rows * od;

@@ -234,6 +234,12 @@ ScheduleMisfit ScheduleKind::misfit(int pp, int vpp, int m) const {
 Schedule make_schedule(const std::string& name, int pp, int vpp, int m) {
   const ScheduleKind* kind = find_schedule(name);
   TRIDENT_CHECK(kind, "unknown schedule '", name, "' (expected ", join_or(schedule_names()), ")");
+  return make_schedule(*kind, pp, vpp, m);
+}
+
+Schedule make_schedule(const ScheduleKind& kind_ref, int pp, int vpp, int m) {
+  const ScheduleKind* kind = &kind_ref;
+  const std::string name = kind->name;
   TRIDENT_CHECK(pp >= 1 && vpp >= 1 && m >= 1, "schedule ", name, ": pp, vpp and microbatches "
                 "must be positive (got ", pp, ", ", vpp, ", ", m, ")");
   const ScheduleMisfit misfit = kind->misfit(pp, vpp, m);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -119,15 +120,13 @@ double timed(Comm& comm, ops::Ops& ops, const float* any, double min_s, bool bes
   return per / std::max(1, comm.size());
 }
 
-struct LinearDims {
-  std::int64_t in, out;
-};
-
-std::vector<LinearDims> linears(const model::ModelConfig& cfg, int tp) {
-  const std::int64_t C = cfg.d_model, kv = cfg.kv_heads(), hd = cfg.head_dim();
-  const std::int64_t C3 = cfg.llama() ? C / tp + 2 * (kv >= tp ? kv / tp : kv) * hd : 3 * C / tp;
-  const std::int64_t F = cfg.d_ff() / tp, F1 = cfg.llama() ? 2 * F : F;
-  return {{C, C3}, {C / tp, C}, {C, F1}, {F, C}, {C, model::vocab_per_rank(cfg.vocab_size, tp)}};
+// A block's four linears (the model's sizes) and the LM head.
+std::vector<model::LinearDims> linears(const model::ModelConfig& cfg, int tp) {
+  const model::ChunkDims d = model::chunk_dims(cfg, tp, 1, false);
+  const std::array<model::LinearDims, 4> block = model::block_linears(d);
+  std::vector<model::LinearDims> out(block.begin(), block.end());
+  out.push_back({d.C, d.Vl});
+  return out;
 }
 
 // Allreduce seconds of `n` floats over comm: five rounds of a fixed count (about
@@ -205,7 +204,7 @@ std::vector<std::array<std::int64_t, 3>> linear_shapes(const model::ModelConfig&
                                                        int micro_batch, int cp) {
   const std::int64_t n = std::int64_t(micro_batch) * cfg.seq_len / cp;
   std::vector<std::array<std::int64_t, 3>> out;
-  for (const LinearDims& d : linears(cfg, tp)) {
+  for (const model::LinearDims& d : linears(cfg, tp)) {
     out.push_back({n, d.out, d.in});
     out.push_back({n, d.in, d.out});
     out.push_back({d.in, d.out, n});

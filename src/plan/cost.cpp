@@ -5,6 +5,7 @@
 #include "trident/plan/cost.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 
@@ -17,28 +18,11 @@
 
 namespace trident::plan {
 
-const char* recompute_name(model::Recompute r) {
-  return r == model::Recompute::full ? "full"
-         : r == model::Recompute::selective ? "selective"
-                                            : "none";
-}
-
-std::string Layout::str() const {
-  // cp only where it is used, so that the cp = 1 layouts read as they always have.
-  const std::string cp_part = cp > 1 ? trident::str(" cp", cp) : std::string();
-  return trident::str("tp", tp, cp_part, " pp", pp, " dp", dp, " vpp", vpp, " ", schedule, " mbs",
-                      micro_batch, " rc:", recompute_name(recompute), " sp:",
-                      sequence_parallel ? 1 : 0, " zero:", zero1 ? 1 : 0, " split:", split);
-}
-
 std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& lay) {
   const int stages = lay.pp * lay.vpp;
-  if (lay.split == "even" && cfg.n_layer % stages == 0)
-    return std::vector<int>(std::size_t(stages), cfg.n_layer / stages);
-  TRIDENT_CHECK(lay.split == "even" || lay.split == "auto", "plan: split \"", lay.split,
-                "\" is not \"even\" or \"auto\"");
-  return model::balanced_stage_layers(cfg, stages, lay.tp,
-                                      pipeline::placement_of(lay.schedule));
+  std::vector<int> layers = train::pipeline_stage_layers(cfg, lay);
+  if (layers.empty()) layers.assign(std::size_t(stages), cfg.n_layer / stages);  // even
+  return layers;
 }
 
 namespace {
@@ -71,17 +55,21 @@ struct ChunkCost {
 // key/value heads its attention reads (what the ring passes on).
 struct Shapes {
   std::int64_t n, C, C3, Ca, F, F1, NH, hd, Vl, T, b, seq, nkv;
+  std::array<model::LinearDims, 4> linears;  // q|k|v, attention out, MLP in, MLP out
 };
 
 Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch, int cp = 1) {
+  // The model's own sizes of a rank's chunk (its block kind's q|k|v and MLP columns).
+  const model::ChunkDims d = model::chunk_dims(cfg, tp, micro_batch, false, cp);
   Shapes s{};
-  s.b = micro_batch, s.seq = cfg.seq_len, s.T = s.seq / cp, s.n = s.b * s.T, s.C = cfg.d_model;
-  s.Ca = s.C / tp, s.NH = cfg.n_head / tp, s.hd = cfg.head_dim();
+  s.b = d.B, s.seq = cfg.seq_len, s.T = d.T, s.n = d.N, s.C = d.C;
+  s.Ca = d.Ca, s.NH = d.NH, s.hd = cfg.head_dim();
+  s.C3 = d.C3;
   const std::int64_t kv = cfg.kv_heads();
-  s.C3 = cfg.llama() ? s.Ca + 2 * (kv >= tp ? kv / tp : kv) * s.hd : 3 * s.C / tp;
   s.nkv = kv >= tp ? kv / tp : 1;
-  s.F = cfg.d_ff() / tp, s.F1 = cfg.llama() ? 2 * s.F : s.F;
-  s.Vl = model::vocab_per_rank(cfg.vocab_size, tp);
+  s.F = d.F, s.F1 = d.F1;
+  s.Vl = d.Vl;
+  s.linears = model::block_linears(d);
   return s;
 }
 
@@ -106,8 +94,10 @@ struct BlockParts {
   double mm_fwd, mm_dx, mm_dw, mm_dw_deferred, att_fwd, att_bwd, elem_fwd_bytes;
 };
 BlockParts block_parts(const Shapes& s, const Machine& mc) {
-  const Linear qkv = linear(mc, s.n, s.C, s.C3), proj = linear(mc, s.n, s.Ca, s.C),
-               fc = linear(mc, s.n, s.C, s.F1), fc2 = linear(mc, s.n, s.F, s.C);
+  std::array<Linear, 4> l;
+  for (std::size_t i = 0; i < l.size(); ++i)
+    l[i] = linear(mc, s.n, s.linears[i].in, s.linears[i].out);
+  const Linear &qkv = l[0], &proj = l[1], &fc = l[2], &fc2 = l[3];
   // The attention core, causal (half the T x T products): forward 2 b NH T^2 hd; the
   // backward 2.5 x that (it recomputes the probabilities). Under cp the load-balanced split
   // gives each rank 1/cp of the whole sequence's: 2 b NH (seq / cp) seq hd.
@@ -239,15 +229,15 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
                        ops::Precision precision, OpenFiles open_files) {
   StepPrediction p;
   p.layout = lay;
-  const std::int64_t per_step = std::int64_t(lay.micro_batch) * lay.dp;
+  const std::int64_t per_step = std::int64_t(lay.micro_batch_size) * lay.dp;
   TRIDENT_CHECK(global_batch % per_step == 0, "plan: global batch ", global_batch,
-                " does not split into microbatches of ", lay.micro_batch, " on ", lay.dp,
+                " does not split into microbatches of ", lay.micro_batch_size, " on ", lay.dp,
                 " data-parallel ranks");
   p.microbatches = int(global_batch / per_step);
   const pipeline::Schedule sched =
-      pipeline::make_schedule(lay.schedule, lay.pp, lay.vpp, p.microbatches);
+      pipeline::make_schedule(lay.schedule.kind(), lay.pp, lay.vpp, p.microbatches);
   // Layers per virtual stage as `trident train` cuts them (parallel.pipeline_layers =
-  // lay.split).
+  // lay.pipeline_layers).
   const int stages = lay.pp * lay.vpp;
   p.stage_layers = stage_layers_of(cfg, lay);
 
@@ -256,15 +246,11 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   const int sharers = lay.dp * lay.cp;
 
   // Memory: every pipeline stage (their stashes and chunks differ); the largest. Each from
-  // the deck this layout makes, as `trident train` reads it (train::memory_layout).
-  train::Config planned;
-  planned.model = cfg;
-  planned.train.global_batch_size = global_batch;
-  planned = with_layout(planned, lay);
+  // the layout as `trident train` reads it from its deck (train::memory_layout).
   std::vector<double> param_bytes(std::size_t(lay.pp), 0.0);  // each rank's parameters
   const std::vector<pipeline::RankScheduleMemory> sched_memory = pipeline::schedule_memory(sched);
   for (int r = 0; r < lay.pp; ++r) {
-    model::MemoryLayout ml = train::memory_layout(planned, r);
+    model::MemoryLayout ml = train::memory_layout(cfg, lay, r);
     pipeline::set_schedule_memory(ml, sched, sched_memory[std::size_t(r)]);
     ml.host_memory = host_memory;
     ml.open_files = r == 0 ? open_files.rank0 : open_files.others;  // rank 0 writes metrics
@@ -291,7 +277,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   const Link& dp_link = lay.tp * lay.cp * lay.dp > R ? mc.inter : mc.intra;
   const Link& pp_link = lay.tp * lay.cp * lay.dp * lay.pp > R ? mc.inter : mc.intra;
 
-  const Shapes s = shapes(cfg, lay.tp, lay.micro_batch, lay.cp);
+  const Shapes s = shapes(cfg, lay.tp, lay.micro_batch_size, lay.cp);
 
   // Every virtual stage at its own cost: its layers, the embedding on the first, the head
   // and the loss on the last (on the rank the schedule's placement gives it: zb-v's rank 0
@@ -326,7 +312,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   auto update_of = [&](double bytes) {
     Update u;
     u.buckets = std::max(1.0, std::ceil(bytes / (25.0 * 1048576.0)));
-    if (sharers > 1 && lay.zero1) {
+    if (sharers > 1 && lay.zero1()) {
       u.reduce = half_allreduce_s(sharers, bytes, dp_link) +
                  (u.buckets - 1) * (sharers - 1) * dp_link.alpha_s;
       u.gather = u.reduce;
@@ -335,7 +321,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
                  (u.buckets - 1) * 2 * (sharers - 1) * dp_link.alpha_s;
     }
     const double params = bytes / kFloat;
-    const double shard = lay.zero1 && sharers > 1 ? params / sharers : params;
+    const double shard = lay.zero1() && sharers > 1 ? params / sharers : params;
     u.optimizer = (7 * shard + 2 * params) * kFloat / mc.kernel_bytes_per_s;
     return u;
   };
@@ -347,7 +333,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
   // updates per step are on the rank's timeline, so they are part of its B's here. Not
   // modelled: the weight-version swaps (memory copies of the rank's parameters).
   const bool per_microbatch =
-      pipeline::weight_update_of(lay.schedule) == pipeline::WeightUpdate::per_microbatch;
+      lay.schedule->update == pipeline::WeightUpdate::per_microbatch;
   const StageMap map = sched.stage_map();
   if (per_microbatch)
     for (int v = 0; v < stages; ++v) {

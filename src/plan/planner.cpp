@@ -25,22 +25,11 @@ std::vector<int> divisors(std::int64_t n) {
 
 train::Config with_layout(const train::Config& deck, const Layout& l) {
   train::Config c = deck;
-  c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.dp = l.dp, c.parallel.vpp = l.vpp;
-  c.parallel.cp = l.cp;
-  // The planner models ring attention only (its buffers and its overlapped hops), whatever
-  // the deck's parallel.cp_mode.
-  c.parallel.cp_mode = "ring";
-  c.parallel.schedule = l.schedule;
-  // The split the layout was planned with (a deck's own list of counts fits its own pp and
-  // vpp only): "even" or "auto", resolved by `trident train` as plan::stage_layers_of does.
-  c.parallel.pipeline_layers = l.split;
-  c.parallel.micro_batch_size = l.micro_batch;
-  c.parallel.recompute = recompute_name(l.recompute);
-  c.parallel.sequence_parallel = l.sequence_parallel;
-  c.parallel.zero_stage = l.zero1 ? 1 : 0;
+  static_cast<Layout&>(c.parallel) = l;
   return c;
 }
 
+// Not tp_mode or cp_mode: the planner's layouts keep their defaults (with_layout).
 std::vector<std::pair<std::string, std::string>> layout_keys(const Layout& l) {
   auto quoted = [](const std::string& v) { return "\"" + v + "\""; };
   return {{"tp", str(l.tp)},
@@ -48,12 +37,12 @@ std::vector<std::pair<std::string, std::string>> layout_keys(const Layout& l) {
           {"dp", str(l.dp)},
           {"cp", str(l.cp)},
           {"vpp", str(l.vpp)},
-          {"schedule", quoted(l.schedule)},
-          {"pipeline_layers", quoted(l.split)},
-          {"micro_batch_size", str(l.micro_batch)},
+          {"schedule", quoted(l.schedule.word())},
+          {"pipeline_layers", quoted(l.pipeline_layers)},
+          {"micro_batch_size", str(l.micro_batch_size)},
           {"sequence_parallel", l.sequence_parallel ? "true" : "false"},
-          {"zero_stage", l.zero1 ? "1" : "0"},
-          {"recompute", quoted(recompute_name(l.recompute))}};
+          {"zero_stage", str(l.zero_stage)},
+          {"recompute", quoted(l.recompute.word())}};
 }
 
 std::string layout_deck_lines(const Layout& l) {
@@ -76,15 +65,15 @@ std::string memory_dominant(const model::MemoryEstimate& e) {
   return std::max_element(std::begin(parts), std::end(parts))->second;
 }
 
-std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer,
-                                                             const std::string& deck_schedule) {
+std::vector<std::pair<int, std::string>> schedule_candidates(
+    int pp, int n_layer, const train::ScheduleChoice& deck_schedule) {
   std::vector<std::pair<int, std::string>> out;  // (vpp, schedule)
   if (pp == 1) return {{1, "1f1b"}};  // no pipeline: every schedule is the same step
   for (const pipeline::ScheduleKind& k : pipeline::schedule_kinds()) {
     // Asynchronous updates (PipeDream) change what is trained, not only how fast: a
     // Megatron user expects the plan to keep the serial run's semantics, so those are
     // candidates only when the deck already names one.
-    if (k.asynchronous() && deck_schedule != k.name) continue;
+    if (k.asynchronous() && &k != &deck_schedule.kind()) continue;
     // A multi-chunk schedule at vpp = 1 repeats a one-chunk one (interleaved-1f1b is 1f1b):
     // planned with vpp > 1 only.
     if (!k.multi_chunk) {
@@ -100,12 +89,12 @@ std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer
 }
 
 std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp, int tp,
-                                          const std::string& schedule) {
+                                          const train::ScheduleChoice& schedule) {
   const int stages = pp * vpp;
   if (cfg.n_layer % stages != 0) return {"auto"};  // "even" would be the balanced split too
   if (pp == 1) return {"even"};                      // one stage: nothing to move
   const std::vector<int> balanced =
-      model::balanced_stage_layers(cfg, stages, tp, pipeline::placement_of(schedule));
+      model::balanced_stage_layers(cfg, stages, tp, schedule->placement);
   const bool even = std::all_of(balanced.begin(), balanced.end(),
                                 [&](int n) { return n == cfg.n_layer / stages; });
   if (even) return {"even"};
@@ -149,8 +138,8 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
                 if (zero && dp * cp == 1) continue;  // ZeRO-1 shards over DP x CP
                 Layout l;
                 l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vpp = vpp, l.schedule = sched;
-                l.micro_batch = mbs, l.recompute = rc, l.sequence_parallel = sp, l.zero1 = zero;
-                l.split = split;
+                l.micro_batch_size = mbs, l.recompute = rc, l.sequence_parallel = sp;
+                l.zero_stage = zero ? 1 : 0, l.pipeline_layers = split;
                 // The deck's own validation decides what `trident train` would accept.
                 try {
                   train::Config c = train::parse_config(train::to_toml(with_layout(deck, l)),

@@ -147,8 +147,8 @@ std::int64_t Checkpointer::start() {
   parallel::agree([&] {
     if (!cfg_.io.init_weights.empty()) {
       HostMirror params(model.memory(), model.params(), model.num_params(), false);
-      io::read_weights(cfg_.io.init_weights, MPI_COMM_WORLD, cfg_.model, model.specs(),
-                       params.data(), role_);
+      io::read_weights(cfg_.io.init_weights, tr_.state().world.raw(), cfg_.model,
+                       model.specs(), params.data(), role_);
       params.commit();
     } else {
       model.init_weights(std::uint64_t(cfg_.train.seed));
@@ -167,8 +167,8 @@ std::int64_t Checkpointer::load(const std::string& path) {
   if (float* slot = tr_.previous_weights_slot())
     previous.emplace(model.memory(), slot, model.num_params(), false);
   io::CheckpointState st = io::read_checkpoint(
-      path, MPI_COMM_WORLD, cfg_.model, model.specs(), params.data(), moments.m(), moments.v(),
-      role_, previous ? previous->data() : nullptr);
+      path, tr_.state().world.raw(), cfg_.model, model.specs(), params.data(), moments.m(),
+      moments.v(), role_, previous ? previous->data() : nullptr);
   params.commit();
   moments.commit();
   if (previous && st.has_previous_params) {
@@ -205,8 +205,9 @@ void Checkpointer::save(std::int64_t step) {
   if (const float* w = tr_.previous_weights())
     previous.emplace(model.memory(), const_cast<float*>(w), model.num_params(), true);
   const std::string path =
-      io::write_checkpoint(dir_, MPI_COMM_WORLD, cfg_.model, model.specs(), st, params.data(),
-                           moments.m(), moments.v(), role_, previous ? previous->data() : nullptr);
+      io::write_checkpoint(dir_, tr_.state().world.raw(), cfg_.model, model.specs(), st,
+                           params.data(), moments.m(), moments.v(), role_,
+                           previous ? previous->data() : nullptr);
   if (tr_.state().world_rank == 0) {
     log::info("checkpoint ", path, " (", rate(path, seconds_since(t0)), ")");
     io::prune_checkpoints(dir_, int(cfg_.io.keep_checkpoints));

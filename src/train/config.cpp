@@ -137,7 +137,7 @@ const std::vector<std::string>& section_names() {
 // data.train and data.valid take a path or a list of {path, weight} (data_loader.hpp).
 // Whether a schedule's backward passes are split into input (B) and weight (W) gradients
 // (zero-bubble); one small instance of it tells.
-bool splits_backward(const std::string& schedule, int pp) {
+bool splits_backward(const pipeline::ScheduleKind& schedule, int pp) {
   try {
     return pipeline::splits_weight_grad(pipeline::make_schedule(schedule, pp, 1, 2 * pp));
   } catch (const std::exception&) {
@@ -550,8 +550,9 @@ class Loader {
   // whole sequence with cp-th of its rank's query and key/value heads, so both divide by cp).
   void validate_cp_mode() const {
     const Config::Parallel& p = cfg_.parallel;
-    need_one_of(p.cp_mode, "parallel.cp_mode", {"ring", "ulysses"});
-    if (p.cp_mode != "ulysses" || p.cp == 1 || p.tp_mode == "2d") return;
+    need_choice("parallel.cp_mode");
+    if (p.cp_mode != model::CpMode::ulysses || p.cp == 1 || p.tp_mode == model::TpMode::two_d)
+      return;
     const model::ModelConfig& m = cfg_.model;
     if (m.n_head % p.tp != 0) return;  // reported with parallel.tp
     const int nh = m.n_head / p.tp, kv = m.kv_heads(), nkv = kv >= p.tp ? kv / p.tp : 1;
@@ -567,8 +568,8 @@ class Loader {
   // (allow_tp2d false: trident plan) refuse it rather than run something else.
   void validate_tp_mode() const {
     const Config::Parallel& p = cfg_.parallel;
-    need_one_of(p.tp_mode, "parallel.tp_mode", {"1d", "2d"});
-    if (p.tp_mode != "2d") return;
+    need_choice("parallel.tp_mode");
+    if (p.tp_mode != model::TpMode::two_d) return;
     if (parallel::tp2d_side(p.tp) == 0)
       fail(where("parallel.tp_mode", "parallel.tp"),
            ": parallel.tp_mode = \"2d\" needs parallel.tp a perfect square q*q (4, 9, 16, ...), "
@@ -597,14 +598,14 @@ class Loader {
     if (p.vpp != 1)
       fail(where("parallel.tp_mode", "parallel.vpp"), ": parallel.tp_mode = \"2d\" runs one "
            "model chunk per pipeline rank; expected parallel.vpp = 1, got ", p.vpp);
-    if (pipeline::weight_update_of(p.schedule) == pipeline::WeightUpdate::per_microbatch)
+    if (p.schedule->update == pipeline::WeightUpdate::per_microbatch)
       fail(where("parallel.tp_mode", "parallel.schedule"), ": parallel.tp_mode = \"2d\" does "
            "not run parallel.schedule = \"pipedream\" (untested with 2D); expected naive, gpipe, "
            "1f1b or pipedream-2bw");
-    if (splits_backward(p.schedule, p.pp))
+    if (splits_backward(p.schedule.kind(), p.pp))
       fail(where("parallel.tp_mode", "parallel.schedule"), ": parallel.tp_mode = \"2d\" has no "
            "split backward (input and weight gradients in one pass), so it runs naive, gpipe "
-           "or 1f1b, got ", toml_string(p.schedule));
+           "or 1f1b, got ", toml_string(p.schedule.word()));
     const int q = parallel::tp2d_side(p.tp);
     // Each grid row takes whole sequences, each grid column whole heads and d_model / q.
     for (const auto& [key, v] : {std::pair<const char*, int>{"parallel.micro_batch_size",
@@ -698,11 +699,11 @@ class Loader {
            " needs model.seq_len = ", c.model.seq_len, " divisible by 2 * parallel.cp = ",
            2 * p.cp);
     need(p.vpp >= 1, "parallel.vpp", ">= 1", p.vpp);
-    need_one_of(p.schedule, "parallel.schedule", pipeline::schedule_names());
+    need_choice("parallel.schedule");
     // PipeDream updates each stage on its own after every backward (docs/FORMAT.md): no
     // global gradient norm, no ZeRO-1 shard step, and a wte tied across the first and last
     // stage would be two copies updated at different times.
-    if (pipeline::weight_update_of(p.schedule) == pipeline::WeightUpdate::per_microbatch) {
+    if (p.schedule->update == pipeline::WeightUpdate::per_microbatch) {
       if (c.train.grad_clip != 0)
         fail(where("train.grad_clip", "parallel.schedule"), ": parallel.schedule = \"pipedream\" "
              "updates each stage after every microbatch, with no global gradient norm: "
@@ -721,21 +722,22 @@ class Loader {
     need_finite(p.grad_bucket_mb, "parallel.grad_bucket_mb");
     need(p.grad_bucket_mb > 0, "parallel.grad_bucket_mb", "> 0", toml_float(p.grad_bucket_mb));
     need_choice("parallel.recompute");
-    const pipeline::ScheduleKind* kind = pipeline::find_schedule(p.schedule);
+    const pipeline::ScheduleKind* kind = &p.schedule.kind();
     const pipeline::ScheduleMisfit misfit = kind->misfit(p.pp, p.vpp, 0);
     if (misfit == pipeline::ScheduleMisfit::chunks)
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.vpp = ", p.vpp,
            " needs parallel.schedule = ", pipeline::join_or(pipeline::multi_chunk_schedule_names(), "\""),
-           ", got ", toml_string(p.schedule));
+           ", got ", toml_string(p.schedule.word()));
     if (misfit == pipeline::ScheduleMisfit::chunk_count)  // zb-v: exactly two chunks, a V
       fail(where("parallel.vpp", "parallel.schedule"), ": parallel.schedule = ",
-           toml_string(p.schedule), " needs parallel.vpp = ", kind->fixed_vpp, ", got ", p.vpp);
+           toml_string(p.schedule.word()), " needs parallel.vpp = ", kind->fixed_vpp, ", got ",
+           p.vpp);
     // Chunks of one rank pass activations to each other through the pipeline's ring.
     if (p.vpp > 1 && p.pp < 2)
       fail(where("parallel.vpp", "parallel.pp"), ": parallel.vpp = ", p.vpp,
            " needs parallel.pp >= 2 (virtual stages interleave over pipeline ranks), got ",
            p.pp);
-    if (p.tp_mode != "2d" && c.model.n_head % p.tp != 0)  // 2d: validate_tp_mode
+    if (p.tp_mode != model::TpMode::two_d && c.model.n_head % p.tp != 0)  // 2d: validate_tp_mode
       fail(where("model.n_head", "parallel.tp"), ": model.n_head = ", c.model.n_head,
            " is not divisible by parallel.tp = ", p.tp);
     // Llama under TP: each rank's query heads read one kv head, its own (n_kv_head split
@@ -852,10 +854,10 @@ class Loader {
              "or set parallel.layout = \"deck\" to lay the run out by hand");
     }
     // The planner plans the ring only (its memory and communication model).
-    if (p.cp_mode != "ring")
+    if (p.cp_mode != model::CpMode::ring)
       fail(where("parallel.cp_mode", "parallel.layout"), ": parallel.layout = \"auto\" plans "
            "ring attention only; expected parallel.cp_mode = \"ring\", got ",
-           toml_string(p.cp_mode));
+           toml_string(p.cp_mode.word()));
   }
 
   std::string source_;
@@ -960,37 +962,42 @@ void resolve_world(Config& cfg, int world_size) {
          " * ", p.dp, " = ", per_step);
   // Megatron's interleaved schedule takes the microbatches in groups of pp per chunk.
   const std::int64_t m = cfg.train.global_batch_size / per_step;
-  const pipeline::ScheduleKind* kind = pipeline::find_schedule(p.schedule);
-  if (kind && kind->misfit(p.pp, p.vpp, int(m)) == pipeline::ScheduleMisfit::microbatches)
-    fail(src, ": parallel.schedule = ", toml_string(p.schedule), " with parallel.vpp = ", p.vpp,
-         " needs the microbatches per rank (train.global_batch_size / (parallel.micro_batch_size"
-         " * parallel.dp) = ", m, ") divisible by parallel.pp = ", p.pp);
+  if (p.schedule->misfit(p.pp, p.vpp, int(m)) == pipeline::ScheduleMisfit::microbatches)
+    fail(src, ": parallel.schedule = ", toml_string(p.schedule.word()), " with parallel.vpp = ",
+         p.vpp, " needs the microbatches per rank (train.global_batch_size / "
+         "(parallel.micro_batch_size * parallel.dp) = ", m, ") divisible by parallel.pp = ", p.pp);
 }
 
-std::vector<int> pipeline_stage_layers(const Config& cfg) {
-  const Config::Parallel& p = cfg.parallel;
+std::vector<int> pipeline_stage_layers(const model::ModelConfig& m, const Layout& p) {
   const int stages = p.pp * p.vpp;
   std::vector<int> list;
   if (parse_layer_list(p.pipeline_layers, list)) return list;
-  if (p.pipeline_layers == "even" && cfg.model.n_layer % stages == 0) return {};
-  return model::balanced_stage_layers(cfg.model, stages, p.tp,
-                                      pipeline::placement_of(p.schedule));
+  if (p.pipeline_layers == "even" && m.n_layer % stages == 0) return {};
+  return model::balanced_stage_layers(m, stages, p.tp, p.schedule->placement);
 }
 
-model::MemoryLayout memory_layout(const Config& cfg, int pp_rank, int tp_rank) {
-  const Config::Parallel& p = cfg.parallel;
+std::vector<int> pipeline_stage_layers(const Config& cfg) {
+  return pipeline_stage_layers(cfg.model, cfg.parallel);
+}
+
+model::MemoryLayout memory_layout(const model::ModelConfig& m, const Layout& p, int pp_rank,
+                                  int tp_rank) {
   model::MemoryLayout lay;
   lay.tp = p.tp, lay.pp = p.pp, lay.dp = p.dp, lay.cp = p.cp, lay.vpp = p.vpp;
   lay.pp_rank = pp_rank, lay.tp_rank = tp_rank;
-  lay.stage_layers = pipeline_stage_layers(cfg);
-  lay.placement = pipeline::placement_of(p.schedule);
+  lay.stage_layers = pipeline_stage_layers(m, p);
+  lay.placement = p.schedule->placement;
   lay.micro_batch = p.micro_batch_size;
   lay.sequence_parallel = p.sequence_parallel;
   lay.recompute = p.recompute.get();
-  lay.zero1 = p.zero_stage == 1;
-  lay.tp_2d = model::tp_mode_of(p.tp_mode) == model::TpMode::two_d;
-  lay.cp_mode = model::cp_mode_of(p.cp_mode);
+  lay.zero1 = p.zero1();
+  lay.tp_2d = p.tp_mode == model::TpMode::two_d;
+  lay.cp_mode = p.cp_mode.get();
   return lay;
+}
+
+model::MemoryLayout memory_layout(const Config& cfg, int pp_rank, int tp_rank) {
+  return memory_layout(cfg.model, cfg.parallel, pp_rank, tp_rank);
 }
 
 int microbatches_per_rank(const Config& cfg) {

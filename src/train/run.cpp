@@ -210,7 +210,7 @@ void run_training(Trainer& tr) {
   overlap.print();
   // cp > 1: rank 0's ring figures over the run (time blocked waiting for the ring's messages;
   // Ulysses' all-to-alls are in the metrics' comm/cp columns).
-  if (ps.shape.cp > 1 && model::cp_mode_of(cfg.parallel.cp_mode) == model::CpMode::ring)
+  if (ps.shape.cp > 1 && cfg.parallel.cp_mode == model::CpMode::ring)
     log::info(model::RingAttention::process_stats().describe(ps.shape.cp));
 }
 

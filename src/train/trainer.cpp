@@ -28,7 +28,7 @@ std::vector<model::StageLayout> stage_layout(const Config& cfg,
                                              const parallel::ParallelState& ps) {
   return model::chunk_layouts(cfg.model, ps.shape.pp, cfg.parallel.vpp, ps.coord.pp,
                               pipeline_stage_layers(cfg),
-                              pipeline::placement_of(cfg.parallel.schedule));
+                              cfg.parallel.schedule->placement);
 }
 
 namespace {
@@ -90,9 +90,9 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   options.micro_batch = cfg.parallel.micro_batch_size;
   options.recompute = cfg.parallel.recompute.get();
   options.sequence_parallel = cfg.parallel.sequence_parallel;
-  options.tp_mode = model::tp_mode_of(cfg.parallel.tp_mode);
-  options.cp_mode = model::cp_mode_of(cfg.parallel.cp_mode);
-  update_ = pipeline::weight_update_of(cfg.parallel.schedule);
+  options.tp_mode = cfg.parallel.tp_mode.get();
+  options.cp_mode = cfg.parallel.cp_mode.get();
+  update_ = cfg.parallel.schedule->update;
   model::MemoryLayout lay = memory_layout(cfg, ps.coord.pp, ps.coord.tp);
   lay.host_memory = ops.memory() == nullptr;
   lay.open_files = files_held_open(cfg, ps.world_rank == 0);
@@ -108,7 +108,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {
     try {
-      const auto sched = pipeline::make_schedule(cfg.parallel.schedule, ps.shape.pp,
+      const auto sched = pipeline::make_schedule(cfg.parallel.schedule.kind(), ps.shape.pp,
                                                  cfg.parallel.vpp,
                                                  int(cfg.train.global_batch_size / per_step));
       pipeline::set_schedule_memory(lay, sched, ps.coord.pp);
@@ -187,7 +187,7 @@ pipeline::Executor& Trainer::executor_for(int microbatches) {
   if (it == executors_.end()) {
     if (executors_.empty())
       in_use_before_stash_ = ops_.memory() ? std::int64_t(ops_.memory()->used()) : resident_bytes();
-    auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
+    auto sched = pipeline::make_schedule(cfg_.parallel.schedule.kind(), ps_.shape.pp,
                                          cfg_.parallel.vpp, microbatches);
     it = executors_
              .emplace(microbatches, std::make_unique<pipeline::Executor>(*model_, ps_, std::move(sched)))
@@ -407,7 +407,7 @@ void Trainer::report_startup() {
   double most[2] = {double(mine[0]), double(mine[1])};  // below 2^53: exact as doubles
   ps_.world.allreduce_max(most, 2);
   const int m = microbatches_per_rank(cfg_);
-  const auto sched = pipeline::make_schedule(cfg_.parallel.schedule, ps_.shape.pp,
+  const auto sched = pipeline::make_schedule(cfg_.parallel.schedule.kind(), ps_.shape.pp,
                                              cfg_.parallel.vpp, m);
   const std::vector<int> split = pipeline_stage_layers(cfg_);
   const double bubble = pipeline::simulate(sched, expected_stage_costs(cfg_)).bubble_fraction;
@@ -418,7 +418,7 @@ void Trainer::report_startup() {
                 "trident: layout tp=%d x pp=%d x dp=%d%s, vpp=%d, schedule %s, %d microbatches "
                 "of %d per step, %lld tokens per step, expected bubble %.3f",
                 ps_.shape.tp, ps_.shape.pp, ps_.shape.dp, cp.c_str(), cfg_.parallel.vpp,
-                cfg_.parallel.schedule.c_str(), m, cfg_.parallel.micro_batch_size,
+                cfg_.parallel.schedule.word(), m, cfg_.parallel.micro_batch_size,
                 static_cast<long long>(cfg_.train.global_batch_size) * cfg_.model.seq_len,
                 bubble);
   log::info(line);

@@ -6,7 +6,7 @@
 // embedding and the head chunk keeps one wte), so the optimizer, checkpoints and gradient
 // dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
 // defines: trident::model::GptChunk, ChunkActivations, chunk_dims, Carver, carve_layer, carve_recomputed, carve_grad_stash,
-//          layer_floats, recomputed_floats, grad_stash_floats
+//          LinearDims, block_linears, layer_floats, recomputed_floats, grad_stash_floats
 //
 // The architecture (model.arch) is the block's (model/block.hpp: Gpt2Block, LlamaBlock),
 // picked once: the chunk runs every layer through it, in training, recomputation, inference
@@ -34,6 +34,7 @@
 // (reduce_sequence_parallel_grads). Without it Nr = B*T.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,6 +56,15 @@ namespace trident::model {
 // cp: context-parallel ranks; each holds seq_len / cp rows of every sequence (T below).
 ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel,
                      int cp = 1);
+
+// A block's linears on one TP rank, [rows, in] -> [rows, out], in forward order: q|k|v
+// (C -> C3), the attention's output projection (Ca -> C), the MLP's first product (C -> F1:
+// GPT-2's fc, Llama's gate|up) and its second (F -> C). What the memory model, the planner's
+// cost model and `trident calibrate` size their products by.
+struct LinearDims {
+  std::int64_t in = 0, out = 0;
+};
+std::array<LinearDims, 4> block_linears(const ChunkDims& d);
 
 // Views into one buffer from one layout run twice: once counting (no base: null views) to
 // size the buffer, then binding; so each size is written once.

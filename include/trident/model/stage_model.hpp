@@ -9,7 +9,7 @@
 //                  sequence parallelism, recompute, bf16 storage, split backward, vpp chunks
 //   TpMode::two_d  model::Gpt2dStage (model/gpt2d_stage.hpp): GPT-2 on the q x q SUMMA grid,
 //                  one chunk, fp32, host memory (the deck refuses the rest, docs/tp2d.md)
-// defines: trident::model::StageActivations, StageModel, TpMode, tp_mode_of, StageModelOptions,
+// defines: trident::model::StageActivations, StageModel, TpMode, StageModelOptions,
 //          make_stage_model
 #pragma once
 
@@ -125,9 +125,8 @@ class StageModel {
   ops::Ops& ops_;
 };
 
-// parallel.tp_mode, parsed once.
+// parallel.tp_mode, parsed once, by the deck (its words: train/layout.hpp).
 enum class TpMode { one_d, two_d };
-TpMode tp_mode_of(const std::string& name);  // "1d" | "2d"; an Error otherwise
 
 struct StageModelOptions {
   int micro_batch = 1;

@@ -8,7 +8,7 @@
 // heads. The backward redoes the all-to-alls of q, k, v, out and dout (nothing stashed beyond
 // what the block keeps), runs the flash backward and sends dq, dk, dv back. Needs
 // NH % cp == 0 and nkv % cp == 0 (the deck checks parallel.cp_mode).
-// defines: trident::model::CpMode, cp_mode_of, UlyssesAttention, ulysses_floats
+// defines: trident::model::CpMode, UlyssesAttention, ulysses_floats
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,8 @@
 
 namespace trident::model {
 
-// parallel.cp_mode: how attention runs over the CP group.
+// parallel.cp_mode: how attention runs over the CP group (its words: train/layout.hpp).
 enum class CpMode { ring, ulysses };
-CpMode cp_mode_of(const std::string& name);  // "ring" | "ulysses"; an Error otherwise
 
 // Floats of the buffers UlyssesAttention's constructor allocates for a local shape of
 // rows = B·t rows, nh query heads and nkv key/value heads of hs (send and receive buffers of

@@ -121,6 +121,8 @@ std::string join_or(const std::vector<std::string>& words, const char* quote = "
 // Builds `name` for pp ranks, vpp chunks per rank and m microbatches; an Error names the
 // schedule and the constraint that fails (ScheduleKind::misfit).
 Schedule make_schedule(const std::string& name, int pp, int vpp, int microbatches);
+// The same for a registry entry (a deck's parallel.schedule, found when the deck was read).
+Schedule make_schedule(const ScheduleKind& kind, int pp, int vpp, int microbatches);
 
 // The placement of schedule `name` (round robin for a name the registry lacks): what the
 // model's layer split and the tied-embedding group ask before any Schedule is built.

@@ -22,8 +22,8 @@
 //   optimizer AdamW, the grad norm and zeroing at kernel_bytes_per_s
 // Ranks are placed as the grid places them (tp fastest, then cp, then dp, then pp; DESIGN.md,
 // grid order), so a group spans nodes when its stride times its size exceeds ranks_per_node.
-// defines: trident::plan::Layout, StepPrediction, predict, BlockCost, block_cost,
-//          model_flops_per_step
+// defines: trident::plan::Layout (= train::Layout), StepPrediction, predict, BlockCost,
+//          block_cost, model_flops_per_step
 #pragma once
 
 #include <cstdint>
@@ -34,32 +34,16 @@
 #include "trident/model/memory.hpp"
 #include "trident/model/spec.hpp"
 #include "trident/plan/machine.hpp"
+#include "trident/train/layout.hpp"
 
 namespace trident::plan {
 
-struct Layout {
-  int tp = 1, pp = 1, dp = 1, vpp = 1;
-  // parallel.cp: context parallelism (ring attention); model.seq_len divisible by 2 * cp.
-  int cp = 1;
-  std::string schedule = "1f1b";
-  int micro_batch = 1;
-  model::Recompute recompute = model::Recompute::none;
-  bool sequence_parallel = false;
-  bool zero1 = false;
-  // parallel.pipeline_layers: "even" (n_layer / (pp * vpp) each; where that does not
-  // divide, the balanced split, as `trident train` resolves it) or "auto" (the balanced
-  // split, model::balanced_stage_layers); stage_layers_of resolves it.
-  std::string split = "even";
-  // "tp2 pp2 dp1 vpp1 1f1b mbs4 rc:none sp:0 zero:0 split:even" ("tp2 cp2 pp2 ..." where
-  // cp > 1)
-  std::string str() const;
-};
+// A layout the planner ranks: the deck's (train/layout.hpp), one type for both.
+using Layout = train::Layout;
 
 // The layers of each virtual stage under `layout` (pp * vpp counts, in virtual-stage order),
-// as `trident train` cuts them with parallel.pipeline_layers = layout.split.
+// as `trident train` cuts them (train::pipeline_stage_layers, the even split written out).
 std::vector<int> stage_layers_of(const model::ModelConfig& cfg, const Layout& layout);
-
-const char* recompute_name(model::Recompute r);
 
 struct StepPrediction {
   Layout layout;

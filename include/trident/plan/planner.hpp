@@ -29,16 +29,16 @@ struct PlanOptions {
 // the pipeline registry (pipeline::schedule_kinds), vpp = 1 for one-chunk ones, vpp = 2..8
 // for those accepting several chunks where pp * vpp divides n_layer; only "1f1b" when pp = 1. Asynchronous schedules
 // (PipeDream: they change the update rule) only when the deck names that schedule itself.
-std::vector<std::pair<int, std::string>> schedule_candidates(int pp, int n_layer,
-                                                             const std::string& deck_schedule);
+std::vector<std::pair<int, std::string>> schedule_candidates(
+    int pp, int n_layer, const train::ScheduleChoice& deck_schedule);
 
-// The layer splits planned for pp x vpp virtual stages (Layout::split): "even" where
+// The layer splits planned for pp x vpp virtual stages (Layout::pipeline_layers): "even" where
 // n_layer divides, plus "auto" (model::balanced_stage_layers: the embedding's and the head's
 // cost moved off) where that split differs from the even one; only "auto" where n_layer
 // does not divide (the deck's "even" is the balanced split there too). The schedule's
 // placement decides what balanced means (zb-v's V balances ranks).
 std::vector<std::string> split_candidates(const model::ModelConfig& cfg, int pp, int vpp,
-                                          int tp, const std::string& schedule = "1f1b");
+                                          int tp, const train::ScheduleChoice& schedule = "1f1b");
 
 // The context-parallel sizes planned on `ranks` ranks (what tp leaves): 1, and each power of
 // two dividing ranks with seq_len divisible by 2 * cp (the load-balanced causal split).
@@ -55,8 +55,9 @@ std::vector<Layout> enumerate_layouts(const train::Config& deck, const PlanOptio
 std::vector<StepPrediction> make_plan(const train::Config& deck, const Machine& machine,
                                       const PlanOptions& opt);
 
-// The deck with `layout` in its [parallel] section (dp explicit; parallel.cp_mode "ring": the
-// planner models ring attention only).
+// The deck with `layout` as its [parallel] layout keys (dp explicit; the planner's layouts
+// keep the defaults parallel.tp_mode "1d" and parallel.cp_mode "ring": it models 1D TP and
+// ring attention only).
 train::Config with_layout(const train::Config& deck, const Layout& layout);
 // The deck keys of `layout` ([parallel], dp explicit), each with its value as TOML: the one
 // mapping from a layout to text, which the two below write (and with_layout's typed one

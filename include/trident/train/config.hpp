@@ -2,7 +2,8 @@
 // key with its default, loading with `--set section.key=value` overrides, validation, and the
 // resolved deck as TOML text (stored in every checkpoint).
 // defines: trident::train::Config, load_config, parse_config, to_toml, resolve_world,
-//          microbatches_per_rank, kSchedules, Choice, NonFinite, RuntimeDevice
+//          microbatches_per_rank, pipeline_stage_layers, memory_layout, kSchedules,
+//          NonFinite, RuntimeDevice (the layout and Choice: train/layout.hpp)
 //
 // The deck is validated from its text alone (no files opened, no communication), so every
 // rank reaches the same verdict. Every error is a trident::Error with one line that names
@@ -24,6 +25,7 @@
 #include "trident/model/spec.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/pipeline/schedule.hpp"
+#include "trident/train/layout.hpp"
 
 namespace trident::train {
 
@@ -35,116 +37,25 @@ enum class NonFinite { abort, skip };
 // runtime.device
 enum class RuntimeDevice { cpu, cuda, cpu_guarded };
 
-// The words of each choice a deck key makes, in FORMAT.md's order (one overload per enum).
-using RecomputeWords = std::vector<std::pair<model::Recompute, const char*>>;
-inline const RecomputeWords& choice_words(model::Recompute) {
-  static const RecomputeWords w = {{model::Recompute::none, "none"},
-                                   {model::Recompute::selective, "selective"},
-                                   {model::Recompute::full, "full"}};
+// The words of the deck's own choices (the other modules' enums: train/layout.hpp).
+inline const ChoiceWords<NonFinite>& choice_words(NonFinite) {
+  static const ChoiceWords<NonFinite> w = {{NonFinite::abort, "abort"}, {NonFinite::skip, "skip"}};
   return w;
 }
-inline const std::vector<std::pair<NonFinite, const char*>>& choice_words(NonFinite) {
-  static const std::vector<std::pair<NonFinite, const char*>> w = {{NonFinite::abort, "abort"},
-                                                                   {NonFinite::skip, "skip"}};
+inline const ChoiceWords<RuntimeDevice>& choice_words(RuntimeDevice) {
+  static const ChoiceWords<RuntimeDevice> w = {{RuntimeDevice::cpu, "cpu"},
+                                               {RuntimeDevice::cuda, "cuda"},
+                                               {RuntimeDevice::cpu_guarded, "cpu-guarded"}};
   return w;
 }
-inline const std::vector<std::pair<RuntimeDevice, const char*>>& choice_words(RuntimeDevice) {
-  static const std::vector<std::pair<RuntimeDevice, const char*>> w = {
-      {RuntimeDevice::cpu, "cpu"}, {RuntimeDevice::cuda, "cuda"},
-      {RuntimeDevice::cpu_guarded, "cpu-guarded"}};
-  return w;
-}
-inline const std::vector<std::pair<ops::Precision, const char*>>& choice_words(ops::Precision) {
-  static const std::vector<std::pair<ops::Precision, const char*>> w = {
-      {ops::Precision::fp32, "fp32"}, {ops::Precision::tf32, "tf32"},
-      {ops::Precision::bf16, "bf16"}};
-  return w;
-}
-
-// What the deck loader sees of any Choice<E>: its words.
-class ChoiceKey {
- public:
-  virtual ~ChoiceKey() = default;
-  virtual std::vector<std::string> choices() const = 0;
-  virtual std::string current() const = 0;
-  virtual void choose(const std::string& word) = 0;  // one of choices()
-};
-
-// A deck key that names one of a few choices: its word is parsed once, when the deck is
-// read (the loader refuses any other word, naming the key), and code uses the enum E
-// (get(), or == E::x); the word comes back for files and messages (word(), <<).
-template <class E>
-class Choice : public ChoiceKey {
- public:
-  Choice(E value) : value_(value) {}  // NOLINT: a default is written as its enum
-  Choice(const std::string& word) : value_(parse(word)) {}  // NOLINT
-  Choice(const char* word) : value_(parse(word)) {}         // NOLINT
-
-  E get() const { return value_; }
-  const char* word() const {
-    for (const auto& [e, w] : choice_words(E{}))
-      if (e == value_) return w;
-    return "?";
-  }
-  static std::vector<std::string> words() {
-    std::vector<std::string> out;
-    for (const auto& [e, w] : choice_words(E{})) out.push_back(w);
-    return out;
-  }
-  static std::optional<E> find(const std::string& word) {
-    for (const auto& [e, w] : choice_words(E{}))
-      if (word == w) return e;
-    return std::nullopt;
-  }
-
-  std::vector<std::string> choices() const override { return words(); }
-  std::string current() const override { return word(); }
-  void choose(const std::string& word) override { value_ = parse(word); }
-
-  bool operator==(const Choice& o) const { return value_ == o.value_; }
-  bool operator!=(const Choice& o) const { return value_ != o.value_; }
-  bool operator==(E e) const { return value_ == e; }
-  bool operator!=(E e) const { return value_ != e; }
-  // Against a word: for tests and tools that read decks as text, not for code paths.
-  friend bool operator==(const Choice& c, const char* word) { return std::string(c.word()) == word; }
-  friend std::ostream& operator<<(std::ostream& os, const Choice& c) { return os << c.word(); }
-
- private:
-  static E parse(const std::string& word) {
-    const std::optional<E> e = find(word);
-    if (!e) fail("'", word, "' is not one of the expected words");
-    return *e;
-  }
-  E value_;
-};
 
 struct Config {
   model::ModelConfig model;  // [model]; vocab_size 0: take it from the token dataset
 
-  struct Parallel {
-    int tp = 1;
-    int pp = 1;
-    int dp = 0;   // 0: world size / (tp * cp * pp), filled in by resolve_world
-    // Context parallelism: each sequence split over cp ranks (the grid's CP axis, between TP
-    // and DP; model.seq_len divisible by 2 * cp). Not wired into the model yet (issue 30):
-    // the commands that run one refuse cp > 1 (app/session.cpp).
-    int cp = 1;
-    // How attention runs over the CP group: "ring" (ring attention) | "ulysses" (all-to-all
-    // over heads; n_head / tp and the rank's kv heads divisible by cp).
-    std::string cp_mode = "ring";
-    int vpp = 1;  // model chunks per pipeline rank (interleaved-1f1b, looped-bfs)
-    // Layers per virtual stage: "even" (n_layer / (pp * vpp); "auto" where that does not
-    // divide), "auto" (balanced by predicted cost, model::balanced_stage_layers) or a TOML
-    // list of pp * vpp counts in virtual-stage order, kept as its text ("[1, 2, 2]").
-    std::string pipeline_layers = "even";
-    std::string schedule = "1f1b";  // one of kSchedules
-    int micro_batch_size = 4;
-    bool sequence_parallel = false;
-    std::string tp_mode = "1d";  // "1d" (Megatron) | "2d" (SUMMA, tp = q*q; docs/tp2d.md)
-    int zero_stage = 0;             // 0 | 1
-    double grad_bucket_mb = 25.0;   // DP gradient buckets (MiB), overlapped with the backward
-    Choice<model::Recompute> recompute = model::Recompute::none;
-    // "deck": the keys above as written; "auto": trident plan's fastest fitting layout for
+  // [parallel]: the layout (train/layout.hpp) and the keys that are not part of it.
+  struct Parallel : Layout {
+    double grad_bucket_mb = 25.0;  // DP gradient buckets (MiB), overlapped with the backward
+    // "deck": the layout's keys as written; "auto": trident plan's fastest fitting layout for
     // the ranks the job was given, chosen at start-up (elastic restarts, FORMAT.md).
     std::string layout = "deck";
     std::string machine;  // layout = "auto": machine file; "": calibrated, cached in out_dir
@@ -232,13 +143,17 @@ void resolve_world(Config& cfg, int world_size);
 // order (pp * vpp entries), or empty for today's even split ("even" where n_layer divides).
 // "auto" needs the model's vocab_size (the dataset's when the deck gives 0).
 std::vector<int> pipeline_stage_layers(const Config& cfg);
+std::vector<int> pipeline_stage_layers(const model::ModelConfig& model, const Layout& layout);
 
 // The deck's layout as the memory model takes it, for pipeline rank pp_rank (and TP rank
 // tp_rank): the grid, vpp, the split and the schedule's placement, the micro-batch, SP,
-// recomputation, ZeRO-1 and the TP mode. `trident train` and `trident plan` (with_layout)
-// both start from it; they add what the deck does not say (the schedule's memory,
-// pipeline::set_schedule_memory; host memory; open files; precision). Needs a resolved dp.
+// recomputation, ZeRO-1 and the TP and CP modes. `trident train` (the deck's) and `trident
+// plan` (each layout's) both start from it; they add what the deck does not say (the
+// schedule's memory, pipeline::set_schedule_memory; host memory; open files; precision).
+// Needs a resolved dp.
 model::MemoryLayout memory_layout(const Config& cfg, int pp_rank, int tp_rank = 0);
+model::MemoryLayout memory_layout(const model::ModelConfig& model, const Layout& layout,
+                                  int pp_rank, int tp_rank = 0);
 
 // Microbatches each DP rank runs per optimizer step: global_batch_size / (mbs * dp).
 // Needs a resolved dp (resolve_world).

@@ -43,9 +43,6 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(StageModel, NamesAreParsedOnceAndUnknownOnesRefused) {
-  EXPECT_EQ(tp_mode_of("1d"), TpMode::one_d);
-  EXPECT_EQ(tp_mode_of("2d"), TpMode::two_d);
-  EXPECT_NE(error_of([] { tp_mode_of("3d"); }).find("parallel.tp_mode"), std::string::npos);
   EXPECT_EQ(tiny("gpt2").architecture(), Arch::gpt2);
   EXPECT_EQ(tiny("llama").architecture(), Arch::llama);
   EXPECT_NE(error_of([] { tiny("mamba").architecture(); }).find("model.arch"), std::string::npos);

@@ -147,7 +147,7 @@ TEST(Megatron, Table1FromTheA100MachineFile) {
     cfg.n_head = r.heads, cfg.d_model = r.hidden;
     Layout l;
     l.tp = r.tp, l.pp = r.pp, l.dp = r.gpus / (r.tp * r.pp);
-    l.micro_batch = 1, l.recompute = model::Recompute::full;
+    l.micro_batch_size = 1, l.recompute = model::Recompute::full;
     const StepPrediction p = predict(cfg, r.batch, l, a100, false);
     const double B = r.batch, s = 2048, L = r.layers, h = r.hidden, V = 51200;
     const double flops = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h));
@@ -216,7 +216,7 @@ TEST(Plan, EveryRegisteredScheduleIsACandidate) {
   PlanOptions opt;
   opt.ranks_per_node = 2;
   std::set<std::string> scheds;
-  for (const Layout& l : enumerate_layouts(deck, opt)) scheds.insert(l.schedule);
+  for (const Layout& l : enumerate_layouts(deck, opt)) scheds.insert(l.schedule.word());
   EXPECT_EQ(scheds.count("pipedream-2bw"), 1u);
   EXPECT_EQ(scheds.count("pipedream"), 0u);
   EXPECT_EQ(scheds.count("zb-h1"), 1u);
@@ -253,7 +253,7 @@ TEST(Plan, UnevenPipelineSplitsArePlanned) {
   }
   EXPECT_TRUE(pp2);
   Layout l;
-  l.pp = 2, l.dp = 1, l.micro_batch = 2, l.schedule = "1f1b";
+  l.pp = 2, l.dp = 1, l.micro_batch_size = 2, l.schedule = "1f1b";
   const StepPrediction p = predict(deck.model, 8, l, m, true);
   // Its slowest chunk (2 layers + the embedding) is slower than 1 layer + the head (n_layer
   // 2 at pp 2) and faster than 2 layers + the head (n_layer 4).
@@ -282,9 +282,9 @@ TEST(Plan, UnequalStagesAreSimulatedAndTheAutoSplitIsProposed) {
   EXPECT_EQ(split_candidates(cfg, 1, 1, 1), std::vector<std::string>{"even"});
   EXPECT_EQ(split_candidates(cfg, 3, 1, 1), std::vector<std::string>{"auto"});  // 16 % 3
   Layout l;
-  l.pp = 4, l.dp = 1, l.micro_batch = 1, l.schedule = "1f1b";
+  l.pp = 4, l.dp = 1, l.micro_batch_size = 1, l.schedule = "1f1b";
   const StepPrediction even = predict(cfg, 8, l, m, true);
-  l.split = "auto";
+  l.pipeline_layers = "auto";
   const StepPrediction bal = predict(cfg, 8, l, m, true);
   EXPECT_EQ(even.stage_layers, (std::vector<int>{4, 4, 4, 4}));
   EXPECT_EQ(bal.stage_layers, model::balanced_stage_layers(cfg, 4, 1));
@@ -305,9 +305,9 @@ TEST(Plan, UnequalStagesAreSimulatedAndTheAutoSplitIsProposed) {
   opt.ranks_per_node = 4;
   std::set<std::string> splits;
   for (const Layout& k : enumerate_layouts(deck, opt))
-    if (k.pp == 4 && k.vpp == 1 && k.schedule == "1f1b" && k.micro_batch == 1 &&
+    if (k.pp == 4 && k.vpp == 1 && k.schedule == "1f1b" && k.micro_batch_size == 1 &&
         k.recompute == model::Recompute::none)
-      splits.insert(k.split);
+      splits.insert(k.pipeline_layers);
   EXPECT_EQ(splits, (std::set<std::string>{"even", "auto"}));
   EXPECT_EQ(with_layout(deck, l).parallel.pipeline_layers, "auto");
   EXPECT_NE(layout_deck_lines(l).find("pipeline_layers = \"auto\"\n"), std::string::npos);
@@ -327,13 +327,13 @@ TEST(Plan, LayoutTextParsesBackToWithLayout) {
       "[train]\nglobal_batch_size = 16\n";
   const train::Config deck = train::parse_config(deck_text, "deck.toml");
   Layout a;
-  a.tp = 2, a.pp = 2, a.dp = 1, a.vpp = 2, a.schedule = "interleaved-1f1b", a.micro_batch = 2;
-  a.recompute = model::Recompute::selective, a.sequence_parallel = true, a.split = "auto";
+  a.tp = 2, a.pp = 2, a.dp = 1, a.vpp = 2, a.schedule = "interleaved-1f1b", a.micro_batch_size = 2;
+  a.recompute = model::Recompute::selective, a.sequence_parallel = true, a.pipeline_layers = "auto";
   Layout b;
-  b.tp = 1, b.pp = 4, b.dp = 2, b.schedule = "zb-h1", b.zero1 = true;
+  b.tp = 1, b.pp = 4, b.dp = 2, b.schedule = "zb-h1", b.zero_stage = 1, b.micro_batch_size = 1;
   Layout c;  // context parallelism: seq_len 16 splits in 2 * cp = 4 chunks
-  c.tp = 2, c.cp = 2, c.pp = 2, c.dp = 2, c.micro_batch = 2, c.sequence_parallel = true;
-  c.zero1 = true, c.recompute = model::Recompute::full;
+  c.tp = 2, c.cp = 2, c.pp = 2, c.dp = 2, c.micro_batch_size = 2, c.sequence_parallel = true;
+  c.zero_stage = 1, c.recompute = model::Recompute::full;
   EXPECT_EQ(with_layout(deck, c).parallel.cp, 2);
   EXPECT_NE(layout_deck_lines(c).find("\ncp = 2\n"), std::string::npos);
   const std::vector<std::string> sets = layout_set_lines(c);
@@ -347,7 +347,15 @@ TEST(Plan, LayoutTextParsesBackToWithLayout) {
     // The printed lines replace the deck's [parallel] table (it has none here).
     EXPECT_EQ(train::to_toml(train::parse_config(deck_text + layout_deck_lines(l), "deck.toml")),
               want) << l.str();
+    // The deck is the layout: it reads back as the same value.
+    EXPECT_EQ(static_cast<const Layout&>(train::parse_config(want, "deck.toml").parallel), l)
+        << l.str();
   }
+  // [parallel]'s keys outside the layout stay the deck's.
+  train::Config tuned = deck;
+  tuned.parallel.grad_bucket_mb = 7.5;
+  EXPECT_EQ(with_layout(tuned, b).parallel.grad_bucket_mb, 7.5);
+  EXPECT_EQ(with_layout(tuned, b).parallel.layout, "deck");
 }
 
 // Context parallelism is planned where the sequence splits in 2 * cp chunks and the ranks
@@ -367,7 +375,7 @@ TEST(Plan, ContextParallelSizesAreCandidates) {
   bool zero_over_cp = false;
   for (const Layout& l : enumerate_layouts(deck, opt)) {
     tp_cp.insert({l.tp, l.cp});
-    zero_over_cp = zero_over_cp || (l.zero1 && l.dp == 1 && l.cp > 1);  // shards over DP x CP
+    zero_over_cp = zero_over_cp || (l.zero1() && l.dp == 1 && l.cp > 1);  // shards over DP x CP
   }
   EXPECT_EQ(tp_cp, (std::set<std::pair<int, int>>{{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}}));
   EXPECT_TRUE(zero_over_cp);
@@ -388,7 +396,7 @@ TEST(Plan, ContextParallelComputesASliceAndRingsTheRest) {
   cfg.seq_len = 256;
   Machine m = parse_machine(kMachine, "m.toml");
   Layout one;
-  one.micro_batch = 2;  // global batch 4: 2 microbatches
+  one.dp = 1, one.micro_batch_size = 2;  // global batch 4: 2 microbatches
   const StepPrediction p1 = predict(cfg, 4, one, m, true);
   Layout two = one;
   two.cp = 2;
@@ -473,7 +481,7 @@ TEST(Plan, AsynchronousSchedulesAreOneFOneBWithTheirUpdates) {
   const model::ModelConfig cfg = tiny();
   Machine m = parse_machine(kMachine, "m.toml");
   Layout l;
-  l.pp = 2, l.dp = 2, l.micro_batch = 1;
+  l.pp = 2, l.dp = 2, l.micro_batch_size = 1;
   const StepPrediction flush = predict(cfg, 16, l, m, true);  // m = 8
   l.schedule = "pipedream-2bw";
   const StepPrediction two = predict(cfg, 16, l, m, true);
@@ -495,7 +503,7 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   const model::ModelConfig cfg = tiny();
   Machine m = parse_machine(kMachine, "m.toml");
   Layout l;
-  l.pp = 2, l.dp = 1, l.micro_batch = 2, l.schedule = "gpipe";
+  l.pp = 2, l.dp = 1, l.micro_batch_size = 2, l.schedule = "gpipe";
   const StepPrediction p = predict(cfg, 8, l, m, true);
   model::MemoryLayout ml;
   ml.pp = 2, ml.pp_rank = 0, ml.micro_batch = 2;
@@ -522,7 +530,7 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   m.nonblocking_temp_ratio = 1;
   EXPECT_EQ(predict(cfg, 8, l, m, true).rank0_peak_bytes, p.rank0_peak_bytes);  // dp 1
   Layout dp2;
-  dp2.dp = 2, dp2.micro_batch = 2;
+  dp2.dp = 2, dp2.micro_batch_size = 2;
   const StepPrediction with_temp = predict(cfg, 8, dp2, m, true);
   EXPECT_EQ(with_temp.memory.collectives, with_temp.memory.gradients);
   EXPECT_EQ(with_temp.memory.libraries, 0);
@@ -533,7 +541,7 @@ TEST(Plan, MemoryIsTheStartupReportsPrediction) {
   // shard's (gradients counts the shard's copy on top).
   m.nonblocking_temp_ratio = 1;
   Layout z1 = dp2;
-  z1.zero1 = true;
+  z1.zero_stage = 1;
   const StepPrediction zero1 = predict(cfg, 8, z1, m, true);
   EXPECT_EQ(zero1.memory.collectives, zero1.memory.weights);
   // The start-up report's figure (predict_memory with the default ratio) is plan's, less the
@@ -569,7 +577,7 @@ TEST(Plan, Bf16DeviceDeckIsTheStartupReports) {
   opt.precision = deck.runtime.precision.get();
   ASSERT_FALSE(opt.host_memory);
   Layout l;
-  l.pp = 2, l.dp = 1, l.micro_batch = 2, l.schedule = "gpipe";
+  l.pp = 2, l.dp = 1, l.micro_batch_size = 2, l.schedule = "gpipe";
   const std::vector<StepPrediction> plan = make_plan(deck, m, opt);
   const auto it = std::find_if(plan.begin(), plan.end(),
                                [&](const StepPrediction& p) { return p.layout.str() == l.str(); });
@@ -610,7 +618,7 @@ TEST(Plan, PipelineBubbleShrinksWithMicrobatches) {
   const model::ModelConfig cfg = tiny();
   Machine m = parse_machine(kMachine, "m.toml");
   Layout l;
-  l.pp = 4, l.dp = 1, l.micro_batch = 1;
+  l.pp = 4, l.dp = 1, l.micro_batch_size = 1;
   const StepPrediction few = predict(cfg, 4, l, m, true), many = predict(cfg, 32, l, m, true);
   EXPECT_GT(few.bubble_fraction, many.bubble_fraction);
   // 1F1B with equal f and b: (p-1)/(m+p-1) = 3/7 at m = 4 (TP-free, p2p adds a little).
@@ -621,7 +629,7 @@ TEST(Plan, SharedCoresShrinkTheBubbleNotTheWork) {
   const model::ModelConfig cfg = tiny();
   Machine m = parse_machine(kMachine, "m.toml");
   Layout l;
-  l.pp = 2, l.dp = 1, l.micro_batch = 1, l.schedule = "naive";
+  l.pp = 2, l.dp = 1, l.micro_batch_size = 1, l.schedule = "naive";
   const StepPrediction dedicated = predict(cfg, 4, l, m, true);
   EXPECT_GT(dedicated.bubble_s, 0.3 * dedicated.step_s);  // naive: one stage at a time
   m.solo_speedup = 2;  // a waiting rank gives its core to the other

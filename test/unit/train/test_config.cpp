@@ -668,6 +668,32 @@ TEST(ConfigErrors, SetSyntax) {
                {"parallel.sequence_parallel: expected a boolean"});
 }
 
+// The layout's choices are parsed once, to their enums and the schedule's registry entry,
+// and everything the trainer and the memory model read is derived from that one value.
+TEST(Config, LayoutIsParsedOnceIntoItsEnums) {
+  const Config c = parse_config("", "d.toml", {"parallel.cp=2", "parallel.cp_mode=ulysses",
+                                               "parallel.pp=2", "parallel.schedule=zb-h1",
+                                               "parallel.recompute=selective"});
+  EXPECT_EQ(c.parallel.cp_mode, model::CpMode::ulysses);
+  EXPECT_EQ(c.parallel.tp_mode, model::TpMode::one_d);
+  EXPECT_EQ(&c.parallel.schedule.kind(), pipeline::find_schedule("zb-h1"));
+  EXPECT_STREQ(c.parallel.schedule.word(), "zb-h1");
+  const parallel::GridShape g = c.parallel.grid();
+  EXPECT_EQ(g.tp, 1);
+  EXPECT_EQ(g.cp, 2);
+  EXPECT_EQ(g.dp, 0);  // resolved by resolve_world
+  EXPECT_EQ(g.pp, 2);
+  const model::MemoryLayout ml = memory_layout(c, 1);
+  EXPECT_EQ(ml.cp_mode, model::CpMode::ulysses);
+  EXPECT_EQ(ml.recompute, model::Recompute::selective);
+  EXPECT_EQ(ml.placement, pipeline::find_schedule("zb-h1")->placement);
+  EXPECT_EQ(ml.pp_rank, 1);
+  EXPECT_EQ(c.parallel.str(), "tp1 cp2 pp2 dp0 vpp1 zb-h1 mbs4 rc:selective sp:0 zero:0 split:even");
+  // A word outside the registry is no schedule (the deck's loader names the key; here the
+  // value type itself refuses).
+  EXPECT_THROW(ScheduleChoice("2f2b"), Error);
+}
+
 TEST(ResolveWorld, FillsDpAndChecksTheLayout) {
   Config c = parse_config("[parallel]\ntp = 2\npp = 2\n", "deck.toml");
   resolve_world(c, 8);
