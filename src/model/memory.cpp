@@ -114,8 +114,11 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   e.gradients = (params + (sharded ? shard : 0)) * kFloat;
   e.optimizer = 2 * shard * kFloat;
   if (lay.host_memory) e.files = lay.open_files * kHdf5FileBytes;  // host memory, not the device's
-  if (lay.host_memory && sharers > 1)
-    e.collectives = std::int64_t(lay.nonblocking_temp_ratio * double(params * kFloat));
+  if (lay.host_memory && sharers > 1) {
+    const double ratio = sharded && sharers > 2 ? lay.reduce_scatter_temp_ratio
+                                                : lay.nonblocking_temp_ratio;
+    e.collectives = std::int64_t(ratio * double(params * kFloat));
+  }
   if (lay.tp_2d) {  // the activations and scratch of the 2D model's own carving
     predict_2d(cfg, lay, chunks.at(0), e);
     e.staging = 0;  // Gpt2d::init_weights draws in place

@@ -427,6 +427,25 @@ Machine calibrate(const CalibrateOptions& opt, ops::Ops& ops) {
     }
     world.allreduce_max(&ratio, 1);
     m.nonblocking_temp_ratio = std::round(ratio * 100) / 100;
+    // ZeRO-1's reduce-scatter: libnbc holds one copy over 2 ranks and two over more, so it is
+    // measured only where there are 3 or more (else the default stands).
+    if (world_size > 2) {
+      const std::int64_t part = n / world_size;
+      std::vector<int> counts(static_cast<std::size_t>(world_size), static_cast<int>(part));
+      std::vector<float> mine(static_cast<std::size_t>(part));
+      world.barrier();
+      malloc_trim(0);
+      double rs_ratio = 0;
+      if (reset_peak_resident()) {
+        const std::int64_t before = peak_resident_bytes();
+        world.ireduce_scatter_sum(buf.data(), mine.data(), counts.data(), part * world_size)
+            .wait([] { return std::string("calibrate: a non-blocking reduce-scatter"); });
+        rs_ratio = double(std::max<std::int64_t>(0, peak_resident_bytes() - before)) /
+                   (4.0 * double(part * world_size));
+      }
+      world.allreduce_max(&rs_ratio, 1);
+      m.reduce_scatter_temp_ratio = std::round(rs_ratio * 100) / 100;
+    }
   }
 
   // Memory per rank: the device's arena, or this node's memory shared by its ranks.

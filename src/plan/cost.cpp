@@ -256,6 +256,7 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.open_files = r == 0 ? open_files.rank0 : open_files.others;  // rank 0 writes metrics
     ml.set_precision(precision);
     ml.nonblocking_temp_ratio = mc.nonblocking_temp_ratio;
+    ml.reduce_scatter_temp_ratio = mc.reduce_scatter_temp_ratio;
     model::MemoryEstimate e = model::predict_memory(cfg, ml);
     e.libraries = mc.library_bytes();
     // weights also counts an asynchronous schedule's extra versions; gradients holds the

@@ -99,7 +99,7 @@ Machine parse_machine(const std::string& text, const std::string& source) {
   const toml::table& mt = section(root, "machine", source);
   only_keys(mt, "machine",
             {"name", "ranks_per_node", "memory_gib", "peak_flops", "library_mib",
-             "nonblocking_temp_ratio"},
+             "nonblocking_temp_ratio", "reduce_scatter_temp_ratio"},
             source);
   m.name = mt["name"].value_or(std::string(source));
   const toml::node* rpn = mt.get("ranks_per_node");
@@ -117,6 +117,9 @@ Machine parse_machine(const std::string& text, const std::string& source) {
   }
   if (mt.contains("nonblocking_temp_ratio"))
     m.nonblocking_temp_ratio = number(mt, "machine", "nonblocking_temp_ratio", source, true);
+  if (mt.contains("reduce_scatter_temp_ratio"))
+    m.reduce_scatter_temp_ratio =
+        number(mt, "machine", "reduce_scatter_temp_ratio", source, true);
 
   const toml::table& ct = section(root, "compute", source);
   only_keys(ct, "compute",
@@ -166,6 +169,7 @@ std::string machine_toml(const Machine& m, const std::string& header) {
     << "\nmemory_gib = " << m.memory_gib << "\npeak_flops = " << m.peak_flops
     << "\nlibrary_mib = " << m.library_mib
     << "\nnonblocking_temp_ratio = " << m.nonblocking_temp_ratio
+    << "\nreduce_scatter_temp_ratio = " << m.reduce_scatter_temp_ratio
     << "\n\n[compute]\ngemm_flops = " << m.gemm_flops << "\nattention_flops = "
     << m.attention_flops << "\nkernel_bytes_per_s = " << m.kernel_bytes_per_s
     << "\nsolo_speedup = " << m.solo_speedup << "\n";

@@ -37,6 +37,10 @@ namespace trident::model {
 // completes): the default of MemoryLayout and of machine.nonblocking_temp_ratio, so that
 // `trident train`'s report, which has no machine file, and `trident plan` agree.
 constexpr double kNonblockingTempRatio = 1.0;
+// The same for MPI_Ireduce_scatter (ZeRO-1's buckets) over 3 or more ranks, where libnbc holds
+// two copies (measured 2.0 at 3, 4 and 8 ranks; over 2 ranks one, as kNonblockingTempRatio):
+// the default of MemoryLayout and of machine.reduce_scatter_temp_ratio.
+constexpr double kReduceScatterTempRatio = 2.0;
 
 struct MemoryLayout {
   int tp = 1, pp = 1, dp = 1, vpp = 1;
@@ -86,6 +90,9 @@ struct MemoryLayout {
   // flight at the end of a step: on a CPU rank with dp * cp > 1, MPI holds this many bytes per
   // gradient byte more (`trident plan`: machine.nonblocking_temp_ratio, calibrate measures it).
   double nonblocking_temp_ratio = kNonblockingTempRatio;
+  // Under ZeRO-1 over dp * cp >= 3 ranks the buckets are reduce-scatters, which hold this
+  // many (machine.reduce_scatter_temp_ratio).
+  double reduce_scatter_temp_ratio = kReduceScatterTempRatio;
   // Sets the two above from runtime.precision as GptChunk (stores_bf16) and the device
   // backend apply it; call after recompute and host_memory are set. `trident train`'s report
   // and `trident plan` both set them here, so that they agree.

@@ -60,6 +60,10 @@ struct Machine {
   // dp > 1 holds this times its gradient bytes more. Optional, default model::kNonblockingTempRatio
   // (what `trident train`'s start-up report counts).
   double nonblocking_temp_ratio = model::kNonblockingTempRatio;
+  // The same for the reduce-scatters of ZeRO-1 over 3 or more ranks (libnbc: two temporaries,
+  // 2.0; calibrate measures it where it runs on 3 or more ranks). Optional, default
+  // model::kReduceScatterTempRatio.
+  double reduce_scatter_temp_ratio = model::kReduceScatterTempRatio;
   double gemm_flops = 0;
   double attention_flops = 0;
   double kernel_bytes_per_s = 0;

@@ -179,8 +179,13 @@ TEST(Memory, ContextParallelSplitsTheActivationsAndAddsTheRing) {
   const MemoryEstimate zc = predict_memory(cfg, z);
   EXPECT_EQ(zc.optimizer, 2 * shard * 4);
   EXPECT_EQ(zc.gradients, (params + shard) * 4);
-  EXPECT_EQ(zc.collectives, params * 4);  // ratio 1: the whole gradient in flight
-  z.dp = 1;
+  // ZeRO-1 over 4 ranks: reduce-scatters, two temporaries each (libnbc over 3 or more ranks)
+  EXPECT_EQ(zc.collectives, 2 * params * 4);
+  z.reduce_scatter_temp_ratio = 1.5;
+  EXPECT_EQ(predict_memory(cfg, z).collectives, std::int64_t(1.5 * double(params * 4)));
+  z.zero1 = false;  // allreduces: one each
+  EXPECT_EQ(predict_memory(cfg, z).collectives, params * 4);
+  z.zero1 = true, z.dp = 1;  // reduce-scatters over 2 ranks: one each, as an allreduce
   EXPECT_EQ(predict_memory(cfg, z).optimizer, 2 * ((params + 1) / 2) * 4);
   EXPECT_EQ(predict_memory(cfg, z).collectives, params * 4);
 }
