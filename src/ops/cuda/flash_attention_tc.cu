@@ -76,6 +76,27 @@ __device__ __forceinline__ void stage_bf16(bf16* dst, int ldd, const float* src,
   }
 }
 
+// acc[n] += A B[:, 16n, 16n + 16) for the 16-column slices n below hs: A the warp's 16 rows
+// of BC columns (row-major, ld lda), B BC rows of D columns (row-major, ld ldb). O += P V in
+// the forward, dQ += dS K in the backward.
+template <int D, int BC>
+__device__ __forceinline__ void accumulate_product(FragAcc* acc, const bf16* a, int lda,
+                                                   const bf16* b, int ldb, int hs) {
+  FragA af[BC / 16];
+#pragma unroll
+  for (int c = 0; c < BC / 16; c++) wmma::load_matrix_sync(af[c], a + c * 16, lda);
+#pragma unroll
+  for (int n = 0; n < D / 16; n++) {
+    if (n * 16 >= hs) break;
+#pragma unroll
+    for (int c = 0; c < BC / 16; c++) {
+      FragBRow bf;
+      wmma::load_matrix_sync(bf, b + c * 16 * ldb + n * 16, ldb);
+      wmma::mma_sync(acc[n], af[c], bf, acc[n]);
+    }
+  }
+}
+
 // The lane's row of its warp's 16, and which half of a row's columns it handles.
 __device__ __forceinline__ int lane_row() { return (threadIdx.x % 32) >> 1; }
 __device__ __forceinline__ int lane_half() { return threadIdx.x & 1; }
@@ -215,20 +236,7 @@ __global__ void __launch_bounds__(kRowThreads)
         scale_rows(of[n], sw, L::kLdS, corr);
       }
     }
-    // O += P V
-    FragA pf[BC / 16];
-#pragma unroll
-    for (int c = 0; c < BC / 16; c++) wmma::load_matrix_sync(pf[c], pw + c * 16, L::kLdP);
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) {
-      if (n * 16 >= d.hs) break;
-#pragma unroll
-      for (int c = 0; c < BC / 16; c++) {
-        FragBRow vf;
-        wmma::load_matrix_sync(vf, sv + c * 16 * L::kLdH + n * 16, L::kLdH);
-        wmma::mma_sync(of[n], pf[c], vf, of[n]);
-      }
-    }
+    accumulate_product<D, BC>(of, pw, L::kLdP, sv, L::kLdH, d.hs);  // O += P V
   }
   const bool live = i < d.t;
   float* orow = out + b * d.bso + (long long)(live ? i : 0) * d.ldo + (long long)h * d.hs;
@@ -348,20 +356,7 @@ __global__ void __launch_bounds__(kRowThreads)
       dsrow[c] = __float2bfloat16_rn(d.scale * p * (dprow[c] - delta));
     }
     __syncwarp();
-    // dQ += dS K
-    FragA dsf[BC / 16];
-#pragma unroll
-    for (int c = 0; c < BC / 16; c++) wmma::load_matrix_sync(dsf[c], dsw + c * 16, L::kLdP);
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) {
-      if (n * 16 >= d.hs) break;
-#pragma unroll
-      for (int c = 0; c < BC / 16; c++) {
-        FragBRow kf;
-        wmma::load_matrix_sync(kf, sk + c * 16 * L::kLdH + n * 16, L::kLdH);
-        wmma::mma_sync(acc[n], dsf[c], kf, acc[n]);
-      }
-    }
+    accumulate_product<D, BC>(acc, dsw, L::kLdP, sk, L::kLdH, d.hs);  // dQ += dS K
   }
   __syncthreads();  // the work area is free (a block without key tiles never entered the loop)
   const bool live = i < d.t;
