@@ -26,12 +26,6 @@ int llama_ffn_hidden(int d_model, int multiple_of) {
   return int((hidden + m - 1) / m * m);
 }
 
-Arch ModelConfig::architecture() const {
-  if (arch == "gpt2") return Arch::gpt2;
-  if (arch == "llama") return Arch::llama;
-  throw Error(str("model.arch: expected \"gpt2\" or \"llama\", got \"", arch, "\""));
-}
-
 int ModelConfig::d_ff() const {
   if (!llama()) return 4 * d_model;
   return ffn_hidden > 0 ? ffn_hidden : llama_ffn_hidden(d_model, ffn_multiple_of);
@@ -375,7 +369,7 @@ std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cf
     while ((q2d + 1) * (q2d + 1) <= tp_size) ++q2d;
     TRIDENT_CHECK(q2d * q2d == tp_size, "2D tensor parallelism needs parallel.tp = q*q, got ",
                   tp_size);
-    TRIDENT_CHECK(cfg.architecture() == Arch::gpt2,
+    TRIDENT_CHECK(cfg.arch == Arch::gpt2,
                   "2D tensor parallelism is built for GPT-2 only");
     TRIDENT_CHECK(cfg.n_head % q2d == 0 && cfg.d_model % q2d == 0,
                   "model.n_head = ", cfg.n_head, " and model.d_model = ", cfg.d_model,

@@ -65,8 +65,7 @@ Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch, int cp = 1
   s.b = d.B, s.seq = cfg.seq_len, s.T = d.T, s.n = d.N, s.C = d.C;
   s.Ca = d.Ca, s.NH = d.NH, s.hd = cfg.head_dim();
   s.C3 = d.C3;
-  const std::int64_t kv = cfg.kv_heads();
-  s.nkv = kv >= tp ? kv / tp : 1;
+  s.nkv = model::rank_kv_heads(cfg, tp);
   s.F = d.F, s.F1 = d.F1;
   s.Vl = d.Vl;
   s.linears = model::block_linears(d);

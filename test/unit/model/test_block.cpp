@@ -65,7 +65,7 @@ TEST(Block, EachArchitectureGetsItsOwnBlockAndSizes) {
     const ChunkDims d = chunk_dims(cfg, 1, 2, false);
     const BlockContext ctx{cfg, *ops, tpm, 0, 1, d, nullptr, nullptr, nullptr,
                            nullptr, nullptr, nullptr, nullptr};
-    const std::unique_ptr<Block> block = block_kind(cfg.architecture()).make(ctx);
+    const std::unique_ptr<Block> block = block_kind(cfg.arch.get()).make(ctx);
     EXPECT_EQ(dynamic_cast<Gpt2Block*>(block.get()) != nullptr, std::string(arch) == "gpt2");
     EXPECT_EQ(dynamic_cast<LlamaBlock*>(block.get()) != nullptr, std::string(arch) == "llama");
     EXPECT_EQ(block->kv_width(), d.kv_cols) << arch;
