@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "trident/core/error.hpp"
+#include "trident/model/gpt.hpp"
 
 namespace trident::model {
 
@@ -217,8 +218,11 @@ ShardSpec make_spec(const ModelConfig& cfg, const RoleTable& table, const RoleRo
 const RoleTable& model_roles(const ModelConfig& cfg) {
   static const RoleTable gpt2 = gpt2_table(), llama = llama_table(false),
                          llama_tied = llama_table(true);
-  if (!cfg.llama()) return gpt2;
-  return cfg.tie_embeddings ? llama_tied : llama;
+  switch (cfg.arch.get()) {  // one line per architecture
+    case Arch::gpt2: return gpt2;
+    case Arch::llama: return cfg.tie_embeddings ? llama_tied : llama;
+  }
+  throw Error(str("internal: model.arch #", int(cfg.arch.get()), " has no role table"));
 }
 
 std::string stage_layers_problem(const std::vector<int>& stage_layers, int n_layer,
@@ -250,9 +254,10 @@ EndCosts stage_end_costs(const ModelConfig& cfg, int tp) {
 }
 
 double weight_pass_share(const ModelConfig& cfg) {
+  // The block's own q|k|v and MLP widths (its BlockKind), unsplit.
+  const ChunkDims w = chunk_dims(cfg, 1, 1, false);
   const double d = cfg.d_model, T = cfg.seq_len, F = cfg.d_ff();
-  const double C3 = cfg.llama() ? d + 2.0 * cfg.kv_heads() * cfg.head_dim() : 3 * d;
-  const double F1 = cfg.llama() ? 2 * F : F;
+  const double C3 = double(w.C3), F1 = double(w.F1);
   return 2 * d * (C3 + F1) / (2 * d * (C3 + d + F1 + F) + 4 * T * d);
 }
 

@@ -216,9 +216,10 @@ BlockCost block_cost(const model::ModelConfig& cfg, int tp, int micro_batch, con
 }
 
 double model_flops_per_step(const model::ModelConfig& cfg, std::int64_t global_batch) {
+  // The block's own q|k|v and MLP widths (its BlockKind), unsplit.
+  const model::ChunkDims w = model::chunk_dims(cfg, 1, 1, false);
   const double C = cfg.d_model, T = cfg.seq_len, L = cfg.n_layer, V = cfg.vocab_size;
-  const double C3 = cfg.llama() ? C + 2.0 * cfg.kv_heads() * cfg.head_dim() : 3 * C;
-  const double F = cfg.d_ff(), F1 = cfg.llama() ? 2 * F : F;
+  const double C3 = double(w.C3), F = cfg.d_ff(), F1 = double(w.F1);
   const double per_token = 2 * L * (C * C3 + C * C + C * F1 + F * C) + 2 * C * V + 4 * L * T * C;
   return 3 * per_token * double(global_batch) * T;
 }
