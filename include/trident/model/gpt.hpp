@@ -6,7 +6,8 @@
 // embedding and the head chunk keeps one wte), so the optimizer, checkpoints and gradient
 // dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
 // defines: trident::model::GptChunk, ChunkActivations, chunk_dims, Carver, carve_layer, carve_recomputed, carve_grad_stash,
-//          rank_kv_heads, LinearDims, block_linears, layer_floats, recomputed_floats, grad_stash_floats
+//          LinearDims, block_linears, layer_floats, recomputed_floats, grad_stash_floats,
+//          rank_kv_heads
 //
 // The architecture (model.arch) is the block's (model/block.hpp: Gpt2Block, LlamaBlock),
 // picked once: the chunk runs every layer through it, in training, recomputation, inference

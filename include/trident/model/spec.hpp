@@ -3,8 +3,9 @@
 // flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
 // ranges and the grad-norm "count each parameter once" rule all read it.
 // defines: trident::model::Arch (its words: choice_words, choice_key), ModelConfig,
-//          llama_ffn_hidden, Recompute, Split, Init, Role, Place, Extent, RoleRow, RoleTable, model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts,
-//          gpt_param_specs, param_specs, for_each_local_run, for_each_local_element
+//          llama_ffn_hidden, Recompute, Split, Init, Role, Place, Extent, RoleRow, RoleTable,
+//          model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts, gpt_param_specs,
+//          param_specs, for_each_local_run, for_each_local_element
 #pragma once
 
 #include <cstdint>
