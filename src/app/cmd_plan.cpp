@@ -298,7 +298,7 @@ int run_plan(const PlanArgs& a) {
     deck = load_deck_with_vocab(a.deck);
     opt.nodes = a.nodes;
     opt.ranks_per_node = a.ranks_per_node > 0 ? a.ranks_per_node : machine.ranks_per_node;
-    opt.host_memory = deck.runtime.device != "cuda";
+    opt.host_memory = deck.runtime.device != train::RuntimeDevice::cuda;
     opt.precision = deck.runtime.precision.get();
     opt.max_cp = a.max_cp;
     opt.min_cp = a.min_cp;

@@ -2,6 +2,8 @@
 #include "trident/io/format.hpp"
 
 #include <climits>
+#include <optional>
+#include <string>
 
 #include "trident/core/error.hpp"
 
@@ -57,7 +59,7 @@ namespace {
 // A Llama file also carries arch = "llama" and these, resolved (n_kv_head, ffn_hidden never
 // 0); a GPT-2 file has none of them (files written before Llama existed read as GPT-2).
 void write_llama_attrs(const h5::File& file, const model::ModelConfig& cfg) {
-  h5::write_attr_string(file, "arch", cfg.arch);
+  h5::write_attr_string(file, "arch", cfg.arch.word());
   h5::write_attr_int(file, "n_kv_head", cfg.kv_heads());
   h5::write_attr_int(file, "ffn_hidden", cfg.d_ff());
   h5::write_attr_int(file, "tie_embeddings", cfg.tie_embeddings ? 1 : 0);
@@ -98,11 +100,13 @@ model::ModelConfig read_model_attrs(const h5::File& file) {
       fail(file.path(), ": model attribute ", f.name, " = ", v, ", expected a positive integer");
     cfg.*f.field = int(v);
   }
-  cfg.arch = h5::has_attr(file, "arch") ? h5::read_attr_string(file, "arch") : "gpt2";
-  if (cfg.arch == "llama")
-    read_llama_attrs(file, cfg);
-  else if (cfg.arch != "gpt2")
-    fail(file.path(), ": model attribute arch = \"", cfg.arch, "\", expected \"gpt2\" or \"llama\"");
+  const std::string arch =
+      h5::has_attr(file, "arch") ? h5::read_attr_string(file, "arch") : "gpt2";
+  const std::optional<model::Arch> parsed = Choice<model::Arch>::find(arch);
+  if (!parsed)
+    fail(file.path(), ": model attribute arch = \"", arch, "\", expected \"gpt2\" or \"llama\"");
+  cfg.arch = *parsed;
+  if (cfg.llama()) read_llama_attrs(file, cfg);
   return cfg;
 }
 

@@ -122,7 +122,7 @@ model::ModelConfig read_hf_config(const std::string& dir, int seq_len) {
   const std::string type = c.string("model_type", "");
   model::ModelConfig cfg;
   if (type == "gpt2") {
-    cfg.arch = "gpt2";
+    cfg.arch = model::Arch::gpt2;
     cfg.vocab_size = c.integer("vocab_size");
     cfg.d_model = c.integer("n_embd");
     cfg.n_layer = c.integer("n_layer");
@@ -150,7 +150,7 @@ model::ModelConfig read_hf_config(const std::string& dir, int seq_len) {
       cfg.seq_len = seq_len;
     }
   } else if (type == "llama") {
-    cfg.arch = "llama";
+    cfg.arch = model::Arch::llama;
     cfg.vocab_size = c.integer("vocab_size");
     cfg.d_model = c.integer("hidden_size");
     cfg.n_layer = c.integer("num_hidden_layers");

@@ -96,7 +96,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     local_scratch_ = buffer(std::int64_t(Nr_) * C_);
   }
   // The architecture's block, once; the layers' tensors as it finds them.
-  block_ = block_kind(cfg.architecture())
+  block_ = block_kind(cfg.arch.get())
                .make(BlockContext{cfg_, ops_, tpm_, tp_rank, tp, dims_, dbuf_.data(), dqkv_.data(),
                                   dfch_.data(), dact_.data(), full_scratch_.data(),
                                   local_scratch_.data(),
@@ -232,8 +232,13 @@ ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool seque
   d.Ca = d.C / tp;
   d.Vl = vocab_per_rank(cfg.vocab_size, tp);
   d.F = cfg.d_ff() / tp;
-  block_kind(cfg.architecture()).size(cfg, tp, d);  // C3, F1, kv_cols
+  block_kind(cfg.arch.get()).size(cfg, tp, d);  // C3, F1, kv_cols
   return d;
+}
+
+int rank_kv_heads(const ModelConfig& cfg, int tp) {
+  const int kv = cfg.kv_heads();
+  return kv >= tp ? kv / tp : 1;
 }
 
 std::array<LinearDims, 4> block_linears(const ChunkDims& d) {

@@ -11,7 +11,7 @@ namespace trident::model {
 namespace {
 std::vector<ShardSpec> specs_2d(const ModelConfig& cfg, const StageLayout& stage,
                                 const parallel::Tp2dGrid& g) {
-  TRIDENT_CHECK(cfg.architecture() == Arch::gpt2, "2D tensor parallelism is built for GPT-2 only");
+  TRIDENT_CHECK(cfg.arch == Arch::gpt2, "2D tensor parallelism is built for GPT-2 only");
   return gpt_param_specs(cfg, stage, parallel::tp2d_rank(g.coord, g.q), g.q * g.q, 0, true);
 }
 std::int64_t total(const std::vector<ShardSpec>& specs) {

@@ -15,6 +15,7 @@
 #include "trident/model/llama_block.hpp"
 
 #include "trident/core/error.hpp"
+#include "trident/model/gpt.hpp"
 
 namespace trident::model {
 
@@ -33,7 +34,7 @@ LlamaBlock::LlamaBlock(const BlockContext& ctx) : Block(ctx), hd_(ctx.cfg.head_d
   const int kv = cfg_.kv_heads();
   const bool kv_split = kv >= ctx.tp_size;
   kv_cols_ = int(d_.kv_cols);
-  kv_heads_ = kv_split ? kv / ctx.tp_size : 1;
+  kv_heads_ = rank_kv_heads(cfg_, ctx.tp_size);
   kv_head0_ = kv_split ? 0 : ctx.tp_rank * NH_ / (cfg_.n_head / kv);  // its first query head's
   make_ring(attention_shape(B_, T_));
 }

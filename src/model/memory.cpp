@@ -90,7 +90,7 @@ std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d) {
   // The attention shape the chunk gives its RingAttention (the blocks' attention_shape):
   // nh = NH, hs = head_dim, ld_o = Ca = NH * hs; nkv its key/value heads (LlamaBlock:
   // kv_heads_, one each when n_kv_head < tp replicates them; GPT-2: NH).
-  const std::int64_t kv = cfg.kv_heads(), nkv = kv >= tp ? kv / tp : 1, hs = cfg.head_dim();
+  const std::int64_t nkv = rank_kv_heads(cfg, tp), hs = cfg.head_dim();
   const std::int64_t rows = d.B * d.T, kv_block = 2 * rows * nkv * hs;
   return 5 * kv_block + rows * d.Ca + rows * d.NH + 2 * rows * d.NH * hs;
 }
@@ -176,7 +176,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
     // whole sequence with NH / cp heads.
     if (lay.fused_attention_bytes) {
       const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
-      const std::int64_t kv = cfg.kv_heads(), nkv = kv >= lay.tp ? kv / lay.tp : 1;
+      const std::int64_t nkv = rank_kv_heads(cfg, lay.tp);
       const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
       const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
       need = std::max(need, lay.fused_attention_bytes(int(d.B), int(t), int(nh), int(nkv_l),
@@ -190,7 +190,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // Context parallelism: the rank's one RingAttention (shared by its chunks and layers).
   if (lay.cp > 1 && lay.cp_mode == CpMode::ulysses) {
     // UlyssesAttention's buffers for the same local shape (the rank's NH and kv heads).
-    const std::int64_t kv = cfg.kv_heads(), nkv = kv >= lay.tp ? kv / lay.tp : 1;
+    const std::int64_t nkv = rank_kv_heads(cfg, lay.tp);
     e.ring = ulysses_floats(d.B * d.T, int(d.NH), int(nkv), cfg.head_dim()) * kFloat;
     e.ulysses = true;
   } else if (lay.cp > 1) {

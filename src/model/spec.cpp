@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "trident/core/error.hpp"
+#include "trident/model/gpt.hpp"
 
 namespace trident::model {
 
@@ -24,12 +25,6 @@ int llama_ffn_hidden(int d_model, int multiple_of) {
   const std::int64_t hidden = 8 * std::int64_t(d_model) / 3;
   const std::int64_t m = std::max(1, multiple_of);
   return int((hidden + m - 1) / m * m);
-}
-
-Arch ModelConfig::architecture() const {
-  if (arch == "gpt2") return Arch::gpt2;
-  if (arch == "llama") return Arch::llama;
-  throw Error(str("model.arch: expected \"gpt2\" or \"llama\", got \"", arch, "\""));
 }
 
 int ModelConfig::d_ff() const {
@@ -223,8 +218,11 @@ ShardSpec make_spec(const ModelConfig& cfg, const RoleTable& table, const RoleRo
 const RoleTable& model_roles(const ModelConfig& cfg) {
   static const RoleTable gpt2 = gpt2_table(), llama = llama_table(false),
                          llama_tied = llama_table(true);
-  if (!cfg.llama()) return gpt2;
-  return cfg.tie_embeddings ? llama_tied : llama;
+  switch (cfg.arch.get()) {  // one line per architecture
+    case Arch::gpt2: return gpt2;
+    case Arch::llama: return cfg.tie_embeddings ? llama_tied : llama;
+  }
+  throw Error(str("internal: model.arch #", int(cfg.arch.get()), " has no role table"));
 }
 
 std::string stage_layers_problem(const std::vector<int>& stage_layers, int n_layer,
@@ -256,9 +254,10 @@ EndCosts stage_end_costs(const ModelConfig& cfg, int tp) {
 }
 
 double weight_pass_share(const ModelConfig& cfg) {
+  // The block's own q|k|v and MLP widths (its BlockKind), unsplit.
+  const ChunkDims w = chunk_dims(cfg, 1, 1, false);
   const double d = cfg.d_model, T = cfg.seq_len, F = cfg.d_ff();
-  const double C3 = cfg.llama() ? d + 2.0 * cfg.kv_heads() * cfg.head_dim() : 3 * d;
-  const double F1 = cfg.llama() ? 2 * F : F;
+  const double C3 = double(w.C3), F1 = double(w.F1);
   return 2 * d * (C3 + F1) / (2 * d * (C3 + d + F1 + F) + 4 * T * d);
 }
 
@@ -375,7 +374,7 @@ std::vector<ShardSpec> param_specs(const RoleTable& table, const ModelConfig& cf
     while ((q2d + 1) * (q2d + 1) <= tp_size) ++q2d;
     TRIDENT_CHECK(q2d * q2d == tp_size, "2D tensor parallelism needs parallel.tp = q*q, got ",
                   tp_size);
-    TRIDENT_CHECK(cfg.architecture() == Arch::gpt2,
+    TRIDENT_CHECK(cfg.arch == Arch::gpt2,
                   "2D tensor parallelism is built for GPT-2 only");
     TRIDENT_CHECK(cfg.n_head % q2d == 0 && cfg.d_model % q2d == 0,
                   "model.n_head = ", cfg.n_head, " and model.d_model = ", cfg.d_model,

@@ -65,8 +65,7 @@ Shapes shapes(const model::ModelConfig& cfg, int tp, int micro_batch, int cp = 1
   s.b = d.B, s.seq = cfg.seq_len, s.T = d.T, s.n = d.N, s.C = d.C;
   s.Ca = d.Ca, s.NH = d.NH, s.hd = cfg.head_dim();
   s.C3 = d.C3;
-  const std::int64_t kv = cfg.kv_heads();
-  s.nkv = kv >= tp ? kv / tp : 1;
+  s.nkv = model::rank_kv_heads(cfg, tp);
   s.F = d.F, s.F1 = d.F1;
   s.Vl = d.Vl;
   s.linears = model::block_linears(d);
@@ -217,9 +216,10 @@ BlockCost block_cost(const model::ModelConfig& cfg, int tp, int micro_batch, con
 }
 
 double model_flops_per_step(const model::ModelConfig& cfg, std::int64_t global_batch) {
+  // The block's own q|k|v and MLP widths (its BlockKind), unsplit.
+  const model::ChunkDims w = model::chunk_dims(cfg, 1, 1, false);
   const double C = cfg.d_model, T = cfg.seq_len, L = cfg.n_layer, V = cfg.vocab_size;
-  const double C3 = cfg.llama() ? C + 2.0 * cfg.kv_heads() * cfg.head_dim() : 3 * C;
-  const double F = cfg.d_ff(), F1 = cfg.llama() ? 2 * F : F;
+  const double C3 = double(w.C3), F = cfg.d_ff(), F1 = double(w.F1);
   const double per_token = 2 * L * (C * C3 + C * C + C * F1 + F * C) + 2 * C * V + 4 * L * T * C;
   return 3 * per_token * double(global_batch) * T;
 }

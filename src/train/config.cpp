@@ -29,6 +29,7 @@
 #include <variant>
 
 #include "trident/core/error.hpp"
+#include "trident/model/gpt.hpp"
 #include "trident/model/spec.hpp"
 #include "trident/model/stage_model.hpp"
 #include "trident/pipeline/schedule.hpp"
@@ -555,7 +556,7 @@ class Loader {
       return;
     const model::ModelConfig& m = cfg_.model;
     if (m.n_head % p.tp != 0) return;  // reported with parallel.tp
-    const int nh = m.n_head / p.tp, kv = m.kv_heads(), nkv = kv >= p.tp ? kv / p.tp : 1;
+    const int nh = m.n_head / p.tp, nkv = model::rank_kv_heads(m, p.tp);
     if (nh % p.cp != 0 || nkv % p.cp != 0)
       fail(where("parallel.cp_mode", "parallel.cp"), ": parallel.cp_mode = \"ulysses\" splits "
            "each rank's attention heads over parallel.cp = ", p.cp, ": needs its ", nh,
@@ -583,7 +584,7 @@ class Loader {
       fail(where("parallel.tp_mode", "parallel.sequence_parallel"),
            ": parallel.tp_mode = \"2d\" does not combine with parallel.sequence_parallel (the "
            "grid already splits the token rows); expected parallel.sequence_parallel = false");
-    if (cfg_.model.architecture() != model::Arch::gpt2)
+    if (cfg_.model.arch != model::Arch::gpt2)
       fail(where("parallel.tp_mode", "model.arch"),
            ": parallel.tp_mode = \"2d\" is built for model.arch = \"gpt2\" only, got \"llama\"");
     if (cfg_.runtime.device == RuntimeDevice::cuda)
@@ -624,13 +625,13 @@ class Loader {
   // model.arch and Llama's keys; a Llama key in a GPT-2 deck is an error (it would be ignored).
   void validate_llama() const {
     const model::ModelConfig& m = cfg_.model;
-    need_one_of(m.arch, "model.arch", {"gpt2", "llama"});
+    need_choice("model.arch");
     if (!m.llama()) {
       for (const char* name : kLlamaKeys)
         if (const std::string key = std::string("model.") + name;
             key != "model.arch" && origin_.count(key))
           fail(where(key), ": ", key, " is a key of model.arch = \"llama\" (this deck's "
-               "model.arch is ", toml_string(m.arch), ")");
+               "model.arch is ", toml_string(m.arch.word()), ")");
       return;
     }
     need(m.n_kv_head >= 0, "model.n_kv_head", ">= 0 (0: model.n_head)", m.n_kv_head);

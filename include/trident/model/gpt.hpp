@@ -6,7 +6,8 @@
 // embedding and the head chunk keeps one wte), so the optimizer, checkpoints and gradient
 // dumps see "this rank's buffer" whatever vpp is. forward/backward take the chunk index.
 // defines: trident::model::GptChunk, ChunkActivations, chunk_dims, Carver, carve_layer, carve_recomputed, carve_grad_stash,
-//          LinearDims, block_linears, layer_floats, recomputed_floats, grad_stash_floats
+//          LinearDims, block_linears, layer_floats, recomputed_floats, grad_stash_floats,
+//          rank_kv_heads
 //
 // The architecture (model.arch) is the block's (model/block.hpp: Gpt2Block, LlamaBlock),
 // picked once: the chunk runs every layer through it, in training, recomputation, inference
@@ -56,6 +57,11 @@ namespace trident::model {
 // cp: context-parallel ranks; each holds seq_len / cp rows of every sequence (T below).
 ChunkDims chunk_dims(const ModelConfig& cfg, int tp, int micro_batch, bool sequence_parallel,
                      int cp = 1);
+
+// The key/value heads a rank's attention reads at tensor parallelism tp: kv_heads() / tp
+// where TP splits them, one where n_kv_head < tp replicates them (each rank's query heads
+// read one copy); GPT-2: its query heads, n_head / tp. What the ring and Ulysses pass on.
+int rank_kv_heads(const ModelConfig& cfg, int tp);
 
 // A block's linears on one TP rank, [rows, in] -> [rows, out], in forward order: q|k|v
 // (C -> C3), the attention's output projection (Ca -> C), the MLP's first product (C -> F1:

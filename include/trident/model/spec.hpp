@@ -2,9 +2,10 @@
 // place that knows how a logical tensor maps onto this rank's shard and onto the rank's
 // flat buffer (DESIGN.md, decision 2). Checkpoint hyperslabs, gradient gathering, ZeRO
 // ranges and the grad-norm "count each parameter once" rule all read it.
-// defines: trident::model::Arch, ModelConfig, llama_ffn_hidden, Recompute, Split, Init, Role, Place,
-//          Extent, RoleRow, RoleTable, model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts,
-//          gpt_param_specs, param_specs, for_each_local_run, for_each_local_element
+// defines: trident::model::Arch (its words: choice_words, choice_key), ModelConfig,
+//          llama_ffn_hidden, Recompute, Split, Init, Role, Place, Extent, RoleRow, RoleTable,
+//          model_roles, ShardBlock, ShardSpec, StageLayout, chunk_layouts, gpt_param_specs,
+//          param_specs, for_each_local_run, for_each_local_element
 #pragma once
 
 #include <cstdint>
@@ -12,12 +13,19 @@
 #include <string>
 #include <vector>
 
+#include "trident/core/choice.hpp"
 #include "trident/core/placement.hpp"
 
 namespace trident::model {
 
-// model.arch, parsed: the architectures the blocks are written for.
+// model.arch, parsed once (a deck, a file's attribute, an import): the architectures the
+// blocks are written for. Its words are the deck's, the files' and the messages' names.
 enum class Arch { gpt2, llama };
+inline const ChoiceWords<Arch>& choice_words(Arch) {
+  static const ChoiceWords<Arch> w = {{Arch::gpt2, "gpt2"}, {Arch::llama, "llama"}};
+  return w;
+}
+inline const char* choice_key(Arch) { return "model.arch"; }
 
 struct ModelConfig {
   int vocab_size = 0;  // the true vocabulary (any TP padding is internal)
@@ -27,18 +35,15 @@ struct ModelConfig {
   int d_model = 256;
   // model.arch = "llama" (FORMAT.md): RMSNorm, rotary embedding, SwiGLU, grouped-query
   // attention, no biases. The keys below are Llama's (GPT-2 has none of them).
-  std::string arch = "gpt2";  // "gpt2" | "llama"
-  int n_kv_head = 0;          // key/value heads, dividing n_head (1: multi-query); 0: n_head
-  int ffn_hidden = 0;         // MLP width; 0: Llama's rule (llama_ffn_hidden)
-  int ffn_multiple_of = 256;  // the rule rounds up to a multiple of this
+  Choice<Arch> arch = Arch::gpt2;  // "gpt2" | "llama"
+  int n_kv_head = 0;               // key/value heads, dividing n_head (1: multi-query); 0: n_head
+  int ffn_hidden = 0;              // MLP width; 0: Llama's rule (llama_ffn_hidden)
+  int ffn_multiple_of = 256;       // the rule rounds up to a multiple of this
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;  // lm_head = embed_tokens (GPT-2 is always tied)
 
-  bool llama() const { return arch == "llama"; }
-  // model.arch as the enum; an Error naming the key for any other name (so that a model
-  // nobody wrote a block for is never built as one of these).
-  Arch architecture() const;
+  bool llama() const { return arch == Arch::llama; }
   int kv_heads() const { return llama() && n_kv_head > 0 ? n_kv_head : n_head; }
   // The MLP's hidden width: 4 d_model (GPT-2); ffn_hidden or Llama's rule (Llama).
   int d_ff() const;

@@ -37,7 +37,8 @@ enum class NonFinite { abort, skip };
 // runtime.device
 enum class RuntimeDevice { cpu, cuda, cpu_guarded };
 
-// The words of the deck's own choices (the other modules' enums: train/layout.hpp).
+// The words of the deck's own choices (the other modules' enums: train/layout.hpp and
+// model/spec.hpp).
 inline const ChoiceWords<NonFinite>& choice_words(NonFinite) {
   static const ChoiceWords<NonFinite> w = {{NonFinite::abort, "abort"}, {NonFinite::skip, "skip"}};
   return w;

@@ -4,9 +4,10 @@
 // as parsed), the planner enumerates and ranks it (trident plan), and everything else is
 // derived from it: the memory model's MemoryLayout (train::memory_layout), the grid
 // (grid()), the planner's deck and --set lines (plan::layout_keys) and its one-line name
-// (str()). Its choices are parsed once, when the deck is read (Choice, ScheduleChoice), and
-// printed back by one name each (word()).
-// defines: trident::train::Layout, ChoiceKey, Choice, ScheduleChoice, choice_words
+// (str()). Its choices are parsed once, when the deck is read (Choice, core/choice.hpp;
+// ScheduleChoice), and printed back by one name each (word()).
+// defines: trident::train::Layout, ScheduleChoice; the words of model::Recompute, TpMode,
+//          CpMode and ops::Precision (choice_words)
 #pragma once
 
 #include <optional>
@@ -15,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "trident/core/choice.hpp"
 #include "trident/core/error.hpp"
 #include "trident/model/stage_model.hpp"
 #include "trident/model/ulysses_attention.hpp"
@@ -22,93 +24,37 @@
 #include "trident/parallel/grid.hpp"
 #include "trident/pipeline/schedule.hpp"
 
+namespace trident::model {
+
+// The words of the choices the [parallel] section makes of other modules' enums, in the
+// enum's namespace, where Choice (core/choice.hpp) finds them; in FORMAT.md's order.
+inline const ChoiceWords<Recompute>& choice_words(Recompute) {
+  static const ChoiceWords<Recompute> w = {
+      {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}};
+  return w;
+}
+inline const ChoiceWords<TpMode>& choice_words(TpMode) {
+  static const ChoiceWords<TpMode> w = {{TpMode::one_d, "1d"}, {TpMode::two_d, "2d"}};
+  return w;
+}
+inline const ChoiceWords<CpMode>& choice_words(CpMode) {
+  static const ChoiceWords<CpMode> w = {{CpMode::ring, "ring"}, {CpMode::ulysses, "ulysses"}};
+  return w;
+}
+
+}  // namespace trident::model
+
+namespace trident::ops {
+
+inline const ChoiceWords<Precision>& choice_words(Precision) {
+  static const ChoiceWords<Precision> w = {
+      {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}};
+  return w;
+}
+
+}  // namespace trident::ops
+
 namespace trident::train {
-
-// The words of each choice a deck key makes, in FORMAT.md's order (one overload per enum;
-// those of other modules' enums here, before Choice, which looks them up).
-template <class E>
-using ChoiceWords = std::vector<std::pair<E, const char*>>;
-inline const ChoiceWords<model::Recompute>& choice_words(model::Recompute) {
-  static const ChoiceWords<model::Recompute> w = {{model::Recompute::none, "none"},
-                                                  {model::Recompute::selective, "selective"},
-                                                  {model::Recompute::full, "full"}};
-  return w;
-}
-inline const ChoiceWords<ops::Precision>& choice_words(ops::Precision) {
-  static const ChoiceWords<ops::Precision> w = {{ops::Precision::fp32, "fp32"},
-                                                {ops::Precision::tf32, "tf32"},
-                                                {ops::Precision::bf16, "bf16"}};
-  return w;
-}
-inline const ChoiceWords<model::TpMode>& choice_words(model::TpMode) {
-  static const ChoiceWords<model::TpMode> w = {{model::TpMode::one_d, "1d"},
-                                               {model::TpMode::two_d, "2d"}};
-  return w;
-}
-inline const ChoiceWords<model::CpMode>& choice_words(model::CpMode) {
-  static const ChoiceWords<model::CpMode> w = {{model::CpMode::ring, "ring"},
-                                               {model::CpMode::ulysses, "ulysses"}};
-  return w;
-}
-
-// What the deck loader sees of any Choice<E> (and ScheduleChoice): its words.
-class ChoiceKey {
- public:
-  virtual ~ChoiceKey() = default;
-  virtual std::vector<std::string> choices() const = 0;
-  virtual std::string current() const = 0;
-  virtual void choose(const std::string& word) = 0;  // one of choices()
-};
-
-// A deck key that names one of a few choices: its word is parsed once, when the deck is
-// read (the loader refuses any other word, naming the key), and code uses the enum E
-// (get(), or == E::x); the word comes back for files and messages (word(), <<).
-template <class E>
-class Choice : public ChoiceKey {
- public:
-  Choice(E value) : value_(value) {}  // NOLINT: a default is written as its enum
-  Choice(const std::string& word) : value_(parse(word)) {}  // NOLINT
-  Choice(const char* word) : value_(parse(word)) {}         // NOLINT
-
-  E get() const { return value_; }
-  const char* word() const {
-    for (const auto& [e, w] : choice_words(E{}))
-      if (e == value_) return w;
-    return "?";
-  }
-  static std::vector<std::string> words() {
-    std::vector<std::string> out;
-    for (const auto& [e, w] : choice_words(E{})) out.push_back(w);
-    return out;
-  }
-  static std::optional<E> find(const std::string& word) {
-    for (const auto& [e, w] : choice_words(E{}))
-      if (word == w) return e;
-    return std::nullopt;
-  }
-
-  std::vector<std::string> choices() const override { return words(); }
-  std::string current() const override { return word(); }
-  void choose(const std::string& word) override { value_ = parse(word); }
-
-  bool operator==(const Choice& o) const { return value_ == o.value_; }
-  bool operator!=(const Choice& o) const { return value_ != o.value_; }
-  bool operator==(E e) const { return value_ == e; }
-  bool operator!=(E e) const { return value_ != e; }
-  // Against a word: for tests and tools that read decks as text, not for code paths.
-  friend bool operator==(const Choice& c, const char* word) {
-    return std::string(c.word()) == word;
-  }
-  friend std::ostream& operator<<(std::ostream& os, const Choice& c) { return os << c.word(); }
-
- private:
-  static E parse(const std::string& word) {
-    const std::optional<E> e = find(word);
-    if (!e) fail("'", word, "' is not one of the expected words");
-    return *e;
-  }
-  E value_;
-};
 
 // parallel.schedule: its entry in the schedule registry (pipeline::schedule_kinds), found
 // once when the deck is read. Code asks the entry (->placement, ->update, ...); files and

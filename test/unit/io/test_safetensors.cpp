@@ -196,7 +196,8 @@ TEST(HfFolder, RoundTripsBothArchitecturesAndShards) {
   ScratchDir dir;
   for (const ModelConfig& cfg : {small_model(), small_llama()}) {
     for (std::int64_t shard : {std::int64_t(0), std::int64_t(600)}) {
-      const std::string folder = export_folder(dir, cfg, cfg.arch + std::to_string(shard), shard);
+      const std::string folder =
+          export_folder(dir, cfg, cfg.arch.word() + std::to_string(shard), shard);
       EXPECT_EQ(fs::exists(fs::path(folder) / "model.safetensors.index.json"), shard > 0);
       const auto back = io::read_hf_config(folder);
       EXPECT_EQ(back, cfg) << cfg.arch;

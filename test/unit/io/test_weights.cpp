@@ -223,6 +223,34 @@ TEST(Weights, ModelAttributesMustMatchTheDeck) {
   EXPECT_EQ(error_of([&] { io::read_model_config(path); }), path + ": missing attribute 'd_model' on /");
 }
 
+// model.arch is the file's `arch` attribute, parsed once when read: a Llama file names it, a
+// GPT-2 file has none (it reads as gpt2), any other word is refused naming the attribute.
+TEST(Weights, TheArchAttributeIsParsedWhenReadAndChecked) {
+  ScratchDir dir;
+  const std::string gpt2 = good_weights(dir);
+  EXPECT_FALSE(h5::has_attr(h5::open_file(gpt2, h5::Mode::read), "arch"));
+  EXPECT_EQ(io::read_model_config(gpt2).arch, trident::model::Arch::gpt2);
+
+  ModelConfig llama = small_model();
+  llama.arch = trident::model::Arch::llama;
+  EXPECT_EQ(read_error(gpt2, llama), gpt2 + ": model attribute arch = \"gpt2\" does not match "
+                                            "the deck's model.arch = \"llama\"");
+  const auto specs = specs_for(llama);
+  const auto flat = make_flat(specs);
+  const std::string path = dir / "llama.h5";
+  io::write_weights(path, MPI_COMM_NULL, llama, specs, flat.data());
+  EXPECT_EQ(h5::read_attr_string(h5::open_file(path, h5::Mode::read), "arch"), "llama");
+  EXPECT_EQ(io::read_model_config(path), llama);
+  EXPECT_EQ(read_error(path), path + ": model attribute arch = \"llama\" does not match the "
+                                     "deck's model.arch = \"gpt2\"");
+  {
+    RawFile raw(path);
+    raw.attr_fixed_string("arch", "mamba");
+  }
+  EXPECT_EQ(error_of([&] { io::read_model_config(path); }),
+            path + ": model attribute arch = \"mamba\", expected \"gpt2\" or \"llama\"");
+}
+
 TEST(Weights, DatasetsOfTheWrongShapeOrTypeOrMissing) {
   ScratchDir dir;
   std::string path = good_weights(dir, "shape.h5");

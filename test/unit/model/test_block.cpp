@@ -65,11 +65,26 @@ TEST(Block, EachArchitectureGetsItsOwnBlockAndSizes) {
     const ChunkDims d = chunk_dims(cfg, 1, 2, false);
     const BlockContext ctx{cfg, *ops, tpm, 0, 1, d, nullptr, nullptr, nullptr,
                            nullptr, nullptr, nullptr, nullptr};
-    const std::unique_ptr<Block> block = block_kind(cfg.architecture()).make(ctx);
+    const std::unique_ptr<Block> block = block_kind(cfg.arch.get()).make(ctx);
     EXPECT_EQ(dynamic_cast<Gpt2Block*>(block.get()) != nullptr, std::string(arch) == "gpt2");
     EXPECT_EQ(dynamic_cast<LlamaBlock*>(block.get()) != nullptr, std::string(arch) == "llama");
     EXPECT_EQ(block->kv_width(), d.kv_cols) << arch;
   }
+}
+
+// The key/value heads a rank's attention reads: its share where TP splits them, one copy
+// where n_kv_head < tp replicates them; GPT-2's are its query heads.
+TEST(Block, TheRanksKeyValueHeads) {
+  ModelConfig gpt2 = tiny("gpt2"), llama = tiny("llama");  // 4 heads; Llama: 2 kv heads
+  EXPECT_EQ(rank_kv_heads(gpt2, 1), 4);
+  EXPECT_EQ(rank_kv_heads(gpt2, 4), 1);
+  EXPECT_EQ(rank_kv_heads(llama, 1), 2);
+  EXPECT_EQ(rank_kv_heads(llama, 2), 1);
+  EXPECT_EQ(rank_kv_heads(llama, 4), 1);  // replicated: each rank reads one of the two
+  llama.n_kv_head = 4;
+  EXPECT_EQ(rank_kv_heads(llama, 2), 2);
+  gpt2.n_kv_head = 2;  // not a GPT-2 key: its kv heads stay its heads
+  EXPECT_EQ(rank_kv_heads(gpt2, 2), 2);
 }
 
 TEST(Block, AnArchitectureWithoutABlockIsRefused) {

@@ -43,9 +43,11 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(StageModel, NamesAreParsedOnceAndUnknownOnesRefused) {
-  EXPECT_EQ(tiny("gpt2").architecture(), Arch::gpt2);
-  EXPECT_EQ(tiny("llama").architecture(), Arch::llama);
-  EXPECT_NE(error_of([] { tiny("mamba").architecture(); }).find("model.arch"), std::string::npos);
+  EXPECT_EQ(tiny("gpt2").arch, Arch::gpt2);
+  EXPECT_EQ(tiny("llama").arch, Arch::llama);
+  EXPECT_EQ(tiny("llama").arch.word(), std::string("llama"));
+  EXPECT_EQ(error_of([] { tiny("mamba"); }),
+            "model.arch: expected \"gpt2\" or \"llama\", got \"mamba\"");
 }
 
 TEST(StageModel, OneDimensionalDecksGetTheChunkAndAThirdArchitectureIsRefused) {
