@@ -15,6 +15,7 @@
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
 #include "trident/parallel/tp_mappings.hpp"
+#include "tiny_model.hpp"
 
 namespace modeltest {
 void need_mpi();
@@ -23,20 +24,8 @@ void need_mpi();
 namespace trident::model {
 namespace {
 
-ModelConfig tiny(const std::string& arch) {
-  ModelConfig c;
-  c.vocab_size = 29;
-  c.seq_len = 8;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.d_model = 32;
-  c.arch = arch;
-  if (arch == "llama") {
-    c.n_kv_head = 2;
-    c.ffn_hidden = 24;
-  }
-  return c;
-}
+// Llama with grouped-query heads: 4 query heads share 2 key/value heads.
+ModelConfig tiny(const std::string& arch) { return tiny_model(arch, 4, 32, 2); }
 
 TEST(Block, EachArchitectureGetsItsOwnBlockAndSizes) {
   // GPT-2: q, k, v of C each, split by heads; one c_fc of 4C.

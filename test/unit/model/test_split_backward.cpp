@@ -16,6 +16,7 @@
 #include "trident/model/stage_model.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
+#include "tiny_model.hpp"
 
 namespace modeltest {
 void need_mpi();
@@ -24,13 +25,7 @@ void need_mpi();
 namespace trident::model {
 namespace {
 
-ModelConfig tiny(const std::string& arch) {
-  ModelConfig c;
-  c.vocab_size = 29, c.seq_len = 8, c.n_layer = 2, c.n_head = 2, c.d_model = 16;
-  c.arch = arch;
-  if (arch == "llama") c.ffn_hidden = 24;
-  return c;
-}
+ModelConfig tiny(const std::string& arch) { return tiny_model(arch, 2, 16); }
 
 std::int64_t slot_floats(const ChunkActivations& a) {
   std::int64_t n = 0;

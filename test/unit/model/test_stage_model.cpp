@@ -13,6 +13,7 @@
 #include "trident/model/stage_model.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
+#include "tiny_model.hpp"
 
 namespace modeltest {
 void need_mpi();
@@ -21,17 +22,7 @@ void need_mpi();
 namespace trident::model {
 namespace {
 
-ModelConfig tiny(const std::string& arch) {
-  ModelConfig c;
-  c.vocab_size = 29;
-  c.seq_len = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 16;
-  c.arch = arch;
-  if (arch == "llama") c.ffn_hidden = 24;
-  return c;
-}
+ModelConfig tiny(const std::string& arch) { return tiny_model(arch, 2, 16); }
 
 std::string error_of(const std::function<void()>& f) {
   try {
