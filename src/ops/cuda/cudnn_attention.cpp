@@ -463,7 +463,9 @@ class Builder {
 struct Layout {
   std::int64_t q, k, v, o;
 };
-Layout packed_layout(std::int64_t nh, std::int64_t hs) { return {nh * hs, nh * hs, nh * hs, nh * hs}; }
+Layout packed_layout(std::int64_t nh, std::int64_t hs) {
+  return {nh * hs, nh * hs, nh * hs, nh * hs};
+}
 
 // A [B, T, NH, hs] tensor with row stride ld as cuDNN's [b, h, s, d], and the K^T / V^T view
 // of one (dims [b, h, d, s], the last two strides swapped).
@@ -870,7 +872,9 @@ bool CudnnAttention::backward_bf16(BumpBlock& scratch, std::uint16_t* dq, std::u
   void* dsum = scratch.alloc(std::size_t(k_.dsum));
   void* acc = k_.acc ? scratch.alloc(std::size_t(k_.acc)) : nullptr;
   void* ws = scratch.alloc(std::size_t(std::max<std::int64_t>(k_.workspace, 1)));
-  const auto in = [](const std::uint16_t* p) { return static_cast<void*>(const_cast<std::uint16_t*>(p)); };
+  const auto in = [](const std::uint16_t* p) {
+    return static_cast<void*>(const_cast<std::uint16_t*>(p));
+  };
   std::vector<std::int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDsum,
                                     kScale, kNegInf, kOne};
   std::vector<void*> ptrs = {in(q), in(k), in(v), in(out), in(dout), const_cast<float*>(lse),

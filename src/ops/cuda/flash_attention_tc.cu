@@ -6,8 +6,8 @@
 // fp32, rounded to bf16 (nearest even) as their tiles are staged in shared memory; out, dq,
 // dk, dv written in fp32) or bf16 bits (the bf16-I/O entry points, attention_bf16.cpp: the
 // same tiles read without rounding, so the products are those of the fp32 instantiation on
-// bf16-rounded inputs; out, dq, dk, dv rounded to bf16 as they are written). Head sizes multiples of 16 up to 128
-// (flash_tc_supported); kernels are built for head-size bounds D of 32, 64 and 128 and skip
+// bf16-rounded inputs; out, dq, dk, dv rounded to bf16 as they are written). Head sizes
+// multiples of 16 up to 128 (flash_tc_supported); kernels are built for head-size bounds D of 32, 64 and 128 and skip
 // the 16-column slices beyond hs.
 // Every warp owns 16 rows of its block's tile. WMMA's fragment layout is unspecified, so
 // whatever is done per row (masking, the online softmax, rescaling the output accumulator,

@@ -1,7 +1,7 @@
 // ops/cuda/kernels.hpp — host-callable launchers of the backend's CUDA kernels (private to
 // src/ops/cuda; defined by topic in layernorm.cu, rope.cu, decode.cu, softmax.cu, crossentropy.cu,
-// embedding.cu, pointwise.cu, flash_attention*.cu and bf16_rows.cu). Each queues its kernel(s) on `stream`, checks the launch, and returns at
-// once; n <= 0 launches nothing. Pointers are device memory. Shapes as in ops.hpp.
+// embedding.cu, pointwise.cu, flash_attention*.cu and bf16_rows.cu). Each queues its kernel(s)
+// on `stream`, checks the launch, and returns at once; n <= 0 launches nothing. Pointers are device memory. Shapes as in ops.hpp.
 // defines: the launch_* functions below
 #pragma once
 

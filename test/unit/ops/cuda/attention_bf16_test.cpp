@@ -175,9 +175,10 @@ void check_case(Ops& g, const Case& c, const Tol& tol, bool twice = false) {
   AttentionBf16Access::forward(g, gout.get(), glse.get(), gptr(0), gptr(1), gptr(2), s);
   std::vector<HVec> first;
   for (int run = 0; run < (twice ? 2 : 1); run++) {
-    Dev<std::uint16_t> gg[3] = {Dev<std::uint16_t>(g, HVec(in16[0].size(), bf16_bits(kPad))),
-                                Dev<std::uint16_t>(g, HVec(c.fused ? 1 : in16[1].size(), bf16_bits(kPad))),
-                                Dev<std::uint16_t>(g, HVec(c.fused ? 1 : in16[2].size(), bf16_bits(kPad)))};
+    const std::uint16_t pad = bf16_bits(kPad);
+    Dev<std::uint16_t> gg[3] = {Dev<std::uint16_t>(g, HVec(in16[0].size(), pad)),
+                                Dev<std::uint16_t>(g, HVec(c.fused ? 1 : in16[1].size(), pad)),
+                                Dev<std::uint16_t>(g, HVec(c.fused ? 1 : in16[2].size(), pad))};
     const auto gd = [&](int x) { return gg[c.fused ? 0 : x].get() + off[x]; };
     AttentionBf16Access::backward(g, gd(0), gd(1), gd(2), gdout.get(), gout.get(), glse.get(),
                                   gptr(0), gptr(1), gptr(2), s);
@@ -272,7 +273,8 @@ TEST(AttentionBf16, WidenedUnderFp32IsTheFp32KernelsRounded) {
 // cuDNN on the caller's strided bf16 tensors (no copies). Skipped where cuDNN is unavailable,
 // unless TRIDENT_TEST_EXPECT_CUDNN=1 (bench/gpu_check.sh: trident_cudnn_probe made its plans).
 TEST(AttentionBf16, CudnnPathMatchesTheCpuAndIsDeterministic) {
-  const std::string cudnn_setting = std::getenv("TRIDENT_CUDNN") ? std::getenv("TRIDENT_CUDNN") : "";
+  const char* setting = std::getenv("TRIDENT_CUDNN");
+  const std::string cudnn_setting = setting ? setting : "";
   unsetenv("TRIDENT_CUDNN");
   Timed o(Precision::bf16, "attention_bf16_cudnn.json");
   Ops::AttentionShape gpt2;

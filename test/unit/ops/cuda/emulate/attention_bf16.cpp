@@ -224,7 +224,8 @@ int main() {
   const std::vector<Case> widened = {{2, 37, 3, 3, 24, true, true, false},
                                      {1, 50, 4, 2, 40, true, false, false},
                                      {2, 29, 2, 2, 8, false, false, true}};
-  run(Precision::bf16, "bf16 tc", tc, "attention_backward bf16 tc", "attention_forward bf16 widened");
+  run(Precision::bf16, "bf16 tc", tc, "attention_backward bf16 tc",
+      "attention_forward bf16 widened");
   run(Precision::bf16, "bf16 widened", widened, "attention_backward bf16 widened",
       "attention_forward bf16 tc");
   run(Precision::fp32, "fp32 widened", {tc[0], tc[2]}, "attention_backward bf16 widened",
