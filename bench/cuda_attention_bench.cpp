@@ -11,19 +11,43 @@
 // P V), backward 5 * B NH T^2 hs (S again, dV, dP, dQ, dK: 2.5x). "used": the path's rows
 // in the per-op table (TRIDENT_OP_TIMING): cuDNN's "attention_forward cudnn" row for cudnn
 // (false means it fell back: its stderr line says why), the plain row for the kernels.
+// After each path's line, one for the bf16-I/O entry points on the same backend
+// (CudaOps::attention_forward_bf16, the fused block's: bf16 qkv [B, T, 3C], out, dout and
+// dqkv), path "cudnn-bf16io" | "tc-bf16io" | "scalar-bf16io" (the last runs the widening
+// fallback), "used" from the rows "attention_forward bf16 cudnn" | "... tc" | "... widened".
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "../src/ops/cuda/cuda_ops.hpp"
 #include "trident/core/buffer.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
+
+namespace trident::ops::cuda {
+// The private bf16 entry points, for this benchmark (cuda_ops.hpp's friend).
+struct AttentionBf16Access {
+  static void forward(Ops& o, std::uint16_t* out, float* lse, const std::uint16_t* q,
+                      const std::uint16_t* k, const std::uint16_t* v,
+                      const Ops::AttentionShape& s) {
+    dynamic_cast<CudaOps&>(o).attention_forward_bf16(out, lse, q, k, v, s);
+  }
+  static void backward(Ops& o, std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                       const std::uint16_t* dout, const std::uint16_t* out, const float* lse,
+                       const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                       const Ops::AttentionShape& s) {
+    dynamic_cast<CudaOps&>(o).attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, s);
+  }
+};
+}  // namespace trident::ops::cuda
 
 namespace {
 
@@ -65,7 +89,7 @@ void run(const std::string& path, int reps, int b, int t, int nh, int hs) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& x : h) x = normal(rng);
-  double f_ms = 0.0, b_ms = 0.0;
+  double f_ms = 0.0, b_ms = 0.0, f16_ms = 0.0, b16_ms = 0.0;
   {
     trident::FloatBuffer qkv(h.size(), ops->memory()), dqkv(h.size(), ops->memory());
     trident::FloatBuffer out(std::size_t(rows * c), ops->memory()),
@@ -92,6 +116,39 @@ void run(const std::string& path, int reps, int b, int t, int nh, int hs) {
     f_ms = median(fwd);
     b_ms = median(bwd);
   }
+  {  // the bf16-I/O entry points: the same values rounded to bf16
+    using Bf16 = trident::ops::cuda::AttentionBf16Access;
+    std::vector<std::uint16_t> h16(h.size());
+    for (std::size_t i = 0; i < h.size(); i++) {
+      std::uint32_t u;
+      std::memcpy(&u, &h[i], 4);
+      h16[i] = std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    trident::Buffer<std::uint16_t> qkv(h.size(), ops->memory()), dqkv(h.size(), ops->memory());
+    trident::Buffer<std::uint16_t> out(std::size_t(rows * c), ops->memory()),
+        dout(std::size_t(rows * c), ops->memory());
+    trident::FloatBuffer lse(std::size_t(std::int64_t(b) * nh * t), ops->memory());
+    ops->memory()->to_device(qkv.data(), h16.data(), h16.size() * 2);
+    ops->memory()->to_device(dout.data(), h16.data(), std::size_t(rows * c) * 2);
+    std::uint16_t *q = qkv.data(), *k = q + c, *v = q + 2 * c;
+    std::uint16_t *dq = dqkv.data(), *dk = dq + c, *dv = dq + 2 * c;
+    std::vector<double> fwd, bwd;
+    for (int r = 0; r <= reps; r++) {
+      ops->memory()->synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      Bf16::forward(*ops, out.data(), lse.data(), q, k, v, s);
+      ops->memory()->synchronize();
+      auto t1 = std::chrono::steady_clock::now();
+      Bf16::backward(*ops, dq, dk, dv, dout.data(), out.data(), lse.data(), q, k, v, s);
+      ops->memory()->synchronize();
+      auto t2 = std::chrono::steady_clock::now();
+      if (r == 0) continue;
+      fwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      bwd.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    f16_ms = median(fwd);
+    b16_ms = median(bwd);
+  }
   const double flop = double(b) * nh * double(t) * t * hs;
   ops.reset();  // after the buffers: writes the table
   const std::string tab = read_file(table);
@@ -101,6 +158,13 @@ void run(const std::string& path, int reps, int b, int t, int nh, int hs) {
                 "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f}\n",
                 path.c_str(), used ? "true" : "false", b, t, nh, hs, f_ms, b_ms,
                 2 * flop / (f_ms * 1e9), 5 * flop / (b_ms * 1e9));
+    const std::string row16 = std::string("\"attention_forward bf16 ") +
+                              (cudnn ? "cudnn" : path == "tc" ? "tc" : "widened") + "\"";
+    std::printf("{\"path\": \"%s-bf16io\", \"used\": %s, \"b\": %d, \"t\": %d, \"nh\": %d, "
+                "\"hs\": %d, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
+                "\"bwd_tflops\": %.2f}\n",
+                path.c_str(), tab.find(row16) != std::string::npos ? "true" : "false", b, t, nh,
+                hs, f16_ms, b16_ms, 2 * flop / (f16_ms * 1e9), 5 * flop / (b16_ms * 1e9));
     std::fflush(stdout);
 }
 

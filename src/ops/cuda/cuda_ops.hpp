@@ -1,8 +1,9 @@
 // ops/cuda/cuda_ops.hpp — the CUDA backend of trident::ops::Ops (private to src/ops/cuda):
 // cuBLAS for every matrix product, the kernels of kernels.hpp for everything else, all queued
 // on one stream the object owns. The member functions are defined in cuda_ops.cpp (setup,
-// scratch, copies, the non-GEMM ops), matmul.cpp (gemm, linear, attention) and
-// cudnn_attention.cpp (attention through cuDNN, tried first under bf16).
+// scratch, copies, the non-GEMM ops), matmul.cpp (gemm, linear, attention),
+// cudnn_attention.cpp (attention through cuDNN, tried first under bf16) and
+// attention_bf16.cpp (attention on bf16 q/k/v/out and gradients).
 // defines: trident::ops::cuda::CudaOps
 //
 // Memory: one cudaMalloc per object, made in the constructor: the arena of `memory_`
@@ -254,6 +255,26 @@ class CudaOps final : public Ops {
   // first attention call.
   std::unique_ptr<CudnnAttention> cudnn_;
   std::map<std::array<std::int64_t, 4>, LtPlan> lt_plans_;  // {n, in, out, alignments}
+
+  // ---- attention on bf16 activations (attention_bf16.cpp; the fused GPT-2 block's) -------
+  // attention_forward/backward with bf16 q, k, v, dout, out (std::uint16_t storage, round to
+  // nearest even) and bf16 out, dq, dk, dv; lse fp32 [B, NH, T]; strides of s in elements
+  // (GPT's fused qkv [B, T, 3C]: q = qkv, k = qkv + C, v = qkv + 2C, ld 3C; out ld C).
+  // Gradients are written, never accumulated (s.accumulate is refused). Each call takes the
+  // first path that accepts it: cuDNN on the caller's tensors (bf16 products, causal, nkv ==
+  // nh, hs % 8 == 0 up to 128, packed sequences, strides % 8, 16-byte aligned), trident's
+  // tensor-core kernels reading and writing bf16 (tc_attention: hs % 16 == 0), else the
+  // fp32 kernels between a widening and a narrowing pass (fp32/tf32, other head sizes,
+  // TRIDENT_CUDA_BASELINE). Timed as "attention_forward bf16 cudnn|tc|widened" (backward
+  // alike). Friend AttentionBf16Access: the GPU op test and bench reach them.
+  void attention_forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                              const std::uint16_t* k, const std::uint16_t* v,
+                              const AttentionShape& s);
+  void attention_backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                               const std::uint16_t* dout, const std::uint16_t* out,
+                               const float* lse, const std::uint16_t* q, const std::uint16_t* k,
+                               const std::uint16_t* v, const AttentionShape& s);
+  friend struct AttentionBf16Access;
 };
 
 }  // namespace trident::ops::cuda

@@ -46,6 +46,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -94,6 +95,16 @@ const char* CudnnAttention::decline(const Ops::AttentionShape& s) {
       s.batch_v() != s.t * s.ld_v || s.batch_o() != s.t * s.ld_o)
     return "blocks of a longer sequence";
   if (s.lse_row() != s.t) return "lse rows longer than t";
+  return nullptr;
+}
+
+const char* CudnnAttention::decline_bf16(const Ops::AttentionShape& s,
+                                         std::initializer_list<const void*> tensors) {
+  if (const char* no = decline(s)) return no;
+  if (s.ld_q % 8 || s.ld_k % 8 || s.ld_v % 8 || s.ld_o % 8)
+    return "bf16 row strides not multiples of 8 elements";
+  for (const void* p : tensors)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16) return "bf16 tensor not 16-byte aligned";
   return nullptr;
 }
 
@@ -446,30 +457,39 @@ class Builder {
   std::int64_t next_virtual_ = 100;
 };
 
-// The packed bf16 [B, T, NH, hs] copies as cuDNN's [b, h, s, d], and K^T / V^T views of them.
+// The bf16 tensors' row strides (elements): the packed copies' (NH * hs each), or the
+// caller's own (the bf16-I/O entry points: q, k, v inside GPT's fused qkv, ld 3C). Sequences
+// are packed (batch stride t * ld: decline() holds ring attention's blocks back).
+struct Layout {
+  std::int64_t q, k, v, o;
+};
+Layout packed_layout(std::int64_t nh, std::int64_t hs) {
+  return {nh * hs, nh * hs, nh * hs, nh * hs};
+}
+
+// A [B, T, NH, hs] tensor with row stride ld as cuDNN's [b, h, s, d], and the K^T / V^T view
+// of one (dims [b, h, d, s], the last two strides swapped).
 Dims bshd_dims(std::int64_t b, std::int64_t t, std::int64_t nh, std::int64_t hs) {
   return {b, nh, t, hs};
 }
-Dims bshd_strides(std::int64_t t, std::int64_t nh, std::int64_t hs) {
-  return {t * nh * hs, hs, nh * hs, 1};
-}
+Dims bshd_strides(std::int64_t t, std::int64_t ld, std::int64_t hs) { return {t * ld, hs, ld, 1}; }
 Dims transposed_dims(std::int64_t b, std::int64_t t, std::int64_t nh, std::int64_t hs) {
   return {b, nh, hs, t};
 }
-Dims transposed_strides(std::int64_t t, std::int64_t nh, std::int64_t hs) {
-  return {t * nh * hs, hs, 1, nh * hs};
+Dims transposed_strides(std::int64_t t, std::int64_t ld, std::int64_t hs) {
+  return {t * ld, hs, 1, ld};
 }
 
 void build_forward(Graph& g, Builder& B, std::int64_t b, std::int64_t t, std::int64_t nh,
-                   std::int64_t hs) {
-  const Dims io = bshd_dims(b, t, nh, hs), io_s = bshd_strides(t, nh, hs);
+                   std::int64_t hs, const Layout& ld) {
+  const Dims io = bshd_dims(b, t, nh, hs);
   const Dims sc = {b, nh, t, t}, sc_s = {nh * t * t, t * t, t, 1};
   const Dims row = {b, nh, t, 1}, row_s = {nh * t, t, 1, 1};
-  auto Q = B.tensor("Q", kQ, CUDNN_DATA_BFLOAT16, io, io_s, false);
+  auto Q = B.tensor("Q", kQ, CUDNN_DATA_BFLOAT16, io, bshd_strides(t, ld.q, hs), false);
   auto KT = B.tensor("K^T", kK, CUDNN_DATA_BFLOAT16, transposed_dims(b, t, nh, hs),
-                     transposed_strides(t, nh, hs), false);
-  auto V = B.tensor("V", kV, CUDNN_DATA_BFLOAT16, io, io_s, false);
-  auto O = B.tensor("O", kO, CUDNN_DATA_BFLOAT16, io, io_s, false);
+                     transposed_strides(t, ld.k, hs), false);
+  auto V = B.tensor("V", kV, CUDNN_DATA_BFLOAT16, io, bshd_strides(t, ld.v, hs), false);
+  auto O = B.tensor("O", kO, CUDNN_DATA_BFLOAT16, io, bshd_strides(t, ld.o, hs), false);
   auto stats = B.tensor("Stats", kStats, CUDNN_DATA_FLOAT, row, row_s, false);
   auto scale = B.scalar("scale", kScale);
   auto fill = B.scalar("mask fill", kNegInf);
@@ -497,21 +517,24 @@ void build_forward(Graph& g, Builder& B, std::int64_t b, std::int64_t t, std::in
 }
 
 void build_backward(Graph& g, Builder& B, std::int64_t b, std::int64_t t, std::int64_t nh,
-                    std::int64_t hs) {
-  const Dims io = bshd_dims(b, t, nh, hs), io_s = bshd_strides(t, nh, hs);
-  const Dims tr = transposed_dims(b, t, nh, hs), tr_s = transposed_strides(t, nh, hs);
+                    std::int64_t hs, const Layout& ld) {
+  const Dims io = bshd_dims(b, t, nh, hs), tr = transposed_dims(b, t, nh, hs);
+  const Dims q_s = bshd_strides(t, ld.q, hs), kt_s = transposed_strides(t, ld.k, hs);
+  const Dims vt_s = transposed_strides(t, ld.v, hs), o_s = bshd_strides(t, ld.o, hs);
   const Dims sc = {b, nh, t, t}, sc_s = {nh * t * t, t * t, t, 1};
   const Dims sc_t_s = {nh * t * t, t * t, 1, t};  // [b,h,s_kv,s_q] views of [b,h,s_q,s_kv]
   const Dims row = {b, nh, t, 1}, row_s = {nh * t, t, 1, 1};
-  auto Q = B.tensor("Q", kQ, CUDNN_DATA_BFLOAT16, io, io_s, false);
-  auto KT = B.tensor("K^T", kK, CUDNN_DATA_BFLOAT16, tr, tr_s, false);
-  auto VT = B.tensor("V^T", kV, CUDNN_DATA_BFLOAT16, tr, tr_s, false);
-  auto O = B.tensor("O", kO, CUDNN_DATA_BFLOAT16, io, io_s, false);
-  auto dO = B.tensor("dO", kDO, CUDNN_DATA_BFLOAT16, io, io_s, false);
+  // dO has out's strides, dQ / dK / dV those of q / k / v (the gradients of GPT's fused
+  // qkv land in the fused dqkv).
+  auto Q = B.tensor("Q", kQ, CUDNN_DATA_BFLOAT16, io, q_s, false);
+  auto KT = B.tensor("K^T", kK, CUDNN_DATA_BFLOAT16, tr, kt_s, false);
+  auto VT = B.tensor("V^T", kV, CUDNN_DATA_BFLOAT16, tr, vt_s, false);
+  auto O = B.tensor("O", kO, CUDNN_DATA_BFLOAT16, io, o_s, false);
+  auto dO = B.tensor("dO", kDO, CUDNN_DATA_BFLOAT16, io, o_s, false);
   auto stats = B.tensor("Stats", kStats, CUDNN_DATA_FLOAT, row, row_s, false);
-  auto dQ = B.tensor("dQ", kDQ, CUDNN_DATA_BFLOAT16, io, io_s, false);
-  auto dK = B.tensor("dK", kDK, CUDNN_DATA_BFLOAT16, io, io_s, false);
-  auto dV = B.tensor("dV", kDV, CUDNN_DATA_BFLOAT16, io, io_s, false);
+  auto dQ = B.tensor("dQ", kDQ, CUDNN_DATA_BFLOAT16, io, q_s, false);
+  auto dK = B.tensor("dK", kDK, CUDNN_DATA_BFLOAT16, io, bshd_strides(t, ld.k, hs), false);
+  auto dV = B.tensor("dV", kDV, CUDNN_DATA_BFLOAT16, io, bshd_strides(t, ld.v, hs), false);
   auto scale = B.scalar("scale", kScale);
   auto fill = B.scalar("mask fill", kNegInf);
   auto one = B.scalar("one", kOne);
@@ -552,7 +575,7 @@ void build_backward(Graph& g, Builder& B, std::int64_t b, std::int64_t t, std::i
   B.reshape("reshape_dS", dS, dST);
   B.matmul("matmul_dST_Q", dST, Q, dK);
   // dQ = dS K (K as a [b,h,s,d] view of K^T; fp32 like the frontend's unset virtual type).
-  auto K = B.tensor("K", -1, CUDNN_DATA_FLOAT, io, io_s, true);
+  auto K = B.tensor("K", -1, CUDNN_DATA_FLOAT, io, bshd_strides(t, ld.k, hs), true);
   B.reshape("reshape_k", KT, K);
   if (g.dq_accumulator) {
     auto acc = B.tensor("dQ accumulator", kDQAcc, CUDNN_DATA_FLOAT, io,
@@ -565,6 +588,16 @@ void build_backward(Graph& g, Builder& B, std::int64_t b, std::int64_t t, std::i
   }
 }
 
+// What a graph depends on: {backward, b, t, nh, hs, row strides of q, k, v, out}.
+using GraphKey = std::array<std::int64_t, 9>;
+GraphKey graph_key(bool backward, const Ops::AttentionShape& s, const Layout& ld) {
+  return {backward, s.b, s.t, s.nh, s.hs, ld.q, ld.k, ld.v, ld.o};
+}
+// The strides cuDNN sees: the caller's (bf16 I/O) or the packed copies'.
+Layout layout_of(const Ops::AttentionShape& s, bool bf16_io) {
+  return bf16_io ? Layout{s.ld_q, s.ld_k, s.ld_v, s.ld_o} : packed_layout(s.nh, s.hs);
+}
+
 }  // namespace
 
 struct CudnnAttention::Impl {
@@ -572,9 +605,9 @@ struct CudnnAttention::Impl {
   cudnnHandle_t handle = nullptr;
   bool deterministic = true;
   bool verbose = false;
-  // Per {backward, b, t, nh, hs}: the graph, or null when it failed (not retried).
-  std::map<std::array<std::int64_t, 5>, std::unique_ptr<Graph>> graphs;
-  std::map<std::array<std::int64_t, 5>, std::string> failures;
+  // Per GraphKey (everything the graph depends on): the graph, or the failure (not retried).
+  std::map<GraphKey, std::unique_ptr<Graph>> graphs;
+  std::map<GraphKey, std::string> failures;
 
   ~Impl() {
     graphs.clear();  // descriptors before the handle
@@ -585,7 +618,8 @@ struct CudnnAttention::Impl {
   // The graph with a plan, trying the two ways cudnn-frontend has written the causal mask's
   // index generation (fp32 compute, then int32); the last attempt when neither plans.
   std::unique_ptr<Graph> build(bool backward, std::int64_t b, std::int64_t t, std::int64_t nh,
-                               std::int64_t hs, cudnnHandle_t h, std::ostream* log) {
+                               std::int64_t hs, const Layout& ld, cudnnHandle_t h,
+                               std::ostream* log) {
     std::unique_ptr<Graph> g;
     std::string first_error;
     for (cudnnDataType_t index_compute : {CUDNN_DATA_FLOAT, CUDNN_DATA_INT32}) {
@@ -600,9 +634,9 @@ struct CudnnAttention::Impl {
       g->dq_accumulator = backward && !deterministic;
       Builder B(*g, log, index_compute);
       if (backward)
-        build_backward(*g, B, b, t, nh, hs);
+        build_backward(*g, B, b, t, nh, hs, ld);
       else
-        build_forward(*g, B, b, t, nh, hs);
+        build_forward(*g, B, b, t, nh, hs, ld);
       B.plan(h, deterministic, cudnn_workspace_bound(b, t, nh, hs));
       if (g->error.empty() && g->plan) return g;
       if (first_error.empty()) first_error = g->error;
@@ -660,10 +694,10 @@ struct Blocks {
            std::int64_t(aligned_bytes(std::size_t(std::max<std::int64_t>(workspace, 1))));
   }
 };
-Blocks blocks_of(const Ops::AttentionShape& s, bool backward, const Graph& g) {
+Blocks blocks_of(const Ops::AttentionShape& s, bool backward, bool bf16_io, const Graph& g) {
   Blocks k;
   k.copy = 2 * std::int64_t(s.b) * s.t * s.nh * s.hs;
-  k.copies = backward ? 8 : 4;
+  k.copies = bf16_io ? 0 : backward ? 8 : 4;
   k.dsum = backward ? 4 * std::int64_t(s.b) * s.nh * s.t : 0;
   k.acc = g.dq_accumulator ? 4 * std::int64_t(s.b) * s.nh * s.t * s.hs : 0;
   k.workspace = g.workspace;
@@ -671,7 +705,7 @@ Blocks blocks_of(const Ops::AttentionShape& s, bool backward, const Graph& g) {
 }
 }  // namespace
 
-std::int64_t CudnnAttention::prepare(const Ops::AttentionShape& s, bool backward) {
+std::int64_t CudnnAttention::prepare(const Ops::AttentionShape& s, bool backward, bool bf16_io) {
   if (!available()) return -1;
   if (const char* no = decline(s)) {
     reason_ = no;
@@ -682,30 +716,38 @@ std::int64_t CudnnAttention::prepare(const Ops::AttentionShape& s, bool backward
     refuse("backward with t % 128 != 0 needs cuDNN > 9.15");
     return -1;
   }
-  const std::array<std::int64_t, 5> key = {backward, s.b, s.t, s.nh, s.hs};
+  const Layout ld = layout_of(s, bf16_io);
+  const GraphKey key = graph_key(backward, s, ld);
   auto it = impl_->graphs.find(key);
   if (it == impl_->graphs.end()) {
     if (impl_->failures.count(key)) {
       reason_ = impl_->failures[key];
       return -1;
     }
-    std::unique_ptr<Graph> g = impl_->build(backward, s.b, s.t, s.nh, s.hs, impl_->handle, nullptr);
+    std::unique_ptr<Graph> g =
+        impl_->build(backward, s.b, s.t, s.nh, s.hs, ld, impl_->handle, nullptr);
     if (!g->error.empty() || !g->plan) {
       const std::string why = (backward ? "backward b " : "forward b ") + std::to_string(s.b) +
                               " t " + std::to_string(s.t) + " nh " + std::to_string(s.nh) +
-                              " hs " + std::to_string(s.hs) + ": " +
+                              " hs " + std::to_string(s.hs) +
+                              (bf16_io ? " (bf16, row strides " + std::to_string(ld.q) + " " +
+                                             std::to_string(ld.k) + " " + std::to_string(ld.v) +
+                                             " " + std::to_string(ld.o) + ")"
+                                       : std::string()) +
+                              ": " +
                               (g->error.empty() ? std::string("no plan") : g->error);
       impl_->failures[key] = why;
       refuse(why);
       return -1;
     }
     if (impl_->verbose)
-      std::fprintf(stderr, "cuDNN attention: %s plan b %d t %d nh %d hs %d: engine %lld, "
-                   "workspace %lld bytes\n", backward ? "backward" : "forward", s.b, s.t, s.nh,
-                   s.hs, static_cast<long long>(g->engine), static_cast<long long>(g->workspace));
+      std::fprintf(stderr, "cuDNN attention: %s%s plan b %d t %d nh %d hs %d: engine %lld, "
+                   "workspace %lld bytes\n", backward ? "backward" : "forward",
+                   bf16_io ? " (bf16 I/O)" : "", s.b, s.t, s.nh, s.hs,
+                   static_cast<long long>(g->engine), static_cast<long long>(g->workspace));
     it = impl_->graphs.emplace(key, std::move(g)).first;
   }
-  return blocks_of(s, backward, *it->second).total();
+  return blocks_of(s, backward, bf16_io, *it->second).total();
 }
 
 namespace {
@@ -733,9 +775,9 @@ bool execute(const Api& api, cudnnHandle_t handle, const Graph& g,
 
 bool CudnnAttention::forward(BumpBlock& scratch, float* out, float* lse, const float* q,
                              const float* k, const float* v, const Ops::AttentionShape& s) {
-  const std::array<std::int64_t, 5> key = {0, s.b, s.t, s.nh, s.hs};
+  const GraphKey key = graph_key(false, s, layout_of(s, false));
   Graph& g = *impl_->graphs.at(key);
-  const Blocks k_ = blocks_of(s, false, g);
+  const Blocks k_ = blocks_of(s, false, false, g);
   const std::int64_t rows = std::int64_t(s.b) * s.t, cols = std::int64_t(s.nh) * s.hs;
   void* q16 = scratch.alloc(std::size_t(k_.copy));
   void* k16 = scratch.alloc(std::size_t(k_.copy));
@@ -761,9 +803,9 @@ bool CudnnAttention::backward(BumpBlock& scratch, float* dq, float* dk, float* d
                               const float* dout, const float* out, const float* lse,
                               const float* q, const float* k, const float* v,
                               const Ops::AttentionShape& s) {
-  const std::array<std::int64_t, 5> key = {1, s.b, s.t, s.nh, s.hs};
+  const GraphKey key = graph_key(true, s, layout_of(s, false));
   Graph& g = *impl_->graphs.at(key);
-  const Blocks k_ = blocks_of(s, true, g);
+  const Blocks k_ = blocks_of(s, true, false, g);
   const std::int64_t rows = std::int64_t(s.b) * s.t, cols = std::int64_t(s.nh) * s.hs;
   std::array<void*, 8> c{};
   for (void*& p : c) p = scratch.alloc(std::size_t(k_.copy));
@@ -800,6 +842,58 @@ bool CudnnAttention::backward(BumpBlock& scratch, float* dq, float* dk, float* d
   return true;
 }
 
+bool CudnnAttention::forward_bf16(BumpBlock& scratch, std::uint16_t* out, float* lse,
+                                  const std::uint16_t* q, const std::uint16_t* k,
+                                  const std::uint16_t* v, const Ops::AttentionShape& s) {
+  const GraphKey key = graph_key(false, s, layout_of(s, true));
+  Graph& g = *impl_->graphs.at(key);
+  const Blocks k_ = blocks_of(s, false, true, g);
+  void* ws = scratch.alloc(std::size_t(std::max<std::int64_t>(k_.workspace, 1)));
+  std::string error;
+  if (!execute(impl_->api, impl_->handle, g, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
+               {const_cast<std::uint16_t*>(q), const_cast<std::uint16_t*>(k),
+                const_cast<std::uint16_t*>(v), out, lse, &g.scale, &g.neg_inf},
+               ws, error)) {
+    impl_->graphs.erase(key);
+    impl_->failures[key] = error;
+    return refuse(error);
+  }
+  return true;
+}
+
+bool CudnnAttention::backward_bf16(BumpBlock& scratch, std::uint16_t* dq, std::uint16_t* dk,
+                                   std::uint16_t* dv, const std::uint16_t* dout,
+                                   const std::uint16_t* out, const float* lse,
+                                   const std::uint16_t* q, const std::uint16_t* k,
+                                   const std::uint16_t* v, const Ops::AttentionShape& s) {
+  const GraphKey key = graph_key(true, s, layout_of(s, true));
+  Graph& g = *impl_->graphs.at(key);
+  const Blocks k_ = blocks_of(s, true, true, g);
+  void* dsum = scratch.alloc(std::size_t(k_.dsum));
+  void* acc = k_.acc ? scratch.alloc(std::size_t(k_.acc)) : nullptr;
+  void* ws = scratch.alloc(std::size_t(std::max<std::int64_t>(k_.workspace, 1)));
+  const auto in = [](const std::uint16_t* p) {
+    return static_cast<void*>(const_cast<std::uint16_t*>(p));
+  };
+  std::vector<std::int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDsum,
+                                    kScale, kNegInf, kOne};
+  std::vector<void*> ptrs = {in(q), in(k), in(v), in(out), in(dout), const_cast<float*>(lse),
+                             dq, dk, dv, dsum, &g.scale, &g.neg_inf, &g.one};
+  if (acc) {
+    if (impl_->api.version < 90600)
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(acc, 0, std::size_t(k_.acc), stream_));
+    uids.push_back(kDQAcc);
+    ptrs.push_back(acc);
+  }
+  std::string error;
+  if (!execute(impl_->api, impl_->handle, g, uids, ptrs, ws, error)) {
+    impl_->graphs.erase(key);
+    impl_->failures[key] = error;
+    return refuse(error);
+  }
+  return true;
+}
+
 std::string CudnnAttention::probe(int b, int t, int nh, int hs) {
   std::ostringstream out;
   Api api;
@@ -820,17 +914,25 @@ std::string CudnnAttention::probe(int b, int t, int nh, int hs) {
   }
   // The forward, the backward trident uses (deterministic unless TRIDENT_CUDNN_DETERMINISTIC=0:
   // "ok   backward" is for that one), and the other backward, for the record.
+  // Then the bf16-I/O entry points' graphs on GPT's fused qkv (q, k, v row stride 3 NH hs,
+  // out NH hs; "ok   forward bf16 fused qkv", "ok   backward bf16 fused qkv").
   const bool deterministic = !env_equals("TRIDENT_CUDNN_DETERMINISTIC", "0");
-  for (int which = 0; which < 3; which++) {
-    const bool backward = which > 0, det = which == 2 ? !deterministic : deterministic;
-    const std::string name = !backward ? "forward" : which == 1 ? "backward" : "other backward";
+  const std::int64_t c = std::int64_t(nh) * hs;
+  for (int which = 0; which < 5; which++) {
+    const bool backward = which == 1 || which == 2 || which == 4;
+    const bool det = which == 2 ? !deterministic : deterministic, fused = which >= 3;
+    const std::string name = std::string(!backward ? "forward" : which == 2 ? "other backward"
+                                                                            : "backward") +
+                             (fused ? " bf16 fused qkv" : "");
+    const Layout ld = fused ? Layout{3 * c, 3 * c, 3 * c, c} : packed_layout(nh, hs);
     out << "---- " << name << (backward ? det ? " (deterministic)" : " (non-deterministic)" : "")
-        << " b " << b << " t " << t << " nh " << nh << " hs " << hs << "\n";
+        << " b " << b << " t " << t << " nh " << nh << " hs " << hs << " row strides q "
+        << ld.q << " k " << ld.k << " v " << ld.v << " o " << ld.o << "\n";
     Impl impl;
     impl.api = api;
     impl.handle = nullptr;  // the probe's own handle is destroyed below, not by impl
     impl.deterministic = det;
-    std::unique_ptr<Graph> g = impl.build(backward, b, t, nh, hs, handle, &out);
+    std::unique_ptr<Graph> g = impl.build(backward, b, t, nh, hs, ld, handle, &out);
     if (g->error.empty() && g->plan) out << "ok   " << name << "\n";
     g.reset();
   }
@@ -856,7 +958,18 @@ bool CudnnAttention::available() {
   return false;
 }
 std::string CudnnAttention::describe() const { return ""; }
-std::int64_t CudnnAttention::prepare(const Ops::AttentionShape&, bool) { return -1; }
+std::int64_t CudnnAttention::prepare(const Ops::AttentionShape&, bool, bool) { return -1; }
+bool CudnnAttention::forward_bf16(BumpBlock&, std::uint16_t*, float*, const std::uint16_t*,
+                                  const std::uint16_t*, const std::uint16_t*,
+                                  const Ops::AttentionShape&) {
+  return false;
+}
+bool CudnnAttention::backward_bf16(BumpBlock&, std::uint16_t*, std::uint16_t*, std::uint16_t*,
+                                   const std::uint16_t*, const std::uint16_t*, const float*,
+                                   const std::uint16_t*, const std::uint16_t*,
+                                   const std::uint16_t*, const Ops::AttentionShape&) {
+  return false;
+}
 bool CudnnAttention::forward(BumpBlock&, float*, float*, const float*, const float*,
                              const float*, const Ops::AttentionShape&) {
   return false;

@@ -12,6 +12,10 @@
 // t * ld: not ring attention's blocks) and lse rows of t. Everything else stays on
 // flash_attention.cu's kernels. CudaOps calls it under bf16 products only.
 //
+// bf16 I/O (forward_bf16, backward_bf16: CudaOps::attention_forward_bf16's first path): the
+// caller's bf16 q, k, v, out, dout and dq, dk, dv go to cuDNN as they are, [b,h,s,d] with
+// strides {t * ld, hs, ld, 1} (ld each tensor's row stride): no conversion passes.
+//
 // Data: trident's q/k/v are fp32 strided views (of the fused qkv [B,T,3C]); each call
 // converts them to packed bf16 [B,T,NH*hs] copies in the op scratch and hands cuDNN
 // [b,h,s,d] views of those (strides {T*NH*hs, hs, NH*hs, 1}); O comes back as bf16 in the
@@ -40,6 +44,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -58,6 +63,11 @@ class CudnnAttention {
  public:
   // nullptr when the shape is one this path takes; else why not (a fixed string).
   static const char* decline(const Ops::AttentionShape& s);
+  // The same for the bf16-I/O calls (forward_bf16, backward_bf16), which hand cuDNN the
+  // caller's tensors: also row strides multiples of 8 and every tensor 16-byte aligned (the
+  // alignment the graphs declare).
+  static const char* decline_bf16(const Ops::AttentionShape& s,
+                                  std::initializer_list<const void*> tensors);
 
   // Nothing is loaded here: the library and handle come at the first available() call.
   explicit CudnnAttention(cudaStream_t stream);
@@ -75,8 +85,9 @@ class CudnnAttention {
 
   // The op scratch one call of this shape needs (bf16 copies + workspace), after building
   // (and caching) its plan; -1 when no plan can be made (reason() says why). backward
-  // selects the backward graph.
-  std::int64_t prepare(const Ops::AttentionShape& s, bool backward);
+  // selects the backward graph; bf16_io the graph on the caller's strides (no copies).
+  // Plans are cached per (forward/backward, b, t, nh, hs, the four row strides).
+  std::int64_t prepare(const Ops::AttentionShape& s, bool backward, bool bf16_io = false);
   // The calls themselves, after prepare() said yes for the shape; `scratch` holds at least
   // prepare()'s bytes (reset). False when cuDNN refused to execute (the outputs are then
   // untouched or partly written: the caller recomputes them).
@@ -85,9 +96,19 @@ class CudnnAttention {
   bool backward(BumpBlock& scratch, float* dq, float* dk, float* dv, const float* dout,
                 const float* out, const float* lse, const float* q, const float* k,
                 const float* v, const Ops::AttentionShape& s);
+  // The bf16-I/O calls, after prepare(s, ..., true) said yes: cuDNN reads q, k, v (and out,
+  // dout) and writes out (dq, dk, dv) in place with the shape's row strides, no copies; the
+  // scratch holds only the backward's row sums (and dQ accumulator) and the workspace.
+  bool forward_bf16(BumpBlock& scratch, std::uint16_t* out, float* lse, const std::uint16_t* q,
+                    const std::uint16_t* k, const std::uint16_t* v, const Ops::AttentionShape& s);
+  bool backward_bf16(BumpBlock& scratch, std::uint16_t* dq, std::uint16_t* dk,
+                     std::uint16_t* dv, const std::uint16_t* dout, const std::uint16_t* out,
+                     const float* lse, const std::uint16_t* q, const std::uint16_t* k,
+                     const std::uint16_t* v, const Ops::AttentionShape& s);
 
   // For the probe (trident_cudnn_probe) and the GPU check: loads the library and builds
-  // both graphs for (b, t, nh, hs) as far as it can — without a GPU, as far as cuDNN goes
+  // both graphs for (b, t, nh, hs) (packed copies, then the bf16-I/O graphs on GPT's fused
+  // qkv strides) as far as it can — without a GPU, as far as cuDNN goes
   // without a handle — and returns a report, one step a line, ending with the first
   // failing call (cudnnGetErrorString and cudnnGetLastErrorString) or "ok".
   static std::string probe(int b, int t, int nh, int hs);

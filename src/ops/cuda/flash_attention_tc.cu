@@ -2,9 +2,12 @@
 // products in bf16 with fp32 accumulation through the warp matrix API (nvcuda::wmma,
 // m16n16k16, sm_80+), softmax and outputs in fp32. The algorithm and the contract of
 // flash_attention.cu (causal or full, grouped-query heads, row and batch strides,
-// accumulate); q, k, v, dout stay fp32 in memory and are rounded to bf16 (nearest even) as
-// their tiles are staged in shared memory. Head sizes multiples of 16 up to 128
-// (flash_tc_supported); kernels are built for head-size bounds D of 32, 64 and 128 and skip
+// accumulate). The global element type is a template parameter: fp32 (q, k, v, dout, out in
+// fp32, rounded to bf16 (nearest even) as their tiles are staged in shared memory; out, dq,
+// dk, dv written in fp32) or bf16 bits (the bf16-I/O entry points, attention_bf16.cpp: the
+// same tiles read without rounding, so the products are those of the fp32 instantiation on
+// bf16-rounded inputs; out, dq, dk, dv rounded to bf16 as they are written). Head sizes
+// multiples of 16 up to 128 (flash_tc_supported); kernels are built for head-size bounds D of 32, 64 and 128 and skip
 // the 16-column slices beyond hs.
 // Every warp owns 16 rows of its block's tile. WMMA's fragment layout is unspecified, so
 // whatever is done per row (masking, the online softmax, rescaling the output accumulator,
@@ -21,7 +24,8 @@
 // Causal: key tiles past the query tile's last row (forward, dq) and query tiles before the
 // key tile's first row (dk, dv) are skipped. No atomics; no device scratch.
 // defines: flash_tc_supported, launch_flash_attention_tc_forward,
-//          launch_flash_attention_tc_backward
+//          launch_flash_attention_tc_backward, launch_flash_attention_tc_forward_bf16,
+//          launch_flash_attention_tc_backward_bf16
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -63,15 +67,37 @@ Dims dims_of(const FlashShape& s) {
               s.bs_lse, 1.0f / sqrtf(float(s.hs)), s.causal, s.accumulate};
 }
 
+// The global element types: float, or Bf16Bits (bf16 stored as its 16 bits, what the
+// bf16-I/O entry points take: std::uint16_t on the host). Read through float (a bf16 value
+// widens exactly; rounding it to bf16 again is exact too), written rounded to nearest even
+// (NaN stays a quiet NaN, as pointwise.cu's conversion). Going through float and the bits
+// keeps the emulation's exact build (a float standing in for __nv_bfloat16) reading and
+// writing real 16-bit storage.
+using Bf16Bits = unsigned short;
+__device__ __forceinline__ float load_elem(const float* p) { return *p; }
+__device__ __forceinline__ float load_elem(const Bf16Bits* p) {
+  const unsigned int u = (unsigned int)(*p) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+__device__ __forceinline__ void store_elem(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_elem(Bf16Bits* p, float v) {
+  unsigned int u;
+  memcpy(&u, &v, sizeof u);
+  *p = (u & 0x7fffffffu) > 0x7f800000u ? (Bf16Bits)((u >> 16) | 0x40u)
+                                       : (Bf16Bits)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 // dst[r * ldd + c] = bf16(src[(row0 + r) * ld + c]) for r < rows, c < hs <= D (rows from t
 // on: 0). All threads of the block, consecutive threads on consecutive columns.
-template <int D>
-__device__ __forceinline__ void stage_bf16(bf16* dst, int ldd, const float* src, long long ld,
+template <int D, typename T>
+__device__ __forceinline__ void stage_bf16(bf16* dst, int ldd, const T* src, long long ld,
                                            int row0, int rows, int t, int hs) {
   for (int x = threadIdx.x; x < rows * D; x += blockDim.x) {
     const int r = x / D, c = x % D;
     if (c >= hs) continue;
-    const float v = row0 + r < t ? src[(long long)(row0 + r) * ld + c] : 0.0f;
+    const float v = row0 + r < t ? load_elem(src + (long long)(row0 + r) * ld + c) : 0.0f;
     dst[r * ldd + c] = __float2bfloat16_rn(v);
   }
 }
@@ -117,8 +143,8 @@ __device__ __forceinline__ void scale_rows(FragAcc& f, float* stage, int ld, flo
 // Row lane_row() of the fragments f[0 .. hs/16) (a warp's 16 x hs result) times `factor` to
 // dst[c] (c < hs; added to it with `accumulate`), through the staging tile; `write` false for
 // rows beyond t (the lane then only takes part in the warp's stores and barriers).
-template <int D>
-__device__ __forceinline__ void write_rows(float* dst, const FragAcc (&f)[D / 16], float* stage,
+template <int D, typename T>
+__device__ __forceinline__ void write_rows(T* dst, const FragAcc (&f)[D / 16], float* stage,
                                            int ld, int hs, float factor, bool write,
                                            bool accumulate) {
 #pragma unroll
@@ -128,9 +154,10 @@ __device__ __forceinline__ void write_rows(float* dst, const FragAcc (&f)[D / 16
     __syncwarp();
     if (write) {
       const float* r = stage + lane_row() * ld + lane_half() * 8;
-      float* o = dst + n * 16 + lane_half() * 8;
+      T* o = dst + n * 16 + lane_half() * 8;
 #pragma unroll
-      for (int c = 0; c < 8; c++) o[c] = accumulate ? o[c] + r[c] * factor : r[c] * factor;
+      for (int c = 0; c < 8; c++)
+        store_elem(o + c, accumulate ? load_elem(o + c) + r[c] * factor : r[c] * factor);
     }
     __syncwarp();
   }
@@ -151,10 +178,9 @@ struct ForwardSmem {
   static_assert(kKV % 32 == 0 && kS % 32 == 0, "fragment alignment");
 };
 
-template <int D, int BC>
+template <int D, int BC, typename T>
 __global__ void __launch_bounds__(kRowThreads)
-    flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k,
-                            const float* v, Dims d) {
+    flash_tc_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, Dims d) {
   using L = ForwardSmem<D, BC>;
   __shared__ __align__(32) unsigned char smem[L::kBytes];
   bf16* sk = reinterpret_cast<bf16*>(smem);
@@ -165,8 +191,8 @@ __global__ void __launch_bounds__(kRowThreads)
   const int warp = threadIdx.x / 32, row = lane_row(), half = lane_half();
   const int bh = blockIdx.y, b = bh / d.nh, h = bh % d.nh, kvh = h / d.group;
   const int i0 = blockIdx.x * kQueryRows, i = i0 + warp * kRowsPerWarp + row;
-  const float* kh = k + b * d.bsk + (long long)kvh * d.hs;
-  const float* vh = v + b * d.bsv + (long long)kvh * d.hs;
+  const T* kh = k + b * d.bsk + (long long)kvh * d.hs;
+  const T* vh = v + b * d.bsv + (long long)kvh * d.hs;
   stage_bf16<D>(sq, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t, d.hs);
   __syncthreads();
   FragA qf[D / 16];
@@ -239,7 +265,7 @@ __global__ void __launch_bounds__(kRowThreads)
     accumulate_product<D, BC>(of, pw, L::kLdP, sv, L::kLdH, d.hs);  // O += P V
   }
   const bool live = i < d.t;
-  float* orow = out + b * d.bso + (long long)(live ? i : 0) * d.ldo + (long long)h * d.hs;
+  T* orow = out + b * d.bso + (long long)(live ? i : 0) * d.ldo + (long long)h * d.hs;
   write_rows<D>(orow, of, sw, L::kLdS, d.hs, 1.0f / l, live, false);
   if (live && half == 0) lse[(long long)bh * d.bslse + i] = m + logf(l);
 }
@@ -248,13 +274,14 @@ __global__ void __launch_bounds__(kRowThreads)
 // of the row, each summing columns part, part + lanes, ... dout rounded to bf16 as in the
 // products: sum_j P_ij dP_ij = D then holds up to P's rounding (out = P V with the same bf16
 // v), so that dS = P (dP - D) does not carry dout's rounding (halves the gradients' error).
-__device__ __forceinline__ float row_delta(const float* dout, const float* out, const Dims& d,
-                                           int b, int h, int i, int part, int lanes) {
+template <typename T>
+__device__ __forceinline__ float row_delta(const T* dout, const T* out, const Dims& d, int b,
+                                           int h, int i, int part, int lanes) {
   float s = 0.0f;
   if (i < d.t) {
     const long long o = b * d.bso + (long long)i * d.ldo + (long long)h * d.hs;
     for (int c = part; c < d.hs; c += lanes)
-      s += __bfloat162float(__float2bfloat16_rn(dout[o + c])) * out[o + c];
+      s += __bfloat162float(__float2bfloat16_rn(load_elem(dout + o + c))) * load_elem(out + o + c);
   }
   for (int x = 1; x < lanes; x <<= 1) s += __shfl_xor_sync(kFullMask, s, x);
   return s;
@@ -274,11 +301,10 @@ struct DqSmem {
   static_assert(kKV % 32 == 0 && kS % 32 == 0, "fragment alignment");
 };
 
-template <int D, int BC>
+template <int D, int BC, typename T>
 __global__ void __launch_bounds__(kRowThreads)
-    flash_tc_backward_dq_kernel(float* dq, const float* dout, const float* out,
-                                const float* lse, const float* q, const float* k,
-                                const float* v, Dims d) {
+    flash_tc_backward_dq_kernel(T* dq, const T* dout, const T* out, const float* lse,
+                                const T* q, const T* k, const T* v, Dims d) {
   using L = DqSmem<D, BC>;
   __shared__ __align__(32) unsigned char smem[L::kBytes];
   bf16* sk = reinterpret_cast<bf16*>(smem);
@@ -290,8 +316,8 @@ __global__ void __launch_bounds__(kRowThreads)
   const int warp = threadIdx.x / 32, row = lane_row(), half = lane_half();
   const int bh = blockIdx.y, b = bh / d.nh, h = bh % d.nh, kvh = h / d.group;
   const int i0 = blockIdx.x * kQueryRows, i = i0 + warp * kRowsPerWarp + row;
-  const float* kh = k + b * d.bsk + (long long)kvh * d.hs;
-  const float* vh = v + b * d.bsv + (long long)kvh * d.hs;
+  const T* kh = k + b * d.bsk + (long long)kvh * d.hs;
+  const T* vh = v + b * d.bsv + (long long)kvh * d.hs;
   // q and dout tiles into fragments, one after the other through the work area
   FragA qf[D / 16], dof[D / 16];
   stage_bf16<D>(stage, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t,
@@ -360,7 +386,7 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   __syncthreads();  // the work area is free (a block without key tiles never entered the loop)
   const bool live = i < d.t;
-  float* dqr = dq + b * d.bsq + (long long)(live ? i : 0) * d.ldq + (long long)h * d.hs;
+  T* dqr = dq + b * d.bsq + (long long)(live ? i : 0) * d.ldq + (long long)h * d.hs;
   write_rows<D>(dqr, acc, sw, L::kLdS, d.hs, 1.0f, live, d.accumulate);
 }
 
@@ -379,11 +405,10 @@ struct DkvSmem {
                 "fragment alignment");
 };
 
-template <int D, int BK>
+template <int D, int BK, typename T>
 __global__ void __launch_bounds__(BK * 2)
-    flash_tc_backward_dkv_kernel(float* dk, float* dv, const float* dout, const float* out,
-                                 const float* lse, const float* q, const float* k,
-                                 const float* v, Dims d) {
+    flash_tc_backward_dkv_kernel(T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                                 const T* q, const T* k, const T* v, Dims d) {
   using L = DkvSmem<D, BK>;
   constexpr int kQ = L::kQ, kThreads = BK * 2, kLanes = kThreads / kQ;  // lanes per query row
   static_assert(kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes of a row in one warp");
@@ -419,8 +444,8 @@ __global__ void __launch_bounds__(BK * 2)
   bf16* dsw = sds + warp * kRowsPerWarp * L::kLdP;
   for (int h = kvh * d.group; h < (kvh + 1) * d.group; h++) {
     const int bh = b * d.nh + h;
-    const float* qh = q + b * d.bsq + (long long)h * d.hs;
-    const float* doh = dout + b * d.bso + (long long)h * d.hs;
+    const T* qh = q + b * d.bsq + (long long)h * d.hs;
+    const T* doh = dout + b * d.bso + (long long)h * d.hs;
     // causal: the query tiles from the key tile's first row on
     for (int i0 = d.causal ? j0 : 0; i0 < d.t; i0 += kQ) {
       __syncthreads();  // the previous tile's q, dout, lse, D are read
@@ -503,31 +528,55 @@ struct Tiles {
   static constexpr int kDkvKeys = D <= 64 ? 64 : 32;
 };
 
-template <int D>
-void forward_for(cudaStream_t s, float* out, float* lse, const float* q, const float* k,
-                 const float* v, const FlashShape& sh) {
+template <int D, typename T>
+void forward_for(cudaStream_t s, T* out, float* lse, const T* q, const T* k, const T* v,
+                 const FlashShape& sh) {
   const dim3 grid((sh.t + kQueryRows - 1) / kQueryRows, sh.b * sh.nh);
   // through a pointer: the emulation's rewrite of launches (test/unit/ops/cuda/emulate) takes
   // a plain name before the launch brackets
-  const auto tc_forward_kernel = &flash_tc_forward_kernel<D, Tiles<D>::kForwardKeys>;
+  const auto tc_forward_kernel = &flash_tc_forward_kernel<D, Tiles<D>::kForwardKeys, T>;
   tc_forward_kernel<<<grid, kRowThreads, 0, s>>>(out, lse, q, k, v, dims_of(sh));
   check_launch("flash_tc_forward");
 }
 
-template <int D>
-void backward_for(cudaStream_t s, float* dq, float* dk, float* dv, const float* dout,
-                  const float* out, const float* lse, const float* q, const float* k,
-                  const float* v, const FlashShape& sh) {
+template <int D, typename T>
+void backward_for(cudaStream_t s, T* dq, T* dk, T* dv, const T* dout, const T* out,
+                  const float* lse, const T* q, const T* k, const T* v, const FlashShape& sh) {
   const Dims d = dims_of(sh);
   constexpr int kBk = Tiles<D>::kDkvKeys;
   const dim3 dq_grid((sh.t + kQueryRows - 1) / kQueryRows, sh.b * sh.nh);
-  const auto tc_dq_kernel = &flash_tc_backward_dq_kernel<D, Tiles<D>::kDqKeys>;
+  const auto tc_dq_kernel = &flash_tc_backward_dq_kernel<D, Tiles<D>::kDqKeys, T>;
   tc_dq_kernel<<<dq_grid, kRowThreads, 0, s>>>(dq, dout, out, lse, q, k, v, d);
   check_launch("flash_tc_backward_dq");
   const dim3 kv_grid((sh.t + kBk - 1) / kBk, sh.b * sh.nkv);
-  const auto tc_dkv_kernel = &flash_tc_backward_dkv_kernel<D, kBk>;
+  const auto tc_dkv_kernel = &flash_tc_backward_dkv_kernel<D, kBk, T>;
   tc_dkv_kernel<<<kv_grid, kBk * 2, 0, s>>>(dk, dv, dout, out, lse, q, k, v, d);
   check_launch("flash_tc_backward_dkv");
+}
+
+// The head-size bound's instantiation for sh.hs (flash_tc_supported shapes).
+template <typename T>
+void forward_any(cudaStream_t s, T* out, float* lse, const T* q, const T* k, const T* v,
+                 const FlashShape& sh) {
+  if (sh.b <= 0 || sh.t <= 0) return;
+  if (sh.hs <= 32)
+    forward_for<32>(s, out, lse, q, k, v, sh);
+  else if (sh.hs <= 64)
+    forward_for<64>(s, out, lse, q, k, v, sh);
+  else
+    forward_for<128>(s, out, lse, q, k, v, sh);
+}
+
+template <typename T>
+void backward_any(cudaStream_t s, T* dq, T* dk, T* dv, const T* dout, const T* out,
+                  const float* lse, const T* q, const T* k, const T* v, const FlashShape& sh) {
+  if (sh.b <= 0 || sh.t <= 0) return;
+  if (sh.hs <= 32)
+    backward_for<32>(s, dq, dk, dv, dout, out, lse, q, k, v, sh);
+  else if (sh.hs <= 64)
+    backward_for<64>(s, dq, dk, dv, dout, out, lse, q, k, v, sh);
+  else
+    backward_for<128>(s, dq, dk, dv, dout, out, lse, q, k, v, sh);
 }
 
 }  // namespace
@@ -538,26 +587,34 @@ bool flash_tc_supported(const FlashShape& s) {
 
 void launch_flash_attention_tc_forward(cudaStream_t s, float* out, float* lse, const float* q,
                                        const float* k, const float* v, const FlashShape& sh) {
-  if (sh.b <= 0 || sh.t <= 0) return;
-  if (sh.hs <= 32)
-    forward_for<32>(s, out, lse, q, k, v, sh);
-  else if (sh.hs <= 64)
-    forward_for<64>(s, out, lse, q, k, v, sh);
-  else
-    forward_for<128>(s, out, lse, q, k, v, sh);
+  forward_any(s, out, lse, q, k, v, sh);
 }
 
 void launch_flash_attention_tc_backward(cudaStream_t s, float* dq, float* dk, float* dv,
                                         const float* dout, const float* out, const float* lse,
                                         const float* q, const float* k, const float* v,
                                         const FlashShape& sh) {
-  if (sh.b <= 0 || sh.t <= 0) return;
-  if (sh.hs <= 32)
-    backward_for<32>(s, dq, dk, dv, dout, out, lse, q, k, v, sh);
-  else if (sh.hs <= 64)
-    backward_for<64>(s, dq, dk, dv, dout, out, lse, q, k, v, sh);
-  else
-    backward_for<128>(s, dq, dk, dv, dout, out, lse, q, k, v, sh);
+  backward_any(s, dq, dk, dv, dout, out, lse, q, k, v, sh);
+}
+
+void launch_flash_attention_tc_forward_bf16(cudaStream_t s, std::uint16_t* out, float* lse,
+                                            const std::uint16_t* q, const std::uint16_t* k,
+                                            const std::uint16_t* v, const FlashShape& sh) {
+  static_assert(sizeof(Bf16Bits) == sizeof(std::uint16_t), "bf16 storage is 16 bits");
+  forward_any(s, reinterpret_cast<Bf16Bits*>(out), lse, reinterpret_cast<const Bf16Bits*>(q),
+              reinterpret_cast<const Bf16Bits*>(k), reinterpret_cast<const Bf16Bits*>(v), sh);
+}
+
+void launch_flash_attention_tc_backward_bf16(cudaStream_t s, std::uint16_t* dq, std::uint16_t* dk,
+                                             std::uint16_t* dv, const std::uint16_t* dout,
+                                             const std::uint16_t* out, const float* lse,
+                                             const std::uint16_t* q, const std::uint16_t* k,
+                                             const std::uint16_t* v, const FlashShape& sh) {
+  using B = Bf16Bits;
+  backward_any(s, reinterpret_cast<B*>(dq), reinterpret_cast<B*>(dk), reinterpret_cast<B*>(dv),
+               reinterpret_cast<const B*>(dout), reinterpret_cast<const B*>(out), lse,
+               reinterpret_cast<const B*>(q), reinterpret_cast<const B*>(k),
+               reinterpret_cast<const B*>(v), sh);
 }
 
 }  // namespace trident::ops::cuda

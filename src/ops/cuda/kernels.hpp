@@ -1,7 +1,7 @@
 // ops/cuda/kernels.hpp — host-callable launchers of the backend's CUDA kernels (private to
 // src/ops/cuda; defined by topic in layernorm.cu, rope.cu, decode.cu, softmax.cu, crossentropy.cu,
-// embedding.cu and pointwise.cu). Each queues its kernel(s) on `stream`, checks the launch, and returns at
-// once; n <= 0 launches nothing. Pointers are device memory. Shapes as in ops.hpp.
+// embedding.cu, pointwise.cu, flash_attention*.cu and bf16_rows.cu). Each queues its kernel(s)
+// on `stream`, checks the launch, and returns at once; n <= 0 launches nothing. Pointers are device memory. Shapes as in ops.hpp.
 // defines: the launch_* functions below
 #pragma once
 
@@ -80,6 +80,27 @@ void launch_flash_attention_tc_backward(cudaStream_t s, float* dq, float* dk, fl
                                         const float* dout, const float* out, const float* lse,
                                         const float* q, const float* k, const float* v,
                                         const FlashShape& shape);
+// The same kernels on bf16 storage (16-bit words, round to nearest even: the bf16-I/O
+// entry points of attention_bf16.cpp): q, k, v, dout, out read as bf16, out, dq, dk, dv
+// written as bf16 (added to, rounded again, with shape.accumulate); lse fp32.
+void launch_flash_attention_tc_forward_bf16(cudaStream_t s, std::uint16_t* out, float* lse,
+                                            const std::uint16_t* q, const std::uint16_t* k,
+                                            const std::uint16_t* v, const FlashShape& shape);
+void launch_flash_attention_tc_backward_bf16(cudaStream_t s, std::uint16_t* dq, std::uint16_t* dk,
+                                             std::uint16_t* dv, const std::uint16_t* dout,
+                                             const std::uint16_t* out, const float* lse,
+                                             const std::uint16_t* q, const std::uint16_t* k,
+                                             const std::uint16_t* v, const FlashShape& shape);
+// ---- bf16_rows.cu -------------------------------------------------------------------------
+// b blocks of t rows of `cols` values, row stride ld and block stride bs on each side: the
+// widening (exact) and narrowing (round to nearest even) of attention_bf16.cpp's fallback.
+void launch_bf16_rows_to_float(cudaStream_t s, float* dst, std::int64_t ld_dst,
+                               std::int64_t bs_dst, const std::uint16_t* src,
+                               std::int64_t ld_src, std::int64_t bs_src, int b, int t,
+                               std::int64_t cols);
+void launch_float_rows_to_bf16(cudaStream_t s, std::uint16_t* dst, std::int64_t ld_dst,
+                               std::int64_t bs_dst, const float* src, std::int64_t ld_src,
+                               std::int64_t bs_src, int b, int t, std::int64_t cols);
 // Ops::attention_merge.
 void launch_attention_merge(cudaStream_t s, float* out, float* lse, const float* out_part,
                             const float* lse_part, const FlashShape& shape);

@@ -317,6 +317,118 @@ int main() {
       }
     }
   }
+  // Attention on bf16 storage (CudaOps::attention_forward_bf16 / backward_bf16's kernel
+  // paths, attention_bf16.cpp): bf16 q, k, v, dout in, bf16 out, dq, dk, dv out, fp32 lse;
+  // against the CPU's fp32 attention on the same bf16 inputs (widened exactly). Each case
+  // runs "tc" (the tensor-core kernels instantiated on bf16 storage) where they take the head
+  // size, and "widened" (widen into packed fp32, flash_attention.cu's kernels, narrow: the
+  // fallback, composed here as attention_bf16.cpp composes it). Layouts: GPT's fused qkv
+  // ([B,T,3C], q|k|v at column offsets, dq|dk|dv into one dqkv, out ld C), separate buffers
+  // with odd padded strides, and ring attention's blocks (batch strides of 2t rows, lse rows
+  // of 2t). Every output buffer starts at kPad (2^-7, small beside the values, so that the
+  // norm is the outputs') beside what the call writes: the padding must stay. Tolerance as the tc cases: 2e-2 of the largest (the gradients: of dq, dk, dv's
+  // largest). The exact build (a float standing in for bf16 inside the kernels; storage stays
+  // 16-bit) feeds the CPU's backward the kernels' own out and lse; what remains is the
+  // outputs' rounding to bf16, half an ulp, at most 2^-8 of the largest (4e-3); lse 1e-5.
+  {
+    using H = std::vector<std::uint16_t>;
+    const auto bits_of = [](const V& x) { H h(x.size()); for (size_t i = 0; i < x.size(); i++) { float r = bf16_round(x[i]); std::uint32_t u; std::memcpy(&u, &r, 4); h[i] = std::uint16_t(u >> 16); } return h; };
+    const auto widen = [](const H& h) { V x(h.size()); for (size_t i = 0; i < h.size(); i++) { std::uint32_t u = std::uint32_t(h[i]) << 16; std::memcpy(&x[i], &u, 4); } return x; };
+    const double tol_out = exact_bf16 ? 4e-3 : 2e-2, tol_lse = exact_bf16 ? 1e-5 : 2e-2, tol_grad = exact_bf16 ? 4e-3 : 2e-2;
+    const float kPad = 0.0078125f;
+    enum Layout { kFused, kSeparate, kRing };
+    struct F { int b, t, nh, nkv, hs; bool causal; Layout layout; };
+    const F cases[] = {{2, 37, 3, 3, 64, true, kFused},    {1, 130, 2, 2, 32, true, kFused},
+                       {1, 100, 4, 2, 64, true, kSeparate}, {2, 45, 4, 1, 16, true, kSeparate},
+                       {1, 77, 2, 2, 128, true, kFused},   {1, 33, 2, 2, 48, true, kSeparate},
+                       {1, 70, 1, 1, 96, false, kSeparate}, {2, 40, 2, 1, 64, false, kRing},
+                       {1, 1, 2, 2, 16, true, kFused},     {2, 37, 3, 3, 24, true, kFused},
+                       {1, 50, 4, 2, 40, true, kSeparate},  {2, 29, 2, 2, 8, false, kRing}};
+    for (const F& f : cases) {
+      ops::Ops::AttentionShape sh;
+      sh.b = f.b, sh.t = f.t, sh.nh = f.nh, sh.nkv = f.nkv, sh.hs = f.hs, sh.causal = f.causal;
+      const int cq = f.nh * f.hs, ckv = f.nkv * f.hs;
+      const size_t span = f.layout == kRing ? 2 * size_t(f.t) : size_t(f.t);  // rows a sequence takes
+      const size_t rows = size_t(f.b) * span;
+      // in: q, k, v (one buffer when fused: qkv); g: the gradients likewise; q|k|v offsets
+      V in[3];
+      H in16[3];
+      size_t off[3] = {0, 0, 0};
+      int nbuf = 3;
+      if (f.layout == kFused) {
+        nbuf = 1;
+        sh.ld_q = sh.ld_k = sh.ld_v = cq + 2 * ckv;
+        in[0] = rnd(rows * sh.ld_q, 1.5f);
+        off[1] = size_t(cq), off[2] = size_t(cq + ckv);
+      } else {
+        sh.ld_q = cq + 3, sh.ld_k = ckv + 1, sh.ld_v = ckv + 2;
+        in[0] = rnd(rows * sh.ld_q, 1.5f), in[1] = rnd(rows * sh.ld_k, 1.5f), in[2] = rnd(rows * sh.ld_v);
+      }
+      sh.ld_o = f.layout == kFused ? cq : cq + 1;
+      if (f.layout == kRing) {
+        sh.bs_q = std::int64_t(span) * sh.ld_q, sh.bs_k = std::int64_t(span) * sh.ld_k;
+        sh.bs_v = std::int64_t(span) * sh.ld_v, sh.bs_o = std::int64_t(span) * sh.ld_o;
+        sh.bs_lse = std::int64_t(span);
+      }
+      for (int x = 0; x < nbuf; x++) in16[x] = bits_of(in[x]), in[x] = widen(in16[x]);
+      const auto ptr = [&](auto* bufs, int x) { return bufs[f.layout == kFused ? 0 : x].data() + off[x]; };
+      const H dout16 = bits_of(rnd(rows * sh.ld_o));
+      const V dout = widen(dout16);
+      const size_t lse_n = size_t(f.b) * f.nh * (f.layout == kRing ? span : size_t(f.t));
+      // the CPU on the bf16 inputs
+      V o1(rows * sh.ld_o, kPad), l1(lse_n, kPad);
+      cpu->attention_forward(o1.data(), l1.data(), ptr(in, 0), ptr(in, 1), ptr(in, 2), sh);
+      const FlashShape fs = to_fs(sh);
+      for (int path = 0; path < 2; path++) {  // 0: tc, 1: widened
+        const bool tc = path == 0;
+        if (tc && !flash_tc_supported(fs)) continue;
+        H o2(o1.size()), g2[3];
+        const std::uint16_t pad = bits_of(V{kPad})[0];
+        std::fill(o2.begin(), o2.end(), pad);
+        V l2(lse_n, kPad);
+        for (int x = 0; x < nbuf; x++) g2[x] = H(in[x].size(), pad);
+        const std::uint16_t *q16 = ptr(in16, 0), *k16 = ptr(in16, 1), *v16 = ptr(in16, 2);
+        std::uint16_t *dq16 = ptr(g2, 0), *dk16 = ptr(g2, 1), *dv16 = ptr(g2, 2);
+        if (tc) {
+          launch_flash_attention_tc_forward_bf16(nullptr, o2.data(), l2.data(), q16, k16, v16, fs);
+          launch_flash_attention_tc_backward_bf16(nullptr, dq16, dk16, dv16, dout16.data(), o2.data(), l2.data(), q16, k16, v16, fs);
+        } else {  // attention_bf16.cpp's step 3
+          FlashShape p = fs;
+          p.ld_q = p.ld_o = cq, p.ld_k = p.ld_v = ckv;
+          p.bs_q = p.bs_o = std::int64_t(f.t) * cq, p.bs_k = p.bs_v = std::int64_t(f.t) * ckv;
+          const size_t nq = size_t(f.b) * f.t * cq, nk = size_t(f.b) * f.t * ckv;
+          V q32(nq), k32(nk), v32(nk), o32(nq), do32(nq), oo32(nq), dq32(nq, 5), dk32(nk, 5), dv32(nk, 5);
+          launch_bf16_rows_to_float(nullptr, q32.data(), cq, p.bs_q, q16, sh.ld_q, fs.bs_q, f.b, f.t, cq);
+          launch_bf16_rows_to_float(nullptr, k32.data(), ckv, p.bs_k, k16, sh.ld_k, fs.bs_k, f.b, f.t, ckv);
+          launch_bf16_rows_to_float(nullptr, v32.data(), ckv, p.bs_v, v16, sh.ld_v, fs.bs_v, f.b, f.t, ckv);
+          launch_flash_attention_forward(nullptr, o32.data(), l2.data(), q32.data(), k32.data(), v32.data(), p);
+          launch_float_rows_to_bf16(nullptr, o2.data(), sh.ld_o, fs.bs_o, o32.data(), cq, p.bs_o, f.b, f.t, cq);
+          launch_bf16_rows_to_float(nullptr, do32.data(), cq, p.bs_o, dout16.data(), sh.ld_o, fs.bs_o, f.b, f.t, cq);
+          launch_bf16_rows_to_float(nullptr, oo32.data(), cq, p.bs_o, o2.data(), sh.ld_o, fs.bs_o, f.b, f.t, cq);
+          launch_flash_attention_backward(nullptr, dq32.data(), dk32.data(), dv32.data(), do32.data(), oo32.data(), l2.data(), q32.data(), k32.data(), v32.data(), p);
+          launch_float_rows_to_bf16(nullptr, dq16, sh.ld_q, fs.bs_q, dq32.data(), cq, p.bs_q, f.b, f.t, cq);
+          launch_float_rows_to_bf16(nullptr, dk16, sh.ld_k, fs.bs_k, dk32.data(), ckv, p.bs_k, f.b, f.t, ckv);
+          launch_float_rows_to_bf16(nullptr, dv16, sh.ld_v, fs.bs_v, dv32.data(), ckv, p.bs_v, f.b, f.t, ckv);
+        }
+        // the CPU's backward: from its own out and lse, or (exact build) from the kernels'
+        const V o_k = widen(o2);
+        const V& ob = exact_bf16 ? o_k : o1;
+        const V& lb = exact_bf16 ? l2 : l1;
+        V g1[3];
+        for (int x = 0; x < nbuf; x++) g1[x] = V(in[x].size(), kPad);
+        cpu->attention_backward(ptr(g1, 0), ptr(g1, 1), ptr(g1, 2), dout.data(), ob.data(), lb.data(), ptr(in, 0), ptr(in, 1), ptr(in, 2), sh);
+        const char* lay = f.layout == kFused ? " gpt-qkv" : f.layout == kRing ? " ring" : "";
+        snprintf(name, sizeof name, "attention bf16 %s%s b%d t%d nh%d nkv%d hs%d%s out", tc ? "tc" : "widened",
+                 f.causal ? "" : " full", f.b, f.t, f.nh, f.nkv, f.hs, lay);
+        cmp(name, o_k, o1, tol_out);
+        cmp("  lse", l2, l1, tol_lse);
+        double sc = 0;
+        for (int x = 0; x < nbuf; x++) sc = std::max(sc, maxabs(g1[x]));
+        const char* gname[3] = {"  dq", "  dk", "  dv"};
+        for (int x = 0; x < nbuf; x++) cmp(nbuf == 1 ? "  dqkv" : gname[x], widen(g2[x]), g1[x], tol_grad, sc);
+      }
+    }
+  }
   struct X { int n, ld, v, vs; float off, sd; } xs[] = {{5, 13, 11, 20, 0, 1}, {64, 1008, 1000, 0, 80, 5}, {3, 4109, 4096, 4096, -30, 3}};
   for (auto& s : xs) {
     V l = rnd(size_t(s.n) * s.ld, s.sd, s.off);

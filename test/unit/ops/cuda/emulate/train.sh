@@ -11,6 +11,7 @@
 #   emulate/op_timing.py        the per-op timing table (TRIDENT_OP_TIMING; ~5 s)
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 #   emulate/cudnn_fallback.py   cuDNN attention's loader and fallback line (~10 s)
+#   emulate/attention_bf16.cpp  the bf16 attention entry points against the CPU (~1 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself. A check of the backend's host code, its use
 # of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
@@ -113,12 +114,18 @@ EOF
 chmod +x "$work/bin/nvidia-smi"
 echo "emulate/train: built $work/trident in $((SECONDS - start)) s"
 "$work/selftest"
+# The bf16 attention entry points (CudaOps::attention_forward_bf16) on these objects.
+g++ "${flags[@]}" "${warn[@]}" -I"$src/src/ops/cuda" "$here/attention_bf16.cpp" "$work"/obj/*.o \
+    "$build/libtrident_ops.a" "$build/libtrident_core.a" \
+    "$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")" -fopenmp -ldl -pthread \
+    -o "$work/attention_bf16"
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"
 export PATH="$work/bin:$PATH" TRIDENT_SOURCE_DIR="$src" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mkdir -p "$TRIDENT_TEST_OUT"
 status=0
+"$work/attention_bf16" || { echo "emulate/train: attention_bf16 failed"; status=1; }
 for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/oracle/cp_oracle.py \
          test/unit/ops/cuda/emulate/op_timing.py \
          test/unit/ops/cuda/emulate/weight_cache.py \
