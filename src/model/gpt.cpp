@@ -107,7 +107,10 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     g_layers_.push_back(layer_params(grads_.data(), l));
   }
   if (any_head(chunks_)) {
-    logits_ = buffer(N * Vl_);
+    // The whole vocabulary on this rank and a backend that fuses the head (Ops::lm_head:
+    // bf16 logits): half the floats, at least one row for head_logits (sampling).
+    const bool bf16_logits = ps.tp.size() == 1 && ops_.fused_lm_head();
+    logits_ = buffer(bf16_logits ? std::max<std::int64_t>((N * Vl_ + 1) / 2, Vl_) : N * Vl_);
     row_max_ = buffer(N);
     lnf_ = buffer(N * C_);
     lnf_mean_ = buffer(Nr_);

@@ -305,7 +305,8 @@ class Ops {
   // targets[N] (columns [v_valid, V) are padding: ignored, zero gradient) into loss[N], added
   // to the loss total (add_loss). With with_backward, dlogits = loss_scale * (softmax -
   // onehot), then dlnf[N,C] = dlogits @ wte (written) and dwte[V,C] += dlogits^T @ lnf.
-  // logits: N*V floats of storage (its contents afterwards are unspecified); row_max[N] and
+  // logits: storage of N*V floats, or of N*V bf16 (max(ceil(N*V/2), V) floats) where
+  // fused_lm_head() (its contents afterwards are unspecified); row_max[N] and
   // stats[2N]: scratch for the row statistics. The final norm stays outside (the model's
   // LayerNorm or RMSNorm). Default (ops/lm_head.cpp): gemm, xent_forward, add_loss,
   // xent_backward and the two gemms, today's calls in today's order, so the CPU backends'
@@ -315,9 +316,10 @@ class Ops {
                        float* stats, const float* lnf, const float* wte,
                        const std::int32_t* targets, int n, int c, int v, int v_valid,
                        float loss_scale, bool with_backward);
-  // Whether lm_head runs fused rather than as the composition above: its backend scratch is
-  // then a bf16 copy of lnf (2 N C bytes) instead of the products' bf16 conversions of the
-  // logits (model::predict_memory, MemoryLayout::fused_head).
+  // Whether lm_head runs fused rather than as the composition above: the logits are then
+  // bf16 (the model's buffer is half the size) and its backend scratch is a bf16 copy of lnf
+  // (2 N C bytes) instead of the products' bf16 copies of the logits (model::predict_memory,
+  // MemoryLayout::fused_head).
   virtual bool fused_lm_head() const { return false; }
 
   // ---- optimizer --------------------------------------------------------------------

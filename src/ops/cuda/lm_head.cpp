@@ -6,7 +6,8 @@
 // forward (4), reads and writes them for the backward (8), and each backward product converts
 // them (read 4, write 2, read 2: 16): 32. Fused: the product writes bf16 (2), the classifier
 // reads (2), reads again from L2 at best (2) and writes dlogits (2), the two products read
-// them (4): 12. The logits live in the first half of the model's fp32 logits buffer.
+// them (4): 12. The logits live in the model's logits buffer (GptChunk sizes it for bf16
+// when fused_lm_head()).
 // defines: CudaOps::lm_head, CudaOps::fused_lm_head
 #include "cuda_ops.hpp"
 #include "fused_head.hpp"
