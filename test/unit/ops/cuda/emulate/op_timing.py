@@ -6,7 +6,7 @@ total is within the run's wall time, and whose counts are the step's: adamw ever
 one-pass classifier (xent_forward) once per microbatch in a serial run and the three-pass one
 per shard (xent_shard_stats, xent_rescale_sumexp, xent_loss) at tp 2, where the vocabulary is
 sharded; under bf16 the fused LM head's steps once per microbatch (and the one-pass
-classifier again with TRIDENT_CUDA_FUSED_HEAD=0); rank 1 writes
+classifier again with TRIDENT_CUDA_FUSED_HEAD=0), but at tp 2 the sharded composition; rank 1 writes
 FILE.rank1 (left out where there is no mpirun). usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 op_timing.py
 """
 import json
@@ -104,6 +104,14 @@ def main():
         t.check(calls(tab, "xent_shard_stats") == micro and calls(tab, "xent_rescale_sumexp") == micro
                 and calls(tab, "xent_forward") == 0 and calls(tab, "xent_row_max") == 0,
                 f"tp 2, {name}: one pass per shard and the rescale, {calls(tab, 'xent_shard_stats')} calls")
+    # bf16 at tp 2: the vocabulary is sharded, so the head is the composition, not the fused op
+    path3 = t.path("ops-tp2-bf16.json")
+    os.environ["TRIDENT_OP_TIMING"] = path3
+    t.train(2, "tp2-bf16", sets=DEVICE + ["parallel.tp=2", 'runtime.precision="bf16"'])
+    tab = table(path3)
+    t.check(calls(tab, "xent_shard_stats") == micro and calls_of(tab, "lm_head") == 0,
+            f"tp 2 bf16: the vocabulary-parallel composition ({calls(tab, 'xent_shard_stats')} "
+            f"shard passes), no fused head")
     os.environ.pop("TRIDENT_OP_TIMING", None)
     t.finish()
 
