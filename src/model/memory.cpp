@@ -158,7 +158,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
   // The fused head keeps bf16 logits: half of N * Vl floats (GptChunk's constructor).
   const bool bf16_logits = lay.fused_head && lay.tp == 1;
-  if (head) scratch += N * C + 2 * Nr + (bf16_logits ? std::max((N * Vl + 1) / 2, Vl) : N * Vl) + 5 * N;
+  const std::int64_t logits = bf16_logits ? std::max((N * Vl + 1) / 2, Vl) : N * Vl;
+  if (head) scratch += N * C + 2 * Nr + logits + 5 * N;
   if (lay.recompute == Recompute::full || bf16) scratch += layer_store;  // one layer in fp32
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;

@@ -1079,10 +1079,10 @@ TEST(CudaMemory, ScratchGrowsInsideTheArena) {
 // the two products on the bf16 dlogits) against the CPU's composition on the same
 // bf16-rounded lnf and wte: loss within 1e-2 of its scale (the logits' one bf16 rounding);
 // dlnf and what was added to dwte within the bf16 products' 3e-2; dwte's padding rows
-// unchanged bit for bit; without the backward dwte untouched. Shapes: GPT-2's vocabulary (16-byte
-// rows, 47 padding columns), an odd one, and a width that is not a multiple of 8 (the scalar
-// path). wte from scratch, then from the weight cache (set_weights). TRIDENT_CUDA_FUSED_HEAD=0
-// and fp32 run the composition (fused_lm_head() false).
+// unchanged bit for bit; without the backward dwte untouched. Shapes: GPT-2's vocabulary
+// (16-byte rows, 47 padding columns), an odd one, and a width that is not a multiple of 8
+// (the scalar path). wte from scratch, then from the weight cache (set_weights).
+// TRIDENT_CUDA_FUSED_HEAD=0 and fp32 run the composition (fused_lm_head() false).
 void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool cached) {
   Rng r(4001u + unsigned(n + c + v + v_valid));
   FVec lnf = r.normal(std::size_t(n) * c), wte = r.normal(std::size_t(v) * c, 0.1),
@@ -1118,7 +1118,8 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
   }
   EXPECT_TRUE(near(gdlnf.host(), dlnf, 3e-2)) << "dlnf";
   FVec add(dw.size()), got_add(dw.size());
-  for (std::size_t i = 0; i < dw.size(); i++) add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
+  for (std::size_t i = 0; i < dw.size(); i++)
+    add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
   EXPECT_TRUE(near(got_add, add, 3e-2)) << "what was added to dwte";
   const std::size_t pad = std::size_t(v_valid) * c;
   EXPECT_TRUE(near(FVec(got_dw.begin() + std::ptrdiff_t(pad), got_dw.end()),
