@@ -392,7 +392,8 @@ fi
 # Out-of-bounds accesses and shared-memory races in trident's own kernels (the fp32 cases of
 # everything but the pure cuBLAS products, and the bf16 linears: their bf16 packing, the bias
 # gradient's column sums and the cuBLASLt bias epilogue; the tensor-core flash attention, bf16,
-# on small shapes: hs 32, 64, 128, causal and full, ring blocks), each bounded in time; and
+# on small shapes: hs 32, 64, 128, causal and full, ring blocks; the fused LM head's
+# classifier, CudaOps.LmHead*), each bounded in time; and
 # synccheck (barriers every thread of a block or warp must reach) over the tensor-core flash
 # attention, whose warps share tiles through __syncthreads and __syncwarp. SANITIZE=0 leaves
 # them out.
@@ -417,14 +418,14 @@ else
     skip memcheck "time budget spent"
   else
     step memcheck timeout "$t" "$sanitizer" --tool memcheck --error-exitcode 99 \
-         "$tests" --gtest_filter="Fp32/*:Fast/*linear_*_bf16:$tc_flash-Fp32/*gemm_*:Fp32/*linear_*"
+         "$tests" --gtest_filter="Fp32/*:Fast/*linear_*_bf16:$tc_flash:CudaOps.LmHead*-Fp32/*gemm_*:Fp32/*linear_*"
   fi
   t=$(bounded "${RACECHECK_TIMEOUT:-45}")
   if [ "$t" -eq 0 ]; then
     skip racecheck "time budget spent"
   else
     step racecheck timeout "$t" "$sanitizer" --tool racecheck --error-exitcode 99 \
-         "$tests" --gtest_filter="Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*:$tc_flash"
+         "$tests" --gtest_filter="Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*:$tc_flash:CudaOps.LmHead*"
   fi
   t=$(bounded "${SYNCCHECK_TIMEOUT:-30}")
   if [ "$t" -eq 0 ]; then

@@ -50,6 +50,7 @@ std::string MemoryEstimate::describe() const {
 void MemoryLayout::set_precision(ops::Precision precision) {
   bf16_activations = stores_bf16(precision, recompute);
   bf16_products = !host_memory && precision == ops::Precision::bf16;
+  fused_head = bf16_products;
 }
 
 namespace {
@@ -155,7 +156,10 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // layer.
   std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
-  if (head) scratch += N * C + 2 * Nr + N * Vl + 5 * N;
+  // The fused head keeps bf16 logits: half of N * Vl floats (GptChunk's constructor).
+  const bool bf16_logits = lay.fused_head && lay.tp == 1;
+  const std::int64_t logits = bf16_logits ? std::max((N * Vl + 1) / 2, Vl) : N * Vl;
+  if (head) scratch += N * C + 2 * Nr + logits + 5 * N;
   if (lay.recompute == Recompute::full || bf16) scratch += layer_store;  // one layer in fp32
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
@@ -169,7 +173,10 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
         need = std::max({need, 2 * N * in, 2 * N * out, 2 * (N * in + N * out)});
       };
       for (const LinearDims& l : block_linears(d)) linear(l.in, l.out);
-      if (head) linear(C, Vl);
+      if (head && bf16_logits)
+        need = std::max(need, 2 * N * C);  // the fused head: lnf in bf16 (Ops::lm_head)
+      else if (head)
+        linear(C, Vl);
     }
     // Attention through a library (cuDNN): the backend's exact bytes for the rank's shape, its
     // heads (key/value heads as ring_floats counts them); Ulysses runs attention over the

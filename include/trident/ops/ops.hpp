@@ -300,6 +300,28 @@ class Ops {
     return total;
   }
 
+  // ---- the LM head of an unsharded vocabulary (a TP group of one), in one call ---------
+  // logits[N,V] = lnf[N,C] @ wte[V,C]^T; the softmax cross-entropy of each row against
+  // targets[N] (columns [v_valid, V) are padding: ignored, zero gradient) into loss[N], added
+  // to the loss total (add_loss). With with_backward, dlogits = loss_scale * (softmax -
+  // onehot), then dlnf[N,C] = dlogits @ wte (written) and dwte[V,C] += dlogits^T @ lnf.
+  // logits: storage of N*V floats, or of N*V bf16 (max(ceil(N*V/2), V) floats) where
+  // fused_lm_head() (its contents afterwards are unspecified); row_max[N] and
+  // stats[2N]: scratch for the row statistics. The final norm stays outside (the model's
+  // LayerNorm or RMSNorm). Default (ops/lm_head.cpp): gemm, xent_forward, add_loss,
+  // xent_backward and the two gemms, today's calls in today's order, so the CPU backends'
+  // results are theirs exactly. CUDA under bf16 (ops/cuda/lm_head.cpp): bf16 logits and a
+  // fused classifier (fused_lm_head()).
+  virtual void lm_head(float* loss, float* dlnf, float* dwte, float* logits, float* row_max,
+                       float* stats, const float* lnf, const float* wte,
+                       const std::int32_t* targets, int n, int c, int v, int v_valid,
+                       float loss_scale, bool with_backward);
+  // Whether lm_head runs fused rather than as the composition above: the logits are then
+  // bf16 (the model's buffer is half the size) and its backend scratch is a bf16 copy of lnf
+  // (2 N C bytes) instead of the products' bf16 copies of the logits (model::predict_memory,
+  // MemoryLayout::fused_head).
+  virtual bool fused_lm_head() const { return false; }
+
   // ---- optimizer --------------------------------------------------------------------
   // torch.optim.AdamW, step by step:  p *= 1 - lr*wd;  m = b1 m + (1-b1) g;
   // v = b2 v + (1-b2) g^2;  p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)

@@ -65,6 +65,8 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
                 "TRIDENT_CUDA_ATTENTION: expected tc or scalar, got '", attention_kernel_, "'");
   const char* cache = std::getenv("TRIDENT_CUDA_WEIGHT_CACHE");
   weight_cache_ = !baseline_ && !(cache && std::string(cache) == "0");
+  const char* fused_head = std::getenv("TRIDENT_CUDA_FUSED_HEAD");
+  fused_head_ = !(fused_head && std::string(fused_head) == "0");
   if (precision_ == Precision::bf16 && !baseline_)
     cudnn_ = std::make_unique<CudnnAttention>(stream_);
 }

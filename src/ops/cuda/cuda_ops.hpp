@@ -164,6 +164,12 @@ class CudaOps final : public Ops {
 
   void add_loss(const float* loss, int n) override;
   double take_loss() override;
+  // The head under bf16 with bf16 logits and the fused classifier (lm_head.cpp); otherwise
+  // Ops::lm_head's composition.
+  void lm_head(float* loss, float* dlnf, float* dwte, float* logits, float* row_max,
+               float* stats, const float* lnf, const float* wte, const std::int32_t* targets,
+               int n, int c, int v, int v_valid, float loss_scale, bool with_backward) override;
+  bool fused_lm_head() const override;
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
@@ -275,6 +281,10 @@ class CudaOps final : public Ops {
                                const float* lse, const std::uint16_t* q, const std::uint16_t* k,
                                const std::uint16_t* v, const AttentionShape& s);
   friend struct AttentionBf16Access;
+
+  // TRIDENT_CUDA_FUSED_HEAD=0 turns the fused LM head off (lm_head.cpp; off under the
+  // baseline too): the head then runs Ops::lm_head's composition.
+  bool fused_head_ = true;
 };
 
 }  // namespace trident::ops::cuda

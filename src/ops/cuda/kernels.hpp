@@ -179,4 +179,12 @@ void launch_adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, 
                   float beta1, float beta2, float omb1, float omb2, float eps, float decay,
                   float step, float bc2_sqrt);
 
+// ---- classifier.cu (the LM head under bf16: fused_head.cpp) ------------------------------
+// One block per row of bf16 logits16[N, ld]: loss[i] from one read of the row (online max and
+// sum of exponentials, target logit); with backward, the row overwritten by the bf16 dlogits
+// scale * (softmax - onehot) (padding columns [v_valid, ld) 0).
+void launch_fused_classifier(cudaStream_t s, void* logits16, float* loss,
+                             const std::int32_t* targets, int n, int ld, int v_valid, float scale,
+                             bool backward);
+
 }  // namespace trident::ops::cuda

@@ -70,6 +70,31 @@ TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
 }
 
+// The fused LM head (Ops::lm_head on CUDA under bf16, a TP group of one) keeps the logits in
+// bf16 in the model's logits buffer (half its fp32 size) and converts only lnf [N, C]: the
+// largest need is then the MLP's c_fc (x [N, C] and dy [N, 4C]), not the head's
+// 2 (N C + N V). At tp 2 the head is the vocabulary-parallel composition again.
+TEST(Memory, FusedHeadConvertsOnlyTheFinalNorm) {
+  ModelConfig cfg;
+  cfg.vocab_size = 50304, cfg.seq_len = 1024, cfg.n_layer = 12, cfg.n_head = 12, cfg.d_model = 768;
+  MemoryLayout lay;
+  lay.micro_batch = 8;
+  lay.host_memory = false;
+  lay.set_precision(ops::Precision::bf16);
+  EXPECT_TRUE(lay.fused_head);  // the backend's default under bf16
+  const MemoryEstimate fused = predict_memory(cfg, lay);
+  lay.fused_head = false;  // TRIDENT_CUDA_FUSED_HEAD=0, TRIDENT_CUDA_BASELINE=1
+  const MemoryEstimate composed = predict_memory(cfg, lay);
+  const std::int64_t N = 8 * 1024, V = 50304, C = 768;
+  const std::int64_t head = 2 * (N * C + N * V), fc = 2 * (N * C + N * 4 * C);
+  // and the model's logits buffer holds bf16: half of N V floats
+  EXPECT_EQ(composed.scratch - fused.scratch, (head + head / 4) - (fc + fc / 4) + 2 * N * V);
+  lay.tp = 2;
+  const MemoryEstimate tp2 = predict_memory(cfg, lay);
+  lay.fused_head = true;
+  EXPECT_EQ(predict_memory(cfg, lay).scratch, tp2.scratch);
+}
+
 // Attention through cuDNN (ops/cuda/cudnn_attention.hpp) takes its bf16 copies and cuDNN's
 // workspace from the backend's scratch; the backend states the bytes for a shape
 // (Ops::fused_attention_bytes) and predict_memory counts them where they are the largest

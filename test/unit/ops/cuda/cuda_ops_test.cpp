@@ -1075,6 +1075,77 @@ TEST(CudaMemory, ScratchGrowsInsideTheArena) {
   ops::cuda_synchronize(*o);
 }
 
+// The LM head under bf16 (Ops::lm_head: bf16 logits from the product, the fused classifier,
+// the two products on the bf16 dlogits) against the CPU's composition on the same
+// bf16-rounded lnf and wte: loss within 1e-2 of its scale (the logits' one bf16 rounding);
+// dlnf and what was added to dwte within the bf16 products' 3e-2; dwte's padding rows
+// unchanged bit for bit; without the backward dwte untouched. Shapes: GPT-2's vocabulary
+// (16-byte rows, 47 padding columns), an odd one, and a width that is not a multiple of 8
+// (the scalar path). wte from scratch, then from the weight cache (set_weights).
+// TRIDENT_CUDA_FUSED_HEAD=0 and fp32 run the composition (fused_lm_head() false).
+void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool cached) {
+  Rng r(4001u + unsigned(n + c + v + v_valid));
+  FVec lnf = r.normal(std::size_t(n) * c), wte = r.normal(std::size_t(v) * c, 0.1),
+       dw0 = r.normal(wte.size(), 0.01);
+  std::vector<std::uint16_t> bits(std::max(lnf.size(), wte.size()));
+  for (FVec* x : {&lnf, &wte}) {  // rounded as the backend's copies are: the same operands
+    cpu().to_bf16(bits.data(), x->data(), std::int64_t(x->size()));
+    cpu().from_bf16(x->data(), bits.data(), std::int64_t(x->size()));
+  }
+  IVec tg(n);
+  for (int i = 0; i < n; i++) tg[i] = r.integer(0, v_valid - 1);
+  const float scale = 1.0f / float(n);
+  FVec loss(n), dlnf(lnf.size()), dw = dw0, logits(std::size_t(n) * v), mx(n), st(2 * n);
+  cpu().lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(),
+                lnf.data(), wte.data(), tg.data(), n, c, v, v_valid, scale, backward);
+  const double total = cpu().take_loss();
+  DevVec<float> gl(g, FVec(logits.size(), 7.0f)), gloss(g, FVec(n, 7.0f)), glnf(g, lnf),
+      gwte(g, wte), gdlnf(g, FVec(lnf.size(), 7.0f)), gdw(g, dw0), gmx(g, FVec(n)),
+      gst(g, FVec(2 * n));
+  DevVec<std::int32_t> gtg(g, tg);
+  if (cached) g.set_weights(gwte.get(), std::int64_t(wte.size()));
+  g.take_loss();
+  g.lm_head(gloss.get(), gdlnf.get(), gdw.get(), gl.get(), gmx.get(), gst.get(), glnf.get(),
+            gwte.get(), gtg.get(), n, c, v, v_valid, scale, backward);
+  const double got_total = g.take_loss();
+  if (cached) g.set_weights(nullptr, 0);
+  EXPECT_TRUE(near(gloss.host(), loss, 1e-2)) << "loss";
+  EXPECT_NEAR(got_total, total, 1e-2 * std::abs(total)) << "the loss total (add_loss)";
+  const FVec got_dw = gdw.host();
+  if (!backward) {
+    EXPECT_TRUE(near(got_dw, dw0, 0.0)) << "dwte untouched without the backward";
+    return;
+  }
+  EXPECT_TRUE(near(gdlnf.host(), dlnf, 3e-2)) << "dlnf";
+  FVec add(dw.size()), got_add(dw.size());
+  for (std::size_t i = 0; i < dw.size(); i++)
+    add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
+  EXPECT_TRUE(near(got_add, add, 3e-2)) << "what was added to dwte";
+  const std::size_t pad = std::size_t(v_valid) * c;
+  EXPECT_TRUE(near(FVec(got_dw.begin() + std::ptrdiff_t(pad), got_dw.end()),
+                   FVec(dw0.begin() + std::ptrdiff_t(pad), dw0.end()), 0.0))
+      << "dwte's padding rows: zero gradient";
+}
+
+TEST(CudaOps, LmHeadFusedMatchesTheCpuComposition) {
+  Ops& g = gpu(Precision::bf16);
+  ASSERT_TRUE(g.fused_lm_head());
+  EXPECT_FALSE(gpu(Precision::fp32).fused_lm_head());
+  for (bool backward : {true, false}) {
+    SCOPED_TRACE(backward ? "with the backward" : "loss only");
+    check_lm_head(g, 64, 96, 50304, 50257, backward, false);
+    check_lm_head(g, 37, 40, 104, 97, backward, false);
+    check_lm_head(g, 21, 48, 53, 50, backward, false);
+    check_lm_head(g, 37, 40, 104, 97, backward, true);
+  }
+  check_lm_head(gpu(Precision::fp32), 37, 40, 104, 97, true, false);
+  setenv("TRIDENT_CUDA_FUSED_HEAD", "0", 1);
+  auto off = ops::make_cuda_ops(Precision::bf16, 256 * kMiB);
+  unsetenv("TRIDENT_CUDA_FUSED_HEAD");
+  EXPECT_FALSE(off->fused_lm_head());
+  check_lm_head(*off, 37, 40, 104, 97, true, false);
+}
+
 TEST(CudaOps, CopiesRefuseTheCpuBackend) {
   float x = 0.0f;
   EXPECT_THROW(ops::cuda_upload(cpu(), &x, &x, sizeof x), Error);

@@ -14,6 +14,7 @@
 #include <random>
 #include <utility>
 #include <vector>
+#include "fused_head.hpp"
 #include "kernels.hpp"
 #include "plans.hpp"
 #include "trident/ops/adamw.hpp"
@@ -592,6 +593,89 @@ int main() {
       }
     launch_from_bf16_rows(nullptr, y.data(), ld, packed.data(), rows, cols, acc);
     cmp(acc ? "from_bf16_rows accumulate" : "from_bf16_rows", y, want, 0);
+  }
+  // The LM head under bf16. First the fused classifier alone (classifier.cu) on bf16 logits
+  // against the CPU's forward and backward on the same values widened to fp32: the loss to the
+  // rounding of a float sum, dlogits to one bf16 rounding, padding columns exactly 0. ld 104:
+  // 16-byte packs; ld 53: the scalar path; v_valid < ld: padding (1e4 there would dominate
+  // the sums if it were read).
+  { struct H { int n, ld, v; };
+    for (H h : {H{9, 104, 104}, H{9, 104, 97}, H{9, 104, 85}, H{7, 53, 50}}) for (int backward = 0; backward < 2; backward++) {
+      V l = rnd(size_t(h.n) * h.ld, 3);
+      for (int i = 0; i < h.n; i++) for (int j = h.v; j < h.ld; j++) l[size_t(i) * h.ld + j] = 1e4f;
+      std::vector<std::uint16_t> l16(l.size());
+      cpu->to_bf16(l16.data(), l.data(), std::int64_t(l.size()));
+      cpu->from_bf16(l.data(), l16.data(), std::int64_t(l.size()));
+      std::vector<std::int32_t> tg(h.n); for (auto& t : tg) t = int(g() % h.v);
+      const float scale = 1.0f / float(h.n);
+      V mx(h.n), st(2 * h.n), loss(h.n), loss2(h.n, 7);
+      cpu->xent_forward(loss.data(), mx.data(), st.data(), st.data() + h.n, l.data(), tg.data(), h.n, h.ld, h.v, 0);
+      cpu->xent_backward(l.data(), mx.data(), st.data(), tg.data(), h.n, h.ld, h.v, 0, scale);
+      std::uint16_t* d16 = nullptr; float* dloss = nullptr; std::int32_t* dtg = nullptr;
+      cudaMalloc(reinterpret_cast<void**>(&d16), l16.size() * 2); cudaMalloc(reinterpret_cast<void**>(&dloss), size_t(h.n) * 4);
+      cudaMalloc(reinterpret_cast<void**>(&dtg), size_t(h.n) * 4);
+      cudaMemcpy(d16, l16.data(), l16.size() * 2, cudaMemcpyHostToDevice); cudaMemcpy(dtg, tg.data(), size_t(h.n) * 4, cudaMemcpyHostToDevice);
+      launch_fused_classifier(nullptr, d16, dloss, dtg, h.n, h.ld, h.v, scale, backward != 0);
+      std::vector<std::uint16_t> got16(l16.size());
+      cudaMemcpy(got16.data(), d16, got16.size() * 2, cudaMemcpyDeviceToHost); cudaMemcpy(loss2.data(), dloss, size_t(h.n) * 4, cudaMemcpyDeviceToHost);
+      snprintf(name, sizeof name, "fused_classifier n%d ld%d v%d%s loss", h.n, h.ld, h.v, backward ? " +backward" : "");
+      cmp(name, loss2, loss, 1e-5);
+      if (backward) {
+        V got(got16.size()); cpu->from_bf16(got.data(), got16.data(), std::int64_t(got.size()));
+        cmp("  dlogits", got, l, 4e-3);
+        bool zero = true; for (int i = 0; i < h.n; i++) for (int j = h.v; j < h.ld; j++) zero = zero && got16[size_t(i) * h.ld + j] == 0;
+        bad += !zero; printf("  padding columns' gradient exactly 0        %s\n", zero ? "ok  " : "BAD ");
+      } else {
+        bool kept = got16 == l16; bad += !kept;
+        printf("  logits untouched without the backward      %s\n", kept ? "ok  " : "BAD ");
+      }
+      cudaFree(d16); cudaFree(dloss); cudaFree(dtg);
+    } }
+  // Then the whole head (fused_head.cpp: the bf16-out product, the classifier, the two bf16
+  // products, on the cuBLAS stand-in) against the CPU composition (Ops::lm_head) on the same
+  // bf16-rounded lnf and wte: loss, dlnf and dwte's increment (dwte starts random) within bf16's
+  // rounding of the logits and dlogits; dwte's padding rows unchanged bit for bit.
+  { struct H { int n, c, v, vv; };
+    cublasHandle_t cb = nullptr; cublasCreate(&cb);
+    for (H h : {H{24, 16, 96, 96}, H{24, 16, 96, 85}, H{10, 12, 45, 41}}) for (int backward = 0; backward < 2; backward++) {
+      V lnf = rnd(size_t(h.n) * h.c), wte = rnd(size_t(h.v) * h.c, 0.5f), dw0 = rnd(wte.size(), 0.1f);
+      std::vector<std::uint16_t> lnf16(lnf.size()), wte16(wte.size());
+      cpu->to_bf16(lnf16.data(), lnf.data(), std::int64_t(lnf.size())); cpu->from_bf16(lnf.data(), lnf16.data(), std::int64_t(lnf.size()));
+      cpu->to_bf16(wte16.data(), wte.data(), std::int64_t(wte.size())); cpu->from_bf16(wte.data(), wte16.data(), std::int64_t(wte.size()));
+      std::vector<std::int32_t> tg(h.n); for (auto& t : tg) t = int(g() % h.vv);
+      const float scale = 1.0f / float(h.n);
+      V loss(h.n), dlnf(lnf.size()), dw = dw0, logits(size_t(h.n) * h.v), mx(h.n), st(2 * h.n);
+      cpu->lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(), lnf.data(), wte.data(), tg.data(), h.n, h.c, h.v, h.vv, scale, backward != 0);
+      const double want_total = cpu->take_loss();
+      void *dl16, *dlnf16, *dwte16; float *dloss, *ddlnf, *ddw; std::int32_t* dtg;
+      cudaMalloc(&dl16, size_t(h.n) * h.v * 4); cudaMalloc(&dlnf16, lnf16.size() * 2); cudaMalloc(&dwte16, wte16.size() * 2);
+      cudaMalloc(reinterpret_cast<void**>(&dloss), size_t(h.n) * 4); cudaMalloc(reinterpret_cast<void**>(&ddlnf), lnf.size() * 4);
+      cudaMalloc(reinterpret_cast<void**>(&ddw), wte.size() * 4); cudaMalloc(reinterpret_cast<void**>(&dtg), size_t(h.n) * 4);
+      cudaMemcpy(dlnf16, lnf16.data(), lnf16.size() * 2, cudaMemcpyHostToDevice); cudaMemcpy(dwte16, wte16.data(), wte16.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(ddw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice); cudaMemcpy(dtg, tg.data(), size_t(h.n) * 4, cudaMemcpyHostToDevice);
+      fused_head(cb, nullptr, nullptr, dloss, ddlnf, ddw, dl16, dlnf16, dwte16, dtg, h.n, h.c, h.v, h.vv, scale, backward != 0);
+      V loss2(h.n), dlnf2(dlnf.size()), dw2(dw.size());
+      cudaMemcpy(loss2.data(), dloss, loss2.size() * 4, cudaMemcpyDeviceToHost); cudaMemcpy(dlnf2.data(), ddlnf, dlnf2.size() * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(dw2.data(), ddw, dw2.size() * 4, cudaMemcpyDeviceToHost);
+      snprintf(name, sizeof name, "fused_head n%d c%d v%d valid %d%s loss", h.n, h.c, h.v, h.vv, backward ? " +backward" : "");
+      cmp(name, loss2, loss, 1e-2);
+      double total = 0; for (float x : loss2) total += x;
+      const bool sum_ok = std::fabs(total - want_total) <= 1e-2 * std::fabs(want_total); bad += !sum_ok;
+      printf("  the CPU's add_loss total %.6f, ours %.6f    %s\n", want_total, total, sum_ok ? "ok  " : "BAD ");
+      if (backward) {
+        cmp("  dlnf", dlnf2, dlnf, 1e-2);
+        V add(dw.size()), add2(dw.size());  // what each added to dwte (d wte is small beside dw0)
+        for (size_t i = 0; i < dw.size(); i++) { add[i] = dw[i] - dw0[i]; add2[i] = dw2[i] - dw0[i]; }
+        cmp("  dwte (+=)", add2, add, 1e-2);
+        bool kept = std::memcmp(dw2.data() + size_t(h.vv) * h.c, dw0.data() + size_t(h.vv) * h.c, size_t(h.v - h.vv) * h.c * 4) == 0;
+        bad += !kept; printf("  dwte's padding rows unchanged              %s\n", kept ? "ok  " : "BAD ");
+      } else {
+        bool kept = std::memcmp(dw2.data(), dw0.data(), dw0.size() * 4) == 0; bad += !kept;
+        printf("  dwte untouched without the backward        %s\n", kept ? "ok  " : "BAD ");
+      }
+      for (void* p : {dl16, dlnf16, dwte16, static_cast<void*>(dloss), static_cast<void*>(ddlnf), static_cast<void*>(ddw), static_cast<void*>(dtg)}) cudaFree(p);
+    }
+    cublasDestroy(cb);
   }
   printf(bad ? "%d MISMATCHES\n" : "all kernels agree with the CPU backend\n", bad);
   return bad != 0;

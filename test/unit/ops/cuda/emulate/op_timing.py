@@ -5,7 +5,8 @@ Checks: no file when the variable is unset; with it, a JSON table whose shares s
 total is within the run's wall time, and whose counts are the step's: adamw every step, the
 one-pass classifier (xent_forward) once per microbatch in a serial run and the three-pass one
 per shard (xent_shard_stats, xent_rescale_sumexp, xent_loss) at tp 2, where the vocabulary is
-sharded; rank 1 writes
+sharded; under bf16 the fused LM head's steps once per microbatch (and the one-pass
+classifier again with TRIDENT_CUDA_FUSED_HEAD=0), but at tp 2 the sharded composition; rank 1 writes
 FILE.rank1 (left out where there is no mpirun). usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 op_timing.py
 """
 import json
@@ -30,6 +31,10 @@ def table(path):
 
 def calls(tab, name):
     return sum(r["calls"] for r in tab["ops"] if r["op"] == name)
+
+
+def calls_of(tab, prefix):
+    return sum(r["calls"] for r in tab["ops"] if r["op"].startswith(prefix))
 
 
 def main():
@@ -66,6 +71,25 @@ def main():
     for r in tab["ops"][:8]:
         print(f"  {r['op']:<40} {r['calls']:>5} {r['total_ms']:9.2f} ms {100 * r['share']:5.1f}%")
 
+    # bf16: the fused LM head (Ops::lm_head, ops/cuda/lm_head.cpp) once per microbatch, each
+    # step its own row; no fp32 classifier. TRIDENT_CUDA_FUSED_HEAD=0: the composition again.
+    for knob, fused in (("1", True), ("0", False)):
+        path16 = t.path(f"ops-bf16-{knob}.json")
+        os.environ["TRIDENT_OP_TIMING"] = path16
+        os.environ["TRIDENT_CUDA_FUSED_HEAD"] = knob
+        t.train(1, f"bf16-{knob}", sets=DEVICE + ['runtime.precision="bf16"'])
+        del os.environ["TRIDENT_CUDA_FUSED_HEAD"]
+        tab = table(path16)
+        steps = {s: calls_of(tab, f"lm_head {s}") for s in ("logits", "classifier", "dlnf", "dwte")}
+        if fused:
+            t.check(all(n == micro for n in steps.values()) and calls(tab, "xent_forward") == 0
+                    and calls(tab, "xent_backward") == 0,
+                    f"bf16: the fused head's steps once per microbatch ({steps}), no fp32 classifier")
+        else:
+            t.check(all(n == 0 for n in steps.values()) and calls(tab, "xent_forward") == micro,
+                    f"bf16, TRIDENT_CUDA_FUSED_HEAD=0: the composition (xent_forward "
+                    f"{calls(tab, 'xent_forward')} calls, fused steps {steps})")
+
     if not shutil.which("mpirun"):  # a GPU machine with the bundle only (bench/gpu_check.sh)
         print("tp 2: skipped (no mpirun)")
         os.environ.pop("TRIDENT_OP_TIMING", None)
@@ -80,6 +104,14 @@ def main():
         t.check(calls(tab, "xent_shard_stats") == micro and calls(tab, "xent_rescale_sumexp") == micro
                 and calls(tab, "xent_forward") == 0 and calls(tab, "xent_row_max") == 0,
                 f"tp 2, {name}: one pass per shard and the rescale, {calls(tab, 'xent_shard_stats')} calls")
+    # bf16 at tp 2: the vocabulary is sharded, so the head is the composition, not the fused op
+    path3 = t.path("ops-tp2-bf16.json")
+    os.environ["TRIDENT_OP_TIMING"] = path3
+    t.train(2, "tp2-bf16", sets=DEVICE + ["parallel.tp=2", 'runtime.precision="bf16"'])
+    tab = table(path3)
+    t.check(calls(tab, "xent_shard_stats") == micro and calls_of(tab, "lm_head") == 0,
+            f"tp 2 bf16: the vocabulary-parallel composition ({calls(tab, 'xent_shard_stats')} "
+            f"shard passes), no fused head")
     os.environ.pop("TRIDENT_OP_TIMING", None)
     t.finish()
 

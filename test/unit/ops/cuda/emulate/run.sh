@@ -21,7 +21,7 @@ blas_lib=$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")
 rm -rf "$work"
 mkdir -p "$work"
 cp "$here"/shim/check.hpp "$src"/src/ops/cuda/common.cuh "$src"/src/ops/cuda/kernels.hpp \
-   "$src"/src/ops/cuda/plans.hpp "$work/"
+   "$src"/src/ops/cuda/plans.hpp "$src"/src/ops/cuda/fused_head.hpp "$work/"
 objs=()
 for cu in "$src"/src/ops/cuda/*.cu; do
   name=$(basename "$cu" .cu)
@@ -37,6 +37,13 @@ done
 for shim in emu runtime cublas; do
   g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -c "$here/shim/$shim.cpp" -o "$work/shim-$shim.o"
   objs+=("$work/shim-$shim.o")
+done
+# The LM head's host side (fused_head.cpp: its products on the cuBLAS shim), with the real
+# check.hpp beside it (check.cpp) and the per-op timer it names.
+for host in fused_head op_timer check; do
+  g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -I"$src/include" -c "$src/src/ops/cuda/$host.cpp" \
+      -o "$work/host-$host.o"
+  objs+=("$work/host-$host.o")
 done
 g++ -std=c++17 -O1 -ffp-contract=off -I"$here/shim" -I"$work" -I"$src/include" -I"$blas_inc" "$here/driver.cpp" \
     "${objs[@]}" "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp \

@@ -62,7 +62,7 @@ float load(const void* p, cudaDataType type, std::int64_t r, std::int64_t c, std
 // One product C = alpha op(A) op(B) + beta C (arguments already checked).
 void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
               cudaDataType atype, int lda, const void* b, cudaDataType btype, int ldb,
-              float beta, float* c, int ldc, cublasComputeType_t compute) {
+              float beta, void* c, cudaDataType ctype, int ldc, cublasComputeType_t compute) {
   std::vector<double> arow(static_cast<std::size_t>(k));
   for (int i = 0; i < m; i++) {
     for (int l = 0; l < k; l++) arow[l] = ta ? load(a, atype, l, i, lda, compute) : load(a, atype, i, l, lda, compute);
@@ -70,8 +70,13 @@ void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
       double acc = 0.0;
       for (int l = 0; l < k; l++)
         acc += arow[l] * double(tb ? load(b, btype, j, l, ldb, compute) : load(b, btype, l, j, ldb, compute));
-      float& out = c[std::int64_t(j) * ldc + i];
       const float prod = alpha * float(acc);
+      const std::int64_t at = std::int64_t(j) * ldc + i;
+      if (ctype == CUDA_R_16BF) {  // bf16 out (beta 0 only): the fp32 result rounded once
+        static_cast<__nv_bfloat16*>(c)[at] = __float2bfloat16_rn(prod);
+        continue;
+      }
+      float& out = static_cast<float*>(c)[at];
       out = beta == 0.0f ? prod : prod + beta * out;
     }
   }
@@ -89,7 +94,11 @@ cublasStatus_t check_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperatio
   const int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
   if (lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (ctype != CUDA_R_32F || atype != btype) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (atype != btype) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // bf16 out: bf16 in, fp32 compute (the one such combination trident uses: the LM head)
+  if (ctype != CUDA_R_32F &&
+      !(ctype == CUDA_R_16BF && atype == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   switch (compute) {
     case CUBLAS_COMPUTE_32F:
     case CUBLAS_COMPUTE_32F_PEDANTIC:
@@ -185,16 +194,18 @@ cublasStatus_t cublasGemmStridedBatchedEx(
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  const std::size_t ea = type_size(atype), eb = type_size(btype);
+  const std::size_t ea = type_size(atype), eb = type_size(btype), ec = type_size(ctype);
+  if (ctype == CUDA_R_16BF && be != 0.0f) return CUBLAS_STATUS_NOT_SUPPORTED;  // not modelled
   for (int i = 0; i < batch; i++) {
     const char* ai = static_cast<const char*>(a) + std::int64_t(i) * stride_a * std::int64_t(ea);
     const char* bi = static_cast<const char*>(b) + std::int64_t(i) * stride_b * std::int64_t(eb);
-    float* ci = static_cast<float*>(c) + std::int64_t(i) * stride_c;
+    char* ci = static_cast<char*>(c) + std::int64_t(i) * stride_c * std::int64_t(ec);
     const bool reads = k > 0 && al != 0.0f;  // cuBLAS reads no A, B then
     if (reads && !emu::is_device(ai, extent(ta ? k : m, ta ? m : k, lda, ea))) return not_device("gemm", "A");
     if (reads && !emu::is_device(bi, extent(tb ? n : k, tb ? k : n, ldb, eb))) return not_device("gemm", "B");
-    if (!emu::is_device(ci, extent(m, n, ldc, 4))) return not_device("gemm", "C");
-    gemm_one(ta, tb, m, n, reads ? k : 0, al, ai, atype, lda, bi, btype, ldb, be, ci, ldc, compute);
+    if (!emu::is_device(ci, extent(m, n, ldc, ec))) return not_device("gemm", "C");
+    gemm_one(ta, tb, m, n, reads ? k : 0, al, ai, atype, lda, bi, btype, ldb, be, ci, ctype, ldc,
+             compute);
   }
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -422,7 +433,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (bias && !emu::is_device(desc->bias, std::size_t(m) * 4)) return not_device("cublasLtMatmul", "bias");
   float* out = static_cast<float*>(d);
   gemm_one(ta, tb, m, n, reads ? k : 0, al, a, adesc->type, int(adesc->ld), b, bdesc->type,
-           int(bdesc->ld), be, out, int(ddesc->ld), CUBLAS_COMPUTE_32F);
+           int(bdesc->ld), be, out, CUDA_R_32F, int(ddesc->ld), CUBLAS_COMPUTE_32F);
   if (bias) {
     const float* bv = static_cast<const float*>(desc->bias);
     for (int j = 0; j < n; j++)

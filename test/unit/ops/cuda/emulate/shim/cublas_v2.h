@@ -10,8 +10,10 @@
 // nearest even) before the product, as tensor cores would see them (real cuBLAS may pick
 // other kernels, split inputs or truncate: the emulation is one faithful reading, not the
 // bits of a GPU). The summation order of a GPU (fp32 partial sums in a blocked order) is not
-// modelled: sums here are closer to exact. Pointer mode device is not supported; the math
-// mode and workspace are recorded (the workspace must be device memory) and change nothing.
+// modelled: sums here are closer to exact. A bf16 C (bf16 A and B, CUBLAS_COMPUTE_32F, beta 0:
+// the LM head's logits) gets alpha * sum rounded to bf16 (nearest even). Pointer mode device
+// is not supported; the math mode and workspace are recorded (the workspace must be device
+// memory) and change nothing.
 #pragma once
 
 #include <cstdint>
