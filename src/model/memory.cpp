@@ -142,7 +142,12 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
-  if (lay.recompute == Recompute::none) per_mb += L * (bf16 ? packed_layer_floats(d) : layer_store);
+  const bool fused = stores_fused_block(bf16, lay.block_stash_bf16, cfg.arch.get(), lay.tp,
+                                       lay.cp, lay.split_backward);
+  if (lay.recompute == Recompute::none)
+    per_mb += L * (fused  ? fused_layer_floats(d)
+                   : bf16 ? packed_layer_floats(d)
+                          : layer_store);
   if (lay.recompute == Recompute::selective) per_mb += L * layer_floats(d, true);
   // The split backward's gradients for W: in the layers' dead qkv and fch, or their own.
   if (lay.split_backward && grad_stash_separate(bf16, lay.recompute))
@@ -156,7 +161,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
   if (head) scratch += N * C + 2 * Nr + N * Vl + 5 * N;
-  if (lay.recompute == Recompute::full || bf16) scratch += layer_store;  // one layer in fp32
+  if (lay.recompute == Recompute::full || (bf16 && !fused)) scratch += layer_store;  // one layer in fp32
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
   if (!lay.host_memory) {

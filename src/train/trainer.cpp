@@ -97,6 +97,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.host_memory = ops.memory() == nullptr;
   lay.open_files = files_held_open(cfg, ps.world_rank == 0);
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
+  lay.block_stash_bf16 = ops.gpt2_block_stash_bf16();
   if (!lay.host_memory)  // the backend's exact scratch for attention through cuDNN (or 0)
     lay.fused_attention_bytes = [&ops](int b, int t, int nh, int nkv, int hs) {
       ops::Ops::AttentionShape s;  // packed rows: the bytes do not depend on the strides

@@ -99,6 +99,17 @@ bool grad_stash_separate(bool bf16_storage, Recompute recompute);
 // the statistics, then the packed bf16 (its large views stay null).
 void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
                         std::uint16_t*& packed);
+// The coarse block op's bf16 stash (Ops::gpt2_block_stash_bf16, GptChunk::fused_block): a
+// layer carved in LayerActivations' order with ln1, qkv, atty, ln2, fch and fch_gelu at 2
+// bytes an element (half the floats, rounded up) and the rest fp32; la.bf16 set.
+void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la);
+std::int64_t fused_layer_floats(const ChunkDims& d);
+// Whether a chunk's layers use that stash: bf16 storage, a backend whose coarse block op keeps
+// it, GPT-2's block on one rank's plain case (TP 1, no context parallelism), and activations
+// whose backward is not split (the zero-bubble W reads fp32 ln1 and ln2). One rule for the
+// chunk and for predict_memory.
+bool stores_fused_block(bool bf16_storage, bool backend_bf16_block, Arch arch, int tp, int cp,
+                        bool split_backward);
 // The large tensors of one layer with their elements, in packing order.
 struct StashedTensor {
   float* LayerActivations::*field;
@@ -122,6 +133,7 @@ struct ChunkActivations final : StageActivations {
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
   std::vector<LayerActivations> layers;  // views into store
   std::vector<std::uint16_t*> packed;    // bf16 storage: each layer's bf16 tensors (in store)
+  bool fused = false;                    // layers carved by carve_fused_layer (no packing)
   // [Nr,C] d loss / d chunk output, from the head's forward or received when B starts: the
   // outputs' last row of layers, free once the forward's output is sent (or the head read it).
   float* doutput = nullptr;
@@ -318,8 +330,12 @@ class GptChunk final : public StageModel {
   FloatBuffer recompute_store_;
   std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
   bool bf16_store_ = false;
-  FloatBuffer bf16_work_store_;    // bf16 storage: one layer's fp32 working copy
-  LayerActivations bf16_work_{};   // its views (the statistics: the stored layer's)
+  // bf16 storage through the backend's coarse block op (stores_fused_block without the split):
+  // activations made without split_backward carve carve_fused_layer and need no working copy.
+  bool fused_block_ = false;
+  // bf16 storage: one layer's fp32 working copy, made with the first packed activations.
+  mutable FloatBuffer bf16_work_store_;
+  mutable LayerActivations bf16_work_{};  // its views (the statistics: the stored layer's)
   // bf16 storage: the working copy, its statistics bound to the stored layer `kept`.
   LayerActivations& bf16_working(const LayerActivations& kept);
   void pack_layer(ChunkActivations& a, int l);    // working copy -> a.packed[l]

@@ -164,6 +164,15 @@ class CudaOps final : public Ops {
   void add_loss(const float* loss, int n) override;
   double take_loss() override;
 
+  // The coarse GPT-2 block (fused_block.cpp): with a bf16 stash (Gpt2BlockStash::bf16), bf16
+  // activations end to end inside the block; otherwise Ops' composition.
+  bool gpt2_block_stash_bf16() const override;
+  void gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, const float* x,
+                          float* out, const Gpt2BlockStash& la) override;
+  void gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                           const Gpt2BlockParams& g, const float* x, float* dres,
+                           const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch) override;
+
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
 
@@ -254,6 +263,34 @@ class CudaOps final : public Ops {
   // first attention call.
   std::unique_ptr<CudnnAttention> cudnn_;
   std::map<std::array<std::int64_t, 4>, LtPlan> lt_plans_;  // {n, in, out, alignments}
+
+  // ---- the fused GPT-2 block (fused_block.cpp) ----------------------------------------------
+  // TRIDENT_CUDA_FUSED_BLOCK=0 turns it off (the composition on fp32 activations, as before).
+  static bool fused_block_from_environment();
+  bool fused_block_ = fused_block_from_environment();
+  // d[N,out] (bf16 when d16, else fp32) = x16 @ bf16(w) + bias (+ residual[N,out] fp32 when not
+  // null) through cuBLASLt, the bias in its epilogue and the residual as C (beta = 1); the
+  // fallback when cuBLASLt declines: the product in fp32 scratch, then bias, residual, bf16.
+  // Its plans live in lt_plans_ (destroyed with them), bf16 D keyed apart (bit 58 of the
+  // alignments word, above the four 9-bit alignments).
+  void block_linear(void* d, bool d16, const float* residual, const void* x16, const float* w,
+                    const float* bias, int n, int in, int out);
+  // The bf16 copy of weight w[in, out]: the weight cache's, else converted into scratch.
+  const void* block_weight16(const float* w, int in, int out);
+  // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
+  void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
+                      const void* b16, int ldb, void* c16, int ldc);
+
+  // Attention on bf16 q, k, v (strides in elements) writing bf16 out and fp32 lse; the backward
+  // WRITES bf16 dq, dk, dv (s.accumulate not taken). attention_bf16.cpp (the helper "attbf16";
+  // until it merges, attention_bf16_stub.cpp: through the fp32 kernels, one sequence at a time).
+  void attention_forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                              const std::uint16_t* k, const std::uint16_t* v,
+                              const AttentionShape& s);
+  void attention_backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                               const std::uint16_t* dout, const std::uint16_t* out,
+                               const float* lse, const std::uint16_t* q, const std::uint16_t* k,
+                               const std::uint16_t* v, const AttentionShape& s);
 };
 
 }  // namespace trident::ops::cuda

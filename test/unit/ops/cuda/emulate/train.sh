@@ -12,7 +12,8 @@
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 #   emulate/cudnn_fallback.py   cuDNN attention's loader and fallback line (~10 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
-# First shim/selftest.cpp checks the shim itself. A check of the backend's host code, its use
+# First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
+# (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition. A check of the backend's host code, its use
 # of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
 # copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
 # of the model, pipeline and MPI staging, in real training, with the real kernels.
@@ -113,6 +114,12 @@ EOF
 chmod +x "$work/bin/nvidia-smi"
 echo "emulate/train: built $work/trident in $((SECONDS - start)) s"
 "$work/selftest"
+# The fused GPT-2 block (src/ops/cuda/fused_block.cpp) against the CPU composition: the
+# backend's host objects with the CPU build's ops and core libraries.
+blas_lib=$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")
+g++ "${flags[@]}" "${warn[@]}" "$here/fused_block.cpp" "${objs[@]}" "$build/libtrident_ops.a" \
+    "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread -o "$work/fused_block"
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/fused_block"
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"

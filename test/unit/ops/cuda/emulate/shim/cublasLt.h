@@ -2,7 +2,8 @@
 // with its bias in the GEMM's epilogue), on the CPU (cublas.cpp), with cuBLASLt's names; the
 // values of the enums are the shim's own. Modelled: one matmul D = alpha op(A) op(B) + beta C
 // (+ bias[m] per row of D under CUBLASLT_EPILOGUE_BIAS), compute CUBLAS_COMPUTE_32F with fp32
-// scale, A and B both fp32 or both bf16, C and D fp32 with the same layout; the layouts'
+// scale, A and B both fp32 or both bf16, C and D fp32 (or bf16 with bf16 A, B) with the same
+// layout, C in place or not (D = alpha AB + beta C + bias in float, rounded once); the layouts'
 // shapes checked against the operations (CUBLAS_STATUS_INVALID_VALUE otherwise), every matrix
 // and the bias in device memory of the runtime shim (else EXECUTION_FAILED, as a GPU would
 // fault). The heuristic offers one algorithm for any valid problem, needing no workspace.
