@@ -27,8 +27,8 @@ namespace {
 constexpr int B = 2, T = 32, C = 64, NH = 4, F = 4 * C;  // heads of 16: the tensor-core kernels
 constexpr int N = B * T;
 // bf16 rounds each activation a product or attention reads to 8 significant bits; the
-// measured worst is ~1e-2 of the largest value (gradients of the first LayerNorm).
-constexpr double kTol = 4e-2;
+// measured worst on the stand-in is 5.5e-3 of the largest value (ln1_w's gradient).
+constexpr double kTol = 1.5e-2;
 
 struct Sizes {
   std::vector<std::int64_t> params{C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * F, F, F * C, C};
@@ -138,7 +138,7 @@ bool compare(const char* what, const Result& got, const Result& want, bool quiet
     off += n;
   }
   if (!quiet) std::printf("fused block: %s:%s\n", what, line.c_str());
-  std::printf("fused block: %s: worst %.2e (tolerance %.0e) %s\n", what, worst, kTol,
+  std::printf("fused block: %s: worst %.2e (tolerance %.1e) %s\n", what, worst, kTol,
               ok ? "agree" : "MISMATCH");
   return ok;
 }
@@ -149,7 +149,8 @@ int main() {
   std::mt19937 rng(27);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t P = param_count();
-  std::vector<float> w(std::size_t(P)), x(std::size_t(N) * C), dout(std::size_t(N) * C);
+  std::vector<float> w(static_cast<std::size_t>(P)), x(static_cast<std::size_t>(N * C)),
+      dout(static_cast<std::size_t>(N * C));
   {
     Sizes s;
     std::int64_t off = 0;
@@ -181,8 +182,8 @@ int main() {
   // The tolerance must catch a wrong step: a stale stash tensor, a wrong residual gradient.
   const bool stale = compare("broken on purpose: la.fch overwritten before the backward",
                              run(*cuda, true, w, x, dout, true), want, true);
-  const bool scaled = compare("broken on purpose: the residual gradient times 1.1",
-                              run(*cuda, true, w, x, dout, false, 1.1f), want, true);
+  const bool scaled = compare("broken on purpose: the residual gradient times 1.05",
+                              run(*cuda, true, w, x, dout, false, 1.05f), want, true);
   if (stale || scaled) {
     std::printf("fused block: a broken run passed: the check cannot fail\n");
     ok = false;
