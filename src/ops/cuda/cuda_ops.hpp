@@ -1,8 +1,9 @@
 // ops/cuda/cuda_ops.hpp — the CUDA backend of trident::ops::Ops (private to src/ops/cuda):
 // cuBLAS for every matrix product, the kernels of kernels.hpp for everything else, all queued
 // on one stream the object owns. The member functions are defined in cuda_ops.cpp (setup,
-// scratch, copies, the non-GEMM ops), matmul.cpp (gemm, linear, attention) and
-// cudnn_attention.cpp (attention through cuDNN, tried first under bf16).
+// scratch, copies, the non-GEMM ops), matmul.cpp (gemm, linear, attention),
+// cudnn_attention.cpp (attention through cuDNN, tried first under bf16) and fused_block.cpp
+// (the coarse GPT-2 block on bf16 activations).
 // defines: trident::ops::cuda::CudaOps
 //
 // Memory: one cudaMalloc per object, made in the constructor: the arena of `memory_`
@@ -27,8 +28,9 @@
 //         the optimizer stay fp32 (no loss scaling). A product's operand that lies in the
 //         model's weights (set_weights) is read from a bf16 copy of them made once after each
 //         change (the weight cache, 2 bytes per parameter in the arena); the activation
-//         operands are converted in scratch per call. Not done: GEMMs reading the stored
-//         bf16 activations directly.
+//         operands are converted in scratch per call. The fused GPT-2 block
+//         (gpt2_block_forward/backward, fused_block.cpp) instead keeps its activations and the
+//         stash in bf16 end to end (the model then carves a bf16 stash and packs nothing).
 // Attention's per-head products (strided-batched, read in place from qkv) have no packed
 // copy to convert, so under bf16 they use CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS rounds the
 // fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
