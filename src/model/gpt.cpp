@@ -672,8 +672,9 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   for (int c = 0; c < num_chunks(); ++c) {
     for (int l = 0; l < chunk_layers(c); ++l) {
       LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
-                             : bf16_store_ && !a.fused ? bf16_working(a.layers[l])  // nothing to keep
-                                           : a.layers[l];
+                             : bf16_store_ && !a.fused
+                                 ? bf16_working(a.layers[l])  // nothing to keep
+                                 : a.layers[l];
       float* out = a.outputs.data() + l * tC;
       if (x == out) {  // the next chunk starts from the last output: move it to the input
         ops_.copy(a.input.data(), x, tC);

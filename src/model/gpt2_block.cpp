@@ -41,10 +41,8 @@ ops::Ops::Gpt2BlockParams coarse(const BlockParams& p) {
           p.ln2_w, p.ln2_b, p.fc_w,  p.fc_b,  p.fcproj_w,  p.fcproj_b};
 }
 ops::Ops::Gpt2BlockStash coarse(const LayerActivations& la) {
-  ops::Ops::Gpt2BlockStash s{la.ln1, la.ln1_mean, la.ln1_rstd, la.qkv,     la.atty,     la.lse,
-                             la.res2, la.ln2,     la.ln2_mean, la.ln2_rstd, la.fch,      la.fch_gelu};
-  s.bf16 = la.bf16;
-  return s;
+  return {la.ln1, la.ln1_mean, la.ln1_rstd, la.qkv, la.atty, la.lse, la.res2,
+          la.ln2, la.ln2_mean, la.ln2_rstd, la.fch, la.fch_gelu, la.bf16};
 }
 }  // namespace
 

@@ -161,7 +161,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
   if (head) scratch += N * C + 2 * Nr + N * Vl + 5 * N;
-  if (lay.recompute == Recompute::full || (bf16 && !fused)) scratch += layer_store;  // one layer in fp32
+  // one layer in fp32 (the fused block's stash needs no working copy)
+  if (lay.recompute == Recompute::full || (bf16 && !fused)) scratch += layer_store;
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
   if (!lay.host_memory) {

@@ -179,7 +179,9 @@ class GptChunk final : public StageModel {
   int micro_batch() const { return B_; }
   // The layers' stash kept as bf16 (carve_packed_layer): runtime.precision = "bf16" on a
   // device backend without recomputation. Each block's forward writes a one-layer fp32
-  // working copy, then packs it; its backward unpacks into that copy (bf16_work_).
+  // working copy, then packs it; its backward unpacks into that copy (bf16_work_). Where the
+  // backend's fused GPT-2 block takes the chunk (stores_fused_block), activations made
+  // without the split backward carve its bf16 stash instead (carve_fused_layer; no packing).
   bool bf16_storage() const { return bf16_store_; }
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
   // pipeline sends between stages.

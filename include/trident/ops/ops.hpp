@@ -243,8 +243,10 @@ class Ops {
   // each have room for their elements at 2 bytes (half the floats) and hold the backend's bf16
   // values, readable only by its gpt2_block_backward; res2 and the row statistics are fp32.
   struct Gpt2BlockStash {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2;  // [N,C] [N] [N] [N,3C] [N,C] [B,NH,T] [N,C]
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;           // [N,C] [N] [N] [N,F] [N,F]
+    // [N,C] [N] [N] [N,3C] [N,C] [B,NH,T] [N,C]
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2;
+    // [N,C] [N] [N] [N,F] [N,F]
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
     bool bf16 = false;
   };
   // The backward's scratch: dbuf [N,C], dqkv [N,3C], dfch [N,F], dact [N,F] floats.

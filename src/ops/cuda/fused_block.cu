@@ -39,7 +39,9 @@ __device__ __forceinline__ float from_bits(unsigned short h) {
   return f;
 }
 
-__device__ __forceinline__ float exp_clamped(float x) { return expf(fminf(fmaxf(x, -80.0f), 80.0f)); }
+__device__ __forceinline__ float exp_clamped(float x) {
+  return expf(fminf(fmaxf(x, -80.0f), 80.0f));
+}
 
 __global__ void layernorm_forward_bf16_kernel(unsigned short* y, float* mean, float* rstd,
                                               const float* x, const float* w, const float* b,
@@ -129,7 +131,8 @@ dim3 colsum_grid(int n, int cols) {
 }
 
 void colsum_add(cudaStream_t s, float* db, const float* partial, int n, int cols) {
-  block_colsum_add_kernel<<<grid_for(cols), kBlock, 0, s>>>(db, partial, colsum_row_blocks(n), cols);
+  const int blocks = colsum_row_blocks(n);
+  block_colsum_add_kernel<<<grid_for(cols), kBlock, 0, s>>>(db, partial, blocks, cols);
   check_launch("block_colsum_add");
 }
 

@@ -78,7 +78,8 @@ Result run(Ops& ops, bool bf16, const std::vector<float>& w, const std::vector<f
   trident::DeviceMemory* mem = ops.memory();
   const std::int64_t P = param_count();
   FloatBuffer params(std::size_t(P), mem), grads(std::size_t(P), mem);
-  FloatBuffer xb(std::size_t(N) * C, mem), out(std::size_t(N) * C, mem), dres(std::size_t(N) * C, mem);
+  const std::size_t nc = std::size_t(N) * C;
+  FloatBuffer xb(nc, mem), out(nc, mem), dres(nc, mem);
   FloatBuffer stash(std::size_t(stash_floats()), mem);
   FloatBuffer dbuf(std::size_t(N) * C, mem), dqkv(std::size_t(N) * 3 * C, mem);
   FloatBuffer dfch(std::size_t(N) * F, mem), dact(std::size_t(N) * F, mem);
