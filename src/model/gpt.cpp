@@ -115,7 +115,6 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     sumexp_ = buffer(2 * N);  // sumexp then target logit: one allreduce for both
     token_loss_ = buffer(N);
   }
-  if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
   if (recompute_ == Recompute::selective) {
     Carver count;
     carve_recomputed(dims_, count, selective_);
@@ -126,8 +125,8 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   // runtime.precision = "bf16" on a device: the stash as bf16 (bf16_storage()). Not with
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
   bf16_store_ = stores_bf16(ops_.precision(), recompute_);
-  fused_block_ = stores_fused_block(bf16_store_, ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp,
-                                    cp, false);
+  fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16, recompute_,
+                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp, cp, false);
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
   std::int64_t partial = 0;
@@ -308,10 +307,10 @@ std::int64_t fused_layer_floats(const ChunkDims& d) {
   return count.used;
 }
 
-bool stores_fused_block(bool bf16_storage, bool backend_bf16_block, Arch arch, int tp, int cp,
-                        bool split_backward) {
-  return bf16_storage && backend_bf16_block && arch == Arch::gpt2 && tp == 1 && cp == 1 &&
-         !split_backward;
+bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
+                        Arch arch, int tp, int cp, bool split_backward) {
+  return bf16_products && recompute != Recompute::selective && backend_bf16_block &&
+         arch == Arch::gpt2 && tp == 1 && cp == 1 && !split_backward;
 }
 
 std::int64_t packed_layer_floats(const ChunkDims& d) {
@@ -380,7 +379,18 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
   a->outputs = buffer(std::max(1, L) * NrC);
   a->doutput = a->outputs.data() + std::int64_t(std::max(1, L) - 1) * NrC;
   a->dinput = const_cast<float*>(dres_.data());  // one backward at a time (backward())
-  if (fused_block_ && !split_backward) {
+  // Full recompute's one layer: fp32, or the fused block's stash; each made at first need.
+  if (recompute_ == Recompute::full) {
+    a->fused = fused_block_ && !split_backward;
+    if (a->fused && recompute_fused_.empty()) {
+      recompute_fused_.resize(1);
+      recompute_fused_store_ = buffer(fused_layer_floats(dims_));
+      Carver take{recompute_fused_store_.data()};
+      carve_fused_layer(dims_, take, recompute_fused_[0]);
+    } else if (!a->fused && recompute_layer_.empty()) {
+      bind_layers(recompute_store_, recompute_layer_, 1);
+    }
+  } else if (fused_block_ && !split_backward) {
     a->fused = true;
     a->layers.resize(std::size_t(L));
     a->store = buffer(fused_layer_floats(dims_) * L);
@@ -416,6 +426,10 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
   }
   a->last_output = L == 0 ? a->input.data() : a->outputs.data() + std::int64_t(L - 1) * NrC;
   return a;
+}
+
+LayerActivations& GptChunk::recomputed_layer(const ChunkActivations& a) {
+  return a.fused ? recompute_fused_[0] : recompute_layer_[0];
 }
 
 LayerActivations& GptChunk::bf16_working(const LayerActivations& kept) {
@@ -487,7 +501,7 @@ double GptChunk::forward(int chunk, StageActivations& activations, const std::in
   const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
-    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
+    LayerActivations& la = recompute_ == Recompute::full ? recomputed_layer(a)
                            : bf16_store_ && !a.fused       ? bf16_working(a.layers[l])
                                                            : a.layers[l];
     block_forward(first + l, x, a.outputs.data() + l * NC, la, B_, T_);
@@ -554,7 +568,7 @@ LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, in
     block_->recompute(la);
     return la;
   }
-  LayerActivations& la = recompute_layer_[0];
+  LayerActivations& la = recomputed_layer(a);
   block_forward(local_first_[std::size_t(chunk)] + l, x, dbuf_.data(), la, B_, T_);
   return la;
 }
@@ -671,7 +685,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   const float* x = a.input.data();
   for (int c = 0; c < num_chunks(); ++c) {
     for (int l = 0; l < chunk_layers(c); ++l) {
-      LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
+      LayerActivations& la = recompute_ == Recompute::full ? recomputed_layer(a)
                              : bf16_store_ && !a.fused
                                  ? bf16_working(a.layers[l])  // nothing to keep
                                  : a.layers[l];

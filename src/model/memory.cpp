@@ -142,8 +142,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
-  const bool fused = stores_fused_block(bf16, lay.block_stash_bf16, cfg.arch.get(), lay.tp,
-                                       lay.cp, lay.split_backward);
+  const bool fused = stores_fused_block(lay.bf16_products, lay.recompute, lay.block_stash_bf16,
+                                       cfg.arch.get(), lay.tp, lay.cp, lay.split_backward);
   if (lay.recompute == Recompute::none)
     per_mb += L * (fused  ? fused_layer_floats(d)
                    : bf16 ? packed_layer_floats(d)
@@ -161,8 +161,10 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
   if (head) scratch += N * C + 2 * Nr + N * Vl + 5 * N;
-  // one layer in fp32 (the fused block's stash needs no working copy)
-  if (lay.recompute == Recompute::full || (bf16 && !fused)) scratch += layer_store;
+  // one layer in fp32 (the fused block's stash needs no working copy; full recompute's layer
+  // is its bf16 stash then)
+  if (lay.recompute == Recompute::full && fused) scratch += fused_layer_floats(d);
+  else if (lay.recompute == Recompute::full || (bf16 && !fused)) scratch += layer_store;
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
   if (!lay.host_memory) {

@@ -104,12 +104,13 @@ void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
 // bytes an element (half the floats, rounded up) and the rest fp32; la.bf16 set.
 void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la);
 std::int64_t fused_layer_floats(const ChunkDims& d);
-// Whether a chunk's layers use that stash: bf16 storage, a backend whose coarse block op keeps
-// it, GPT-2's block on one rank's plain case (TP 1, no context parallelism), and activations
-// whose backward is not split (the zero-bubble W reads fp32 ln1 and ln2). One rule for the
-// chunk and for predict_memory.
-bool stores_fused_block(bool bf16_storage, bool backend_bf16_block, Arch arch, int tp, int cp,
-                        bool split_backward);
+// Whether a chunk's layers use that stash (or, with full recompute, its one recomputed layer):
+// bf16 products, a backend whose coarse block op keeps it, GPT-2's block on one rank's plain
+// case (TP 1, no context parallelism), no selective recompute (its shared fp32 views), and
+// activations whose backward is not split (the zero-bubble B and W read fp32 views). One rule
+// for the chunk and for predict_memory.
+bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
+                        Arch arch, int tp, int cp, bool split_backward);
 // The large tensors of one layer with their elements, in packing order.
 struct StashedTensor {
   float* LayerActivations::*field;
@@ -133,7 +134,8 @@ struct ChunkActivations final : StageActivations {
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
   std::vector<LayerActivations> layers;  // views into store
   std::vector<std::uint16_t*> packed;    // bf16 storage: each layer's bf16 tensors (in store)
-  bool fused = false;                    // layers carved by carve_fused_layer (no packing)
+  // The layers (full recompute: the recomputed one) carved by carve_fused_layer (no packing)
+  bool fused = false;
   // [Nr,C] d loss / d chunk output, from the head's forward or received when B starts: the
   // outputs' last row of layers, free once the forward's output is sent (or the head read it).
   float* doutput = nullptr;
@@ -329,11 +331,15 @@ class GptChunk final : public StageModel {
   // the head's forward (its backward runs there too), so one copy serves every microbatch.
   FloatBuffer lnf_, lnf_mean_, lnf_rstd_;
   bool loss_on_device_ = false;   // set_loss_on_device
-  FloatBuffer recompute_store_;
-  std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
+  // Full recompute: one layer's worth (fp32), made with the first activations that need it,
+  // and the fused block's bf16 stash for the activations it takes (a.fused).
+  mutable FloatBuffer recompute_store_, recompute_fused_store_;
+  mutable std::vector<LayerActivations> recompute_layer_, recompute_fused_;
+  LayerActivations& recomputed_layer(const ChunkActivations& a);
   bool bf16_store_ = false;
-  // bf16 storage through the backend's coarse block op (stores_fused_block without the split):
-  // activations made without split_backward carve carve_fused_layer and need no working copy.
+  // The backend's fused GPT-2 block takes this chunk (stores_fused_block without the split):
+  // activations made without split_backward carve carve_fused_layer (recompute none: each
+  // layer, and no fp32 working copy; full: the one recomputed layer).
   bool fused_block_ = false;
   // bf16 storage: one layer's fp32 working copy, made with the first packed activations.
   mutable FloatBuffer bf16_work_store_;

@@ -57,6 +57,7 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   lay.peak_stash = 3;
   lay.host_memory = false;
   lay.bf16_activations = true;
+  lay.bf16_products = true;
   const MemoryEstimate packed = predict_memory(cfg, lay);
   lay.block_stash_bf16 = true;
   const MemoryEstimate fused = predict_memory(cfg, lay);
@@ -82,9 +83,21 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
     unfused.block_stash_bf16 = false;
     EXPECT_EQ(predict_memory(cfg, other).peak(), predict_memory(cfg, unfused).peak());
   }
-  EXPECT_TRUE(stores_fused_block(true, true, Arch::gpt2, 1, 1, false));
-  EXPECT_FALSE(stores_fused_block(true, true, Arch::llama, 1, 1, false));
-  EXPECT_FALSE(stores_fused_block(false, true, Arch::gpt2, 1, 1, false));
+  // Full recompute: its one recomputed layer is the fused stash instead of fp32.
+  MemoryLayout full = lay;
+  full.recompute = Recompute::full;
+  full.bf16_activations = false;  // set_precision's rule: no bf16 storage with recomputation
+  full.bf16_products = true;
+  MemoryLayout full_fp32 = full;
+  full_fp32.block_stash_bf16 = false;
+  EXPECT_EQ(predict_memory(cfg, full_fp32).scratch - predict_memory(cfg, full).scratch,
+            (rows * 15 * 32 + stats - count.used) * 4);
+  const Recompute none = Recompute::none;
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1, 1, false));
+  EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1, 1, false));
+  EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1, false));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 1, false));
+  EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1, 1, false));
 }
 
 // bf16 products on a device: the backend converts each product's activation inputs in its
