@@ -50,6 +50,7 @@ std::string MemoryEstimate::describe() const {
 void MemoryLayout::set_precision(ops::Precision precision) {
   bf16_activations = stores_bf16(precision, recompute);
   bf16_products = !host_memory && precision == ops::Precision::bf16;
+  block_stash_bf16 = bf16_products;  // the CUDA backend's default (Trainer asks its backend)
 }
 
 namespace {

@@ -255,7 +255,6 @@ StepPrediction predict(const model::ModelConfig& cfg, std::int64_t global_batch,
     ml.host_memory = host_memory;
     ml.open_files = r == 0 ? open_files.rank0 : open_files.others;  // rank 0 writes metrics
     ml.set_precision(precision);
-    ml.block_stash_bf16 = ml.bf16_products;  // the CUDA backend's default (no backend here)
     ml.nonblocking_temp_ratio = mc.nonblocking_temp_ratio;
     ml.reduce_scatter_temp_ratio = mc.reduce_scatter_temp_ratio;
     model::MemoryEstimate e = model::predict_memory(cfg, ml);

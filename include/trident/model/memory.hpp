@@ -79,9 +79,10 @@ struct MemoryLayout {
   // the largest, ~N * Vl).
   bool bf16_products = false;
   // Ops::gpt2_block_stash_bf16() of the rank's backend (CUDA under bf16 unless
-  // TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline): with bf16_activations, GPT-2 at TP 1 without
-  // context parallelism or a split backward keeps carve_fused_layer's stash and no fp32
-  // working copy (stores_fused_block).
+  // TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline; set_precision assumes that default, Trainer
+  // asks its backend): GPT-2 at TP 1 without context parallelism, selective recompute or a
+  // split backward then keeps carve_fused_layer's stash and no fp32 working copy
+  // (stores_fused_block).
   bool block_stash_bf16 = false;
   // The device backend's scratch for one causal attention call of shape (b, t, nh, nkv, hs)
   // when it runs through a library (CUDA under bf16: cuDNN's bf16 copies and workspace;
