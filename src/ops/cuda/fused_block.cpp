@@ -98,6 +98,10 @@ void CudaOps::block_linear(void* d, bool d16, const float* residual, const void*
                                                         &op_n, sizeof(op_n)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // The bias is fp32 (the model's); cuBLASLt reads it as D's type unless told.
+    const std::int32_t bias_type = CUDA_R_32F;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
                                                     std::uint64_t(in), out));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),

@@ -290,6 +290,7 @@ struct cublasLtMatmulDescOpaque_t {
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
+  std::int32_t bias_type = -1;  // -1: D's type
 };
 struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType type;
@@ -360,6 +361,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     case CUBLASLT_MATMUL_DESC_TRANSB: return get_attr(desc->tb, buf, size);
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return get_attr(desc->epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return get_attr(desc->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return get_attr(desc->bias_type, buf, size);
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -441,7 +443,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (be != 0.0f && !emu::is_device(c, extent(m, n, cdesc->ld, ed))) return not_device("cublasLtMatmul", "C");
   const bool bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS;
   if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bias) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (bias && !emu::is_device(desc->bias, std::size_t(m) * 4)) return not_device("cublasLtMatmul", "bias");
+  const cudaDataType bias_type =
+      desc->bias_type < 0 ? ddesc->type : static_cast<cudaDataType>(desc->bias_type);
+  if (bias && bias_type != CUDA_R_32F && bias_type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (bias && !emu::is_device(desc->bias, std::size_t(m) * type_size(bias_type)))
+    return not_device("cublasLtMatmul", "bias");
   // In float (D = alpha AB + beta C, then the bias), rounded once when D is bf16; C may differ
   // from D (same layout).
   std::vector<float> out(std::size_t(m) * std::size_t(n));
@@ -451,10 +457,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
         out[std::size_t(j) * m + i] = load_c(c, cdesc->type, std::int64_t(j) * cdesc->ld + i);
   gemm_one(ta, tb, m, n, reads ? k : 0, al, a, adesc->type, int(adesc->ld), b, bdesc->type,
            int(bdesc->ld), be, out.data(), CUDA_R_32F, m, CUBLAS_COMPUTE_32F);
-  const float* bv = static_cast<const float*>(desc->bias);
   for (int j = 0; j < n; j++)
     for (int i = 0; i < m; i++)
       store_c(d, ddesc->type, std::int64_t(j) * ddesc->ld + i,
-              out[std::size_t(j) * m + i] + (bias ? bv[i] : 0.0f));
+              out[std::size_t(j) * m + i] + (bias ? load_c(desc->bias, bias_type, i) : 0.0f));
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -6,7 +6,9 @@
 // layout, C in place or not (D = alpha AB + beta C + bias in float, rounded once); the layouts'
 // shapes checked against the operations (CUBLAS_STATUS_INVALID_VALUE otherwise), every matrix
 // and the bias in device memory of the runtime shim (else EXECUTION_FAILED, as a GPU would
-// fault). The heuristic offers one algorithm for any valid problem, needing no workspace.
+// fault). The bias is of D's type unless CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE says otherwise (as
+// cuBLASLt: fp32 or bf16 here). The heuristic offers one algorithm for any valid problem,
+// needing no workspace.
 // Arithmetic as cublas_v2.h's GEMMs; the bias is added in float after alpha * product.
 #pragma once
 
@@ -39,6 +41,7 @@ enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
   CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
   CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 };
 enum cublasLtEpilogue_t { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 };
 enum cublasLtMatmulPreferenceAttributes_t {
