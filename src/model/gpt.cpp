@@ -118,7 +118,6 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     sumexp_ = buffer(2 * N);  // sumexp then target logit: one allreduce for both
     token_loss_ = buffer(N);
   }
-  if (recompute_ == Recompute::full) bind_layers(recompute_store_, recompute_layer_, 1);
   if (recompute_ == Recompute::selective) {
     Carver count;
     carve_recomputed(dims_, count, selective_);
@@ -129,13 +128,8 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   // runtime.precision = "bf16" on a device: the stash as bf16 (bf16_storage()). Not with
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
   bf16_store_ = stores_bf16(ops_.precision(), recompute_);
-  if (bf16_store_) {
-    Carver count;
-    carve_layer(dims_, count, bf16_work_);
-    bf16_work_store_ = buffer(count.used);
-    Carver bind{bf16_work_store_.data()};
-    carve_layer(dims_, bind, bf16_work_);
-  }
+  fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16, recompute_,
+                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp, cp, false);
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
   std::int64_t partial = 0;
@@ -291,6 +285,37 @@ void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
   packed = reinterpret_cast<std::uint16_t*>(take((bf16 + 1) / 2));  // two per float
 }
 
+void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la) {
+  auto half = [&take](std::int64_t n) { return take((n + 1) / 2); };  // n bf16
+  la = LayerActivations{};
+  la.ln1 = half(d.N * d.C);
+  la.ln1_mean = take(d.Nr);
+  la.ln1_rstd = take(d.Nr);
+  la.qkv = half(d.N * d.C3);
+  la.atty = half(d.N * d.Ca);
+  la.lse = take(d.B * d.NH * d.T);
+  la.res2 = take(d.Nr * d.C);
+  la.ln2 = half(d.N * d.C);
+  la.ln2_mean = take(d.Nr);
+  la.ln2_rstd = take(d.Nr);
+  la.fch = half(d.N * d.F1);
+  la.fch_gelu = half(d.N * d.F);
+  la.bf16 = true;
+}
+
+std::int64_t fused_layer_floats(const ChunkDims& d) {
+  Carver count;
+  LayerActivations la;
+  carve_fused_layer(d, count, la);
+  return count.used;
+}
+
+bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
+                        Arch arch, int tp, int cp, bool split_backward) {
+  return bf16_products && recompute != Recompute::selective && backend_bf16_block &&
+         arch == Arch::gpt2 && tp == 1 && cp == 1 && !split_backward;
+}
+
 std::int64_t packed_layer_floats(const ChunkDims& d) {
   Carver count;
   LayerActivations la;
@@ -357,7 +382,31 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
   a->outputs = buffer(std::max(1, L) * NrC);
   a->doutput = a->outputs.data() + std::int64_t(std::max(1, L) - 1) * NrC;
   a->dinput = const_cast<float*>(dres_.data());  // one backward at a time (backward())
-  if (bf16_store_) {
+  // Full recompute's one layer: fp32, or the fused block's stash; each made at first need.
+  if (recompute_ == Recompute::full) {
+    a->fused = fused_block_ && !split_backward;
+    if (a->fused && recompute_fused_.empty()) {
+      recompute_fused_.resize(1);
+      recompute_fused_store_ = buffer(fused_layer_floats(dims_));
+      Carver take{recompute_fused_store_.data()};
+      carve_fused_layer(dims_, take, recompute_fused_[0]);
+    } else if (!a->fused && recompute_layer_.empty()) {
+      bind_layers(recompute_store_, recompute_layer_, 1);
+    }
+  } else if (fused_block_ && !split_backward) {
+    a->fused = true;
+    a->layers.resize(std::size_t(L));
+    a->store = buffer(fused_layer_floats(dims_) * L);
+    Carver take{a->store.data()};
+    for (LayerActivations& la : a->layers) carve_fused_layer(dims_, take, la);
+  } else if (bf16_store_) {
+    if (bf16_work_store_.empty()) {  // the working copy, once
+      Carver count;
+      carve_layer(dims_, count, bf16_work_);
+      bf16_work_store_ = buffer(count.used);
+      Carver bind{bf16_work_store_.data()};
+      carve_layer(dims_, bind, bf16_work_);
+    }
     a->layers.resize(std::size_t(L));
     a->packed.resize(std::size_t(L));
     a->store = buffer(packed_layer_floats(dims_) * L);
@@ -380,6 +429,10 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
   }
   a->last_output = L == 0 ? a->input.data() : a->outputs.data() + std::int64_t(L - 1) * NrC;
   return a;
+}
+
+LayerActivations& GptChunk::recomputed_layer(const ChunkActivations& a) {
+  return a.fused ? recompute_fused_[0] : recompute_layer_[0];
 }
 
 LayerActivations& GptChunk::bf16_working(const LayerActivations& kept) {
@@ -451,11 +504,11 @@ double GptChunk::forward(int chunk, StageActivations& activations, const std::in
   const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
-    LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
-                           : bf16_store_                   ? bf16_working(a.layers[l])
+    LayerActivations& la = recompute_ == Recompute::full ? recomputed_layer(a)
+                           : bf16_store_ && !a.fused       ? bf16_working(a.layers[l])
                                                            : a.layers[l];
     block_forward(first + l, x, a.outputs.data() + l * NC, la, B_, T_);
-    if (bf16_store_) pack_layer(a, l);
+    if (bf16_store_ && !a.fused) pack_layer(a, l);
   }
   a.loss_sum = st.has_head ? head_forward_backward(a, targets, loss_scale, with_backward) : 0.0;
   return a.loss_sum;
@@ -519,7 +572,7 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
 LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, int l,
                                               const float* x) {
   if (recompute_ == Recompute::none) {
-    if (!bf16_store_) return a.layers[l];
+    if (!bf16_store_ || a.fused) return a.layers[l];
     unpack_layer(a, l);
     return bf16_working(a.layers[l]);
   }
@@ -529,7 +582,7 @@ LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, in
     block_->recompute(la);
     return la;
   }
-  LayerActivations& la = recompute_layer_[0];
+  LayerActivations& la = recomputed_layer(a);
   block_forward(local_first_[std::size_t(chunk)] + l, x, dbuf_.data(), la, B_, T_);
   return la;
 }
@@ -538,6 +591,7 @@ LayerActivations& GptChunk::weight_pass_inputs(ChunkActivations& a, int chunk, i
                                                const float* x) {
   if (recompute_ == Recompute::full) return layer_activations(a, chunk, l, x);
   if (!bf16_store_) return a.layers[l];  // selective: ln1 and ln2 are kept
+  TRIDENT_CHECK(!a.fused, "internal: a weight pass over a fused block's bf16 stash");
   unpack_layer(a, l, true);
   return bf16_working(a.layers[l]);
 }
@@ -645,9 +699,10 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   const float* x = a.input.data();
   for (int c = 0; c < num_chunks(); ++c) {
     for (int l = 0; l < chunk_layers(c); ++l) {
-      LayerActivations& la = recompute_ == Recompute::full ? recompute_layer_[0]
-                             : bf16_store_ ? bf16_working(a.layers[l])  // nothing to keep
-                                           : a.layers[l];
+      LayerActivations& la = recompute_ == Recompute::full ? recomputed_layer(a)
+                             : bf16_store_ && !a.fused
+                                 ? bf16_working(a.layers[l])  // nothing to keep
+                                 : a.layers[l];
       float* out = a.outputs.data() + l * tC;
       if (x == out) {  // the next chunk starts from the last output: move it to the input
         ops_.copy(a.input.data(), x, tC);

@@ -3,7 +3,16 @@
 //
 // TP: c_attn and c_fc are column-parallel (enter), the c_projs row-parallel (leave), their
 // biases added once (TP rank 0, before the reduction).
+//
+// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache, a
+// backward that takes every gradient) the block is one coarse op, Ops::gpt2_block_forward /
+// backward, whose default (ops/fused_block.cpp) is this same composition at TP 1 and which a
+// backend may fuse (CUDA under bf16: bf16 activations inside, la.bf16). The composition stays
+// here for the TP, SP, context-parallel, cached and split-backward cases the op does not take;
+// the two sequences must stay the same.
 #include "trident/model/gpt2_block.hpp"
+
+#include "trident/core/error.hpp"
 
 namespace trident::model {
 
@@ -26,8 +35,21 @@ void Gpt2Block::attend(LayerActivations& la, int b, int t) {
   attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca_, la.qkv + 2 * Ca_, att);
 }
 
+namespace {
+ops::Ops::Gpt2BlockParams coarse(const BlockParams& p) {
+  return {p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.attproj_w, p.attproj_b,
+          p.ln2_w, p.ln2_b, p.fc_w,  p.fc_b,  p.fcproj_w,  p.fcproj_b};
+}
+ops::Ops::Gpt2BlockStash coarse(const LayerActivations& la) {
+  return {la.ln1, la.ln1_mean, la.ln1_rstd, la.qkv, la.atty, la.lse, la.res2,
+          la.ln2, la.ln2_mean, la.ln2_rstd, la.fch, la.fch_gelu, la.bf16};
+}
+}  // namespace
+
 void Gpt2Block::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
                         int b, int t) {
+  if (plain()) return ops_.gpt2_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   run(p, x, out, la, b, t, nullptr);
 }
 
@@ -69,6 +91,10 @@ void Gpt2Block::recompute(LayerActivations& la) {
 
 void Gpt2Block::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                          LayerActivations& la, LayerGradStash* stash) {
+  if (plain() && !stash)
+    return ops_.gpt2_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres,
+                                    coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact});
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   const int n = B_ * T_;
   const std::int64_t local_n = std::int64_t(Nr_) * C_;
   float* dbuf = ctx_.dbuf;      // [N,C] partial input gradients of column-parallel layers

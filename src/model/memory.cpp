@@ -51,6 +51,7 @@ void MemoryLayout::set_precision(ops::Precision precision) {
   bf16_activations = stores_bf16(precision, recompute);
   bf16_products = !host_memory && precision == ops::Precision::bf16;
   fused_head = bf16_products;
+  block_stash_bf16 = bf16_products;  // the CUDA backend's default (Trainer asks its backend)
 }
 
 namespace {
@@ -143,7 +144,12 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
-  if (lay.recompute == Recompute::none) per_mb += L * (bf16 ? packed_layer_floats(d) : layer_store);
+  const bool fused = stores_fused_block(lay.bf16_products, lay.recompute, lay.block_stash_bf16,
+                                       cfg.arch.get(), lay.tp, lay.cp, lay.split_backward);
+  if (lay.recompute == Recompute::none)
+    per_mb += L * (fused  ? fused_layer_floats(d)
+                   : bf16 ? packed_layer_floats(d)
+                          : layer_store);
   if (lay.recompute == Recompute::selective) per_mb += L * layer_floats(d, true);
   // The split backward's gradients for W: in the layers' dead qkv and fch, or their own.
   if (lay.split_backward && grad_stash_separate(bf16, lay.recompute))
@@ -160,7 +166,10 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   const bool bf16_logits = lay.fused_head && lay.tp == 1;
   const std::int64_t logits = bf16_logits ? std::max((N * Vl + 1) / 2, Vl) : N * Vl;
   if (head) scratch += N * C + 2 * Nr + logits + 5 * N;
-  if (lay.recompute == Recompute::full || bf16) scratch += layer_store;  // one layer in fp32
+  // one layer in fp32 (the fused block's stash needs no working copy; full recompute's layer
+  // is its bf16 stash then)
+  if (lay.recompute == Recompute::full && fused) scratch += fused_layer_floats(d);
+  else if (lay.recompute == Recompute::full || (bf16 && !fused)) scratch += layer_store;
   if (lay.recompute == Recompute::selective) scratch += inner;
   e.scratch = scratch * kFloat;
   if (!lay.host_memory) {

@@ -189,8 +189,9 @@ def main():
     # bf16 keeps each layer's large activations as bf16 (GptChunk::bf16_storage). Two steps
     # of 4 microbatches of 8 under gpipe (all 4 stashes alive at once) make the stash most of
     # the peak; the measured peak must fall by what predict_memory says bf16 saves (4
-    # microbatches x 4 layers x half the large tensors, less one layer's fp32 working copy:
-    # ~1.7 MiB) within 15% (the bf16 GEMM inputs' scratch, which the prediction leaves out,
+    # microbatches x 4 layers x the fused block's bf16 stash, res2 fp32, and no fp32 working
+    # copy; with TRIDENT_CUDA_FUSED_BLOCK=0 the packed stash less one working copy: ~1.6 MiB
+    # either way) within 15% (the bf16 GEMM inputs' scratch, which the prediction leaves out,
     # and the report's 0.1 MiB rounding).
     if DEVICE == "cuda":
         two = ["train.steps=2", "io.checkpoint_every=0", "train.eval_every=0",

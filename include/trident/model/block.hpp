@@ -42,6 +42,9 @@ struct LayerActivations {
   float* ln2_rstd;  // [Nr]
   float* fch;       // [B,T,F1]    c_fc output (Llama: gate | up)
   float* fch_gelu;  // [B,T,F]     its activation (GELU; Llama: SwiGLU)
+  // Carved for the backend's bf16 block stash (carve_fused_layer: ln1, qkv, atty, ln2, fch,
+  // fch_gelu at 2 bytes an element, only the backend's coarse block op reads them).
+  bool bf16 = false;
 };
 
 // What the weight-gradient pass (Block::backward_weights) of one transformer block needs

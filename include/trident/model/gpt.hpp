@@ -99,6 +99,18 @@ bool grad_stash_separate(bool bf16_storage, Recompute recompute);
 // the statistics, then the packed bf16 (its large views stay null).
 void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
                         std::uint16_t*& packed);
+// The coarse block op's bf16 stash (Ops::gpt2_block_stash_bf16, GptChunk::fused_block): a
+// layer carved in LayerActivations' order with ln1, qkv, atty, ln2, fch and fch_gelu at 2
+// bytes an element (half the floats, rounded up) and the rest fp32; la.bf16 set.
+void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la);
+std::int64_t fused_layer_floats(const ChunkDims& d);
+// Whether a chunk's layers use that stash (or, with full recompute, its one recomputed layer):
+// bf16 products, a backend whose coarse block op keeps it, GPT-2's block on one rank's plain
+// case (TP 1, no context parallelism), no selective recompute (its shared fp32 views), and
+// activations whose backward is not split (the zero-bubble B and W read fp32 views). One rule
+// for the chunk and for predict_memory.
+bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
+                        Arch arch, int tp, int cp, bool split_backward);
 // The large tensors of one layer with their elements, in packing order.
 struct StashedTensor {
   float* LayerActivations::*field;
@@ -122,6 +134,8 @@ struct ChunkActivations final : StageActivations {
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
   std::vector<LayerActivations> layers;  // views into store
   std::vector<std::uint16_t*> packed;    // bf16 storage: each layer's bf16 tensors (in store)
+  // The layers (full recompute: the recomputed one) carved by carve_fused_layer (no packing)
+  bool fused = false;
   // [Nr,C] d loss / d chunk output, from the head's forward or received when B starts: the
   // outputs' last row of layers, free once the forward's output is sent (or the head read it).
   float* doutput = nullptr;
@@ -167,7 +181,9 @@ class GptChunk final : public StageModel {
   int micro_batch() const { return B_; }
   // The layers' stash kept as bf16 (carve_packed_layer): runtime.precision = "bf16" on a
   // device backend without recomputation. Each block's forward writes a one-layer fp32
-  // working copy, then packs it; its backward unpacks into that copy (bf16_work_).
+  // working copy, then packs it; its backward unpacks into that copy (bf16_work_). Where the
+  // backend's fused GPT-2 block takes the chunk (stores_fused_block), activations made
+  // without the split backward carve its bf16 stash instead (carve_fused_layer; no packing).
   bool bf16_storage() const { return bf16_store_; }
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
   // pipeline sends between stages.
@@ -315,11 +331,19 @@ class GptChunk final : public StageModel {
   // the head's forward (its backward runs there too), so one copy serves every microbatch.
   FloatBuffer lnf_, lnf_mean_, lnf_rstd_;
   bool loss_on_device_ = false;   // set_loss_on_device
-  FloatBuffer recompute_store_;
-  std::vector<LayerActivations> recompute_layer_;  // one layer's worth, with full recompute
+  // Full recompute: one layer's worth (fp32), made with the first activations that need it,
+  // and the fused block's bf16 stash for the activations it takes (a.fused).
+  mutable FloatBuffer recompute_store_, recompute_fused_store_;
+  mutable std::vector<LayerActivations> recompute_layer_, recompute_fused_;
+  LayerActivations& recomputed_layer(const ChunkActivations& a);
   bool bf16_store_ = false;
-  FloatBuffer bf16_work_store_;    // bf16 storage: one layer's fp32 working copy
-  LayerActivations bf16_work_{};   // its views (the statistics: the stored layer's)
+  // The backend's fused GPT-2 block takes this chunk (stores_fused_block without the split):
+  // activations made without split_backward carve carve_fused_layer (recompute none: each
+  // layer, and no fp32 working copy; full: the one recomputed layer).
+  bool fused_block_ = false;
+  // bf16 storage: one layer's fp32 working copy, made with the first packed activations.
+  mutable FloatBuffer bf16_work_store_;
+  mutable LayerActivations bf16_work_{};  // its views (the statistics: the stored layer's)
   // bf16 storage: the working copy, its statistics bound to the stored layer `kept`.
   LayerActivations& bf16_working(const LayerActivations& kept);
   void pack_layer(ChunkActivations& a, int l);    // working copy -> a.packed[l]

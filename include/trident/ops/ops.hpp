@@ -219,6 +219,52 @@ class Ops {
     return std::int64_t(b) * nh * s;
   }
 
+  // ---- coarse ops: GPT-2's whole block on one rank (ops/fused_block.cpp) ----------------
+  //   res2 = x + c_proj(attention(c_attn(ln_1(x))))
+  //   out  = res2 + c_proj(gelu(c_fc(ln_2(res2))))
+  // The plain case only: the whole block on this rank (no TP split, no context-parallel
+  // attention, no key-value cache); the model composes the fine ops itself otherwise. The
+  // default runs exactly the fine ops in model::Gpt2Block's order (the CPU backends' results
+  // are the composition's bit for bit); a backend may fuse them (CUDA under bf16: bf16
+  // activations inside, residual adds and LayerNorms fused; cuda_ops.hpp).
+  struct Gpt2BlockShape {
+    int b = 0, t = 0;
+    int c = 0;   // channels
+    int nh = 0;  // heads (hs = c / nh)
+    int f = 0;   // MLP columns
+  };
+  // The block's parameters (weights), or their gradients (ACCUMULATED, as linear_backward).
+  struct Gpt2BlockParams {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  };
+  // The layer's stash, written by the forward and read by the backward. With bf16 (only where
+  // gpt2_block_stash_bf16() says the backend keeps it so) ln1, qkv, atty, ln2, fch, fch_gelu
+  // each have room for their elements at 2 bytes (half the floats) and hold the backend's bf16
+  // values, readable only by its gpt2_block_backward; res2 and the row statistics are fp32.
+  struct Gpt2BlockStash {
+    // [N,C] [N] [N] [N,3C] [N,C] [B,NH,T] [N,C]
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2;
+    // [N,C] [N] [N] [N,F] [N,F]
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+    bool bf16 = false;
+  };
+  // The backward's scratch: dbuf [N,C], dqkv [N,3C], dfch [N,F], dact [N,F] floats.
+  struct Gpt2BlockScratch {
+    float *dbuf, *dqkv, *dfch, *dact;
+  };
+  // Whether this backend keeps the stash as bf16 (Gpt2BlockStash::bf16) when given room for
+  // it: the model then carves half-size tensors and passes bf16 = true. Default: no.
+  virtual bool gpt2_block_stash_bf16() const { return false; }
+  // out[N,C] = the block of x[N,C] (out may be x); fills the stash.
+  virtual void gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                  const float* x, float* out, const Gpt2BlockStash& la);
+  // dres[N,C]: d loss / d out in, d loss / d x out (in place); g += the parameter gradients.
+  // Reads the stash of the forward of the same x.
+  virtual void gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                   const Gpt2BlockParams& g, const float* x, float* dres,
+                                   const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch);
+
   // ---- embeddings -----------------------------------------------------------------
   // Masked (vocab-parallel) lookup: x[N,C] = wte[tok - vocab_start] when
   // vocab_start <= tok < vocab_start + v, else 0. wte is [v, C].

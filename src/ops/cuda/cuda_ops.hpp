@@ -2,8 +2,9 @@
 // cuBLAS for every matrix product, the kernels of kernels.hpp for everything else, all queued
 // on one stream the object owns. The member functions are defined in cuda_ops.cpp (setup,
 // scratch, copies, the non-GEMM ops), matmul.cpp (gemm, linear, attention),
-// cudnn_attention.cpp (attention through cuDNN, tried first under bf16) and
-// attention_bf16.cpp (attention on bf16 q/k/v/out and gradients).
+// cudnn_attention.cpp (attention through cuDNN, tried first under bf16), attention_bf16.cpp
+// (attention on bf16 q/k/v/out and gradients) and fused_block.cpp (the coarse GPT-2 block on
+// bf16 activations).
 // defines: trident::ops::cuda::CudaOps
 //
 // Memory: one cudaMalloc per object, made in the constructor: the arena of `memory_`
@@ -28,8 +29,9 @@
 //         the optimizer stay fp32 (no loss scaling). A product's operand that lies in the
 //         model's weights (set_weights) is read from a bf16 copy of them made once after each
 //         change (the weight cache, 2 bytes per parameter in the arena); the activation
-//         operands are converted in scratch per call. Not done: GEMMs reading the stored
-//         bf16 activations directly.
+//         operands are converted in scratch per call. The fused GPT-2 block
+//         (gpt2_block_forward/backward, fused_block.cpp) instead keeps its activations and the
+//         stash in bf16 end to end (the model then carves a bf16 stash and packs nothing).
 // Attention's per-head products (strided-batched, read in place from qkv) have no packed
 // copy to convert, so under bf16 they use CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS rounds the
 // fp32 inputs to bf16 itself); under tf32, 32F_FAST_TF32; under fp32, 32F.
@@ -171,6 +173,15 @@ class CudaOps final : public Ops {
                int n, int c, int v, int v_valid, float loss_scale, bool with_backward) override;
   bool fused_lm_head() const override;
 
+  // The coarse GPT-2 block (fused_block.cpp): with a bf16 stash (Gpt2BlockStash::bf16), bf16
+  // activations end to end inside the block; otherwise Ops' composition.
+  bool gpt2_block_stash_bf16() const override;
+  void gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, const float* x,
+                          float* out, const Gpt2BlockStash& la) override;
+  void gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                           const Gpt2BlockParams& g, const float* x, float* dres,
+                           const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch) override;
+
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
 
@@ -261,6 +272,23 @@ class CudaOps final : public Ops {
   // first attention call.
   std::unique_ptr<CudnnAttention> cudnn_;
   std::map<std::array<std::int64_t, 4>, LtPlan> lt_plans_;  // {n, in, out, alignments}
+
+  // ---- the fused GPT-2 block (fused_block.cpp) ----------------------------------------------
+  // TRIDENT_CUDA_FUSED_BLOCK=0 turns it off (the composition on fp32 activations, as before).
+  static bool fused_block_from_environment();
+  bool fused_block_ = fused_block_from_environment();
+  // d[N,out] (bf16 when d16, else fp32) = x16 @ bf16(w) + bias (+ residual[N,out] fp32 when not
+  // null) through cuBLASLt, the bias in its epilogue and the residual as C (beta = 1); the
+  // fallback when cuBLASLt declines: the product in fp32 scratch, then bias, residual, bf16.
+  // Its plans live in lt_plans_ (destroyed with them), bf16 D keyed apart (bit 58 of the
+  // alignments word, above the four 9-bit alignments).
+  void block_linear(void* d, bool d16, const float* residual, const void* x16, const float* w,
+                    const float* bias, int n, int in, int out);
+  // The bf16 copy of weight w[in, out]: the weight cache's, else converted into scratch.
+  const void* block_weight16(const float* w, int in, int out);
+  // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
+  void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
+                      const void* b16, int ldb, void* c16, int ldc);
 
   // ---- attention on bf16 activations (attention_bf16.cpp; the fused GPT-2 block's) -------
   // attention_forward/backward with bf16 q, k, v, dout, out (std::uint16_t storage, round to

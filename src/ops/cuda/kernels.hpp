@@ -187,4 +187,20 @@ void launch_fused_classifier(cudaStream_t s, void* logits16, float* loss,
                              const std::int32_t* targets, int n, int ld, int v_valid, float scale,
                              bool backward);
 
+// ---- fused_block.cu (CudaOps::gpt2_block_*: bf16 activations, packed, 2 bytes each) -------
+// LayerNorm of fp32 x[n, c] (the layernorm_forward kernel's arithmetic) written as bf16 y,
+// with the fp32 mean[n] and rstd[n].
+void launch_layernorm_forward_bf16(cudaStream_t s, void* y, float* mean, float* rstd,
+                                   const float* x, const float* w, const float* b, int n, int c);
+// y = gelu(x) on bf16 x (the gelu_forward kernel's arithmetic in fp32), written as bf16.
+void launch_gelu_forward_bf16(cudaStream_t s, void* y, const void* x, std::int64_t n);
+// dx[n, cols] = bf16(dy * gelu'(x)) on bf16 x and dy, and db[cols] += the column sums of the
+// fp32 values (colsum_partial_floats(n, cols) floats of `partial`; the order of
+// launch_to_bf16_colsum: deterministic).
+void launch_gelu_backward_bf16_colsum(cudaStream_t s, void* dx, float* db, float* partial,
+                                      const void* x, const void* dy, int n, int cols);
+// db[cols] += the column sums of bf16 src[n, cols] (as launch_to_bf16_colsum's sums).
+void launch_colsum_bf16(cudaStream_t s, float* db, float* partial, const void* src, int n,
+                        int cols);
+
 }  // namespace trident::ops::cuda

@@ -46,6 +46,60 @@ TEST(Memory, Bf16StorageCountsTheStashAtTwoBytes) {
   }
 }
 
+// The CUDA backend's fused GPT-2 block (Ops::gpt2_block_stash_bf16): its stash keeps ln1, qkv,
+// atty, ln2, fch, fch_gelu at 2 bytes and res2 at 4, carved as such (carve_fused_layer), and
+// needs no fp32 working copy; not at TP 2, with context parallelism or the split backward.
+TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
+  MemoryLayout lay;
+  lay.micro_batch = 2;
+  lay.peak_stash = 3;
+  lay.host_memory = false;
+  lay.bf16_activations = true;
+  lay.bf16_products = true;
+  const MemoryEstimate packed = predict_memory(cfg, lay);
+  lay.block_stash_bf16 = true;
+  const MemoryEstimate fused = predict_memory(cfg, lay);
+  // N = 32 rows, C = 32: 14C = 448 elements a row at 2 bytes and res2's C at 4, where the
+  // packed stash has all 15C at 2; statistics 4 a row + B*NH*T = 128 log-sum-exps either way.
+  const std::int64_t layers = 4, rows = 32, stats = 4 * 32 + 128;
+  EXPECT_EQ(fused.activations_per_microbatch - packed.activations_per_microbatch,
+            layers * rows * 32 * 2);
+  EXPECT_EQ(packed.scratch - fused.scratch, (rows * 15 * 32 + stats) * 4);  // no working copy
+  ChunkDims d = chunk_dims(cfg, 1, lay.micro_batch, false, 1);
+  Carver count;
+  LayerActivations la;
+  carve_fused_layer(d, count, la);
+  EXPECT_EQ(count.used, (rows * 14 * 32) / 2 + rows * 32 + stats);
+  EXPECT_TRUE(la.bf16);
+  EXPECT_LT(fused.peak(), packed.peak());
+  // The layouts the fused block does not take: as before.
+  for (auto change : {+[](MemoryLayout& l) { l.tp = 2; }, +[](MemoryLayout& l) { l.cp = 2; },
+                      +[](MemoryLayout& l) { l.split_backward = true; }}) {
+    MemoryLayout other = lay;
+    change(other);
+    MemoryLayout unfused = other;
+    unfused.block_stash_bf16 = false;
+    EXPECT_EQ(predict_memory(cfg, other).peak(), predict_memory(cfg, unfused).peak());
+  }
+  // Full recompute: its one recomputed layer is the fused stash instead of fp32.
+  MemoryLayout full = lay;
+  full.recompute = Recompute::full;
+  full.bf16_activations = false;  // set_precision's rule: no bf16 storage with recomputation
+  full.bf16_products = true;
+  MemoryLayout full_fp32 = full;
+  full_fp32.block_stash_bf16 = false;
+  EXPECT_EQ(predict_memory(cfg, full_fp32).scratch - predict_memory(cfg, full).scratch,
+            (rows * 15 * 32 + stats - count.used) * 4);
+  const Recompute none = Recompute::none;
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1, 1, false));
+  EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1, 1, false));
+  EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1, false));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 1, false));
+  EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1, 1, false));
+}
+
 // bf16 products on a device: the backend converts each product's activation inputs in its
 // scratch, which settles at 1.25x the largest need (for GPT-2 small's shapes the LM head's
 // weight gradient, x^T . dlogits), and keeps a bf16 copy of the weights (the weight cache;

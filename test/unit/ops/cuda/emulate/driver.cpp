@@ -676,6 +676,62 @@ int main() {
       for (void* p : {dl16, dlnf16, dwte16, static_cast<void*>(dloss), static_cast<void*>(ddlnf), static_cast<void*>(ddw), static_cast<void*>(dtg)}) cudaFree(p);
     }
     cublasDestroy(cb);
+  // The fused block's bf16 kernels (fused_block.cu) against the CPU's fp32 ops on the same
+  // (widened) inputs: bf16 outputs within bf16's rounding (2^-8 of the largest value), the
+  // statistics and the bias-gradient sums to fp32's.
+  {
+    auto widen = [&](const std::vector<std::uint16_t>& h) {
+      V w(h.size());
+      cpu->from_bf16(w.data(), h.data(), std::int64_t(h.size()));
+      return w;
+    };
+    auto narrow = [&](const V& v) {
+      std::vector<std::uint16_t> h(v.size());
+      cpu->to_bf16(h.data(), v.data(), std::int64_t(v.size()));
+      return h;
+    };
+    const int n = 37, c = 100;
+    V x = rnd(size_t(n) * c, 2, 0.5f), w = rnd(size_t(c), 0.2f, 1), b = rnd(size_t(c), 0.1f);
+    V y(x.size()), mean(n), rstd(n), m2(n), r2(n);
+    std::vector<std::uint16_t> y16(x.size());
+    cpu->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+    launch_layernorm_forward_bf16(nullptr, y16.data(), m2.data(), r2.data(), x.data(), w.data(),
+                                  b.data(), n, c);
+    cmp("layernorm_forward_bf16 y", widen(y16), y, 4e-3);
+    cmp("  mean", m2, mean, 1e-5, maxabs(mean) + 1);
+    cmp("  rstd", r2, rstd, 1e-5);
+    for (int shape = 0; shape < 2; shape++) {
+      const int rows = shape ? 200 : 3, cols = shape ? 300 : 5;
+      const std::int64_t total = std::int64_t(rows) * cols;
+      std::vector<std::uint16_t> x16 = narrow(rnd(size_t(total), 2)), dy16 = narrow(rnd(size_t(total)));
+      const V xw = widen(x16), dyw = widen(dy16);
+      const size_t count = static_cast<size_t>(total);
+      V gy(count), gdx(count);
+      cpu->gelu_forward(gy.data(), xw.data(), total);
+      cpu->gelu_backward(gdx.data(), xw.data(), dyw.data(), total);
+      std::vector<std::uint16_t> y16b(count), dx16(count);
+      launch_gelu_forward_bf16(nullptr, y16b.data(), x16.data(), total);
+      snprintf(name, sizeof name, "gelu_forward_bf16 n%d cols%d", rows, cols);
+      cmp(name, widen(y16b), gy, 4e-3);
+      V db0 = rnd(size_t(cols)), db = db0, db2 = db0, partial(size_t(colsum_partial_floats(rows, cols)), 7);
+      launch_gelu_backward_bf16_colsum(nullptr, dx16.data(), db.data(), partial.data(), x16.data(),
+                                       dy16.data(), rows, cols);
+      V want(cols), want2(cols);
+      for (int col = 0; col < cols; col++) {
+        double sum = db0[col], sum2 = db0[col];
+        for (int r = 0; r < rows; r++) {
+          sum += gdx[size_t(r) * cols + col];
+          sum2 += dyw[size_t(r) * cols + col];
+        }
+        want[col] = float(sum), want2[col] = float(sum2);
+      }
+      snprintf(name, sizeof name, "gelu_backward_bf16_colsum n%d cols%d dx", rows, cols);
+      cmp(name, widen(dx16), gdx, 4e-3);
+      cmp("  db", db, want, 1e-4, maxabs(want) + 1);
+      launch_colsum_bf16(nullptr, db2.data(), partial.data(), dy16.data(), rows, cols);
+      snprintf(name, sizeof name, "colsum_bf16 n%d cols%d", rows, cols);
+      cmp(name, db2, want2, 1e-5, maxabs(want2) + 1);
+    }
   }
   printf(bad ? "%d MISMATCHES\n" : "all kernels agree with the CPU backend\n", bad);
   return bad != 0;

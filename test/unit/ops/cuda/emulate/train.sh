@@ -13,7 +13,8 @@
 #   emulate/cudnn_fallback.py   cuDNN attention's loader and fallback line (~10 s)
 #   emulate/attention_bf16.cpp  the bf16 attention entry points against the CPU (~1 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
-# First shim/selftest.cpp checks the shim itself. A check of the backend's host code, its use
+# First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
+# (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition. A check of the backend's host code, its use
 # of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
 # copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
 # of the model, pipeline and MPI staging, in real training, with the real kernels.
@@ -114,11 +115,16 @@ EOF
 chmod +x "$work/bin/nvidia-smi"
 echo "emulate/train: built $work/trident in $((SECONDS - start)) s"
 "$work/selftest"
+blas_lib=$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")
 # The bf16 attention entry points (CudaOps::attention_forward_bf16) on these objects.
-g++ "${flags[@]}" "${warn[@]}" -I"$src/src/ops/cuda" "$here/attention_bf16.cpp" "$work"/obj/*.o \
-    "$build/libtrident_ops.a" "$build/libtrident_core.a" \
-    "$(sed -n 's/^OPENBLAS_LIBRARY:FILEPATH=//p' "$build/CMakeCache.txt")" -fopenmp -ldl -pthread \
+g++ "${flags[@]}" "${warn[@]}" -I"$src/src/ops/cuda" "$here/attention_bf16.cpp" "${objs[@]}" \
+    "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread \
     -o "$work/attention_bf16"
+# The fused GPT-2 block (src/ops/cuda/fused_block.cpp) against the CPU composition: the
+# backend's host objects with the CPU build's ops and core libraries.
+g++ "${flags[@]}" "${warn[@]}" "$here/fused_block.cpp" "${objs[@]}" "$build/libtrident_ops.a" \
+    "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread -o "$work/fused_block"
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/fused_block"
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"

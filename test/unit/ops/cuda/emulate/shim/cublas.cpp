@@ -59,7 +59,20 @@ float load(const void* p, cudaDataType type, std::int64_t r, std::int64_t c, std
   return f;
 }
 
-// One product C = alpha op(A) op(B) + beta C (arguments already checked).
+// C[r, col] of an fp32 or bf16 matrix (ctype), read and written as float (bf16: rounded to
+// nearest even on the store).
+float load_c(const void* c, cudaDataType ctype, std::int64_t i) {
+  if (ctype == CUDA_R_16BF) return __bfloat162float(static_cast<const __nv_bfloat16*>(c)[i]);
+  return static_cast<const float*>(c)[i];
+}
+void store_c(void* c, cudaDataType ctype, std::int64_t i, float v) {
+  if (ctype == CUDA_R_16BF)
+    static_cast<__nv_bfloat16*>(c)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(c)[i] = v;
+}
+
+// One product C = alpha op(A) op(B) + beta C (arguments already checked); C fp32 or bf16.
 void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
               cudaDataType atype, int lda, const void* b, cudaDataType btype, int ldb,
               float beta, void* c, cudaDataType ctype, int ldc, cublasComputeType_t compute) {
@@ -70,14 +83,9 @@ void gemm_one(bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
       double acc = 0.0;
       for (int l = 0; l < k; l++)
         acc += arow[l] * double(tb ? load(b, btype, j, l, ldb, compute) : load(b, btype, l, j, ldb, compute));
-      const float prod = alpha * float(acc);
       const std::int64_t at = std::int64_t(j) * ldc + i;
-      if (ctype == CUDA_R_16BF) {  // bf16 out (beta 0 only): the fp32 result rounded once
-        static_cast<__nv_bfloat16*>(c)[at] = __float2bfloat16_rn(prod);
-        continue;
-      }
-      float& out = static_cast<float*>(c)[at];
-      out = beta == 0.0f ? prod : prod + beta * out;
+      const float prod = alpha * float(acc);
+      store_c(c, ctype, at, beta == 0.0f ? prod : prod + beta * load_c(c, ctype, at));
     }
   }
 }
@@ -95,9 +103,9 @@ cublasStatus_t check_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperatio
   if (lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (atype != btype) return CUBLAS_STATUS_NOT_SUPPORTED;
-  // bf16 out: bf16 in, fp32 compute (the one such combination trident uses: the LM head)
-  if (ctype != CUDA_R_32F &&
-      !(ctype == CUDA_R_16BF && atype == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F))
+  // bf16 C: bf16 A and B with fp32 compute only
+  if (ctype != CUDA_R_32F && !(ctype == CUDA_R_16BF && atype == CUDA_R_16BF &&
+                               compute == CUBLAS_COMPUTE_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   switch (compute) {
     case CUBLAS_COMPUTE_32F:
@@ -195,7 +203,6 @@ cublasStatus_t cublasGemmStridedBatchedEx(
   const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const std::size_t ea = type_size(atype), eb = type_size(btype), ec = type_size(ctype);
-  if (ctype == CUDA_R_16BF && be != 0.0f) return CUBLAS_STATUS_NOT_SUPPORTED;  // not modelled
   for (int i = 0; i < batch; i++) {
     const char* ai = static_cast<const char*>(a) + std::int64_t(i) * stride_a * std::int64_t(ea);
     const char* bi = static_cast<const char*>(b) + std::int64_t(i) * stride_b * std::int64_t(eb);
@@ -283,6 +290,7 @@ struct cublasLtMatmulDescOpaque_t {
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
+  std::int32_t bias_type = -1;  // -1: D's type
 };
 struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType type;
@@ -308,7 +316,9 @@ cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
                           cublasLtMatrixLayout_t d, int& m, int& n, int& k) {
   if (!desc || !a || !b || !d) return CUBLAS_STATUS_INVALID_VALUE;
   if (desc->compute != CUBLAS_COMPUTE_32F || desc->scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (a->type != b->type || d->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a->type != b->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d->type != CUDA_R_32F && !(d->type == CUDA_R_16BF && a->type == CUDA_R_16BF))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   if (c && (c->type != d->type || c->rows != d->rows || c->cols != d->cols || c->ld != d->ld))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool ta = desc->ta == CUBLAS_OP_T, tb = desc->tb == CUBLAS_OP_T;
@@ -351,6 +361,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     case CUBLASLT_MATMUL_DESC_TRANSB: return get_attr(desc->tb, buf, size);
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return get_attr(desc->epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return get_attr(desc->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return get_attr(desc->bias_type, buf, size);
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -420,24 +431,35 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (!alpha || !beta || (algo && algo->data[0] != 0x7eu)) return CUBLAS_STATUS_INVALID_VALUE;
   if (workspace_bytes && !emu::is_device(workspace, workspace_bytes)) return not_device("cublasLtMatmul", "workspace");
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  if (be != 0.0f && c != d) return CUBLAS_STATUS_NOT_SUPPORTED;  // out of place C: not emulated
+  if (be != 0.0f && !cdesc) return CUBLAS_STATUS_INVALID_VALUE;
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   const bool ta = desc->ta == CUBLAS_OP_T, tb = desc->tb == CUBLAS_OP_T;
   const std::size_t e = type_size(adesc->type);
   const bool reads = k > 0 && al != 0.0f;
   if (reads && !emu::is_device(a, extent(adesc->rows, adesc->cols, adesc->ld, e))) return not_device("cublasLtMatmul", "A");
   if (reads && !emu::is_device(b, extent(bdesc->rows, bdesc->cols, bdesc->ld, e))) return not_device("cublasLtMatmul", "B");
-  if (!emu::is_device(d, extent(m, n, ddesc->ld, 4))) return not_device("cublasLtMatmul", "D");
+  const std::size_t ed = type_size(ddesc->type);
+  if (!emu::is_device(d, extent(m, n, ddesc->ld, ed))) return not_device("cublasLtMatmul", "D");
+  if (be != 0.0f && !emu::is_device(c, extent(m, n, cdesc->ld, ed))) return not_device("cublasLtMatmul", "C");
   const bool bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS;
   if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bias) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (bias && !emu::is_device(desc->bias, std::size_t(m) * 4)) return not_device("cublasLtMatmul", "bias");
-  float* out = static_cast<float*>(d);
-  gemm_one(ta, tb, m, n, reads ? k : 0, al, a, adesc->type, int(adesc->ld), b, bdesc->type,
-           int(bdesc->ld), be, out, CUDA_R_32F, int(ddesc->ld), CUBLAS_COMPUTE_32F);
-  if (bias) {
-    const float* bv = static_cast<const float*>(desc->bias);
+  const cudaDataType bias_type =
+      desc->bias_type < 0 ? ddesc->type : static_cast<cudaDataType>(desc->bias_type);
+  if (bias && bias_type != CUDA_R_32F && bias_type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (bias && !emu::is_device(desc->bias, std::size_t(m) * type_size(bias_type)))
+    return not_device("cublasLtMatmul", "bias");
+  // In float (D = alpha AB + beta C, then the bias), rounded once when D is bf16; C may differ
+  // from D (same layout).
+  std::vector<float> out(std::size_t(m) * std::size_t(n));
+  if (be != 0.0f)
     for (int j = 0; j < n; j++)
-      for (int i = 0; i < m; i++) out[std::int64_t(j) * ddesc->ld + i] += bv[i];
-  }
+      for (int i = 0; i < m; i++)
+        out[std::size_t(j) * m + i] = load_c(c, cdesc->type, std::int64_t(j) * cdesc->ld + i);
+  gemm_one(ta, tb, m, n, reads ? k : 0, al, a, adesc->type, int(adesc->ld), b, bdesc->type,
+           int(bdesc->ld), be, out.data(), CUDA_R_32F, m, CUBLAS_COMPUTE_32F);
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++)
+      store_c(d, ddesc->type, std::int64_t(j) * ddesc->ld + i,
+              out[std::size_t(j) * m + i] + (bias ? load_c(desc->bias, bias_type, i) : 0.0f));
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -2,10 +2,13 @@
 // with its bias in the GEMM's epilogue), on the CPU (cublas.cpp), with cuBLASLt's names; the
 // values of the enums are the shim's own. Modelled: one matmul D = alpha op(A) op(B) + beta C
 // (+ bias[m] per row of D under CUBLASLT_EPILOGUE_BIAS), compute CUBLAS_COMPUTE_32F with fp32
-// scale, A and B both fp32 or both bf16, C and D fp32 with the same layout; the layouts'
+// scale, A and B both fp32 or both bf16, C and D fp32 (or bf16 with bf16 A, B) with the same
+// layout, C in place or not (D = alpha AB + beta C + bias in float, rounded once); the layouts'
 // shapes checked against the operations (CUBLAS_STATUS_INVALID_VALUE otherwise), every matrix
 // and the bias in device memory of the runtime shim (else EXECUTION_FAILED, as a GPU would
-// fault). The heuristic offers one algorithm for any valid problem, needing no workspace.
+// fault). The bias is of D's type unless CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE says otherwise (as
+// cuBLASLt: fp32 or bf16 here). The heuristic offers one algorithm for any valid problem,
+// needing no workspace.
 // Arithmetic as cublas_v2.h's GEMMs; the bias is added in float after alpha * product.
 #pragma once
 
@@ -38,6 +41,7 @@ enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
   CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
   CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 };
 enum cublasLtEpilogue_t { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 };
 enum cublasLtMatmulPreferenceAttributes_t {

@@ -1,0 +1,303 @@
+// ops/cuda/fused_block.cpp — the coarse GPT-2 block (Ops::gpt2_block_forward / backward) on
+// bf16 activations: under bf16 products, not the baseline, TRIDENT_CUDA_FUSED_BLOCK not 0, and
+// with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
+// defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
+//          fused_block_from_environment, block_linear, block_weight16, gemm_rm16_to16
+//
+// Inside the block, every activation a product or attention reads is bf16, written so by its
+// producer: the LayerNorms write bf16 (fused_block.cu), c_attn and c_fc write bf16 through
+// cuBLASLt (bias in the epilogue), attention reads and writes bf16, GELU reads and writes bf16.
+// The residual stream stays fp32: the c_projs add it in the product (cuBLASLt, C = residual,
+// beta = 1, fp32 D), so res2 and out are written once. The stash (ln1, qkv, atty, ln2, fch,
+// fch_gelu: bf16; res2, the statistics, lse: fp32) is what the forward wrote; the backward's
+// products read it as it is. The backward converts each residual gradient once (with the
+// c_proj bias gradient in the same read), writes the gradients at the products' outputs as
+// bf16 (the GELU backward fused with the c_fc bias gradient; c_attn's bias gradient summed
+// from bf16), and the LayerNorm input gradients in fp32 (the residual stream's).
+// Bytes per layer, GPT-2 small (N = 8192, C = 768): docs/gpu.md, "The fused GPT-2 block".
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "check.hpp"
+#include "cuda_ops.hpp"
+#include "kernels.hpp"
+#include "plans.hpp"
+#include "trident/core/error.hpp"
+
+namespace trident::ops::cuda {
+
+namespace {
+
+// The largest power of two (at most 256) dividing the address (matmul.cpp's, for cuBLASLt).
+std::int64_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::int64_t al = 256;
+  while (al > 1 && a % std::uintptr_t(al) != 0) al /= 2;
+  return al;
+}
+
+bool lt_declined(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
+         s == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+
+cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+std::uint16_t* bf(float* p) { return reinterpret_cast<std::uint16_t*>(p); }
+const std::uint16_t* bf(const float* p) { return reinterpret_cast<const std::uint16_t*>(p); }
+
+}  // namespace
+
+bool CudaOps::fused_block_from_environment() {
+  const char* v = std::getenv("TRIDENT_CUDA_FUSED_BLOCK");
+  return !(v && std::string(v) == "0");
+}
+
+bool CudaOps::gpt2_block_stash_bf16() const {
+  return precision_ == Precision::bf16 && !baseline_ && fused_block_;
+}
+
+const void* CudaOps::block_weight16(const float* w, int in, int out) {
+  if (const void* w16 = cached_bf16(w, in, out, out)) return w16;
+  // No weight cache (TRIDENT_CUDA_WEIGHT_CACHE=0): converted here, read by the next product
+  // only (the stream orders it before the scratch's next use).
+  const std::size_t bytes = std::size_t(in) * std::size_t(out) * 2;
+  void* w16 = scratch(aligned_bytes(bytes)).alloc(bytes);
+  launch_to_bf16(stream_, w16, w, in, out, out);
+  return w16;
+}
+
+void CudaOps::gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
+                             const void* b16, int ldb, void* c16, int ldc) {
+  const ColMajor g = col_major(ta, tb, m, n, k, nullptr, lda, 0, nullptr, ldb, 0);
+  const float one = 1.0f, zero = 0.0f;
+  TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
+                                    &one, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
+                                    &zero, c16, CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::block_linear(void* d, bool d16, const float* residual, const void* x16,
+                           const float* w, const float* bias, int n, int in, int out) {
+  const void* w16 = block_weight16(w, in, out);
+  // Column-major as linear_bias_lt: D^T[out, N] = w^T x^T + bias per column (+ C = residual^T).
+  const std::int64_t al_cd = std::min(alignment_of(d), residual ? alignment_of(residual) : 256);
+  const std::int64_t align = al_cd | (alignment_of(bias) << 16) | (alignment_of(x16) << 32) |
+                             (alignment_of(w16) << 48) | (std::int64_t(d16) << 58);
+  const std::array<std::int64_t, 4> key{n, in, out, align};
+  auto it = lt_plans_.find(key);
+  if (it == lt_plans_.end()) {
+    LtPlan plan;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_n = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op_n, sizeof(op_n)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op_n, sizeof(op_n)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // The bias is fp32 (the model's); cuBLASLt reads it as D's type unless told.
+    const std::int32_t bias_type = CUDA_R_32F;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
+                                                    std::uint64_t(in), out));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),
+                                                    std::uint64_t(n), in));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d16 ? CUDA_R_16BF : CUDA_R_32F,
+                                                    std::uint64_t(out), std::uint64_t(n), out));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t workspace = kCublasWorkspaceBytes;
+    const std::uint32_t al_a = std::uint32_t(alignment_of(w16)),
+                        al_b = std::uint32_t(alignment_of(x16)), al_d = std::uint32_t(al_cd);
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &al_a, sizeof(al_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &al_b, sizeof(al_b));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &al_d, sizeof(al_d));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &al_d, sizeof(al_d));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
+                                          &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    plan.algo = result.algo;
+    it = lt_plans_.emplace(key, plan).first;
+  }
+  LtPlan& plan = it->second;
+  if (plan.ok) {
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const float one = 1.0f, beta = residual ? 1.0f : 0.0f;
+    const void* c = residual ? static_cast<const void*>(residual) : d;
+    const cublasStatus_t st =
+        cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &beta, c, plan.d, d,
+                       plan.d, &plan.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_);
+    if (!lt_declined(st)) {
+      TRIDENT_CUBLAS_CHECK(st);
+      return;
+    }
+    plan.ok = false;  // refused before running: the fallback for this shape from now on
+  }
+  // The fallback: y = bias rows + product in fp32 (scratch unless D is fp32), then the residual
+  // or the rounding to bf16.
+  // (A weight converted into scratch is converted again beside y: scratch() empties it.)
+  const std::size_t ybytes = d16 ? std::size_t(n) * std::size_t(out) * sizeof(float) : 0;
+  const bool w_scratch = !cached_bf16(w, in, out, out);
+  const std::size_t wbytes = w_scratch ? std::size_t(in) * std::size_t(out) * 2 : 0;
+  BumpBlock& block = scratch(aligned_bytes(ybytes) + aligned_bytes(wbytes));
+  float* y = d16 ? block.alloc_n<float>(std::size_t(n) * out) : static_cast<float*>(d);
+  if (w_scratch) {
+    void* w16s = block.alloc(wbytes);
+    launch_to_bf16(stream_, w16s, w, in, out, out);
+    w16 = w16s;
+  }
+  launch_bias_rows(stream_, y, bias, n, out);
+  gemm_rm16(false, false, n, out, in, 1.0f, x16, in, w16, out, 1.0f, y, out);
+  if (residual) launch_add(stream_, y, y, residual, std::int64_t(n) * out);
+  if (d16) launch_to_bf16(stream_, d, y, n, out, out);
+}
+
+void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                 const float* x, float* out, const Gpt2BlockStash& la) {
+  if (!la.bf16) return Ops::gpt2_block_forward(s, p, x, out, la);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_forward: a bf16 stash on ", name(),
+                " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  if (n <= 0) return;
+  std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
+  std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
+  {
+    OpScope timed(timer_.get(), "block_forward layernorm_bf16");
+    launch_layernorm_forward_bf16(stream_, ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, n,
+                                  C);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
+                                                 " out=", 3 * C); }, 0);
+    block_linear(qkv, true, nullptr, ln1, p.qkv_w, p.qkv_b, n, C,
+                 3 * C);
+  }
+  const AttentionShape att = attention_shape_qkv(s.b, s.t, C, s.nh);
+  attention_forward_bf16(atty, la.lse, qkv, qkv + C, qkv + 2 * C, att);
+  {  // res2 = x + atty @ w + b: the residual as the product's C (x is not read after it)
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", C,
+                                                 " out=", C); }, 0);
+    block_linear(la.res2, false, x, atty, p.attproj_w, p.attproj_b, n, C,
+                 C);
+  }
+  {
+    OpScope timed(timer_.get(), "block_forward layernorm_bf16");
+    launch_layernorm_forward_bf16(stream_, ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w,
+                                  p.ln2_b, n, C);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
+                                                 " out=", F); }, 0);
+    block_linear(fch, true, nullptr, ln2, p.fc_w, p.fc_b, n, C, F);
+  }
+  {
+    OpScope timed(timer_.get(), "block_forward gelu_bf16");
+    launch_gelu_forward_bf16(stream_, gelu, fch, std::int64_t(n) * F);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", F,
+                                                 " out=", C); }, 0);
+    block_linear(out, false, la.res2, gelu, p.fcproj_w, p.fcproj_b, n, F,
+                 C);
+  }
+}
+
+void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                  const Gpt2BlockParams& g, const float* x, float* dres,
+                                  const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch_in) {
+  if (!la.bf16) return Ops::gpt2_block_backward(s, p, g, x, dres, la, scratch_in);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_backward: a bf16 stash on ", name(),
+                " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  if (n <= 0) return;
+  const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
+  const std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
+  // The model's scratch, as bf16 where a product reads it: dres16 [N,C] in dbuf until the
+  // products that read it are queued (then dbuf takes the fp32 LayerNorm gradient), the
+  // gradients at c_fc's and c_attn's outputs in dfch and dqkv, at GELU's and attention's
+  // outputs in dact.
+  std::uint16_t* dres16 = bf(scratch_in.dbuf);
+  float* dln = scratch_in.dbuf;
+  std::uint16_t* dact16 = bf(scratch_in.dact);
+  std::uint16_t* dfch16 = bf(scratch_in.dfch);
+  std::uint16_t* dqkv16 = bf(scratch_in.dqkv);
+  auto partial = [&](int cols) {  // column partials of one call (the scratch's next use)
+    const std::size_t floats = std::size_t(colsum_partial_floats(n, cols));
+    return scratch(aligned_bytes(floats * sizeof(float))).alloc_n<float>(floats);
+  };
+  // c_proj of the MLP: dres16 (+ its bias gradient), d gelu16, its weight gradient
+  {
+    OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
+    launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dres, n, C);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", F,
+                                                 " out=", C); }, 0);
+    gemm_rm16_to16(false, true, n, F, C, dres16, C, block_weight16(p.fcproj_w, F, C), C, dact16,
+                   F);
+    gemm_rm16(true, false, F, C, n, 1.0f, gelu, F, dres16, C, 1.0f, g.fcproj_w, C);
+  }
+  {
+    OpScope timed(timer_.get(), "block_backward gelu_bf16_colsum");
+    launch_gelu_backward_bf16_colsum(stream_, dfch16, g.fc_b, partial(F), fch, dact16, n, F);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+                                                 " out=", F); }, 0);
+    gemm_rm16(false, true, n, C, F, 1.0f, dfch16, F, block_weight16(p.fc_w, C, F), F, 0.0f, dln,
+              C);
+    gemm_rm16(true, false, C, F, n, 1.0f, ln2, C, dfch16, F, 1.0f, g.fc_w, F);
+  }
+  layernorm_backward(dres, g.ln2_w, g.ln2_b, dln, la.res2, p.ln2_w, la.ln2_mean, la.ln2_rstd, n,
+                     C);
+  // Attention's c_proj, attention, c_attn
+  {
+    OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
+    launch_to_bf16_colsum(stream_, dres16, g.attproj_b, partial(C), dres, n, C);
+  }
+  std::uint16_t* datty16 = dact16;
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+                                                 " out=", C); }, 0);
+    gemm_rm16_to16(false, true, n, C, C, dres16, C, block_weight16(p.attproj_w, C, C), C,
+                   datty16, C);
+    gemm_rm16(true, false, C, C, n, 1.0f, atty, C, dres16, C, 1.0f, g.attproj_w, C);
+  }
+  const AttentionShape att = attention_shape_qkv(s.b, s.t, C, s.nh);
+  attention_backward_bf16(dqkv16, dqkv16 + C, dqkv16 + 2 * C, datty16, atty, la.lse, qkv,
+                          qkv + C, qkv + 2 * C, att);
+  {
+    OpScope timed(timer_.get(), "block_backward colsum_bf16");
+    launch_colsum_bf16(stream_, g.qkv_b, partial(3 * C), dqkv16, n, 3 * C);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+                                                 " out=", 3 * C); }, 0);
+    gemm_rm16(false, true, n, C, 3 * C, 1.0f, dqkv16, 3 * C, block_weight16(p.qkv_w, C, 3 * C),
+              3 * C, 0.0f, dln, C);
+    gemm_rm16(true, false, C, 3 * C, n, 1.0f, ln1, C, dqkv16, 3 * C, 1.0f, g.qkv_w, 3 * C);
+  }
+  layernorm_backward(dres, g.ln1_w, g.ln1_b, dln, x, p.ln1_w, la.ln1_mean, la.ln1_rstd, n, C);
+}
+
+}  // namespace trident::ops::cuda
