@@ -676,6 +676,7 @@ int main() {
       for (void* p : {dl16, dlnf16, dwte16, static_cast<void*>(dloss), static_cast<void*>(ddlnf), static_cast<void*>(ddw), static_cast<void*>(dtg)}) cudaFree(p);
     }
     cublasDestroy(cb);
+  }
   // The fused block's bf16 kernels (fused_block.cu) against the CPU's fp32 ops on the same
   // (widened) inputs: bf16 outputs within bf16's rounding (2^-8 of the largest value), the
   // statistics and the bias-gradient sums to fp32's.
