@@ -5,7 +5,8 @@ backend), run for --short and --long steps; the difference of the two tables ove
 difference of the steps is one steady step (start-up, the first step's scratch growth and
 cuBLAS's first calls cancel). With --baseline, the same with TRIDENT_CUDA_BASELINE=1 (the
 backend's paths before issue 27) beside it: the before/after table.
-Groups: attention (attention_*), products (linear_*, gemm: the head's logits are the gemm rows
+Groups (the coarse ops' rows, block_forward/block_backward/lm_head, by their inner step):
+attention (attention_*), products (linear_*, gemm: the head's logits are the gemm rows
 with the vocabulary in their shape), classifier (xent_*), norms (layernorm_*, rmsnorm_*),
 pointwise (gelu, add, scale, fill, copy, bf16 packing), embedding (embedding_*, position_*),
 optimizer (adamw, sum_squares: the clip's norm).
@@ -26,10 +27,19 @@ GROUPS = [("attention", ("attention_",)), ("products", ("linear_", "gemm")),
           ("classifier", ("xent_",)), ("norms", ("layernorm_", "rmsnorm_")),
           ("embedding", ("embedding_", "position_")), ("optimizer", ("adamw", "sum_squares")),
           ("pointwise", ("gelu_", "add", "scale", "fill", "copy", "to_bf16", "from_bf16",
-                         "swiglu_", "rope_"))]
+                         "colsum_", "swiglu_", "rope_"))]
+
+
+# The coarse ops' rows name their inner step second ("block_forward linear_bf16 n=...",
+# "lm_head classifier n=..."): grouped by that step.
+COARSE = ("block_forward", "block_backward", "lm_head")
+LM_HEAD_STEPS = {"logits": "gemm", "dlnf": "gemm", "dwte": "gemm", "classifier": "xent_"}
 
 
 def group_of(op):
+    words = op.split()
+    if len(words) > 1 and words[0] in COARSE:
+        op = LM_HEAD_STEPS.get(words[1], words[1]) if words[0] == "lm_head" else words[1]
     for g, prefixes in GROUPS:
         if op.startswith(prefixes):
             return g
