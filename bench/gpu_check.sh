@@ -38,6 +38,8 @@
 #      (time-bounded);
 #   9. issue 29's pipeline figures at pp 4 on the machine's CPU cores (bench/pipeline_bench.py:
 #      idle per schedule against the simulator, the auto split against the even one).
+# They run in this order: 0, 1, 1b, 2, 3c, 4, 5, 6, 6b, 6c, then 3 and 3b, 7, 8, 9: the figures
+# before the longer checks in training, so that these cannot spend the budget the figures need.
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
 # script ends with a table of the steps and exits 1 if any failed.
@@ -222,64 +224,6 @@ else
   skip op_tests "not built"
 fi
 
-# ctest -L cuda in the build tree, bounded by SECONDS (exit 124 when it runs out)
-run_ctest_cuda() {
-  (cd "$build" && timeout "$1" ctest -L cuda -E '^ops\.cuda$' --output-on-failure --timeout "$1")
-}
-# The other GPU tests CTest knows (label cuda; ops.cuda ran just above as op_tests).
-if [ "$built" = yes ] && [ -z "${PREBUILT:-}" ] && [ -x "$trident" ]; then
-  t=$(bounded "${CTEST_TIMEOUT:-120}")
-  if [ "$t" -eq 0 ]; then
-    skip ctest_cuda "time budget spent"
-  elif [ -z "$(cd "$build" && ctest -N -L cuda -E '^ops\.cuda$' | sed -n 's/^Total Tests: //p' | grep -v '^0$')" ]; then
-    skip ctest_cuda "no CTest test labelled cuda besides ops.cuda"
-  else
-    step ctest_cuda run_ctest_cuda "$t"
-  fi
-elif [ "$built" = yes ] && [ -x "$trident" ] && [ -f "$src/test/mpi/device_layouts.py" ]; then
-  # PREBUILT: no CTest tree; the layouts test by hand, as CTest would run it (it needs mpirun)
-  t=$(bounded "${CTEST_TIMEOUT:-120}")
-  if ! command -v mpirun >/dev/null 2>&1; then
-    skip device_layouts "no mpirun on this machine (the bundle runs trident as a single rank only)"
-  elif [ "$t" -eq 0 ]; then
-    skip device_layouts "time budget spent"
-  else
-    mkdir -p "$out/test-out"
-    step device_layouts timeout "$t" env TRIDENT="$trident" PYTHON="$python" \
-         TRIDENT_SOURCE_DIR="$src" TRIDENT_TEST_OUT="$out/test-out" TRIDENT_TEST_DEVICE=cuda \
-         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-         OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/mpi/device_layouts.py"
-  fi
-else
-  skip ctest_cuda "no trident binary or no CUDA CTest tests"
-fi
-
-# One of the CUDA backend's script tests (test/unit/ops/cuda/emulate/, run on the stand-in by
-# `make test-cuda-emu`) on the real GPU: emulate_script NAME BUDGET_S SCRIPT.
-emulate_script() {
-  local name=$1 budget=$2 script=$3 t
-  t=$(bounded "$budget")
-  if [ "$built" != yes ] || [ ! -x "$trident" ]; then
-    skip "$name" "no trident binary"
-  elif [ "$t" -eq 0 ]; then
-    skip "$name" "time budget spent"
-  else
-    mkdir -p "$out/test-out"
-    step "$name" timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
-         TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 \
-         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-         "$python" "$src/test/unit/ops/cuda/emulate/$script"
-  fi
-}
-# The per-op timing's own check (TRIDENT_OP_TIMING) with CUDA events: the table's counts and
-# shares in a serial run (and at tp 2 where mpirun is).
-emulate_script op_timing_test 60 op_timing.py
-# The bf16 weight cache against no cache, bit for bit, over each way the weights change (the
-# mpirun cases where mpirun is).
-emulate_script weight_cache_test 90 weight_cache.py
-# cuDNN attention in bf16 training: the fallback line (TRIDENT_CUDNN=0, a missing library) and,
-# where cuDNN runs, its rows in the per-op table and losses within 1e-3 of trident's kernel.
-emulate_script cudnn_fallback_test 60 cudnn_fallback.py
 # Attention by each path (cuDNN, tensor-core kernels, scalar kernels), GPT-2 small's shape.
 if [ "$built" = yes ] && [ -x "${attention_bench:-}" ]; then
   t=$(bounded 60)
@@ -368,6 +312,67 @@ else
   fi
 fi
 
+# The correctness checks in training (after the figures, so that a slow one cannot starve
+# them of the shared budget).
+# ctest -L cuda in the build tree, bounded by SECONDS (exit 124 when it runs out)
+run_ctest_cuda() {
+  (cd "$build" && timeout "$1" ctest -L cuda -E '^ops\.cuda$' --output-on-failure --timeout "$1")
+}
+# The other GPU tests CTest knows (label cuda; ops.cuda ran just above as op_tests).
+if [ "$built" = yes ] && [ -z "${PREBUILT:-}" ] && [ -x "$trident" ]; then
+  t=$(bounded "${CTEST_TIMEOUT:-120}")
+  if [ "$t" -eq 0 ]; then
+    skip ctest_cuda "time budget spent"
+  elif [ -z "$(cd "$build" && ctest -N -L cuda -E '^ops\.cuda$' | sed -n 's/^Total Tests: //p' | grep -v '^0$')" ]; then
+    skip ctest_cuda "no CTest test labelled cuda besides ops.cuda"
+  else
+    step ctest_cuda run_ctest_cuda "$t"
+  fi
+elif [ "$built" = yes ] && [ -x "$trident" ] && [ -f "$src/test/mpi/device_layouts.py" ]; then
+  # PREBUILT: no CTest tree; the layouts test by hand, as CTest would run it (it needs mpirun)
+  t=$(bounded "${CTEST_TIMEOUT:-120}")
+  if ! command -v mpirun >/dev/null 2>&1; then
+    skip device_layouts "no mpirun on this machine (the bundle runs trident as a single rank only)"
+  elif [ "$t" -eq 0 ]; then
+    skip device_layouts "time budget spent"
+  else
+    mkdir -p "$out/test-out"
+    step device_layouts timeout "$t" env TRIDENT="$trident" PYTHON="$python" \
+         TRIDENT_SOURCE_DIR="$src" TRIDENT_TEST_OUT="$out/test-out" TRIDENT_TEST_DEVICE=cuda \
+         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+         OMPI_MCA_rmaps_base_oversubscribe=1 "$python" "$src/test/mpi/device_layouts.py"
+  fi
+else
+  skip ctest_cuda "no trident binary or no CUDA CTest tests"
+fi
+
+# One of the CUDA backend's script tests (test/unit/ops/cuda/emulate/, run on the stand-in by
+# `make test-cuda-emu`) on the real GPU: emulate_script NAME BUDGET_S SCRIPT.
+emulate_script() {
+  local name=$1 budget=$2 script=$3 t
+  t=$(bounded "$budget")
+  if [ "$built" != yes ] || [ ! -x "$trident" ]; then
+    skip "$name" "no trident binary"
+  elif [ "$t" -eq 0 ]; then
+    skip "$name" "time budget spent"
+  else
+    mkdir -p "$out/test-out"
+    step "$name" timeout "$t" env TRIDENT="$trident" TRIDENT_SOURCE_DIR="$src" \
+         TRIDENT_TEST_OUT="$out/test-out" OMPI_ALLOW_RUN_AS_ROOT=1 \
+         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+         "$python" "$src/test/unit/ops/cuda/emulate/$script"
+  fi
+}
+# The per-op timing's own check (TRIDENT_OP_TIMING) with CUDA events: the table's counts and
+# shares in a serial run (and at tp 2 where mpirun is).
+emulate_script op_timing_test 60 op_timing.py
+# The bf16 weight cache against no cache, bit for bit, over each way the weights change (the
+# mpirun cases where mpirun is).
+emulate_script weight_cache_test 90 weight_cache.py
+# cuDNN attention in bf16 training: the fallback line (TRIDENT_CUDNN=0, a missing library) and,
+# where cuDNN runs, its rows in the per-op table and losses within 1e-3 of trident's kernel.
+emulate_script cudnn_fallback_test 60 cudnn_fallback.py
+
 # The pipeline's idle time at pp = 4, m = 8 on this machine's CPU cores (CPU backend, one
 # thread per rank: a core each, which a 2-core CI machine cannot give), this trident against
 # PIPELINE_BEFORE (another trident binary, e.g. one from before receives were posted ahead of
@@ -439,7 +444,6 @@ else
   fi
 fi
 
-# ---- summary -------------------------------------------------------------------------------
 # Issue 29's pp 4 figures, on this machine's CPU cores (the task machines have 2): every
 # schedule's measured idle against the simulator, and the auto split's step time against the
 # even split's, on a model whose head dominates (vocabulary 32000, 8 layers; one core per
@@ -464,6 +468,7 @@ else
   fi
 fi
 
+# ---- summary -------------------------------------------------------------------------------
 # GoogleTest's closing lines: "[  PASSED  ] N tests." and "[  FAILED  ] N tests, listed below:"
 passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests*\..*/\1/p' "$out/op_tests.log" 2>/dev/null || true)
 failed_tests=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests*, listed below.*/\1/p' "$out/op_tests.log" \
