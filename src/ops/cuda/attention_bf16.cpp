@@ -60,7 +60,7 @@ void CudaOps::attention_forward_bf16(std::uint16_t* out, float* lse, const std::
                                      const AttentionShape& s) {
   const FlashShape fs = bf16_flash_shape(s, "attention_forward_bf16");
   if (s.b <= 0 || s.t <= 0) return;
-  if (cudnn_ && !CudnnAttention::decline_bf16(s, {out, q, k, v}) && cudnn_->available()) {
+  if (cudnn_ && !CudnnAttention::decline_bf16(s, {out, q, k, v, lse}) && cudnn_->available()) {
     const std::int64_t bytes = cudnn_->prepare(s, false, true);
     if (bytes >= 0) {
       OpScope timed(timer_.get(), "attention_forward bf16 cudnn");
@@ -95,7 +95,7 @@ void CudaOps::attention_backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std:
                                       const AttentionShape& s) {
   const FlashShape fs = bf16_flash_shape(s, "attention_backward_bf16");
   if (s.b <= 0 || s.t <= 0) return;
-  if (cudnn_ && !CudnnAttention::decline_bf16(s, {dq, dk, dv, dout, out, q, k, v}) &&
+  if (cudnn_ && !CudnnAttention::decline_bf16(s, {dq, dk, dv, dout, out, q, k, v, lse}) &&
       cudnn_->available()) {
     const std::int64_t bytes = cudnn_->prepare(s, true, true);
     if (bytes >= 0) {

@@ -65,7 +65,7 @@ class CudnnAttention {
   static const char* decline(const Ops::AttentionShape& s);
   // The same for the bf16-I/O calls (forward_bf16, backward_bf16), which hand cuDNN the
   // caller's tensors: also row strides multiples of 8 and every tensor 16-byte aligned (the
-  // alignment the graphs declare).
+  // alignment the graphs declare, lse's Stats included).
   static const char* decline_bf16(const Ops::AttentionShape& s,
                                   std::initializer_list<const void*> tensors);
 

@@ -102,6 +102,11 @@ void CudaOps::block_linear(void* d, bool d16, const float* residual, const void*
     const std::int32_t bias_type = CUDA_R_32F;
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    // Before the heuristic: it takes the bias pointer's alignment from its value (cublasLt.h,
+    // CUBLASLT_MATMUL_DESC_BIAS_POINTER); unset (NULL) it would assume any alignment. The
+    // plan's key holds that alignment.
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
                                                     std::uint64_t(in), out));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),

@@ -175,6 +175,10 @@ bool CudaOps::linear_bias_lt(float* y, const void* x16, const void* w16, const f
                                                         &op_n, sizeof(op_n)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // Before the heuristic, which takes the bias's alignment from the pointer's value
+    // (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER); the key holds that alignment.
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
                                                     std::uint64_t(in), out));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),

@@ -38,6 +38,13 @@ int main() {
   ok = compare("CUDA bf16 composition vs CPU fp32 composition", s, composed, want, kTol) <= kTol &&
        ok;
   ok = compare("fused vs CUDA composition", s, fused, composed, kTol) <= kTol && ok;
+  // C 34: c_proj's biases 8-byte aligned in the flat parameters; the cuBLASLt heuristic must be
+  // asked with the bias pointer set (the shim's algorithm is chosen for the bias alignment the
+  // heuristic saw, as cuBLASLt's; head size 17: the widened attention).
+  const Shape odd{2, 9, 34, 2};
+  const Case ko = random_case(odd, 28);
+  ok = compare("fused CUDA bf16 vs CPU fp32, C 34 (8-byte aligned biases)", odd,
+               run(*cuda, odd, true, ko), run(*cpu, odd, false, ko), kTol) <= kTol && ok;
   // The tolerance must catch a wrong step: a stale stash tensor, a wrong residual gradient.
   const bool stale = compare("broken on purpose: la.fch overwritten before the backward", s,
                              run(*cuda, s, true, k, true), want, kTol, true) <= kTol;

@@ -309,6 +309,16 @@ cublasStatus_t get_attr(T& out, const void* buf, std::size_t size) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// The bias alignment (bytes, up to a 16-byte vector load) an algorithm is chosen for: the
+// heuristic reads it from the bias pointer's value, NULL meaning any (cublasLt.h,
+// CUBLASLT_MATMUL_DESC_BIAS_POINTER); a run with a less aligned bias faults on a GPU.
+std::uint64_t lt_bias_alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint64_t al = 16;
+  while (a && al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
 // The problem the descriptors describe: m, n, k from D and op(A); INVALID_VALUE when the
 // layouts disagree, NOT_SUPPORTED outside what cublasLt.h says is modelled.
 cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
@@ -413,6 +423,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].algo.data[0] = 0x7eu;  // the one emulated "algorithm"
+  results[0].algo.data[1] = lt_bias_alignment(desc->bias);
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *returned = 1;
@@ -448,6 +459,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (bias && bias_type != CUDA_R_32F && bias_type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (bias && !emu::is_device(desc->bias, std::size_t(m) * type_size(bias_type)))
     return not_device("cublasLtMatmul", "bias");
+  if (bias && algo && lt_bias_alignment(desc->bias) < algo->data[1]) {
+    std::fprintf(stderr, "cuda emulation: cublasLtMatmul: the bias is %llu-byte aligned, the "
+                 "algorithm was chosen for %llu (the bias pointer at the heuristic): a GPU "
+                 "would fault here\n", (unsigned long long)lt_bias_alignment(desc->bias),
+                 (unsigned long long)algo->data[1]);
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   // In float (D = alpha AB + beta C, then the bias), rounded once when D is bf16; C may differ
   // from D (same layout).
   std::vector<float> out(std::size_t(m) * std::size_t(n));

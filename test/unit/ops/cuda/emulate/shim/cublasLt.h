@@ -8,7 +8,9 @@
 // and the bias in device memory of the runtime shim (else EXECUTION_FAILED, as a GPU would
 // fault). The bias is of D's type unless CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE says otherwise (as
 // cuBLASLt: fp32 or bf16 here). The heuristic offers one algorithm for any valid problem,
-// needing no workspace.
+// needing no workspace, chosen for the bias alignment (up to 16 bytes) of the bias pointer set
+// at that time (as cuBLASLt reads it; unset: any): a matmul with a less aligned bias is
+// EXECUTION_FAILED (a GPU's misaligned load).
 // Arithmetic as cublas_v2.h's GEMMs; the bias is added in float after alpha * product.
 #pragma once
 

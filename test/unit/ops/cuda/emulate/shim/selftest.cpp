@@ -198,6 +198,25 @@ int main() {
     check(err <= 1e-6, "  D = A B + bias per row");
     check(cublasLtMatmul(lt, desc, &one, da, la, dbm, lbad, &zero, dd, ld, dd, ld, &res.algo, nullptr,
                          0, nullptr) == CUBLAS_STATUS_INVALID_VALUE, "  B's layout disagreeing with A's: INVALID_VALUE");
+    {  // the heuristic takes the bias's alignment from the pointer set at the time
+      cublasLtMatmulDesc_t bdesc;
+      cublasLtMatmulDescCreate(&bdesc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      cublasLtMatmulDescSetAttribute(bdesc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+      cublasLtMatmulHeuristicResult_t any{};
+      cublasLtMatmulAlgoGetHeuristic(lt, bdesc, la, lb, ld, ld, pref, 1, &any, &found);
+      const float* odd_bias = dev(bias.size() + 1) + 1;  // 4-byte aligned
+      cudaMemcpy(const_cast<float*>(odd_bias), bias.data(), bias.size() * 4, cudaMemcpyHostToDevice);
+      cublasLtMatmulDescSetAttribute(bdesc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &odd_bias, sizeof(odd_bias));
+      check(cublasLtMatmul(lt, bdesc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &any.algo, nullptr,
+                           0, nullptr) == CUBLAS_STATUS_EXECUTION_FAILED,
+            "  a 4-byte aligned bias, the heuristic asked without it: EXECUTION_FAILED");
+      cublasLtMatmulHeuristicResult_t odd{};
+      cublasLtMatmulAlgoGetHeuristic(lt, bdesc, la, lb, ld, ld, pref, 1, &odd, &found);
+      check(cublasLtMatmul(lt, bdesc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &odd.algo, nullptr,
+                           0, nullptr) == CUBLAS_STATUS_SUCCESS,
+            "  the same bias set before the heuristic: runs");
+      cublasLtMatmulDescDestroy(bdesc);
+    }
     const float* host_bias = bias.data();
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &host_bias, sizeof(host_bias));
     check(cublasLtMatmul(lt, desc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &res.algo, nullptr,
