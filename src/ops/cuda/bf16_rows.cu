@@ -11,22 +11,6 @@ namespace trident::ops::cuda {
 
 namespace {
 
-// The bits of float v as bf16, round to nearest even; NaN stays a quiet NaN with its sign
-// (pointwise.cu's to_bf16 conversion).
-__device__ __forceinline__ unsigned short bf16_bits_of(float v) {
-  unsigned int u;
-  memcpy(&u, &v, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-__device__ __forceinline__ float float_of_bf16(unsigned short h) {
-  const unsigned int u = (unsigned int)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 struct RowBlocks {
   std::int64_t ld_dst, bs_dst, ld_src, bs_src, cols, rows;  // rows = t
   std::int64_t n;                                            // b * t * cols
@@ -44,7 +28,7 @@ __global__ void bf16_rows_to_float_kernel(float* dst, const unsigned short* src,
        i += std::int64_t(gridDim.x) * blockDim.x) {
     std::int64_t d, s;
     offsets(g, i, d, s);
-    dst[d] = float_of_bf16(src[s]);
+    dst[d] = bf16_value(src[s]);
   }
 }
 
@@ -53,7 +37,7 @@ __global__ void float_rows_to_bf16_kernel(unsigned short* dst, const float* src,
        i += std::int64_t(gridDim.x) * blockDim.x) {
     std::int64_t d, s;
     offsets(g, i, d, s);
-    dst[d] = bf16_bits_of(src[s]);
+    dst[d] = bf16_bits(src[s]);
   }
 }
 

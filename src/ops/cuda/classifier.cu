@@ -24,22 +24,6 @@ struct alignas(16) Bf16Pack {
   unsigned short h[kPack];
 };
 
-__device__ __forceinline__ float bf16_value(unsigned short b) {
-  const unsigned int u = static_cast<unsigned int>(b) << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// Round to nearest even, NaN kept quiet with its payload: pointwise.cu's bf16_bits (the CPU
-// backend's rule bit for bit).
-__device__ __forceinline__ unsigned short bf16_rounded(float v) {
-  unsigned int u;
-  memcpy(&u, &v, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);
-  return static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 // loss[i] = log(sum_j exp(l_j - max)) + max - l_target over j < v_valid; with backward,
 // row i becomes dlogits in place. packed: ld % 8 == 0 and a 16-byte aligned base.
 __global__ void __launch_bounds__(kClassifierThreads)
@@ -102,7 +86,7 @@ __global__ void __launch_bounds__(kClassifierThreads)
           g = f * expf(bf16_value(pk.h[e]) - mx);
           if (j == target) g -= scale;
         }
-        pk.h[e] = bf16_rounded(g);
+        pk.h[e] = bf16_bits(g);
       }
       packs[p] = pk;
     }
@@ -113,7 +97,7 @@ __global__ void __launch_bounds__(kClassifierThreads)
         g = f * expf(bf16_value(row[j]) - mx);
         if (j == target) g -= scale;
       }
-      row[j] = bf16_rounded(g);
+      row[j] = bf16_bits(g);
     }
   }
 }

@@ -1,16 +1,37 @@
 // ops/cuda/common.cuh — device helpers the kernels share (private to src/ops/cuda): warp and
 // block reductions with full masks in a fixed order (so results do not depend on timing),
-// grid sizes for grid-stride loops.
-// defines: kFullMask, kBlock, warp_sum, warp_max, block_sum, block_max, grid_for
+// grid sizes for grid-stride loops, bf16's rounding.
+// defines: kFullMask, kBlock, warp_sum, warp_max, block_sum, block_max, grid_for, bf16_bits,
+//          bf16_value
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace trident::ops::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
+
+// The bits of float v as bf16, rounded to nearest even in integer arithmetic: the CPU
+// backend's rule bit for bit. Not __float2bfloat16_rn: on the H200 it turns every NaN into one
+// canonical 0x7fff, where the CPU keeps the sign and payload (quieted), and ops.cuda's
+// bf16_convert failed on that.
+__device__ __forceinline__ unsigned short bf16_bits(float v) {
+  unsigned int u;
+  memcpy(&u, &v, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// The float a bf16's bits stand for (exact).
+__device__ __forceinline__ float bf16_value(unsigned short h) {
+  const unsigned int u = (unsigned int)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
 constexpr int kBlock = 256;  // threads of a 1-D block unless a kernel says otherwise
 
 // Blocks for a grid-stride loop over n elements, kBlock threads each (capped: each thread

@@ -198,11 +198,13 @@ class CudaOps final : public Ops {
   // leading dimensions), fp32 C and accumulation.
   void gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, const void* a16, int lda,
                  const void* b16, int ldb, float beta, float* c, int ldc);
-  // y[N,out] = x16 @ w16 + b through cuBLASLt with the bias in the epilogue (one write of y,
-  // no bias pass before the product); false when cuBLASLt declines the problem (the caller
-  // then falls back to the bias rows and a product with beta = 1).
-  bool linear_bias_lt(float* y, const void* x16, const void* w16, const float* b, int n, int in,
-                      int out);
+  // d[N,out] (bf16 when d16, else fp32) = x16 @ w16 + bias (+ residual[N,out], fp32, when
+  // not null: cuBLASLt's C with beta = 1) through cuBLASLt with the bias in the epilogue (one
+  // write of d, no bias pass before the product); plans per shape and alignments in
+  // lt_plans_. False when cuBLASLt declines the problem (the caller then falls back: the
+  // bias rows and a product with beta = 1).
+  bool bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
+               const float* bias, int n, int in, int out);
   // The bf16 copy of the stored matrix [rows, cols] (leading dimension ld) at p, from the
   // weight cache when it lies in set_weights' range (converting the whole range first when
   // the weights changed since the last conversion); nullptr when it does not (the caller
@@ -278,10 +280,9 @@ class CudaOps final : public Ops {
   static bool fused_block_from_environment();
   bool fused_block_ = fused_block_from_environment();
   // d[N,out] (bf16 when d16, else fp32) = x16 @ bf16(w) + bias (+ residual[N,out] fp32 when not
-  // null) through cuBLASLt, the bias in its epilogue and the residual as C (beta = 1); the
-  // fallback when cuBLASLt declines: the product in fp32 scratch, then bias, residual, bf16.
-  // Its plans live in lt_plans_ (destroyed with them), bf16 D keyed apart (bit 58 of the
-  // alignments word, above the four 9-bit alignments).
+  // null): bias_lt, else (cuBLASLt declined) the product in fp32 scratch, then bias, residual,
+  // bf16. bf16 D plans are keyed apart in lt_plans_ (bit 58 of the alignments word, above the
+  // four 9-bit alignments).
   void block_linear(void* d, bool d16, const float* residual, const void* x16, const float* w,
                     const float* bias, int n, int in, int out);
   // The bf16 copy of weight w[in, out]: the weight cache's, else converted into scratch.

@@ -75,19 +75,9 @@ Dims dims_of(const FlashShape& s) {
 // writing real 16-bit storage.
 using Bf16Bits = unsigned short;
 __device__ __forceinline__ float load_elem(const float* p) { return *p; }
-__device__ __forceinline__ float load_elem(const Bf16Bits* p) {
-  const unsigned int u = (unsigned int)(*p) << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
+__device__ __forceinline__ float load_elem(const Bf16Bits* p) { return bf16_value(*p); }
 __device__ __forceinline__ void store_elem(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_elem(Bf16Bits* p, float v) {
-  unsigned int u;
-  memcpy(&u, &v, sizeof u);
-  *p = (u & 0x7fffffffu) > 0x7f800000u ? (Bf16Bits)((u >> 16) | 0x40u)
-                                       : (Bf16Bits)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+__device__ __forceinline__ void store_elem(Bf16Bits* p, float v) { *p = bf16_bits(v); }
 
 // dst[r * ldd + c] = bf16(src[(row0 + r) * ld + c]) for r < rows, c < hs <= D (rows from t
 // on: 0). All threads of the block, consecutive threads on consecutive columns.

@@ -29,19 +29,6 @@ namespace trident::ops::cuda {
 
 namespace {
 
-// The largest power of two (at most 256) dividing the address (matmul.cpp's, for cuBLASLt).
-std::int64_t alignment_of(const void* p) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  std::int64_t al = 256;
-  while (al > 1 && a % std::uintptr_t(al) != 0) al /= 2;
-  return al;
-}
-
-bool lt_declined(cublasStatus_t s) {
-  return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
-         s == CUBLAS_STATUS_ARCH_MISMATCH;
-}
-
 cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 std::uint16_t* bf(float* p) { return reinterpret_cast<std::uint16_t*>(p); }
@@ -81,83 +68,7 @@ void CudaOps::gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* 
 void CudaOps::block_linear(void* d, bool d16, const float* residual, const void* x16,
                            const float* w, const float* bias, int n, int in, int out) {
   const void* w16 = block_weight16(w, in, out);
-  // Column-major as linear_bias_lt: D^T[out, N] = w^T x^T + bias per column (+ C = residual^T).
-  const std::int64_t al_cd = std::min(alignment_of(d), residual ? alignment_of(residual) : 256);
-  const std::int64_t align = al_cd | (alignment_of(bias) << 16) | (alignment_of(x16) << 32) |
-                             (alignment_of(w16) << 48) | (std::int64_t(d16) << 58);
-  const std::array<std::int64_t, 4> key{n, in, out, align};
-  auto it = lt_plans_.find(key);
-  if (it == lt_plans_.end()) {
-    LtPlan plan;
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_n = CUBLAS_OP_N;
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                        &op_n, sizeof(op_n)));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                        &op_n, sizeof(op_n)));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    // The bias is fp32 (the model's); cuBLASLt reads it as D's type unless told.
-    const std::int32_t bias_type = CUDA_R_32F;
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    // Before the heuristic: it takes the bias pointer's alignment from its value (cublasLt.h,
-    // CUBLASLT_MATMUL_DESC_BIAS_POINTER); unset (NULL) it would assume any alignment. The
-    // plan's key holds that alignment.
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
-                                                    std::uint64_t(in), out));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),
-                                                    std::uint64_t(n), in));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d16 ? CUDA_R_16BF : CUDA_R_32F,
-                                                    std::uint64_t(out), std::uint64_t(n), out));
-    cublasLtMatmulPreference_t pref = nullptr;
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t workspace = kCublasWorkspaceBytes;
-    const std::uint32_t al_a = std::uint32_t(alignment_of(w16)),
-                        al_b = std::uint32_t(alignment_of(x16)), al_d = std::uint32_t(al_cd);
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                &al_a, sizeof(al_a));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                &al_b, sizeof(al_b));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                &al_d, sizeof(al_d));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                &al_d, sizeof(al_d));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
-                                          &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
-    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    plan.algo = result.algo;
-    it = lt_plans_.emplace(key, plan).first;
-  }
-  LtPlan& plan = it->second;
-  if (plan.ok) {
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    const float one = 1.0f, beta = residual ? 1.0f : 0.0f;
-    const void* c = residual ? static_cast<const void*>(residual) : d;
-    const cublasStatus_t st =
-        cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &beta, c, plan.d, d,
-                       plan.d, &plan.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_);
-    if (!lt_declined(st)) {
-      TRIDENT_CUBLAS_CHECK(st);
-      return;
-    }
-    plan.ok = false;  // refused before running: the fallback for this shape from now on
-  }
+  if (bias_lt(d, d16, residual, x16, w16, bias, n, in, out)) return;
   // The fallback: y = bias rows + product in fp32 (scratch unless D is fp32), then the residual
   // or the rounding to bf16.
   // (A weight converted into scratch is converted again beside y: scratch() empties it.)

@@ -24,21 +24,6 @@ constexpr float kEps = 1e-5f;
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluC = 0.044715f;
 
-// pointwise.cu's rounding (NaN kept, quieted), bit for bit.
-__device__ __forceinline__ unsigned short to_bits(float v) {
-  unsigned int u;
-  memcpy(&u, &v, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-__device__ __forceinline__ float from_bits(unsigned short h) {
-  const unsigned int u = (unsigned int)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 __device__ __forceinline__ float exp_clamped(float x) {
   return expf(fminf(fmaxf(x, -80.0f), 80.0f));
 }
@@ -60,7 +45,7 @@ __global__ void layernorm_forward_bf16_kernel(unsigned short* y, float* mean, fl
   }
   const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + kEps);
   unsigned short* yr = y + row * c;
-  for (int j = lane; j < c; j += 32) yr[j] = to_bits((xr[j] - m) * rs * w[j] + b[j]);
+  for (int j = lane; j < c; j += 32) yr[j] = bf16_bits((xr[j] - m) * rs * w[j] + b[j]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = rs;
@@ -70,9 +55,9 @@ __global__ void layernorm_forward_bf16_kernel(unsigned short* y, float* mean, fl
 __global__ void gelu_forward_bf16_kernel(unsigned short* y, const unsigned short* x,
                                          std::int64_t n) {
   TRIDENT_GRID_STRIDE(i, n) {
-    const float xi = from_bits(x[i]);
+    const float xi = bf16_value(x[i]);
     const float u = kGeluS * (xi + kGeluC * xi * xi * xi);
-    y[i] = to_bits(xi / (1.0f + exp_clamped(-2.0f * u)));
+    y[i] = bf16_bits(xi / (1.0f + exp_clamped(-2.0f * u)));
   }
 }
 
@@ -89,13 +74,13 @@ __global__ void gelu_backward_bf16_colsum_kernel(unsigned short* dx, float* part
     float sum = 0.0f;
     for (int r = r0; r < r1; r++) {
       const std::int64_t i = std::int64_t(r) * cols + c;
-      const float xi = from_bits(x[i]);
+      const float xi = bf16_value(x[i]);
       const float u = kGeluS * (xi + kGeluC * xi * xi * xi);
       const float du = kGeluS * (1.0f + 3.0f * kGeluC * xi * xi);
       const float e = exp_clamped(-2.0f * u);
       const float sg = 1.0f / (1.0f + e);
-      const float v = from_bits(dy[i]) * sg * (1.0f + 2.0f * xi * e * sg * du);
-      dx[i] = to_bits(v);
+      const float v = bf16_value(dy[i]) * sg * (1.0f + 2.0f * xi * e * sg * du);
+      dx[i] = bf16_bits(v);
       sum += v;
     }
     partial[std::int64_t(rb) * cols + c] = sum;
@@ -110,7 +95,7 @@ __global__ void colsum_bf16_kernel(float* partial, const unsigned short* src, in
     const int r0 = rb * kColsumRows;
     const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
     float sum = 0.0f;
-    for (int r = r0; r < r1; r++) sum += from_bits(src[std::int64_t(r) * cols + c]);
+    for (int r = r0; r < r1; r++) sum += bf16_value(src[std::int64_t(r) * cols + c]);
     partial[std::int64_t(rb) * cols + c] = sum;
   }
 }

@@ -131,7 +131,7 @@ void CudaOps::linear_forward(float* y, const float* x, const float* w, const flo
       launch_to_bf16(stream_, packed, w, in, out, out);
       w16 = packed;
     }
-    if (linear_bias_lt(y, x16, w16, b, n, in, out)) return;
+    if (bias_lt(y, false, nullptr, x16, w16, b, n, in, out)) return;
     launch_bias_rows(stream_, y, b, n, out);
     gemm_rm16(false, false, n, out, in, 1.0f, x16, in, w16, out, 1.0f, y, out);
     return;
@@ -156,12 +156,14 @@ bool lt_declined(cublasStatus_t s) {
 }
 }  // namespace
 
-bool CudaOps::linear_bias_lt(float* y, const void* x16, const void* w16, const float* b, int n,
-                             int in, int out) {
-  // Column-major: y^T[out, N] = w^T[out, in] x^T[in, N] + b[out] per column, i.e. A = w16
-  // (out x in, ld out), B = x16 (in x N, ld in), D = y (out x N, ld out), bias over D's rows.
-  const std::int64_t align = alignment_of(y) | (alignment_of(b) << 16) |
-                             (alignment_of(x16) << 32) | (alignment_of(w16) << 48);
+bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
+                      const float* bias, int n, int in, int out) {
+  // Column-major: D^T[out, N] = w^T[out, in] x^T[in, N] + bias[out] per column (+ C =
+  // residual^T), i.e. A = w16 (out x in, ld out), B = x16 (in x N, ld in), C and D (out x N,
+  // ld out), the bias over D's rows.
+  const std::int64_t al_cd = std::min(alignment_of(d), residual ? alignment_of(residual) : 256);
+  const std::int64_t align = al_cd | (alignment_of(bias) << 16) | (alignment_of(x16) << 32) |
+                             (alignment_of(w16) << 48) | (std::int64_t(d16) << 58);
   const std::array<std::int64_t, 4> key{n, in, out, align};
   auto it = lt_plans_.find(key);
   if (it == lt_plans_.end()) {
@@ -175,22 +177,26 @@ bool CudaOps::linear_bias_lt(float* y, const void* x16, const void* w16, const f
                                                         &op_n, sizeof(op_n)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (d16) {  // the bias is fp32 (the model's); cuBLASLt reads it as D's type unless told
+      const std::int32_t bias_type = CUDA_R_32F;
+      TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
     // Before the heuristic, which takes the bias's alignment from the pointer's value
     // (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER); the key holds that alignment.
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof(b)));
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
                                                     std::uint64_t(in), out));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),
                                                     std::uint64_t(n), in));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, std::uint64_t(out),
-                                                    std::uint64_t(n), out));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d16 ? CUDA_R_16BF : CUDA_R_32F,
+                                                    std::uint64_t(out), std::uint64_t(n), out));
     cublasLtMatmulPreference_t pref = nullptr;
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const std::uint64_t workspace = kCublasWorkspaceBytes;
     const std::uint32_t al_a = std::uint32_t(alignment_of(w16)),
-                        al_b = std::uint32_t(alignment_of(x16)),
-                        al_d = std::uint32_t(alignment_of(y));
+                        al_b = std::uint32_t(alignment_of(x16)), al_d = std::uint32_t(al_cd);
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -219,10 +225,11 @@ bool CudaOps::linear_bias_lt(float* y, const void* x16, const void* w16, const f
   LtPlan& plan = it->second;
   if (!plan.ok) return false;
   TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                      &b, sizeof(b)));
-  const float one = 1.0f, zero = 0.0f;
+                                                      &bias, sizeof(bias)));
+  const float one = 1.0f, beta = residual ? 1.0f : 0.0f;
+  const void* c = residual ? static_cast<const void*>(residual) : d;
   const cublasStatus_t st =
-      cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &zero, y, plan.d, y, plan.d,
+      cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &beta, c, plan.d, d, plan.d,
                      &plan.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_);
   if (lt_declined(st)) {  // refused before running: the fallback for this shape from now on
     plan.ok = false;

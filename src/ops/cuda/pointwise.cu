@@ -86,16 +86,6 @@ __global__ void bias_rows_kernel(float* y, const float* bias, std::int64_t total
   TRIDENT_GRID_STRIDE(i, total) y[i] = bias[i % out];
 }
 
-// Round to nearest even in integer arithmetic, the CPU backend's rule bit for bit. Not
-// __float2bfloat16_rn: on the H200 it turns every NaN into one canonical 0x7fff, where the
-// CPU keeps the sign and payload (quieted), and ops.cuda's bf16_convert failed on that.
-__device__ __forceinline__ unsigned short bf16_bits(float v) {
-  unsigned int u;
-  memcpy(&u, &v, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 __global__ void to_bf16_kernel(unsigned short* dst, const float* src, std::int64_t rows,
                                std::int64_t cols, std::int64_t ld) {
   TRIDENT_GRID_STRIDE(i, rows * cols) dst[i] = bf16_bits(src[(i / cols) * ld + i % cols]);
