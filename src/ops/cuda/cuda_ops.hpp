@@ -181,6 +181,13 @@ class CudaOps final : public Ops {
   void gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                            const Gpt2BlockParams& g, const float* x, float* dres,
                            const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch) override;
+  // The coarse Llama block, the same way (fused_block.cpp): RMSNorms write bf16, RoPE and
+  // SwiGLU on bf16, grouped-query attention_forward_bf16, o and down add the residual.
+  void llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p, const float* x,
+                           float* out, const LlamaBlockStash& la) override;
+  void llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                            const LlamaBlockParams& g, const float* x, float* dres,
+                            const LlamaBlockStash& la, const Gpt2BlockScratch& scratch) override;
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
@@ -281,11 +288,12 @@ class CudaOps final : public Ops {
   // null) through cuBLASLt, the bias in its epilogue and the residual as C (beta = 1); the
   // fallback when cuBLASLt declines: the product in fp32 scratch, then bias, residual, bf16.
   // Its plans live in lt_plans_ (destroyed with them), bf16 D keyed apart (bit 58 of the
-  // alignments word, above the four 9-bit alignments).
+  // alignments word, above the four 9-bit alignments). w_t: w is [out, in] (Llama's: x @ w^T;
+  // bit 59); a null bias: no epilogue (bit 60).
   void block_linear(void* d, bool d16, const float* residual, const void* x16, const float* w,
-                    const float* bias, int n, int in, int out);
-  // The bf16 copy of weight w[in, out]: the weight cache's, else converted into scratch.
-  const void* block_weight16(const float* w, int in, int out);
+                    const float* bias, int n, int in, int out, bool w_t = false);
+  // The bf16 copy of weight w[rows, cols]: the weight cache's, else converted into scratch.
+  const void* block_weight16(const float* w, int rows, int cols);
   // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
   void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
                       const void* b16, int ldb, void* c16, int ldc);

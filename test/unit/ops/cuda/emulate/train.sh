@@ -125,6 +125,10 @@ g++ "${flags[@]}" "${warn[@]}" -I"$src/src/ops/cuda" "$here/attention_bf16.cpp" 
 g++ "${flags[@]}" "${warn[@]}" "$here/fused_block.cpp" "${objs[@]}" "$build/libtrident_ops.a" \
     "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread -o "$work/fused_block"
 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/fused_block"
+# The fused Llama block (the same file's llama_block_*) the same way.
+g++ "${flags[@]}" "${warn[@]}" "$here/llama_block.cpp" "${objs[@]}" "$build/libtrident_ops.a" \
+    "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread -o "$work/llama_block"
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/llama_block"
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"
