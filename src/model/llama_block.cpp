@@ -95,8 +95,8 @@ ops::Ops::LlamaBlockParams coarse(const BlockParams& p) {
   return {p.ln1_w, p.qkv_w, p.attproj_w, p.ln2_w, p.fc_w, p.fcproj_w};
 }
 ops::Ops::LlamaBlockStash coarse(const LayerActivations& la) {
-  return {la.ln1, la.ln1_rstd, la.qkv,     la.atty, la.lse,     la.res2,
-          la.ln2, la.ln2_rstd, la.fch,     la.fch_gelu, la.bf16};
+  return {la.ln1,      la.ln1_rstd, la.qkv, la.atty,      la.lse, la.res2,
+          la.ln2,      la.ln2_rstd, la.fch, la.fch_gelu, la.bf16};
 }
 }  // namespace
 

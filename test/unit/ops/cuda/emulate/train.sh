@@ -14,7 +14,8 @@
 #   emulate/attention_bf16.cpp  the bf16 attention entry points against the CPU (~1 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
-# (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition. A check of the backend's host code, its use
+# (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition, llama_block.cpp
+# the fused Llama block (CudaOps::llama_block_*) the same way. A check of the backend's host code, its use
 # of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
 # copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
 # of the model, pipeline and MPI staging, in real training, with the real kernels.
