@@ -313,7 +313,7 @@ std::int64_t fused_layer_floats(const ChunkDims& d) {
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
                         Arch arch, int tp, int cp, bool split_backward) {
   return bf16_products && recompute != Recompute::selective && backend_bf16_block &&
-         arch == Arch::gpt2 && tp == 1 && cp == 1 && !split_backward;
+         (arch == Arch::gpt2 || arch == Arch::llama) && tp == 1 && cp == 1 && !split_backward;
 }
 
 std::int64_t packed_layer_floats(const ChunkDims& d) {

@@ -12,6 +12,12 @@
 // every rank holds all of them, computes them all (one product with its q rows) and its
 // query heads read one: the k/v weights' gradients are then partial on each rank (only its
 // query heads' share) and GptChunk::reduce_param_grads sums them over TP once per step.
+//
+// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache, a
+// backward that takes every gradient) the block is one coarse op, Ops::llama_block_forward /
+// backward, whose default (ops/fused_block.cpp) is this same composition at TP 1 and which a
+// backend may fuse (CUDA under bf16: bf16 activations inside, la.bf16). The composition stays
+// here for the other cases; the two sequences must stay the same.
 #include "trident/model/llama_block.hpp"
 
 #include "trident/core/error.hpp"
@@ -71,8 +77,33 @@ void LlamaBlock::attend(LayerActivations& la, int b, int t) {
   attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_, attention_shape(b, t));
 }
 
+ops::Ops::LlamaBlockShape LlamaBlock::block_shape(int b, int t) const {
+  ops::Ops::LlamaBlockShape s;
+  s.b = b;
+  s.t = t;
+  s.c = C_;
+  s.nh = NH_;
+  s.nkv = kv_heads_;
+  s.f = F_;
+  s.eps = float(cfg_.norm_eps);
+  s.theta = float(cfg_.rope_theta);
+  return s;
+}
+
+namespace {
+ops::Ops::LlamaBlockParams coarse(const BlockParams& p) {
+  return {p.ln1_w, p.qkv_w, p.attproj_w, p.ln2_w, p.fc_w, p.fcproj_w};
+}
+ops::Ops::LlamaBlockStash coarse(const LayerActivations& la) {
+  return {la.ln1,      la.ln1_rstd, la.qkv, la.atty,      la.lse, la.res2,
+          la.ln2,      la.ln2_rstd, la.fch, la.fch_gelu, la.bf16};
+}
+}  // namespace
+
 void LlamaBlock::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
                          int b, int t) {
+  if (plain()) return ops_.llama_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   run(p, x, out, la, b, t, nullptr);
 }
 
@@ -122,6 +153,10 @@ void LlamaBlock::recompute(LayerActivations& la) {
 
 void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                           LayerActivations& la, LayerGradStash* stash) {
+  if (plain() && !stash)
+    return ops_.llama_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres,
+                                     coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact});
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   const int n = B_ * T_;
   const std::int64_t local_n = std::int64_t(Nr_) * C_;
   float* dbuf = ctx_.dbuf;      // [N,C] partial input gradients of column-parallel layers

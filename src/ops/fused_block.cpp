@@ -3,7 +3,9 @@
 // identity), so that a backend without a fused block gives the composition's results bit for
 // bit. model/gpt2_block.cpp keeps its own composition for the TP / SP / context-parallel /
 // cached / split-backward cases this op does not take; a change to one must be made to both.
-// defines: Ops::gpt2_block_forward, Ops::gpt2_block_backward
+// The same for Llama's block (model::LlamaBlock at TP 1, no context parallelism).
+// defines: Ops::gpt2_block_forward, Ops::gpt2_block_backward, Ops::llama_block_forward,
+//          Ops::llama_block_backward
 #include "trident/core/error.hpp"
 #include "trident/ops/ops.hpp"
 
@@ -50,6 +52,57 @@ void Ops::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
   linear_backward(scratch.dbuf, g.qkv_w, g.qkv_b, dqkv, la.ln1, p.qkv_w, n, C, 3 * C);
   layernorm_backward(dres, g.ln1_w, g.ln1_b, scratch.dbuf, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
                      n, C);
+}
+
+void Ops::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                              const float* x, float* out, const LlamaBlockStash& la) {
+  TRIDENT_CHECK(!la.bf16, "llama_block_forward: ", name(), " keeps no bf16 stash");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  const AttentionShape att = attention_shape_llama(s);
+  const int C3 = int(att.ld_q), kv = s.nkv * att.hs;
+  const std::int64_t nc = std::int64_t(n) * C;
+  // attention (x is not read after it: out may be x)
+  rmsnorm_forward(la.ln1, la.ln1_rstd, x, p.ln1_w, n, C, s.eps);
+  gemm(false, true, n, C3, C, 1.0f, la.ln1, C, p.qkv_w, C, 0.0f, la.qkv, C3);
+  rope_forward(la.qkv, s.b, s.t, C3, s.nh + s.nkv, att.hs, 0, s.theta);
+  attention_forward(la.atty, la.lse, la.qkv, la.qkv + C, la.qkv + C + kv, att);
+  gemm(false, true, n, C, C, 1.0f, la.atty, C, p.o_w, C, 0.0f, la.res2, C);
+  add(la.res2, la.res2, x, nc);
+  // MLP
+  rmsnorm_forward(la.ln2, la.ln2_rstd, la.res2, p.ln2_w, n, C, s.eps);
+  gemm(false, true, n, 2 * F, C, 1.0f, la.ln2, C, p.gateup_w, C, 0.0f, la.fch, 2 * F);
+  swiglu_forward(la.fch_gelu, la.fch, n, F);
+  gemm(false, true, n, C, F, 1.0f, la.fch_gelu, F, p.down_w, F, 0.0f, out, C);
+  add(out, out, la.res2, nc);
+}
+
+void Ops::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                               const LlamaBlockParams& g, const float* x, float* dres,
+                               const LlamaBlockStash& la, const Gpt2BlockScratch& scratch) {
+  TRIDENT_CHECK(!la.bf16, "llama_block_backward: ", name(), " keeps no bf16 stash");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  const AttentionShape att = attention_shape_llama(s);
+  const int C3 = int(att.ld_q), kv = s.nkv * att.hs;
+  // y = x @ W^T: dx = dy @ W, dW += dy^T x
+  auto linear = [&](float* dx, float* dw, const float* dy, const float* in_x, const float* w,
+                    int in, int out) {
+    gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+    gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
+  };
+  // MLP: out = res2 + down(swiglu([gate up](rmsnorm(res2))))
+  linear(scratch.dact, g.down_w, dres, la.fch_gelu, p.down_w, F, C);
+  swiglu_backward(scratch.dfch, la.fch, scratch.dact, n, F);
+  linear(scratch.dbuf, g.gateup_w, scratch.dfch, la.ln2, p.gateup_w, C, 2 * F);
+  rmsnorm_backward(dres, g.ln2_w, scratch.dbuf, la.res2, p.ln2_w, la.ln2_rstd, n, C);
+  // Attention: res2 = x + o(attention(rope([q k v](rmsnorm(x)))))
+  float* datty = scratch.dbuf;  // [N, C], free again once attention_backward has read it
+  linear(datty, g.o_w, dres, la.atty, p.o_w, C, C);
+  float* dqkv = scratch.dqkv;
+  attention_backward(dqkv, dqkv + C, dqkv + C + kv, datty, la.atty, la.lse, la.qkv, la.qkv + C,
+                     la.qkv + C + kv, att);
+  rope_backward(dqkv, s.b, s.t, C3, s.nh + s.nkv, att.hs, 0, s.theta);
+  linear(scratch.dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C, C3);
+  rmsnorm_backward(dres, g.ln1_w, scratch.dbuf, x, p.ln1_w, la.ln1_rstd, n, C);
 }
 
 }  // namespace trident::ops

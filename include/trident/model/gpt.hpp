@@ -105,10 +105,10 @@ void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
 void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la);
 std::int64_t fused_layer_floats(const ChunkDims& d);
 // Whether a chunk's layers use that stash (or, with full recompute, its one recomputed layer):
-// bf16 products, a backend whose coarse block op keeps it, GPT-2's block on one rank's plain
-// case (TP 1, no context parallelism), no selective recompute (its shared fp32 views), and
-// activations whose backward is not split (the zero-bubble B and W read fp32 views). One rule
-// for the chunk and for predict_memory.
+// bf16 products, a backend whose coarse block op keeps it, GPT-2's or Llama's block on one
+// rank's plain case (TP 1, no context parallelism), no selective recompute (its shared fp32
+// views), and activations whose backward is not split (the zero-bubble B and W read fp32
+// views). One rule for the chunk and for predict_memory.
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
                         Arch arch, int tp, int cp, bool split_backward);
 // The large tensors of one layer with their elements, in packing order.

@@ -86,8 +86,8 @@ struct MemoryLayout {
   bool fused_head = false;
   // Ops::gpt2_block_stash_bf16() of the rank's backend (CUDA under bf16 unless
   // TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline; set_precision assumes that default, Trainer
-  // asks its backend): GPT-2 at TP 1 without context parallelism, selective recompute or a
-  // split backward then keeps carve_fused_layer's stash and no fp32 working copy
+  // asks its backend): GPT-2 or Llama at TP 1 without context parallelism, selective
+  // recompute or a split backward then keeps carve_fused_layer's stash and no fp32 working copy
   // (stores_fused_block).
   bool block_stash_bf16 = false;
   // The device backend's scratch for one causal attention call of shape (b, t, nh, nkv, hs)

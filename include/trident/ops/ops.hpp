@@ -265,6 +265,38 @@ class Ops {
                                    const Gpt2BlockParams& g, const float* x, float* dres,
                                    const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch);
 
+  // ---- coarse ops: Llama's whole block on one rank (ops/fused_block.cpp) ----------------
+  //   res2 = x + o(attention(rope([q k v](rmsnorm(x)))))     grouped-query attention
+  //   out  = res2 + down(swiglu([gate up](rmsnorm(res2))))
+  // The same contract as the GPT-2 block's (the plain case only; the default runs exactly
+  // model::LlamaBlock's fine ops at TP 1). Weights are [out, in] (y = x @ W^T), no biases.
+  // gpt2_block_stash_bf16() says whether the backend keeps this block's stash as bf16 too.
+  struct LlamaBlockShape {
+    int b = 0, t = 0;
+    int c = 0;         // channels (= nh * hs)
+    int nh = 0;        // query heads
+    int nkv = 0;       // key-value heads (nh a multiple of it)
+    int f = 0;         // MLP columns (gate | up: 2f)
+    float eps = 0.0f;  // RMSNorm's
+    float theta = 0.0f;  // RoPE's base
+  };
+  struct LlamaBlockParams {
+    // [C] [C+2kv, C] [C, C] [C] [2F, C] [C, F]
+    float *ln1_w, *qkv_w, *o_w, *ln2_w, *gateup_w, *down_w;
+  };
+  // As Gpt2BlockStash (qkv rotated; fch = [gate up] [N,2F], fch_gelu = swiglu [N,F]); with
+  // bf16, ln1, qkv, atty, ln2, fch, fch_gelu hold bf16.
+  struct LlamaBlockStash {
+    float *ln1, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_rstd, *fch, *fch_gelu;
+    bool bf16 = false;
+  };
+  // scratch: dbuf [N,C], dqkv [N,C+2kv], dfch [N,2F], dact [N,F] floats.
+  virtual void llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                                   const float* x, float* out, const LlamaBlockStash& la);
+  virtual void llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                                    const LlamaBlockParams& g, const float* x, float* dres,
+                                    const LlamaBlockStash& la, const Gpt2BlockScratch& scratch);
+
   // ---- embeddings -----------------------------------------------------------------
   // Masked (vocab-parallel) lookup: x[N,C] = wte[tok - vocab_start] when
   // vocab_start <= tok < vocab_start + v, else 0. wte is [v, C].
@@ -393,6 +425,20 @@ inline Ops::AttentionShape attention_shape_qkv(int b, int t, int c, int nh) {
   s.hs = nh > 0 ? c / nh : 0;
   s.ld_q = s.ld_k = s.ld_v = 3 * std::int64_t(c);
   s.ld_o = c;
+  return s;
+}
+
+// The shape of Llama's grouped-query attention on its [q k v] rows at TP 1 (q = qkv, k = qkv +
+// C, v = k + nkv * hs, row stride C + 2 nkv hs; out[B,T,C]).
+inline Ops::AttentionShape attention_shape_llama(const Ops::LlamaBlockShape& b) {
+  Ops::AttentionShape s;
+  s.b = b.b;
+  s.t = b.t;
+  s.nh = b.nh;
+  s.nkv = b.nkv;
+  s.hs = b.nh > 0 ? b.c / b.nh : 0;
+  s.ld_q = s.ld_k = s.ld_v = b.c + 2 * std::int64_t(b.nkv) * s.hs;
+  s.ld_o = b.c;
   return s;
 }
 

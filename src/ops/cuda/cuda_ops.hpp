@@ -181,6 +181,13 @@ class CudaOps final : public Ops {
   void gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                            const Gpt2BlockParams& g, const float* x, float* dres,
                            const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch) override;
+  // The coarse Llama block, the same way (fused_block.cpp): RMSNorms write bf16, RoPE and
+  // SwiGLU on bf16, grouped-query attention_forward_bf16, o and down add the residual.
+  void llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p, const float* x,
+                           float* out, const LlamaBlockStash& la) override;
+  void llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                            const LlamaBlockParams& g, const float* x, float* dres,
+                            const LlamaBlockStash& la, const Gpt2BlockScratch& scratch) override;
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
@@ -198,13 +205,14 @@ class CudaOps final : public Ops {
   // leading dimensions), fp32 C and accumulation.
   void gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, const void* a16, int lda,
                  const void* b16, int ldb, float beta, float* c, int ldc);
-  // d[N,out] (bf16 when d16, else fp32) = x16 @ w16 + bias (+ residual[N,out], fp32, when
-  // not null: cuBLASLt's C with beta = 1) through cuBLASLt with the bias in the epilogue (one
-  // write of d, no bias pass before the product); plans per shape and alignments in
-  // lt_plans_. False when cuBLASLt declines the problem (the caller then falls back: the
+  // d[N,out] (bf16 when d16, else fp32) = x16 @ w16 (w16^T when w_t: w16 is [out, in]) + bias
+  // (none when null) (+ residual[N,out], fp32, when not null: cuBLASLt's C with beta = 1)
+  // through cuBLASLt with the bias in the epilogue (one write of d, no bias pass before the
+  // product); plans per shape, flags and alignments in lt_plans_ (bf16 D: bit 58 of the
+  // alignments word, above the four 9-bit alignments; w_t bit 59, no bias bit 60). False when cuBLASLt declines the problem (the caller then falls back: the
   // bias rows and a product with beta = 1).
   bool bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
-               const float* bias, int n, int in, int out);
+               bool w_t, const float* bias, int n, int in, int out);
   // The bf16 copy of the stored matrix [rows, cols] (leading dimension ld) at p, from the
   // weight cache when it lies in set_weights' range (converting the whole range first when
   // the weights changed since the last conversion); nullptr when it does not (the caller
@@ -281,12 +289,11 @@ class CudaOps final : public Ops {
   bool fused_block_ = fused_block_from_environment();
   // d[N,out] (bf16 when d16, else fp32) = x16 @ bf16(w) + bias (+ residual[N,out] fp32 when not
   // null): bias_lt, else (cuBLASLt declined) the product in fp32 scratch, then bias, residual,
-  // bf16. bf16 D plans are keyed apart in lt_plans_ (bit 58 of the alignments word, above the
-  // four 9-bit alignments).
+  // bf16. w_t: w is [out, in] (Llama's: x @ w^T); a null bias: no bias.
   void block_linear(void* d, bool d16, const float* residual, const void* x16, const float* w,
-                    const float* bias, int n, int in, int out);
-  // The bf16 copy of weight w[in, out]: the weight cache's, else converted into scratch.
-  const void* block_weight16(const float* w, int in, int out);
+                    const float* bias, int n, int in, int out, bool w_t = false);
+  // The bf16 copy of weight w[rows, cols]: the weight cache's, else converted into scratch.
+  const void* block_weight16(const float* w, int rows, int cols);
   // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
   void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
                       const void* b16, int ldb, void* c16, int ldc);

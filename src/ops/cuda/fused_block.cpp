@@ -2,7 +2,8 @@
 // bf16 activations: under bf16 products, not the baseline, TRIDENT_CUDA_FUSED_BLOCK not 0, and
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
-//          fused_block_from_environment, block_linear, block_weight16, gemm_rm16_to16
+//          fused_block_from_environment, block_linear, block_weight16, gemm_rm16_to16,
+//          llama_block_forward, llama_block_backward
 //
 // Inside the block, every activation a product or attention reads is bf16, written so by its
 // producer: the LayerNorms write bf16 (fused_block.cu), c_attn and c_fc write bf16 through
@@ -15,6 +16,13 @@
 // bf16 (the GELU backward fused with the c_fc bias gradient; c_attn's bias gradient summed
 // from bf16), and the LayerNorm input gradients in fp32 (the residual stream's).
 // Bytes per layer, GPT-2 small (N = 8192, C = 768): docs/gpu.md, "The fused GPT-2 block".
+//
+// Llama's block the same way (same knob, same stash rule): the RMSNorms write bf16, [q k v] and
+// [gate up] write bf16 (no bias: no epilogue; weights [out, in]: A transposed), RoPE rotates the
+// bf16 q and k in place (fused_block.cu; its backward the bf16 dq and dk), attention_forward_bf16
+// takes the grouped-query shape, SwiGLU reads and writes bf16, o and down add the residual as
+// C. The backward converts each residual gradient once (no bias gradients) and runs the RMSNorm
+// backward on the fp32 residual stream.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -45,13 +53,13 @@ bool CudaOps::gpt2_block_stash_bf16() const {
   return precision_ == Precision::bf16 && !baseline_ && fused_block_;
 }
 
-const void* CudaOps::block_weight16(const float* w, int in, int out) {
-  if (const void* w16 = cached_bf16(w, in, out, out)) return w16;
+const void* CudaOps::block_weight16(const float* w, int rows, int cols) {
+  if (const void* w16 = cached_bf16(w, rows, cols, cols)) return w16;
   // No weight cache (TRIDENT_CUDA_WEIGHT_CACHE=0): converted here, read by the next product
   // only (the stream orders it before the scratch's next use).
-  const std::size_t bytes = std::size_t(in) * std::size_t(out) * 2;
+  const std::size_t bytes = std::size_t(rows) * std::size_t(cols) * 2;
   void* w16 = scratch(aligned_bytes(bytes)).alloc(bytes);
-  launch_to_bf16(stream_, w16, w, in, out, out);
+  launch_to_bf16(stream_, w16, w, rows, cols, cols);
   return w16;
 }
 
@@ -66,24 +74,26 @@ void CudaOps::gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* 
 }
 
 void CudaOps::block_linear(void* d, bool d16, const float* residual, const void* x16,
-                           const float* w, const float* bias, int n, int in, int out) {
-  const void* w16 = block_weight16(w, in, out);
-  if (bias_lt(d, d16, residual, x16, w16, bias, n, in, out)) return;
+                           const float* w, const float* bias, int n, int in, int out,
+                           bool w_t) {
+  const int w_rows = w_t ? out : in, w_cols = w_t ? in : out;
+  const void* w16 = block_weight16(w, w_rows, w_cols);
+  if (bias_lt(d, d16, residual, x16, w16, w_t, bias, n, in, out)) return;
   // The fallback: y = bias rows + product in fp32 (scratch unless D is fp32), then the residual
   // or the rounding to bf16.
   // (A weight converted into scratch is converted again beside y: scratch() empties it.)
   const std::size_t ybytes = d16 ? std::size_t(n) * std::size_t(out) * sizeof(float) : 0;
-  const bool w_scratch = !cached_bf16(w, in, out, out);
+  const bool w_scratch = !cached_bf16(w, w_rows, w_cols, w_cols);
   const std::size_t wbytes = w_scratch ? std::size_t(in) * std::size_t(out) * 2 : 0;
   BumpBlock& block = scratch(aligned_bytes(ybytes) + aligned_bytes(wbytes));
   float* y = d16 ? block.alloc_n<float>(std::size_t(n) * out) : static_cast<float*>(d);
   if (w_scratch) {
     void* w16s = block.alloc(wbytes);
-    launch_to_bf16(stream_, w16s, w, in, out, out);
+    launch_to_bf16(stream_, w16s, w, w_rows, w_cols, w_cols);
     w16 = w16s;
   }
-  launch_bias_rows(stream_, y, bias, n, out);
-  gemm_rm16(false, false, n, out, in, 1.0f, x16, in, w16, out, 1.0f, y, out);
+  if (bias) launch_bias_rows(stream_, y, bias, n, out);
+  gemm_rm16(false, w_t, n, out, in, 1.0f, x16, in, w16, w_cols, bias ? 1.0f : 0.0f, y, out);
   if (residual) launch_add(stream_, y, y, residual, std::int64_t(n) * out);
   if (d16) launch_to_bf16(stream_, d, y, n, out, out);
 }
@@ -214,6 +224,129 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
     gemm_rm16(true, false, C, 3 * C, n, 1.0f, ln1, C, dqkv16, 3 * C, 1.0f, g.qkv_w, 3 * C);
   }
   layernorm_backward(dres, g.ln1_w, g.ln1_b, dln, x, p.ln1_w, la.ln1_mean, la.ln1_rstd, n, C);
+}
+
+void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                                  const float* x, float* out, const LlamaBlockStash& la) {
+  if (!la.bf16) return Ops::llama_block_forward(s, p, x, out, la);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_forward: a bf16 stash on ", name(),
+                " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  if (n <= 0) return;
+  const AttentionShape att = attention_shape_llama(s);
+  const int C3 = int(att.ld_q), kv = s.nkv * att.hs;
+  std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
+  std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *act = bf(la.fch_gelu);
+  {
+    OpScope timed(timer_.get(), "block_forward rmsnorm_bf16");
+    launch_rmsnorm_forward_bf16(stream_, ln1, la.ln1_rstd, x, p.ln1_w, n, C, s.eps);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
+                                                 " out=", C3); }, 0);
+    block_linear(qkv, true, nullptr, ln1, p.qkv_w, nullptr, n, C, C3, true);
+  }
+  {
+    OpScope timed(timer_.get(), "block_forward rope_bf16");
+    launch_rope_bf16(stream_, qkv, s.b, s.t, C3, s.nh + s.nkv, att.hs, 0, s.theta, 1.0f);
+  }
+  attention_forward_bf16(atty, la.lse, qkv, qkv + C, qkv + C + kv, att);
+  {  // res2 = x + atty @ o^T: the residual as the product's C (x is not read after it)
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", C,
+                                                 " out=", C); }, 0);
+    block_linear(la.res2, false, x, atty, p.o_w, nullptr, n, C, C, true);
+  }
+  {
+    OpScope timed(timer_.get(), "block_forward rmsnorm_bf16");
+    launch_rmsnorm_forward_bf16(stream_, ln2, la.ln2_rstd, la.res2, p.ln2_w, n, C, s.eps);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
+                                                 " out=", 2 * F); }, 0);
+    block_linear(fch, true, nullptr, ln2, p.gateup_w, nullptr, n, C, 2 * F, true);
+  }
+  {
+    OpScope timed(timer_.get(), "block_forward swiglu_bf16");
+    launch_swiglu_forward_bf16(stream_, act, fch, n, F);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", F,
+                                                 " out=", C); }, 0);
+    block_linear(out, false, la.res2, act, p.down_w, nullptr, n, F, C, true);
+  }
+}
+
+void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                                   const LlamaBlockParams& g, const float* x, float* dres,
+                                   const LlamaBlockStash& la, const Gpt2BlockScratch& scratch_in) {
+  if (!la.bf16) return Ops::llama_block_backward(s, p, g, x, dres, la, scratch_in);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_backward: a bf16 stash on ", name(),
+                " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  if (n <= 0) return;
+  const AttentionShape att = attention_shape_llama(s);
+  const int C3 = int(att.ld_q), kv = s.nkv * att.hs;
+  const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
+  const std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *act = bf(la.fch_gelu);
+  // The scratch as gpt2_block_backward's: dres16 in dbuf until its products are queued, then
+  // dbuf takes the fp32 norm gradient; the bf16 gradients at [gate up]'s and [q k v]'s
+  // outputs in dfch and dqkv, at SwiGLU's and attention's outputs in dact.
+  std::uint16_t* dres16 = bf(scratch_in.dbuf);
+  float* dln = scratch_in.dbuf;
+  std::uint16_t* dact16 = bf(scratch_in.dact);
+  std::uint16_t* dfch16 = bf(scratch_in.dfch);
+  std::uint16_t* dqkv16 = bf(scratch_in.dqkv);
+  // MLP: down (weight [C, F]), SwiGLU, [gate up] (weight [2F, C]), RMSNorm
+  {
+    OpScope timed(timer_.get(), "block_backward to_bf16");
+    launch_to_bf16(stream_, dres16, dres, n, C, C);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", F,
+                                                 " out=", C); }, 0);
+    gemm_rm16_to16(false, false, n, F, C, dres16, C, block_weight16(p.down_w, C, F), F, dact16,
+                   F);
+    gemm_rm16(true, false, C, F, n, 1.0f, dres16, C, act, F, 1.0f, g.down_w, F);
+  }
+  {
+    OpScope timed(timer_.get(), "block_backward swiglu_bf16");
+    launch_swiglu_backward_bf16(stream_, dfch16, fch, dact16, n, F);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+                                                 " out=", 2 * F); }, 0);
+    gemm_rm16(false, false, n, C, 2 * F, 1.0f, dfch16, 2 * F,
+              block_weight16(p.gateup_w, 2 * F, C), C, 0.0f, dln, C);
+    gemm_rm16(true, false, 2 * F, C, n, 1.0f, dfch16, 2 * F, ln2, C, 1.0f, g.gateup_w, C);
+  }
+  rmsnorm_backward(dres, g.ln2_w, dln, la.res2, p.ln2_w, la.ln2_rstd, n, C);
+  // Attention: o (weight [C, C]), attention, RoPE, [q k v] (weight [C3, C]), RMSNorm
+  {
+    OpScope timed(timer_.get(), "block_backward to_bf16");
+    launch_to_bf16(stream_, dres16, dres, n, C, C);
+  }
+  std::uint16_t* datty16 = dact16;
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+                                                 " out=", C); }, 0);
+    gemm_rm16_to16(false, false, n, C, C, dres16, C, block_weight16(p.o_w, C, C), C, datty16,
+                   C);
+    gemm_rm16(true, false, C, C, n, 1.0f, dres16, C, atty, C, 1.0f, g.o_w, C);
+  }
+  attention_backward_bf16(dqkv16, dqkv16 + C, dqkv16 + C + kv, datty16, atty, la.lse, qkv,
+                          qkv + C, qkv + C + kv, att);
+  {
+    OpScope timed(timer_.get(), "block_backward rope_bf16");
+    launch_rope_bf16(stream_, dqkv16, s.b, s.t, C3, s.nh + s.nkv, att.hs, 0, s.theta, -1.0f);
+  }
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+                                                 " out=", C3); }, 0);
+    gemm_rm16(false, false, n, C, C3, 1.0f, dqkv16, C3, block_weight16(p.qkv_w, C3, C), C, 0.0f,
+              dln, C);
+    gemm_rm16(true, false, C3, C, n, 1.0f, dqkv16, C3, ln1, C, 1.0f, g.qkv_w, C);
+  }
+  rmsnorm_backward(dres, g.ln1_w, dln, x, p.ln1_w, la.ln1_rstd, n, C);
 }
 
 }  // namespace trident::ops::cuda

@@ -3,8 +3,11 @@
 // gradient in the same read, and the column sums of a bf16 gradient (c_attn's bias). bf16 is
 // held as its 16 bits (unsigned short): rounded to nearest even as pointwise.cu's to_bf16, read
 // back exactly. The arithmetic in fp32 is that of the fp32 kernels (layernorm.cu, pointwise.cu).
+// The fused Llama block's: RMSNorm writing bf16, RoPE in place on bf16 q/k (or their
+// gradients), SwiGLU and its backward on bf16.
 // defines: launch_layernorm_forward_bf16, launch_gelu_forward_bf16,
-//          launch_gelu_backward_bf16_colsum, launch_colsum_bf16
+//          launch_gelu_backward_bf16_colsum, launch_colsum_bf16, launch_rmsnorm_forward_bf16,
+//          launch_rope_bf16, launch_swiglu_forward_bf16, launch_swiglu_backward_bf16
 #include <cstring>
 
 #include "check.hpp"
@@ -109,6 +112,64 @@ __global__ void block_colsum_add_kernel(float* db, const float* partial, int blo
   }
 }
 
+// layernorm.cu's rmsnorm_forward arithmetic, y written as bf16.
+__global__ void rmsnorm_forward_bf16_kernel(unsigned short* y, float* rstd, const float* x,
+                                            const float* w, int n, int c, float eps) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= n) return;
+  const float* xr = x + row * c;
+  float ss = 0.0f;
+  for (int j = lane; j < c; j += 32) ss += xr[j] * xr[j];
+  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+  unsigned short* yr = y + row * c;
+  for (int j = lane; j < c; j += 32) yr[j] = bf16_bits(xr[j] * rs * w[j]);
+  if (lane == 0) rstd[row] = rs;
+}
+
+// rope.cu's rotation (angle in double) on bf16 values, rounded once after it.
+__global__ void rope_bf16_kernel(unsigned short* x, int b, int t, int ld, int heads, int hs,
+                                 int pos0, double theta, float sign) {
+  const int half = hs / 2;
+  const std::int64_t total = std::int64_t(b) * t * half;
+  TRIDENT_GRID_STRIDE(k, total) {
+    const int i = static_cast<int>(k % half);
+    const std::int64_t row = k / half;
+    const int p = static_cast<int>(row % t);
+    const double a = double(pos0 + p) * pow(theta, -2.0 * i / hs);
+    const float cs = static_cast<float>(cos(a)), sn = sign * static_cast<float>(sin(a));
+    unsigned short* x1 = x + row * ld + i;
+    for (int h = 0; h < heads; h++, x1 += hs) {
+      const float u = bf16_value(x1[0]), v = bf16_value(x1[half]);
+      x1[0] = bf16_bits(u * cs - v * sn);
+      x1[half] = bf16_bits(v * cs + u * sn);
+    }
+  }
+}
+
+// pointwise.cu's swiglu kernels on bf16 gu[N, 2F] (gate, up), y / dy [N, F].
+__global__ void swiglu_forward_bf16_kernel(unsigned short* y, const unsigned short* gu,
+                                           std::int64_t total, int f) {
+  TRIDENT_GRID_STRIDE(i, total) {
+    const std::int64_t r = i / f, j = i % f;
+    const float g = bf16_value(gu[r * 2 * f + j]), u = bf16_value(gu[r * 2 * f + f + j]);
+    y[i] = bf16_bits(g / (1.0f + exp_clamped(-g)) * u);
+  }
+}
+
+__global__ void swiglu_backward_bf16_kernel(unsigned short* dgu, const unsigned short* gu,
+                                            const unsigned short* dy, std::int64_t total, int f) {
+  TRIDENT_GRID_STRIDE(i, total) {
+    const std::int64_t r = i / f, j = i % f;
+    const float g = bf16_value(gu[r * 2 * f + j]), u = bf16_value(gu[r * 2 * f + f + j]);
+    const float e = exp_clamped(-g);
+    const float s = 1.0f / (1.0f + e);
+    const float d = bf16_value(dy[i]);
+    dgu[r * 2 * f + j] = bf16_bits(d * u * s * (1.0f + g * e * s));
+    dgu[r * 2 * f + f + j] = bf16_bits(d * g * s);
+  }
+}
+
 dim3 colsum_grid(int n, int cols) {
   const int blocks = colsum_row_blocks(n);
   return dim3(static_cast<unsigned>((cols + kBlock - 1) / kBlock),
@@ -156,6 +217,42 @@ void launch_colsum_bf16(cudaStream_t s, float* db, float* partial, const void* s
       partial, static_cast<const unsigned short*>(src), n, cols);
   check_launch("colsum_bf16");
   colsum_add(s, db, partial, n, cols);
+}
+
+void launch_rmsnorm_forward_bf16(cudaStream_t s, void* y, float* rstd, const float* x,
+                                 const float* w, int n, int c, float eps) {
+  if (n <= 0 || c <= 0) return;
+  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  rmsnorm_forward_bf16_kernel<<<blocks, kRowsPerBlock * 32, 0, s>>>(
+      static_cast<unsigned short*>(y), rstd, x, w, n, c, eps);
+  check_launch("rmsnorm_forward_bf16");
+}
+
+void launch_rope_bf16(cudaStream_t s, void* x, int b, int t, int ld, int heads, int hs, int pos0,
+                      float theta, float sign) {
+  if (b <= 0 || t <= 0 || heads <= 0 || hs <= 1) return;
+  const std::int64_t total = std::int64_t(b) * t * (hs / 2);
+  rope_bf16_kernel<<<grid_for(total), kBlock, 0, s>>>(static_cast<unsigned short*>(x), b, t, ld,
+                                                      heads, hs, pos0, double(theta), sign);
+  check_launch("rope_bf16");
+}
+
+void launch_swiglu_forward_bf16(cudaStream_t s, void* y, const void* gu, int n, int f) {
+  const std::int64_t total = std::int64_t(n) * f;
+  if (total <= 0) return;
+  swiglu_forward_bf16_kernel<<<grid_for(total), kBlock, 0, s>>>(
+      static_cast<unsigned short*>(y), static_cast<const unsigned short*>(gu), total, f);
+  check_launch("swiglu_forward_bf16");
+}
+
+void launch_swiglu_backward_bf16(cudaStream_t s, void* dgu, const void* gu, const void* dy, int n,
+                                 int f) {
+  const std::int64_t total = std::int64_t(n) * f;
+  if (total <= 0) return;
+  swiglu_backward_bf16_kernel<<<grid_for(total), kBlock, 0, s>>>(
+      static_cast<unsigned short*>(dgu), static_cast<const unsigned short*>(gu),
+      static_cast<const unsigned short*>(dy), total, f);
+  check_launch("swiglu_backward_bf16");
 }
 
 }  // namespace trident::ops::cuda

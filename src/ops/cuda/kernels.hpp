@@ -202,5 +202,15 @@ void launch_gelu_backward_bf16_colsum(cudaStream_t s, void* dx, float* db, float
 // db[cols] += the column sums of bf16 src[n, cols] (as launch_to_bf16_colsum's sums).
 void launch_colsum_bf16(cudaStream_t s, float* db, float* partial, const void* src, int n,
                         int cols);
+// The fused Llama block's (CudaOps::llama_block_*): RMSNorm of fp32 x[n, c] (rmsnorm_forward's
+// arithmetic) written as bf16 y, rstd fp32; RoPE in place on bf16 (launch_rope's contract);
+// SwiGLU forward and backward on bf16 gu[n, 2f], y / dy [n, f] (pointwise.cu's arithmetic).
+void launch_rmsnorm_forward_bf16(cudaStream_t s, void* y, float* rstd, const float* x,
+                                 const float* w, int n, int c, float eps);
+void launch_rope_bf16(cudaStream_t s, void* x, int b, int t, int ld, int heads, int hs, int pos0,
+                      float theta, float sign);
+void launch_swiglu_forward_bf16(cudaStream_t s, void* y, const void* gu, int n, int f);
+void launch_swiglu_backward_bf16(cudaStream_t s, void* dgu, const void* gu, const void* dy, int n,
+                                 int f);
 
 }  // namespace trident::ops::cuda

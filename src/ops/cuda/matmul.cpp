@@ -131,7 +131,7 @@ void CudaOps::linear_forward(float* y, const float* x, const float* w, const flo
       launch_to_bf16(stream_, packed, w, in, out, out);
       w16 = packed;
     }
-    if (bias_lt(y, false, nullptr, x16, w16, b, n, in, out)) return;
+    if (bias_lt(y, false, nullptr, x16, w16, false, b, n, in, out)) return;
     launch_bias_rows(stream_, y, b, n, out);
     gemm_rm16(false, false, n, out, in, 1.0f, x16, in, w16, out, 1.0f, y, out);
     return;
@@ -157,37 +157,41 @@ bool lt_declined(cublasStatus_t s) {
 }  // namespace
 
 bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
-                      const float* bias, int n, int in, int out) {
+                      bool w_t, const float* bias, int n, int in, int out) {
   // Column-major: D^T[out, N] = w^T[out, in] x^T[in, N] + bias[out] per column (+ C =
-  // residual^T), i.e. A = w16 (out x in, ld out), B = x16 (in x N, ld in), C and D (out x N,
-  // ld out), the bias over D's rows.
+  // residual^T), i.e. A = w16 as stored (column-major [out, in] for row-major w[in, out]; under
+  // w_t [in, out], transposed), B = x16 (in x N, ld in), C and D (out x N, ld out), the bias
+  // over D's rows.
+  const int w_rows = w_t ? out : in, w_cols = w_t ? in : out;
   const std::int64_t al_cd = std::min(alignment_of(d), residual ? alignment_of(residual) : 256);
   const std::int64_t align = al_cd | (alignment_of(bias) << 16) | (alignment_of(x16) << 32) |
-                             (alignment_of(w16) << 48) | (std::int64_t(d16) << 58);
+                             (alignment_of(w16) << 48) | (std::int64_t(d16) << 58) |
+                             (std::int64_t(w_t) << 59) | (std::int64_t(!bias) << 60);
   const std::array<std::int64_t, 4> key{n, in, out, align};
   auto it = lt_plans_.find(key);
   if (it == lt_plans_.end()) {
     LtPlan plan;
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_n = CUBLAS_OP_N;
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cublasOperation_t op_n = CUBLAS_OP_N, op_a = w_t ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                        &op_n, sizeof(op_n)));
+                                                        &op_a, sizeof(op_a)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                         &op_n, sizeof(op_n)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (d16) {  // the bias is fp32 (the model's); cuBLASLt reads it as D's type unless told
+    if (bias && d16) {  // the bias is fp32 (the model's); cuBLASLt reads it as D's type unless told
       const std::int32_t bias_type = CUDA_R_32F;
       TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
           plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     }
     // Before the heuristic, which takes the bias's alignment from the pointer's value
     // (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER); the key holds that alignment.
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(out),
-                                                    std::uint64_t(in), out));
+    if (bias)
+      TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(w_cols),
+                                                    std::uint64_t(w_rows), w_cols));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),
                                                     std::uint64_t(n), in));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d16 ? CUDA_R_16BF : CUDA_R_32F,
@@ -224,8 +228,9 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
   }
   LtPlan& plan = it->second;
   if (!plan.ok) return false;
-  TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                      &bias, sizeof(bias)));
+  if (bias)
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float one = 1.0f, beta = residual ? 1.0f : 0.0f;
   const void* c = residual ? static_cast<const void*>(residual) : d;
   const cublasStatus_t st =

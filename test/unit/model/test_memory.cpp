@@ -46,9 +46,10 @@ TEST(Memory, Bf16StorageCountsTheStashAtTwoBytes) {
   }
 }
 
-// The CUDA backend's fused GPT-2 block (Ops::gpt2_block_stash_bf16): its stash keeps ln1, qkv,
-// atty, ln2, fch, fch_gelu at 2 bytes and res2 at 4, carved as such (carve_fused_layer), and
-// needs no fp32 working copy; not at TP 2, with context parallelism or the split backward.
+// The CUDA backend's fused GPT-2 block (Ops::gpt2_block_stash_bf16; Llama's too): its stash
+// keeps ln1, qkv, atty, ln2, fch, fch_gelu at 2 bytes and res2 at 4, carved as such
+// (carve_fused_layer), and needs no fp32 working copy; not at TP 2, with context parallelism
+// or the split backward.
 TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   ModelConfig cfg;
   cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
@@ -96,7 +97,11 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1, 1, false));
   EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1, 1, false));
   EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1, false));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 1, false));
+  // Llama's block too (Ops::llama_block_*), on the same plain case only.
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1, 1, false));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2, 1, false));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 2, false));
+  EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1, 1, false));
   EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1, 1, false));
 }
 

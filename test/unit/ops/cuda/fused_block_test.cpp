@@ -3,10 +3,12 @@
 // the GPU: GPT-2's head size (64: cuDNN or the tensor-core kernels), every gradient within
 // the bf16 product tolerance of cuda_ops_test.cpp (3e-2 of the tensor's largest value), and a
 // broken stash that must fail it. The stand-in runs the same check (emulate/fused_block.cpp).
+// The same for the fused Llama block (llama_block_check.hpp, emulate/llama_block.cpp).
 // main() is cuda_ops_test.cpp's (skips without a GPU).
 #include <gtest/gtest.h>
 
 #include "fused_block_check.hpp"
+#include "llama_block_check.hpp"
 #include "trident/ops/cuda.hpp"
 
 namespace trident::test {
@@ -25,6 +27,23 @@ TEST(CudaFusedBlock, MatchesTheCpuCompositionAndCatchesAStaleStash) {
     EXPECT_LE(compare("fused CUDA bf16 vs CPU", s, run(*gpu, s, true, k), want, kTol), kTol);
     EXPECT_LE(compare("CUDA bf16 composition vs CPU", s, run(*gpu, s, false, k), want, kTol),
               kTol);
+    EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu, s, true, k, true), want, kTol, true),
+              kTol);
+  }
+}
+
+TEST(CudaFusedBlock, LlamaMatchesTheCpuCompositionAndCatchesAStaleStash) {
+  using namespace llama_block;
+  constexpr double kTol = 3e-2;
+  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
+  if (!gpu->gpt2_block_stash_bf16())
+    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
+  auto cpu = ops::make_cpu_ops(2);
+  // hs 64 with 4 query heads on 2 kv heads; hs 32, 3 query heads on 1, odd T
+  for (const Shape& s : {Shape{2, 128, 256, 4, 2, 512}, Shape{1, 77, 96, 3, 1, 160}}) {
+    const Case k = random_case(s, 29);
+    const Result want = run(*cpu, s, false, k);
+    EXPECT_LE(compare("fused CUDA bf16 vs CPU", s, run(*gpu, s, true, k), want, kTol), kTol);
     EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu, s, true, k, true), want, kTol, true),
               kTol);
   }

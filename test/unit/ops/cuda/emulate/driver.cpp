@@ -733,6 +733,40 @@ int main() {
       snprintf(name, sizeof name, "colsum_bf16 n%d cols%d", rows, cols);
       cmp(name, db2, want2, 1e-5, maxabs(want2) + 1);
     }
+    // The fused Llama block's: RMSNorm to bf16, RoPE on bf16 (both signs), SwiGLU on bf16.
+    V ry(x.size()), rr(n), rr2(n);
+    cpu->rmsnorm_forward(ry.data(), rr.data(), x.data(), w.data(), n, c, 1e-5f);
+    launch_rmsnorm_forward_bf16(nullptr, y16.data(), rr2.data(), x.data(), w.data(), n, c, 1e-5f);
+    cmp("rmsnorm_forward_bf16 y", widen(y16), ry, 4e-3);
+    cmp("  rstd", rr2, rr, 1e-5);
+    {
+      const int rb = 2, rt = 5, heads = 3, hs = 8, ld = heads * hs + 4;  // a column tail
+      std::vector<std::uint16_t> q16 = narrow(rnd(size_t(rb) * rt * ld, 1));
+      for (float sign : {1.0f, -1.0f}) {
+        V qw = widen(q16);
+        std::vector<std::uint16_t> got = q16;
+        if (sign > 0)
+          cpu->rope_forward(qw.data(), rb, rt, ld, heads, hs, 3, 10000.0f);
+        else
+          cpu->rope_backward(qw.data(), rb, rt, ld, heads, hs, 3, 10000.0f);
+        launch_rope_bf16(nullptr, got.data(), rb, rt, ld, heads, hs, 3, 10000.0f, sign);
+        cmp(sign > 0 ? "rope_bf16 forward" : "rope_bf16 backward", widen(got), qw, 4e-3);
+      }
+    }
+    {
+      const int rows = 7, f = 45;
+      std::vector<std::uint16_t> gu16 = narrow(rnd(size_t(rows) * 2 * f, 2));
+      std::vector<std::uint16_t> dy16 = narrow(rnd(size_t(rows) * f));
+      const V guw = widen(gu16), dyw = widen(dy16);
+      V sy(size_t(rows) * f), sdgu(size_t(rows) * 2 * f);
+      cpu->swiglu_forward(sy.data(), guw.data(), rows, f);
+      cpu->swiglu_backward(sdgu.data(), guw.data(), dyw.data(), rows, f);
+      std::vector<std::uint16_t> y16s(sy.size()), dgu16(sdgu.size());
+      launch_swiglu_forward_bf16(nullptr, y16s.data(), gu16.data(), rows, f);
+      launch_swiglu_backward_bf16(nullptr, dgu16.data(), gu16.data(), dy16.data(), rows, f);
+      cmp("swiglu_forward_bf16", widen(y16s), sy, 4e-3);
+      cmp("swiglu_backward_bf16", widen(dgu16), sdgu, 4e-3);
+    }
   }
   printf(bad ? "%d MISMATCHES\n" : "all kernels agree with the CPU backend\n", bad);
   return bad != 0;

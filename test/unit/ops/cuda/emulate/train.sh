@@ -14,7 +14,8 @@
 #   emulate/attention_bf16.cpp  the bf16 attention entry points against the CPU (~1 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
-# (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition. A check of the backend's host code, its use
+# (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition, llama_block.cpp
+# the fused Llama block (CudaOps::llama_block_*) the same way. A check of the backend's host code, its use
 # of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
 # copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
 # of the model, pipeline and MPI staging, in real training, with the real kernels.
@@ -125,6 +126,10 @@ g++ "${flags[@]}" "${warn[@]}" -I"$src/src/ops/cuda" "$here/attention_bf16.cpp" 
 g++ "${flags[@]}" "${warn[@]}" "$here/fused_block.cpp" "${objs[@]}" "$build/libtrident_ops.a" \
     "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread -o "$work/fused_block"
 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/fused_block"
+# The fused Llama block (the same file's llama_block_*) the same way.
+g++ "${flags[@]}" "${warn[@]}" "$here/llama_block.cpp" "${objs[@]}" "$build/libtrident_ops.a" \
+    "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread -o "$work/llama_block"
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/llama_block"
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"

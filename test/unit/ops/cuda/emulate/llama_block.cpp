@@ -1,0 +1,48 @@
+// emulate/llama_block.cpp — the CUDA backend's fused Llama block (src/ops/cuda/fused_block.cpp:
+// bf16 activations inside, Ops::llama_block_forward / backward with a bf16 stash) against the
+// CPU backend's composition (ops/fused_block.cpp, fp32), on the CPU stand-in (train.sh builds
+// and runs it; llama_block_check.hpp holds the check). Grouped-query heads (8 query heads on 2
+// kv heads). Checked as fused_block.cpp: the output, the input gradient and every parameter
+// gradient within bf16 tolerance relative to the tensor's largest value, the CUDA backend's
+// own composition (fp32 stash, bf16 products) as a second reference, and two broken runs that
+// must fail (a stash tensor overwritten, the residual gradient 5% off).
+// usage: llama_block  (exit 0: all agree)
+#include <cstdio>
+#include <memory>
+
+#include "../llama_block_check.hpp"
+
+using namespace trident::test::llama_block;
+
+namespace {
+constexpr double kTol = 1.5e-2;  // fused_block.cpp's: bf16 activations, relative to the largest
+}  // namespace
+
+int main() {
+  const Shape s{2, 32, 128, 8, 2, 96};  // heads of 16: the tensor-core kernels
+  const Case k = random_case(s, 29);
+  auto cpu = trident::ops::make_cpu_ops(1);
+  auto cuda = trident::ops::make_ops("cuda", 1, trident::ops::Precision::bf16);
+  if (!cuda->gpt2_block_stash_bf16()) {
+    std::printf("llama block: the CUDA backend keeps no bf16 block stash "
+                "(TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1): nothing to check\n");
+    return 0;
+  }
+  const Result want = run(*cpu, s, false, k);
+  const Result fused = run(*cuda, s, true, k);
+  const Result composed = run(*cuda, s, false, k);
+  bool ok = compare("fused CUDA bf16 vs CPU fp32 composition", s, fused, want, kTol) <= kTol;
+  ok = compare("CUDA bf16 composition vs CPU fp32 composition", s, composed, want, kTol) <= kTol &&
+       ok;
+  ok = compare("fused vs CUDA composition", s, fused, composed, kTol) <= kTol && ok;
+  const bool stale = compare("broken on purpose: la.fch overwritten before the backward", s,
+                             run(*cuda, s, true, k, true), want, kTol, true) <= kTol;
+  const bool scaled = compare("broken on purpose: the residual gradient times 1.05", s,
+                              run(*cuda, s, true, k, false, 1.05f), want, kTol, true) <= kTol;
+  if (stale || scaled) {
+    std::printf("llama block: a broken run passed: the check cannot fail\n");
+    ok = false;
+  }
+  std::printf("llama block: %s\n", ok ? "all agree" : "FAILED");
+  return ok ? 0 : 1;
+}
