@@ -308,7 +308,8 @@ class CudaOps final : public Ops {
   // tensor-core kernels reading and writing bf16 (tc_attention: hs % 16 == 0), else the
   // fp32 kernels between a widening and a narrowing pass (fp32/tf32, other head sizes,
   // TRIDENT_CUDA_BASELINE). Timed as "attention_forward bf16 cudnn|tc|widened" (backward
-  // alike). Friend AttentionBf16Access: the GPU op test and bench reach them.
+  // alike). Friend AttentionBf16Access (attention_bf16_access.hpp): the GPU op test, the bench
+  // and the stand-in check reach them.
   void attention_forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
                               const std::uint16_t* k, const std::uint16_t* v,
                               const AttentionShape& s);

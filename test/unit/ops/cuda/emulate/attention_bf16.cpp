@@ -17,27 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda_ops.hpp"
+#include "attention_bf16_access.hpp"
 #include "trident/core/error.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
-
-namespace trident::ops::cuda {
-// The private bf16 entry points, for this check (cuda_ops.hpp's friend).
-struct AttentionBf16Access {
-  static void forward(Ops& o, std::uint16_t* out, float* lse, const std::uint16_t* q,
-                      const std::uint16_t* k, const std::uint16_t* v,
-                      const Ops::AttentionShape& s) {
-    dynamic_cast<CudaOps&>(o).attention_forward_bf16(out, lse, q, k, v, s);
-  }
-  static void backward(Ops& o, std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
-                       const std::uint16_t* dout, const std::uint16_t* out, const float* lse,
-                       const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                       const Ops::AttentionShape& s) {
-    dynamic_cast<CudaOps&>(o).attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, s);
-  }
-};
-}  // namespace trident::ops::cuda
 
 namespace {
 
