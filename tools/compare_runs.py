@@ -85,6 +85,27 @@ LAYOUTS = {
     "gpt2-cp2-ring": (GPT2, 2, ["parallel.cp=2"]),
     "gpt2-cp2-ulysses": (GPT2, 2, ["parallel.cp=2", "parallel.cp_mode=ulysses"]),
     "llama-cp2-ring": (LLAMA, 2, ["parallel.cp=2"]),
+    # Schedules whose head chunk's output gradient waits for a later B (a row of its own)
+    # and uneven splits (chunks of different sizes in one activation pool).
+    "gpt2-pp2-gpipe": (GPT2, 2, ["parallel.pp=2", "parallel.schedule=gpipe"]),
+    "gpt2-pp2-gpipe-selective": (GPT2, 2, ["parallel.pp=2", "parallel.schedule=gpipe",
+                                           "parallel.recompute=selective"]),
+    "gpt2-pp2-pipedream": (GPT2, 2, ["parallel.pp=2", "parallel.schedule=pipedream",
+                                 "train.grad_clip=0"]),
+    "gpt2-pp2-vpp2-interleaved-full": (GPT2, 2, ["parallel.pp=2", "parallel.vpp=2",
+                                                 "parallel.schedule=interleaved-1f1b",
+                                                 "parallel.recompute=full"]),
+    "gpt2-pp2-vpp2-looped-bfs": (GPT2, 2, ["parallel.pp=2", "parallel.vpp=2",
+                                           "parallel.schedule=looped-bfs"]),
+    "llama-pp2-vpp2-interleaved": (LLAMA, 2, ["parallel.pp=2", "parallel.vpp=2",
+                                              "parallel.schedule=interleaved-1f1b"]),
+    "gpt2-pp3-uneven-1f1b": (GPT2, 3, ["parallel.pp=3", "parallel.schedule=1f1b"]),
+    "gpt2-pp3-uneven-zb-h1": (GPT2, 3, ["parallel.pp=3", "parallel.schedule=zb-h1",
+                                        "parallel.pipeline_layers=[1, 1, 2]"]),
+    "gpt2-pp4-zb-v": (GPT2, 4, ["model.n_layer=8", "parallel.pp=4", "parallel.vpp=2",
+                                "parallel.schedule=zb-v"]),
+    "gpt2-pp2-zb-v-uneven-full": (GPT2, 2, ["model.n_layer=5", "parallel.pp=2", "parallel.vpp=2",
+                                            "parallel.schedule=zb-v", "parallel.recompute=full"]),
 }
 
 

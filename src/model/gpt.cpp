@@ -87,6 +87,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
 
   const std::int64_t N = std::int64_t(B_) * T_;
   dres_ = buffer(N * C_);
+  boundary_ = buffer(std::int64_t(Nr_) * C_);
   dbuf_ = buffer(N * C_);
   dqkv_ = buffer(N * dims_.C3);
   dfch_ = buffer(N * dims_.F1);
@@ -379,8 +380,8 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
   const int L = chunk < 0 ? L_ : chunk_layers(chunk);  // -1: any chunk (the largest)
   auto a = std::make_unique<ChunkActivations>();
   a->input = buffer(NrC);
-  a->outputs = buffer(std::max(1, L) * NrC);
-  a->doutput = a->outputs.data() + std::int64_t(std::max(1, L) - 1) * NrC;
+  a->outputs = buffer(std::max(0, L - 1) * NrC);  // the last layer's: boundary_
+  a->doutput = const_cast<float*>(boundary_.data());
   a->dinput = const_cast<float*>(dres_.data());  // one backward at a time (backward())
   // Full recompute's one layer: fp32, or the fused block's stash; each made at first need.
   if (recompute_ == Recompute::full) {
@@ -427,7 +428,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
       for (int l = 0; l < L; ++l) a->grad_stash[l] = {a->layers[l].fch, a->layers[l].qkv};
     }
   }
-  a->last_output = L == 0 ? a->input.data() : a->outputs.data() + std::int64_t(L - 1) * NrC;
+  a->last_output = L == 0 ? a->input.data() : const_cast<float*>(boundary_.data());
   return a;
 }
 
@@ -464,8 +465,19 @@ void GptChunk::unpack_layer(ChunkActivations& a, int l, bool norms_only) {
 float* GptChunk::output(ChunkActivations& a) const { return a.last_output; }
 
 void GptChunk::set_output(ChunkActivations& a, int chunk) const {
-  const int L = chunk_layers(chunk);
-  a.last_output = L == 0 ? a.input.data() : a.outputs.data() + std::int64_t(L - 1) * boundary_numel();
+  a.last_output = chunk_layers(chunk) == 0 ? a.input.data() : const_cast<float*>(boundary_.data());
+}
+
+// Layer l's output: the next layer's input in the activations, the last one's in boundary_.
+float* GptChunk::layer_output(ChunkActivations& a, int chunk, int l) const {
+  return l + 1 == chunk_layers(chunk) ? a.last_output : a.outputs.data() + l * boundary_numel();
+}
+
+void GptChunk::check_no_head_gradient_pending(const ChunkActivations* backward_of,
+                                              const char* what) const {
+  TRIDENT_CHECK(!head_gradient_pending_ || head_gradient_pending_ == backward_of, "internal: ",
+                what, " while the head chunk's output gradient waits in the shared boundary "
+                "scratch for its backward (StageActivations::keep_head_gradient)");
 }
 
 // ---- forward ---------------------------------------------------------------------------
@@ -496,18 +508,22 @@ void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations
 double GptChunk::forward(int chunk, StageActivations& activations, const std::int32_t* inputs,
                          const std::int32_t* targets, float loss_scale, bool with_backward) {
   ChunkActivations& a = own(activations);
+  check_no_head_gradient_pending(nullptr, "a forward");
   const StageLayout& st = this->chunk(chunk);
   const std::int64_t NC = boundary_numel();
   if (st.has_embedding) embed_forward(a.input.data(), stage_tokens(a.tokens, inputs), B_, T_);
   if (st.has_head) targets = stage_tokens(a.targets, targets);
   set_output(a, chunk);  // pooled activations serve chunks of any size
+  // The output gradient: received into boundary_ before the backward, or the head's, kept
+  // in the row given for it or in boundary_ (then the backward must come next).
+  a.doutput = st.has_head && a.head_gradient_row ? a.head_gradient_row : boundary_.data();
   const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = 0; l < L; ++l) {
     const float* x = l == 0 ? a.input.data() : a.outputs.data() + (l - 1) * NC;
     LayerActivations& la = recompute_ == Recompute::full ? recomputed_layer(a)
                            : bf16_store_ && !a.fused       ? bf16_working(a.layers[l])
                                                            : a.layers[l];
-    block_forward(first + l, x, a.outputs.data() + l * NC, la, B_, T_);
+    block_forward(first + l, x, layer_output(a, chunk, l), la, B_, T_);
     if (bf16_store_ && !a.fused) pack_layer(a, l);
   }
   a.loss_sum = st.has_head ? head_forward_backward(a, targets, loss_scale, with_backward) : 0.0;
@@ -555,13 +571,14 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
     ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, lnf, C_, 1.0f, dwte, C_);
   }
   // d loss / d x into dres_ (free: no backward runs, its last input gradient is sent), then
-  // a.doutput: the outputs' last row, which may be x itself.
+  // a.doutput: its row, or boundary_, which may be x itself (read for the last time above).
   float* dx = dres_.data();
   ops_.fill(dx, 0.0f, local_n);
   block_->norm_backward(dx, at(grads_.data(), Role::final_norm_weight),
                         at_or_null(grads_.data(), Role::final_norm_bias), dlnf, x, lnf_w,
                         lnf_mean_.data(), lnf_rstd_.data(), Nr_);
   ops_.copy(a.doutput, dx, local_n);
+  if (a.doutput == boundary_.data()) head_gradient_pending_ = &a;
   return loss_sum;
 }
 
@@ -603,6 +620,8 @@ void GptChunk::backward(int chunk, StageActivations& activations, const std::int
   const std::int64_t NC = boundary_numel();
   TRIDENT_CHECK(weight_grads || int(a.grad_stash.size()) >= chunk_layers(chunk),
                 "an input-gradient-only backward needs make_activations(chunk, true)");
+  check_no_head_gradient_pending(&a, "another backward");
+  head_gradient_pending_ = nullptr;
   float* dres = dres_.data();  // [Nr,C] d loss / d residual stream, walking down the blocks
   ops_.copy(dres, a.doutput, NC);
   if (grad_ready_ && st.has_head) report_grads_ready(-2);  // ln_f: done in forward
@@ -638,6 +657,7 @@ void GptChunk::backward_weights(int chunk, StageActivations& activations) {
   const StageLayout& chunk_layout = this->chunk(chunk);
   TRIDENT_CHECK(int(a.grad_stash.size()) >= chunk_layers(chunk),
                 "backward_weights needs make_activations(chunk, true)");
+  check_no_head_gradient_pending(nullptr, "a weight pass");
   const std::int64_t NC = boundary_numel();
   const int L = chunk_layers(chunk), first = local_first_[std::size_t(chunk)];
   for (int l = L - 1; l >= 0; --l) {
@@ -696,6 +716,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
   std::copy(tokens, tokens + t, context.begin());
   embed_forward(a.input.data(), stage_tokens(a.tokens, context.data()), 1, t);
   // The chunks one after the other (all on this rank), each from the previous one's output.
+  // Rows of t tokens: layer l's output at row l of the outputs, the last layer's in boundary_.
   const float* x = a.input.data();
   for (int c = 0; c < num_chunks(); ++c) {
     for (int l = 0; l < chunk_layers(c); ++l) {
@@ -703,7 +724,7 @@ void GptChunk::logits_last(const std::int32_t* tokens, int t, float* logits) {
                              : bf16_store_ && !a.fused
                                  ? bf16_working(a.layers[l])  // nothing to keep
                                  : a.layers[l];
-      float* out = a.outputs.data() + l * tC;
+      float* out = l + 1 == chunk_layers(c) ? boundary_.data() : a.outputs.data() + l * tC;
       if (x == out) {  // the next chunk starts from the last output: move it to the input
         ops_.copy(a.input.data(), x, tC);
         x = a.input.data();

@@ -136,11 +136,11 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   const std::int64_t N = d.N, Nr = d.Nr, C = d.C, C3 = d.C3, F = d.F, F1 = d.F1, Vl = d.Vl;
   e.messages = lay.message_buffers * Nr * C * kFloat;  // GptChunk::boundary_numel each
 
-  // GptChunk::make_activations: the input and each layer's output (the last also takes the
-  // output gradient; the input gradient is dres_, scratch), the layers' stash (carve_layer),
-  // the zero-bubble gradient stash (carve_grad_stash).
+  // GptChunk::make_activations: the input and each layer's output but the last (which, and
+  // the output gradient, is the chunk's boundary_ scratch; the input gradient is dres_), the
+  // layers' stash (carve_layer), the zero-bubble gradient stash (carve_grad_stash).
   const std::int64_t layer_store = layer_floats(d, false);
-  std::int64_t per_mb = Nr * C * (1 + std::max(1, L));
+  std::int64_t per_mb = Nr * C * std::max(1, L);
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
@@ -155,12 +155,13 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   if (lay.split_backward && grad_stash_separate(bf16, lay.recompute))
     per_mb += L * grad_stash_floats(d);
   e.activations_per_microbatch = per_mb * kFloat;
-  e.activations = std::max(1, lay.peak_stash) * per_mb * kFloat;
+  // The head's output gradients the executor keeps between their F and B, one row each.
+  e.activations = (std::max(1, lay.peak_stash) * per_mb + lay.head_gradients * Nr * C) * kFloat;
 
-  // The backward's shared buffers (dres_, dbuf_, dqkv_, dfch_, dgelu_), sequence
-  // parallelism's gathers, the head's final norm, logits and loss, full recomputation's one
-  // layer.
-  std::int64_t scratch = N * C * 2 + N * C3 + N * F1 + N * F;
+  // The backward's shared buffers (dres_, dbuf_, dqkv_, dfch_, dgelu_), the boundary tensor
+  // (boundary_), sequence parallelism's gathers, the head's final norm, logits and loss, full
+  // recomputation's one layer.
+  std::int64_t scratch = N * C * 2 + Nr * C + N * C3 + N * F1 + N * F;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
   // The fused head keeps bf16 logits: half of N * Vl floats (GptChunk's constructor).
   const bool bf16_logits = lay.fused_head && lay.tp == 1;

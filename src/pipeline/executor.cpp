@@ -30,6 +30,11 @@ Executor::Executor(model::StageModel& chunk, parallel::ParallelState& ps, Schedu
   const int slots = std::max(1, peak_activations(schedule.stages.at(stage_)));
   const bool split = splits_weight_grad(schedule);  // B: input gradients; W: the weights'
   for (int i = 0; i < slots; ++i) pool_.push_back(chunk_.make_activations(-1, split));
+  head_chunk_ = head_chunk_of(schedule, stage_);
+  const int rows =
+      chunk_.shares_boundary() ? peak_head_gradients(schedule.stages.at(stage_), head_chunk_) : 0;
+  for (int i = 0; i < rows; ++i)
+    head_rows_.emplace_back(std::size_t(chunk_.boundary_numel()), chunk_.memory());
 }
 
 void Executor::record(const Action& a, const char* cat, std::string name, double t0, int peer,
@@ -138,6 +143,9 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
   trace_.clear();
   executed_.clear();
   const bool split = splits_weight_grad(schedule);
+  const std::vector<Action>& list = schedule.stages.at(stage_);
+  std::vector<int> free_rows, row_of(std::size_t(schedule.microbatches), -1);  // [mb]
+  for (int i = int(head_rows_.size()) - 1; i >= 0; --i) free_rows.push_back(i);
   auto key = [vpp](const Action& a) { return std::size_t(a.mb) * vpp + a.chunk; };
   auto release = [&](const Action& a) {
     free_slots.push_back(slot_of[key(a)]);
@@ -170,6 +178,17 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         free_slots.pop_back();
         peak_live_ = std::max(peak_live_, ++live);
         model::StageActivations& act = *pool_[slot_of[key(a)]];
+        // The head's output gradient waits for a later B in a row of its own, else in the
+        // model's shared scratch.
+        float* row = nullptr;
+        if (!head_rows_.empty() && head_gradient_waits(list, std::size_t(op.index), head_chunk_)) {
+          TRIDENT_CHECK(!free_rows.empty(), "executor: stage ", stage_, " action ", a.str(),
+                        " finds no free head gradient row");
+          row_of[std::size_t(a.mb)] = free_rows.back();
+          free_rows.pop_back();
+          row = head_rows_[std::size_t(row_of[std::size_t(a.mb)])].data();
+        }
+        act.keep_head_gradient(row);
         take_receive(a, act.forward_input());
         const double t0 = tracing_ ? trace_now_us() : 0;
         loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, loss_scale, true);
@@ -184,6 +203,10 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         const double t0 = tracing_ ? trace_now_us() : 0;
         chunk_.backward(a.chunk, act, t.inputs, !split);
         record(a, "B", a.str(), t0, -1, "");
+        if (a.chunk == head_chunk_ && row_of[std::size_t(a.mb)] >= 0) {  // read: free again
+          free_rows.push_back(row_of[std::size_t(a.mb)]);
+          row_of[std::size_t(a.mb)] = -1;
+        }
         const bool sends = i + 1 < ops.size() && ops[i + 1].kind == OpKind::send;
         if (!split && !sends) release(a);  // else after its send
         if (!sends && hooks_.after_backward) hooks_.after_backward(a);  // else after it
@@ -231,6 +254,7 @@ double Executor::forward_only(const std::function<MicrobatchTokens(int)>& tokens
       send(op, act.forward_output());
     } else {
       const MicrobatchTokens t = tokens(a.mb);
+      act.keep_head_gradient(nullptr);  // none: the head runs no backward
       take_receive(a, act.forward_input());
       loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, 0.0f, false);
     }

@@ -284,6 +284,31 @@ int peak_activations(const std::vector<Action>& actions) {
   return peak;
 }
 
+int head_chunk_of(const Schedule& s, int rank) {
+  const StageMap map = s.stage_map();
+  const StageSlot head = map.slot(map.stages() - 1);
+  return head.rank == rank ? head.chunk : -1;
+}
+
+bool head_gradient_waits(const std::vector<Action>& actions, std::size_t i, int head_chunk) {
+  const Action& f = actions.at(i);
+  if (f.type != ActionType::F || f.chunk != head_chunk) return false;
+  return !(i + 1 < actions.size() && actions[i + 1] == Action{ActionType::B, f.mb, f.chunk});
+}
+
+int peak_head_gradients(const std::vector<Action>& actions, int head_chunk) {
+  if (head_chunk < 0) return 0;
+  std::set<int> waiting;  // microbatches whose head gradient is in a row, from F to B
+  std::size_t peak = 0;
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (head_gradient_waits(actions, i, head_chunk)) waiting.insert(a.mb);
+    if (a.type == ActionType::B && a.chunk == head_chunk) waiting.erase(a.mb);
+    peak = std::max(peak, waiting.size());
+  }
+  return int(peak);
+}
+
 Placement placement_of(const std::string& name) {
   const ScheduleKind* kind = find_schedule(name);
   return kind ? kind->placement : Placement::round_robin;

@@ -93,6 +93,7 @@ std::vector<RankScheduleMemory> schedule_memory(const Schedule& s) {
     ranks[r].split_backward = split;
     ranks[r].weight_versions = weight_versions(s.stages[r], update);
     ranks[r].message_buffers = messages[r].total();
+    ranks[r].head_gradients = peak_head_gradients(s.stages[r], head_chunk_of(s, int(r)));
   }
   return ranks;
 }
@@ -104,6 +105,7 @@ void set_schedule_memory(model::MemoryLayout& layout, const Schedule& s,
   layout.split_backward = rank.split_backward;
   layout.weight_versions = rank.weight_versions;
   layout.message_buffers = rank.message_buffers;
+  layout.head_gradients = rank.head_gradients;
 }
 
 void set_schedule_memory(model::MemoryLayout& layout, const Schedule& s, int rank) {

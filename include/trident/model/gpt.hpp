@@ -128,17 +128,21 @@ std::int64_t grad_stash_floats(const ChunkDims& d);
 bool stores_bf16(ops::Precision precision, Recompute recompute);
 
 // Activations of one microbatch in flight through one chunk (the pipeline stashes several).
+// The chunk's output and its gradient are not kept here: the last block writes the output into
+// the model's boundary scratch, which the pipeline sends right away, and the output gradient is
+// received into it just before the backward (GptChunk::shares_boundary).
 struct ChunkActivations final : StageActivations {
   FloatBuffer input;                     // [Nr,C] embedding output, or received from the previous stage
-  FloatBuffer outputs;                   // [L,Nr,C] each block's output (the last is the chunk's output)
+  FloatBuffer outputs;                   // [L-1,Nr,C] each block's output but the last (the next one's input)
   FloatBuffer store;                     // per-layer activations (empty with full recompute)
   std::vector<LayerActivations> layers;  // views into store
   std::vector<std::uint16_t*> packed;    // bf16 storage: each layer's bf16 tensors (in store)
   // The layers (full recompute: the recomputed one) carved by carve_fused_layer (no packing)
   bool fused = false;
   // [Nr,C] d loss / d chunk output, from the head's forward or received when B starts: the
-  // outputs' last row of layers, free once the forward's output is sent (or the head read it).
+  // model's boundary scratch, or for the head chunk the row keep_head_gradient gave.
   float* doutput = nullptr;
+  float* head_gradient_row = nullptr;    // keep_head_gradient's row (null: the boundary scratch)
   // [Nr,C] d loss / d chunk input, to send back right after B: the chunk's own scratch (the
   // residual gradient B ends with), which the next backward overwrites.
   float* dinput = nullptr;
@@ -147,12 +151,13 @@ struct ChunkActivations final : StageActivations {
   FloatBuffer grad_store;                // split backward only: the layers' gradient stashes
   std::vector<LayerGradStash> grad_stash;  // views into grad_store, one per layer
   double loss_sum = 0;                   // sum of token losses (last stage)
-  float* last_output = nullptr;          // the chunk's output: outputs' last layer, or input
+  float* last_output = nullptr;          // the chunk's output: the boundary scratch, or input
 
   float* forward_input() override { return input.data(); }
   const float* forward_output() override { return last_output; }
   float* backward_input() override { return doutput; }
   const float* backward_output() override { return dinput; }
+  void keep_head_gradient(float* row) override { head_gradient_row = row; }
 };
 
 class GptChunk final : public StageModel {
@@ -188,6 +193,11 @@ class GptChunk final : public StageModel {
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
   // pipeline sends between stages.
   std::int64_t boundary_numel() const override { return std::int64_t(Nr_) * C_; }
+  // True: a chunk's last block writes its output into boundary_, which a microbatch's output
+  // gradient also waits in (StageModel::shares_boundary). So does the head chunk's, from its
+  // forward to its backward, unless its activations were given a row (keep_head_gradient):
+  // then that backward must come next, which the model checks (anything else fails).
+  bool shares_boundary() const override { return true; }
   bool sequence_parallel() const { return tpm_.sequence_parallel(); }
   using StageModel::params;
   using StageModel::grads;
@@ -237,6 +247,9 @@ class GptChunk final : public StageModel {
 
   float* output(ChunkActivations& a) const;  // [Nr,C] the chunk's output (a.last_output)
   void set_output(ChunkActivations& a, int chunk) const;  // points last_output at chunk's
+  // Where chunk `chunk`'s layer l writes its output (after set_output): a.outputs' row l, or
+  // for the last layer the chunk's output.
+  float* layer_output(ChunkActivations& a, int chunk, int l) const;
 
   // ---- grad-ready hook (data-parallel overlap, train/grad_sync.hpp) ----
   // When set, backward() calls hook(offset, count) for each tensor (flat range) whose
@@ -322,6 +335,13 @@ class GptChunk final : public StageModel {
   // Backward scratch, shared by all microbatches (only one backward runs at a time). dres_
   // also holds the chunk's input gradient until its send (ChunkActivations::dinput).
   FloatBuffer dres_, dbuf_, dqkv_, dfch_, dact_;  // the blocks' (BlockContext) but dres_
+  // [Nr,C] the last block's output until it is sent (or the head has read it), and the output
+  // gradient from its receive (or the head's forward) until the backward reads it.
+  FloatBuffer boundary_;
+  // The activations whose head gradient waits in boundary_ (their backward must come next).
+  const ChunkActivations* head_gradient_pending_ = nullptr;
+  // Fails when a forward or backward would overwrite a head gradient waiting in boundary_.
+  void check_no_head_gradient_pending(const ChunkActivations* backward_of, const char* what) const;
   FloatBuffer full_scratch_, local_scratch_;  // SP: [B*T,C] partial sums / gathers, [Nr,C]
   FloatBuffer sp_grad_pack_;                  // the gradients summed over TP, packed
   std::vector<const ShardSpec*> sp_norms_;    // their tensors (SP: the norms; Llama's

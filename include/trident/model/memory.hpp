@@ -7,11 +7,15 @@
 //   gradients    the same size again (+ the ZeRO-1 gradient shard)
 //   optimizer    AdamW's two moments (over the ZeRO-1 shard when dp * cp > 1)
 //   activations  the schedule's peak stash (pipeline::peak_activations microbatch-chunks in
-//                flight) times one microbatch's stash; attention keeps [B,NH,T], never T x T;
+//                flight) times one microbatch's stash (the chunk's input and every layer's
+//                output but the last, which waits in shared scratch until its send), plus the
+//                head's output gradients kept between F and B (head_gradients); attention
+//                keeps [B,NH,T], never T x T;
 //                a split backward's B -> W gradients live in the layers' dead qkv and fch
 //                (a stash of their own only under bf16 storage or full recompute);
 //                under bf16 storage the layers' large tensors count 2 bytes an element
-//   scratch      the backward's shared buffers, the head's final norm and logits, full
+//   scratch      the backward's shared buffers, the chunks' boundary tensor (the last
+//                layer's output, the received output gradient), the head's final norm and logits, full
 //                recomputation's one-layer store, sequence parallelism's gathers
 //   ring         context parallelism (cp > 1): model::RingAttention's key/value blocks and
 //                partial results (or UlyssesAttention's all-to-all buffers), one per rank
@@ -64,6 +68,11 @@ struct MemoryLayout {
   // pipeline::peak_message_buffers). The four fields above come from the schedule through
   // pipeline::set_schedule_memory.
   int message_buffers = 0;
+  // The head chunk's output gradients the executor keeps in rows of their own between their F
+  // and B (pipeline::peak_head_gradients; one boundary tensor each, counted with the
+  // activations): 0 where every head F is followed by its B, whose gradient waits in the
+  // chunk's shared boundary scratch. From the schedule too (set_schedule_memory).
+  int head_gradients = 0;
   // The HDF5 files the rank holds open at its peak (train::files_held_open), each with
   // HDF5's metadata cache (kHdf5FileBytes).
   int open_files = 0;

@@ -40,6 +40,12 @@ class StageActivations {
   virtual float* backward_input() = 0;
   // The gradient at the chunk's input after backward: what is sent back.
   virtual const float* backward_output() = 0;
+  // Where the head chunk's next forward leaves its output gradient for the backward, for a
+  // model that keeps it in shared scratch (StageModel::shares_boundary): `row`
+  // (boundary_numel floats, the caller's until that backward has run), or null: the shared
+  // scratch, which holds it only if that backward is the next thing the model runs. Other
+  // models keep it in the activations and ignore this.
+  virtual void keep_head_gradient(float* row) { (void)row; }
 };
 
 class StageModel {
@@ -73,6 +79,11 @@ class StageModel {
   // Floats of one microbatch's chunk input or output on this rank: what the pipeline sends
   // between stages.
   virtual std::int64_t boundary_numel() const = 0;
+  // Whether the chunk's output and its output gradient are shared scratch, not the
+  // activations': forward_output() holds until the model runs again (send it first),
+  // backward_input() is filled just before its backward, and the head chunk's output gradient
+  // waits there from its forward to its backward unless given a row (keep_head_gradient).
+  virtual bool shares_boundary() const { return false; }
 
   // The counter-based RNG's weights, keyed by global name and logical element index: the
   // same weights in every layout (GptChunk::init_weights).

@@ -100,6 +100,11 @@ class Executor {
   std::vector<Action> executed_;
   Hooks hooks_;
   std::vector<std::unique_ptr<model::StageActivations>> pool_;
+  // The head chunk's output gradients that wait for a later B (head_gradient_waits): a row
+  // each from the F to its B, as many as peak_head_gradients. Empty where every head F is
+  // followed by its B or where the model keeps them itself (StageModel::shares_boundary).
+  int head_chunk_ = -1;  // this rank's chunk holding the head (head_chunk_of), or -1
+  std::vector<FloatBuffer> head_rows_;
   // Sends copy their message into a buffer of their own, so that an activation slot is free
   // again as soon as its action is done: waiting for a send to complete before reusing its
   // slot would make a rank wait on its peer's progress, a dependency the schedules (and

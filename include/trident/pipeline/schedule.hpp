@@ -45,7 +45,8 @@
 // defines: trident::pipeline::ActionType, Action, Schedule, ScheduleKind, ScheduleMisfit,
 //          schedule_kinds, find_schedule, multi_chunk_schedule_names, join_or,
 //          make_schedule, schedule_names,
-//          placement_of, splits_weight_grad, peak_activations, format_actions, parse_actions,
+//          placement_of, splits_weight_grad, peak_activations, head_chunk_of,
+//          head_gradient_waits, peak_head_gradients, format_actions, parse_actions,
 //          WeightUpdate, weight_update_of, weight_versions
 #pragma once
 
@@ -136,6 +137,18 @@ bool splits_weight_grad(const Schedule& s);
 // (the weight gradient needs the layer inputs, so they stay until W). For vpp > 1 the unit
 // is one chunk's activations, 1/vpp of a whole stage's.
 int peak_activations(const std::vector<Action>& actions);
+
+// The head chunk's output gradient: its F computes it (the head's backward runs there) and its
+// B reads it. Where that B is the next compute action after the F (1F1B's last rank, zb-v's
+// first: only messages run between), it waits in the model's shared scratch; else it needs a
+// row of its own (boundary_numel floats) from its F until its B (Executor). One rule for the
+// executor and the memory prediction (stage_memory.hpp).
+// The chunk of pipeline rank `rank` that holds the head (virtual stage pp * vpp - 1), or -1.
+int head_chunk_of(const Schedule& s, int rank);
+// Whether actions[i], an F of chunk head_chunk, keeps its gradient in a row of its own.
+bool head_gradient_waits(const std::vector<Action>& actions, std::size_t i, int head_chunk);
+// Most such rows one rank's list holds at once (0 without a head chunk: head_chunk < 0).
+int peak_head_gradients(const std::vector<Action>& actions, int head_chunk);
 
 // The update rule of schedule `name` (flush for a name the registry lacks).
 WeightUpdate weight_update_of(const std::string& name);

@@ -31,12 +31,14 @@ std::vector<MessageBuffers> peak_message_buffers(const Schedule& s);
 
 // What schedule `s` decides for one pipeline rank's memory: its activation stash
 // (peak_activations), the zero-bubble gradient stash (splits_weight_grad), its weight
-// versions (weight_versions) and its message buffers.
+// versions (weight_versions), its message buffers and the head chunk's output gradients
+// that wait in rows of their own (peak_head_gradients).
 struct RankScheduleMemory {
   int peak_stash = 1;
   bool split_backward = false;
   int weight_versions = 1;
   int message_buffers = 0;
+  int head_gradients = 0;
 };
 // Every pipeline rank's (index: pipeline rank), from one simulation.
 std::vector<RankScheduleMemory> schedule_memory(const Schedule& s);

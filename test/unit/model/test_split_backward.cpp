@@ -57,6 +57,9 @@ TEST(SplitBackward, GivesTheFusedGradientsFromTheLayersDeadTensors) {
         chunk.zero_grads();
         std::unique_ptr<ChunkActivations> a[2] = {chunk.make_chunk_activations(-1, split),
                                                   chunk.make_chunk_activations(-1, split)};
+        // F F B B: neither B follows its F, so each head gradient waits in a row of its own.
+        std::vector<float> rows(2 * std::size_t(chunk.boundary_numel()));
+        for (int k = 0; k < 2; ++k) a[k]->keep_head_gradient(rows.data() + k * chunk.boundary_numel());
         for (int k = 0; k < 2; ++k)
           chunk.forward(0, *a[k], tokens.data() + k * 16, targets.data() + k * 16, 0.01f);
         for (int k = 0; k < 2; ++k) chunk.backward(0, *a[k], tokens.data() + k * 16, !split);

@@ -246,6 +246,48 @@ TEST(Schedule, PeakActivationsCountsUntilWWhenSplit) {
   EXPECT_EQ(peak_activations(parse_actions("F0 F0.1 B0.1 B0")), 2);   // per chunk
 }
 
+// The head chunk's output gradient waits in a row of its own where its B is not the next
+// compute action after its F; the rows a list holds at its peak.
+TEST(Schedule, HeadGradientsWaitInARowUnlessTheirBFollows) {
+  const auto list = parse_actions("F0 F1 B1 F2 B0 W1 B2");
+  EXPECT_TRUE(head_gradient_waits(list, 0, 0));   // F0: F1 comes next
+  EXPECT_FALSE(head_gradient_waits(list, 1, 0));  // F1: B1 comes next
+  EXPECT_TRUE(head_gradient_waits(list, 3, 0));   // F2: B0 comes next
+  EXPECT_FALSE(head_gradient_waits(list, 2, 0));  // not an F
+  EXPECT_FALSE(head_gradient_waits(list, 0, 1));  // not the head chunk
+  EXPECT_EQ(peak_head_gradients(list, 0), 2);     // F0's and F2's, until B0
+  EXPECT_EQ(peak_head_gradients(list, -1), 0);    // no head on this rank
+  EXPECT_EQ(peak_head_gradients(parse_actions("F0 B0 F1 B1"), 0), 0);
+  EXPECT_EQ(peak_head_gradients(parse_actions("F0 F1 B0 B1"), 0), 2);
+  EXPECT_EQ(peak_head_gradients(parse_actions("F0 F1 B1 B0"), 0), 1);
+  EXPECT_EQ(peak_head_gradients(parse_actions("F0 F0.1 B0.1 B0"), 1), 0);
+  EXPECT_EQ(peak_head_gradients(parse_actions("F0 F0.1 B0.1 B0"), 0), 1);
+}
+
+// Where the head is (the last virtual stage), and which registered schedules keep its
+// gradient in rows: only those that run a later F between a head F and its B (all of gpipe's
+// and looped-bfs's m forwards run first on the head rank).
+TEST(Schedule, OnlyForwardFirstSchedulesKeepHeadGradientRows) {
+  EXPECT_EQ(head_chunk_of(make_schedule("1f1b", 4, 1, 8), 3), 0);
+  EXPECT_EQ(head_chunk_of(make_schedule("1f1b", 4, 1, 8), 0), -1);
+  EXPECT_EQ(head_chunk_of(make_schedule("interleaved-1f1b", 2, 2, 4), 1), 1);
+  EXPECT_EQ(head_chunk_of(make_schedule("zb-v", 2, 2, 4), 0), 1);  // the V ends on rank 0
+  EXPECT_EQ(head_chunk_of(make_schedule("zb-v", 2, 2, 4), 1), -1);
+  for (const std::string& name : schedule_names())
+    for (int pp : {1, 2, 4}) {
+      const ScheduleKind& kind = *find_schedule(name);
+      const int vpp = kind.fixed_vpp ? kind.fixed_vpp : kind.multi_chunk ? 2 : 1;
+      if (kind.misfit(pp, vpp, 8) != ScheduleMisfit::none) continue;
+      const Schedule s = make_schedule(name, pp, vpp, 8);
+      const bool forward_first = name == "gpipe" || name == "looped-bfs";
+      for (int r = 0; r < pp; ++r) {
+        const int rows = peak_head_gradients(s.stages[std::size_t(r)], head_chunk_of(s, r));
+        const bool head = r == s.stage_map().head_rank();
+        EXPECT_EQ(rows, head && forward_first ? 8 : 0) << name << " pp " << pp << " rank " << r;
+      }
+    }
+}
+
 TEST(Schedule, ActionsPrintAndParseBack) {
   const std::string text = "F0 F1.1 B12.1 W3";
   EXPECT_EQ(format_actions(parse_actions(text)), text);

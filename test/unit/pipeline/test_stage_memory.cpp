@@ -78,15 +78,21 @@ TEST(ScheduleMemory, EveryRankAtOnce) {
   }
 }
 
-// Issue 29: zb-v holds 1F1B's activation memory on its worst rank but for one boundary
-// tensor [Nr, C] per extra slot: the split backward's stash lives in the layers' dead qkv and
-// fch, the head's final norm and the output and input gradients are shared scratch, and
-// zb-v's 2·pp half-stage slots hold 1F1B's pp stages' layers, each with its own input (pp
-// more than 1F1B's). The pipeline bench's model with a 32k vocabulary, m = 8, at pp 2 and
-// pp 4, plain, with selective recompute, and with tp 2 and sequence parallelism.
-TEST(ScheduleMemory, ZeroBubbleVHolds1F1BsActivationsButAnInputPerExtraSlot) {
+// Issue 29: zb-v holds no more activation memory than 1F1B on its worst rank. A slot keeps
+// the chunk's input and every layer's output but the last (which waits in the model's
+// boundary scratch until its send; the output gradient waits there from its receive, and the
+// head's from its F to the B that follows it at once on zb-v's first rank and 1F1B's last),
+// so zb-v's 2·pp half-stage slots hold exactly 1F1B's pp whole stages: equal. The split
+// backward's B -> W gradients live in the layers' dead qkv and fch where the layers keep them
+// in fp32; where they do not (full recompute, bf16 storage) they are a stash of their own,
+// which 1F1B does not need: there zb-v holds zb-h1's. The pipeline bench's model with a 32k
+// vocabulary, m = 8, at pp 2 and pp 4: plain, selective recompute, tp 2 with sequence
+// parallelism; full recompute, bf16 storage on a device with the fused block's stash (1F1B's;
+// the split backward's slots are packed) and without it.
+TEST(ScheduleMemory, ZeroBubbleVHoldsNoMoreActivationsThan1F1B) {
+  using trident::model::Recompute;
   for (int pp : {2, 4})
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 6; ++variant) {
       trident::model::ModelConfig cfg;
       cfg.vocab_size = 32000, cfg.seq_len = 128, cfg.n_layer = 4 * pp / 2, cfg.n_head = 4;
       cfg.d_model = 256;
@@ -96,15 +102,47 @@ TEST(ScheduleMemory, ZeroBubbleVHolds1F1BsActivationsButAnInputPerExtraSlot) {
         for (int r = 0; r < pp; ++r) {
           trident::model::MemoryLayout lay;
           lay.pp = pp, lay.vpp = vpp, lay.pp_rank = r;
-          if (variant == 1) lay.recompute = trident::model::Recompute::selective;
+          if (variant == 1) lay.recompute = Recompute::selective;
           if (variant == 2) lay.tp = 2, lay.sequence_parallel = true;
+          if (variant == 3) lay.recompute = Recompute::full;
+          if (variant >= 4) {
+            lay.host_memory = false;
+            lay.set_precision(trident::ops::Precision::bf16);
+            lay.block_stash_bf16 = variant == 4;
+          }
           set_schedule_memory(lay, s, r);
+          EXPECT_EQ(lay.head_gradients, 0) << name << " rank " << r;
           most = std::max(most, trident::model::predict_memory(cfg, lay).activations);
         }
         return most;
       };
-      const std::int64_t rows = variant == 2 ? 128 / 2 : 128, input = rows * 256 * 4;
-      EXPECT_EQ(worst("zb-v", 2), worst("1f1b", 1) + pp * input)
-          << "pp " << pp << " variant " << variant;
+      const std::string what = "pp " + std::to_string(pp) + " variant " + std::to_string(variant);
+      const std::int64_t zbv = worst("zb-v", 2), one = worst("1f1b", 1), zbh1 = worst("zb-h1", 1);
+      if (variant < 3) EXPECT_EQ(zbv, one) << what;
+      EXPECT_EQ(zbv, zbh1) << what;
+      if (variant >= 3) EXPECT_GT(zbh1, one) << what;  // the B -> W stash of its own
     }
+}
+
+// One slot: the input and L - 1 layer outputs, [Nr, C] each, besides the layers' stash; the
+// head's output gradients that wait for a later B, one [Nr, C] row each, on top (gpipe's last
+// rank: all m of them); the boundary scratch, [Nr, C] once, with the scratch.
+TEST(ScheduleMemory, SlotsHoldAllButTheLastOutputAndWaitingHeadGradientsARow) {
+  trident::model::ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
+  const std::int64_t row = 2 * 16 * 32 * 4;  // micro-batch 2: [Nr, C] in bytes
+  trident::model::MemoryLayout lay;
+  lay.micro_batch = 2, lay.recompute = trident::model::Recompute::full;  // no layers' stash
+  lay.pp = 2, lay.pp_rank = 1;  // 2 layers
+  EXPECT_EQ(trident::model::predict_memory(cfg, lay).activations_per_microbatch, 2 * row);
+  const Schedule gpipe = make_schedule("gpipe", 2, 1, 8);
+  set_schedule_memory(lay, gpipe, 1);
+  EXPECT_EQ(lay.peak_stash, 8);
+  EXPECT_EQ(lay.head_gradients, 8);
+  EXPECT_EQ(trident::model::predict_memory(cfg, lay).activations, 8 * 2 * row + 8 * row);
+  set_schedule_memory(lay, gpipe, 0);  // no head on the first rank
+  EXPECT_EQ(lay.head_gradients, 0);
+  lay.pp = 1, lay.pp_rank = 0;  // 4 layers: 4 rows a slot, its head gradient in scratch
+  set_schedule_memory(lay, make_schedule("1f1b", 1, 1, 8), 0);
+  EXPECT_EQ(trident::model::predict_memory(cfg, lay).activations, 4 * row);
 }
