@@ -11,6 +11,10 @@
 // (blocking receives, buffered sends), so any schedule it accepts cannot deadlock here.
 // Every wait goes through parallel::wait, so the watchdog (runtime.watchdog_s) names the
 // action that hangs.
+// A model may keep a chunk's output and its output gradient in one shared buffer
+// (StageModel::shares_boundary): each send follows its F and each receive is copied in just
+// before its B, so that holds; the head chunk's output gradient, which its F computes, waits
+// there only where its B comes next (head_gradient_waits), else in a row of the executor's.
 #include "trident/pipeline/executor.hpp"
 
 #include <algorithm>

@@ -153,6 +153,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   log::info("memory: rank 0 predicted ", memory_estimate_.describe(), " (activations: ",
             lay.peak_stash, " microbatch-chunks of ",
             model::format_bytes(memory_estimate_.activations_per_microbatch),
+            lay.head_gradients > 0 ? str(" + ", lay.head_gradients, " head gradients") : "",
             lay.bf16_activations ? ", the layers' stash in bf16)" : ")");
 }
 
