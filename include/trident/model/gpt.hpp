@@ -195,8 +195,8 @@ class GptChunk final : public StageModel {
   std::int64_t boundary_numel() const override { return std::int64_t(Nr_) * C_; }
   // True: a chunk's last block writes its output into boundary_, which a microbatch's output
   // gradient also waits in (StageModel::shares_boundary). So does the head chunk's, from its
-  // forward to its backward, unless its activations were given a row (keep_head_gradient):
-  // then that backward must come next, which the model checks (anything else fails).
+  // forward to its backward, unless its activations were given a row (keep_head_gradient);
+  // without one that backward must come next, which the model checks (anything else fails).
   bool shares_boundary() const override { return true; }
   bool sequence_parallel() const { return tpm_.sequence_parallel(); }
   using StageModel::params;
