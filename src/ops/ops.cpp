@@ -24,6 +24,20 @@ void Ops::copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int6
   for (std::int64_t r = 0; r < rows; r++) copy(dst + r * ld_dst, src + r * ld_src, width);
 }
 
+void Ops::sum_squares_spans(const std::vector<Span>& spans, double* sums) {
+  for (std::size_t i = 0; i < spans.size(); i++) sums[i] = sum_squares(spans[i].x, spans[i].n);
+}
+
+void Ops::adamw_segments(const std::vector<AdamWSegment>& segments, float grad_scale, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, float bc1,
+                         float bc2) {
+  if (grad_scale != 1.0f)
+    for (const AdamWSegment& s : segments) scale(s.g, grad_scale, s.n);
+  for (const AdamWSegment& s : segments)
+    adamw(s.p, s.g, s.m, s.v, s.n, lr, beta1, beta2, eps, s.decay ? weight_decay : 0.0f, bc1,
+          bc2);
+}
+
 #if defined(TRIDENT_CUDA_MODULE)
 namespace {
 // The directory of this executable (/proc/self/exe), with a trailing '/', or "".

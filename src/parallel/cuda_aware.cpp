@@ -14,6 +14,7 @@ namespace trident::parallel {
 bool mpi_cuda_aware() {
   const char* forced = std::getenv("TRIDENT_MPI_CUDA_AWARE");
   if (forced && std::strcmp(forced, "0") == 0) return false;
+  if (forced && std::strcmp(forced, "1") == 0) return true;
   return mpi_cuda_aware_library();
 }
 

@@ -410,6 +410,36 @@ class Ops {
                      float beta1, float beta2, float eps, float weight_decay, float bc1,
                      float bc2) = 0;
 
+  // ---- the optimizer step over many tensors (AdamW::grad_norm and AdamW::step) ---------
+  // [x, x + n): one tensor's run of gradient elements.
+  struct Span {
+    const float* x = nullptr;
+    std::int64_t n = 0;
+  };
+  // sums[i] = sum_squares(spans[i].x, spans[i].n), each bit for bit what that call returns
+  // (the caller adds them in its own order). Default: sum_squares span by span; CUDA: every
+  // span's reduction queued at once, one copy of the sums to the host, one synchronization.
+  virtual void sum_squares_spans(const std::vector<Span>& spans, double* sums);
+  // One AdamW update of n elements: p, g, m, v as adamw's; decay: weight decay applies.
+  struct AdamWSegment {
+    float* p = nullptr;
+    float* g = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    std::int64_t n = 0;
+    bool decay = false;
+  };
+  // For every segment: g scaled by grad_scale when grad_scale != 1 (g * grad_scale in float,
+  // as scale), then adamw with weight_decay (decay) or 0, bit for bit what those calls give
+  // (p, m, v). The gradients are left unspecified (scaled or not): nothing may read them
+  // after. Default: scale over every segment, then adamw segment by segment; CUDA: one launch
+  // for all, which also refreshes the weight cache's copy of every segment that lies in
+  // set_weights' range (so the cache stays as fresh as it was: weights_changed() is then
+  // needed only for writes from outside the backend, e.g. ZeRO-1's all-gather).
+  virtual void adamw_segments(const std::vector<AdamWSegment>& segments, float grad_scale,
+                              float lr, float beta1, float beta2, float eps, float weight_decay,
+                              float bc1, float bc2);
+
  private:
   double loss_total_ = 0;        // the default add_loss's total
   std::vector<float> loss_host_;  // and its host copy of a device loss

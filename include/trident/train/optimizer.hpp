@@ -28,7 +28,8 @@ class AdamW {
   // Clips to train.grad_clip as torch.nn.utils.clip_grad_norm_ does (coefficient
   // max_norm / (norm + 1e-6) when below 1), then one AdamW update at learning rate lr of
   // the owned elements (weight decay by each tensor's rule), then under ZeRO-1 the
-  // all-gather of the updated parameters.
+  // all-gather of the updated parameters. The gradients are left unspecified (the clip may
+  // be applied inside the update: Ops::adamw_segments).
   void step(double lr, double grad_norm);
 
   // Floats in each moment buffer on this rank, and the bytes of both.

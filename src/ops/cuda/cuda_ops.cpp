@@ -117,6 +117,11 @@ void CudaOps::release() noexcept {
   if (lt_) cublasLtDestroy(lt_);
   lt_ = nullptr;
   if (host_result_) cudaFreeHost(host_result_);
+  if (host_sums_) cudaFreeHost(host_sums_);
+  host_sums_ = nullptr;
+  host_sums_capacity_ = 0;
+  sum_spans_table_ = DeviceTable();  // in the arena
+  adamw_table_ = DeviceTable();
   weights16_ = nullptr;  // in the arena
   cublas_ = nullptr;
   host_result_ = nullptr;
@@ -259,6 +264,7 @@ void CudaOps::add(float* y, const float* a, const float* b, std::int64_t n) {
 }
 
 void CudaOps::scale(float* x, float alpha, std::int64_t n) {
+  OpScope timed(timer_.get(), "scale");
   note_write(x, n * std::int64_t(sizeof(float)));
   launch_scale(stream_, x, alpha, n);
 }
@@ -416,6 +422,88 @@ void CudaOps::adamw(float* p, const float* g, float* m, float* v, std::int64_t n
   const AdamWScalars s = adamw_scalars(lr, beta1, beta2, weight_decay, bc1, bc2);
   launch_adamw(stream_, p, g, m, v, n, beta1, beta2, s.omb1, s.omb2, eps, s.decay, s.step,
                s.bc2_sqrt);
+}
+
+const void* CudaOps::device_table(DeviceTable& t, const void* data, std::size_t bytes) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  if (t.device && t.host.size() == bytes && std::equal(b, b + bytes, t.host.begin()))
+    return t.device;
+  if (bytes > t.capacity) {
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued kernel may read the old one
+    if (t.device) memory_->release(t.device);
+    t.device = nullptr;
+    t.capacity = 0;
+    t.device = memory_->allocate(bytes);
+    t.capacity = bytes;
+  }
+  memory_->to_device(t.device, data, bytes);  // after the queued work; complete on return
+  t.host.assign(b, b + bytes);
+  return t.device;
+}
+
+void CudaOps::sum_squares_spans(const std::vector<Span>& spans, double* sums) {
+  if (baseline_) return Ops::sum_squares_spans(spans, sums);  // a launch pair and a sync each
+  if (spans.empty()) return;
+  OpScope timed(timer_.get(), "sum_squares_spans");
+  const std::size_t count = spans.size();
+  std::vector<SumSquaresSpan> table(count);
+  std::int64_t blocks = 0;
+  for (std::size_t i = 0; i < count; i++) {
+    table[i] = {spans[i].x, spans[i].n, blocks, sum_squares_span_blocks(spans[i].n)};
+    blocks += table[i].blocks;
+  }
+  const auto* device = static_cast<const SumSquaresSpan*>(
+      device_table(sum_spans_table_, table.data(), count * sizeof(SumSquaresSpan)));
+  // The partials and sums live for this call only (it waits for them): the op's scratch.
+  BumpBlock& block = scratch(aligned_bytes(std::size_t(blocks) * sizeof(double)) +
+                             aligned_bytes(count * sizeof(double)));
+  double* partial = block.alloc_n<double>(std::size_t(blocks));
+  double* device_sums = block.alloc_n<double>(count);
+  launch_sum_squares_spans(stream_, device_sums, partial, device, int(count), blocks);
+  if (host_sums_capacity_ < count) {
+    if (host_sums_) TRIDENT_CUDA_CHECK(cudaFreeHost(host_sums_));
+    host_sums_ = nullptr;
+    host_sums_capacity_ = 0;
+    TRIDENT_CUDA_CHECK(
+        cudaMallocHost(reinterpret_cast<void**>(&host_sums_), count * sizeof(double)));
+    host_sums_capacity_ = count;
+  }
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(host_sums_, device_sums, count * sizeof(double),
+                                     cudaMemcpyDeviceToHost, stream_));
+  TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::copy(host_sums_, host_sums_ + count, sums);
+}
+
+void CudaOps::adamw_segments(const std::vector<AdamWSegment>& segments, float grad_scale,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             float bc1, float bc2) {
+  if (baseline_)  // scale and adamw launches per segment, the cache stale after
+    return Ops::adamw_segments(segments, grad_scale, lr, beta1, beta2, eps, weight_decay, bc1,
+                               bc2);
+  OpScope timed(timer_.get(), "adamw_segments");
+  // adamw's scalars with the segment's weight decay (only `decay` depends on it).
+  const AdamWScalars on = adamw_scalars(lr, beta1, beta2, weight_decay, bc1, bc2);
+  const AdamWScalars off = adamw_scalars(lr, beta1, beta2, 0.0f, bc1, bc2);
+  std::vector<AdamWSegmentEntry> table;
+  table.reserve(segments.size());
+  std::int64_t chunks = 0;
+  for (const AdamWSegment& s : segments) {
+    if (s.n <= 0) continue;
+    // Inside the weight cache's range, the kernel writes the bf16 copy of what it updates:
+    // the cache stays fresh if it was. Elsewhere (or across the range's edge) a plain write.
+    std::uint16_t* p16 = nullptr;
+    if (weights16_ && s.p >= weights_ && reinterpret_cast<const char*>(s.p + s.n) <= weights_end_)
+      p16 = weights16_ + (s.p - weights_);
+    else
+      note_write(s.p, s.n * std::int64_t(sizeof(float)));
+    table.push_back({s.p, s.g, s.m, s.v, p16, s.n, chunks, s.decay ? 1 : 0});
+    chunks += adamw_chunks(s.n);
+  }
+  if (table.empty()) return;
+  const auto* device = static_cast<const AdamWSegmentEntry*>(
+      device_table(adamw_table_, table.data(), table.size() * sizeof(AdamWSegmentEntry)));
+  launch_adamw_segments(stream_, device, int(table.size()), chunks, grad_scale, beta1, beta2,
+                        on.omb1, on.omb2, eps, on.decay, off.decay, on.step, on.bc2_sqrt);
 }
 
 }  // namespace cuda

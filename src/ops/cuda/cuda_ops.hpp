@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cudnn_attention.hpp"
 #include "memory.hpp"
@@ -191,6 +192,14 @@ class CudaOps final : public Ops {
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;
+  // The optimizer step over many tensors (cuda_ops.cpp): two launches, one copy back and one
+  // synchronization for all the spans' sums; one launch for every segment's AdamW update, the
+  // clip's scale inside, writing the weight cache's copy of each segment in set_weights' range
+  // (so the update leaves the cache as fresh as it found it). Ops' loops under the baseline.
+  void sum_squares_spans(const std::vector<Span>& spans, double* sums) override;
+  void adamw_segments(const std::vector<AdamWSegment>& segments, float grad_scale, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, float bc1,
+                      float bc2) override;
 
  private:
   void setup(std::size_t arena_bytes, int ranks_per_device);  // the constructor's work
@@ -252,6 +261,18 @@ class CudaOps final : public Ops {
   double* sum_result_ = nullptr;        // in the arena
   double* loss_total_ = nullptr;        // in the arena: add_loss's total, zeroed by take_loss
   double* host_result_ = nullptr;       // pinned host memory, one double
+  // The optimizer step's tables in device memory (kernels.hpp: SumSquaresSpan,
+  // AdamWSegmentEntry), uploaded again only when they change (the first step); and the pinned
+  // host copy of the spans' sums.
+  struct DeviceTable {
+    void* device = nullptr;  // in the arena
+    std::size_t capacity = 0;
+    std::vector<unsigned char> host;  // what `device` holds
+  };
+  const void* device_table(DeviceTable& t, const void* data, std::size_t bytes);
+  DeviceTable sum_spans_table_, adamw_table_;
+  double* host_sums_ = nullptr;  // pinned, host_sums_capacity_ doubles
+  std::size_t host_sums_capacity_ = 0;
   std::unique_ptr<OpTimer> timer_;      // per-op timing (TRIDENT_OP_TIMING), null when off
   // TRIDENT_CUDA_BASELINE=1: the paths before issue 27 (three-pass classifier, per-product
   // conversions and the GEMV bias gradient in linear_backward), for before/after timings.

@@ -179,6 +179,44 @@ void launch_adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, 
                   float beta1, float beta2, float omb1, float omb2, float eps, float decay,
                   float step, float bc2_sqrt);
 
+// ---- the optimizer step over many tensors (Ops::sum_squares_spans, Ops::adamw_segments) --
+// One span of launch_sum_squares_spans: x[n], reduced exactly as launch_sum_squares reduces it
+// (sum_squares_span_blocks(n) blocks and partials, from partial `first` on).
+struct SumSquaresSpan {
+  const float* x;
+  std::int64_t n;
+  std::int64_t first;
+  std::int64_t blocks;
+};
+std::int64_t sum_squares_span_blocks(std::int64_t n);
+// sums[i] = what launch_sum_squares leaves in *result for spans[i] (bit for bit), for all
+// `count` spans in two launches. spans: device memory, in order of `first`, back to back;
+// partial holds total_blocks doubles (the spans' blocks summed).
+void launch_sum_squares_spans(cudaStream_t s, double* sums, double* partial,
+                              const SumSquaresSpan* spans, int count, std::int64_t total_blocks);
+// One segment of launch_adamw_segments: launch_adamw on p, g, m, v [n] (with the segment's
+// decay), its chunks of kAdamWChunk elements the blocks [first, first + adamw_chunks(n)); p16
+// (may be null) receives bf16_bits of every updated p (the weight cache's copy).
+struct AdamWSegmentEntry {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  std::uint16_t* p16;
+  std::int64_t n;
+  std::int64_t first;
+  std::int64_t decay;  // 1: decay_on, 0: decay_off (64 bits: no padding in the compared bytes)
+};
+constexpr std::int64_t kAdamWChunk = 4096;  // elements per block
+inline std::int64_t adamw_chunks(std::int64_t n) { return (n + kAdamWChunk - 1) / kAdamWChunk; }
+// Every segment's update in one launch: g * grad_scale in float first when grad_scale != 1
+// (launch_scale's product), then launch_adamw's float ops; bit for bit the per-segment
+// launches. segments: device memory, in order of `first`, back to back from 0.
+void launch_adamw_segments(cudaStream_t s, const AdamWSegmentEntry* segments, int count,
+                           std::int64_t total_chunks, float grad_scale, float beta1, float beta2,
+                           float omb1, float omb2, float eps, float decay_on, float decay_off,
+                           float step, float bc2_sqrt);
+
 // ---- classifier.cu (the LM head under bf16: fused_head.cpp) ------------------------------
 // One block per row of bf16 logits16[N, ld]: loss[i] from one read of the row (online max and
 // sum of exponentials, target logit); with backward, the row overwritten by the bf16 dlogits

@@ -1,11 +1,13 @@
 // ops/cuda/pointwise.cu — elementwise kernels (GELU, SwiGLU, add, scale, fill, bias rows, the bf16
-// conversion of GEMM inputs), the sum of squares for the gradient norm, and AdamW. Grid-stride
-// loops, one element per thread per step.
+// conversion of GEMM inputs), the sum of squares for the gradient norm, and AdamW (also over
+// many tensors in one launch: the optimizer step). Grid-stride loops, one element per thread
+// per step.
 // defines: launch_gelu_forward, launch_gelu_backward, launch_swiglu_forward,
 //          launch_swiglu_backward, launch_add, launch_scale, launch_fill,
 //          launch_bias_rows, launch_to_bf16, launch_from_bf16,
 //          launch_from_bf16_rows, launch_sum_squares, sum_squares_blocks,
-//          launch_adamw
+//          launch_adamw, sum_squares_span_blocks, launch_sum_squares_spans,
+//          launch_adamw_segments
 #include <cuda_bf16.h>
 
 #include "check.hpp"
@@ -171,17 +173,90 @@ __global__ void loss_add_kernel(double* total, const float* loss, int n) {
 // round-to-nearest intrinsics so that nvcc does not fuse a multiply and an add. (GCC does
 // fuse some in the CPU build on FMA machines: the backends then agree to an ulp or two, as
 // test/unit/ops/cuda/emulate measured, not to the bit.)
+// One element of it: updates m and v, returns the new p (the one formula both kernels use).
+__device__ __forceinline__ float adamw_element(float p, float gi, float& m, float& v, float beta1,
+                                               float beta2, float omb1, float omb2, float eps,
+                                               float decay, float step, float bc2_sqrt) {
+  const float mi = __fadd_rn(__fmul_rn(m, beta1), __fmul_rn(omb1, gi));
+  const float vi = __fadd_rn(__fmul_rn(v, beta2), __fmul_rn(__fmul_rn(omb2, gi), gi));
+  m = mi;
+  v = vi;
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+  return __fsub_rn(__fmul_rn(p, decay), __fmul_rn(step, __fdiv_rn(mi, denom)));
+}
+
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n,
                              float beta1, float beta2, float omb1, float omb2, float eps,
                              float decay, float step, float bc2_sqrt) {
   TRIDENT_GRID_STRIDE(i, n) {
-    const float gi = g[i];
-    const float mi = __fadd_rn(__fmul_rn(m[i], beta1), __fmul_rn(omb1, gi));
-    const float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(omb2, gi), gi));
+    float mi = m[i], vi = v[i];
+    p[i] = adamw_element(p[i], g[i], mi, vi, beta1, beta2, omb1, omb2, eps, decay, step,
+                         bc2_sqrt);
     m[i] = mi;
     v[i] = vi;
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-    p[i] = __fsub_rn(__fmul_rn(p[i], decay), __fmul_rn(step, __fdiv_rn(mi, denom)));
+  }
+}
+
+// The entry of `table` (count, sorted by .first, first entry at 0) whose blocks hold block b:
+// the last one with first <= b.
+template <typename Entry>
+__device__ __forceinline__ int entry_of_block(const Entry* table, int count, std::int64_t b) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table[mid].first <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// sum_squares_partial_kernel for every span at once: block b is block b - first of its span's
+// launch (same grid-stride order over the same blocks), its partial at partial[b].
+__global__ void sum_squares_spans_partial_kernel(double* partial, const SumSquaresSpan* spans,
+                                                 int count) {
+  __shared__ double shared[32];
+  const SumSquaresSpan sp = spans[entry_of_block(spans, count, blockIdx.x)];
+  const std::int64_t block = std::int64_t(blockIdx.x) - sp.first;
+  double s = 0.0;
+  for (std::int64_t i = block * blockDim.x + threadIdx.x; i < sp.n;
+       i += sp.blocks * std::int64_t(blockDim.x)) {
+    const double v = sp.x[i];
+    s += v * v;
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// sum_squares_finish_kernel per span: block i (kSumBlocks threads) sums span i's partials.
+__global__ void sum_squares_spans_finish_kernel(double* sums, const double* partial,
+                                                const SumSquaresSpan* spans) {
+  __shared__ double shared[32];
+  const SumSquaresSpan sp = spans[blockIdx.x];
+  double s = threadIdx.x < sp.blocks ? partial[sp.first + threadIdx.x] : 0.0;
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) sums[blockIdx.x] = s;
+}
+
+// AdamW over many segments: block b updates chunk b - first of its segment (kAdamWChunk
+// elements), with the clip's g * grad_scale first, and writes the bf16 copy when p16 is set.
+__global__ void adamw_segments_kernel(const AdamWSegmentEntry* segments, int count,
+                                      float grad_scale, float beta1, float beta2, float omb1,
+                                      float omb2, float eps, float decay_on, float decay_off,
+                                      float step, float bc2_sqrt) {
+  const AdamWSegmentEntry e = segments[entry_of_block(segments, count, blockIdx.x)];
+  const std::int64_t begin = (std::int64_t(blockIdx.x) - e.first) * kAdamWChunk;
+  const std::int64_t end = begin + kAdamWChunk < e.n ? begin + kAdamWChunk : e.n;
+  const float decay = e.decay ? decay_on : decay_off;
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float gi = e.g[i];
+    if (grad_scale != 1.0f) gi = __fmul_rn(gi, grad_scale);
+    float mi = e.m[i], vi = e.v[i];
+    const float p = adamw_element(e.p[i], gi, mi, vi, beta1, beta2, omb1, omb2, eps, decay,
+                                  step, bc2_sqrt);
+    e.m[i] = mi;
+    e.v[i] = vi;
+    e.p[i] = p;
+    if (e.p16) e.p16[i] = bf16_bits(p);
   }
 }
 
@@ -299,6 +374,30 @@ void launch_adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, 
   adamw_kernel<<<grid_for(n), kBlock, 0, s>>>(p, g, m, v, n, beta1, beta2, omb1, omb2, eps, decay,
                                               step, bc2_sqrt);
   check_launch("adamw");
+}
+
+std::int64_t sum_squares_span_blocks(std::int64_t n) {
+  return grid_for(n) < unsigned(kSumBlocks) ? grid_for(n) : kSumBlocks;
+}
+
+void launch_sum_squares_spans(cudaStream_t s, double* sums, double* partial,
+                              const SumSquaresSpan* spans, int count, std::int64_t total_blocks) {
+  if (count <= 0) return;
+  sum_squares_spans_partial_kernel<<<unsigned(total_blocks), kBlock, 0, s>>>(partial, spans, count);
+  check_launch("sum_squares_spans_partial");
+  sum_squares_spans_finish_kernel<<<unsigned(count), kSumBlocks, 0, s>>>(sums, partial, spans);
+  check_launch("sum_squares_spans_finish");
+}
+
+void launch_adamw_segments(cudaStream_t s, const AdamWSegmentEntry* segments, int count,
+                           std::int64_t total_chunks, float grad_scale, float beta1, float beta2,
+                           float omb1, float omb2, float eps, float decay_on, float decay_off,
+                           float step, float bc2_sqrt) {
+  if (count <= 0 || total_chunks <= 0) return;
+  adamw_segments_kernel<<<unsigned(total_chunks), kBlock, 0, s>>>(
+      segments, count, grad_scale, beta1, beta2, omb1, omb2, eps, decay_on, decay_off, step,
+      bc2_sqrt);
+  check_launch("adamw_segments");
 }
 
 }  // namespace trident::ops::cuda

@@ -232,6 +232,38 @@ TEST(AdamW, MatchesScalarFormulaOnLongVector) {
   EXPECT_TRUE(close(v, Vv, 1e-5, 1e-6 * max_abs(Vv))) << "v";
 }
 
+// The optimizer step over many tensors (Ops::adamw_segments, sum_squares_spans): a zero
+// gradient leaves a segment without weight decay exactly as it was and scales one with it by
+// exactly 1 - lr * wd; the clip's grad_scale of 0.5 (exact in float) gives what gradients
+// halved beforehand give; the spans' sums are each span's sum of squares (in double: exact
+// for these small integers).
+TEST(AdamW, SegmentsTakeTheirDecayAndTheClipsScale) {
+  auto ops = ops::make_cpu_ops(1);
+  const float lr = 0.01f, wd = 0.1f, bc1 = 0.1f, bc2 = 0.05f;
+  FVec p = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f}, g(5, 0.0f), m(5, 0.0f), v(5, 0.0f);
+  ops->adamw_segments({{p.data(), g.data(), m.data(), v.data(), 2, false},
+                       {p.data() + 2, g.data() + 2, m.data() + 2, v.data() + 2, 3, true}},
+                      0.37f, lr, 0.9f, 0.95f, 1e-8f, wd, bc1, bc2);
+  const float decay = float(1.0 - double(lr) * double(wd));
+  EXPECT_EQ(p, (FVec{1.0f, 2.0f, 3.0f * decay, 4.0f * decay, 5.0f * decay}));
+  Rng r(91);
+  const FVec p0 = r.normal(7), g0 = r.normal(7);
+  FVec half = g0;
+  for (float& x : half) x *= 0.5f;
+  FVec pa = p0, ga = g0, ma(7, 0.0f), va(7, 0.0f), pb = p0, mb(7, 0.0f), vb(7, 0.0f);
+  ops->adamw_segments({{pa.data(), ga.data(), ma.data(), va.data(), 7, true}}, 0.5f, lr, 0.9f,
+                      0.95f, 1e-8f, wd, bc1, bc2);
+  ops->adamw_segments({{pb.data(), half.data(), mb.data(), vb.data(), 7, true}}, 1.0f, lr, 0.9f,
+                      0.95f, 1e-8f, wd, bc1, bc2);
+  EXPECT_EQ(pa, pb);
+  EXPECT_EQ(ma, mb);
+  EXPECT_NE(pa, p0);
+  const FVec x = {1.0f, -2.0f, 3.0f, 4.0f};
+  std::vector<double> sums(3, -1.0);
+  ops->sum_squares_spans({{x.data(), 1}, {x.data() + 1, 0}, {x.data() + 1, 3}}, sums.data());
+  EXPECT_EQ(sums, (std::vector<double>{1.0, 0.0, 29.0}));
+}
+
 // ---- pointwise, reductions, determinism ------------------------------------------------
 
 class Pointwise : public ::testing::TestWithParam<std::int64_t> {};

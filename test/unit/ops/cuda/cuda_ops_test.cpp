@@ -648,6 +648,80 @@ void check_adamw(Ops& g, double tol, std::int64_t n) {
   EXPECT_TRUE(near(gv.host(), v, tol)) << "v";
 }
 
+// The optimizer step over many tensors: segments of odd counts at scattered offsets of one
+// parameter buffer and one shard buffer (as AdamW::step's), weight decay on every other one.
+struct OptimizerLayout {
+  std::vector<std::int64_t> counts, at_p, at_s;
+  std::int64_t np = 5, nsh = 3;
+  explicit OptimizerLayout(std::vector<std::int64_t> c) : counts(std::move(c)) {
+    for (std::size_t i = 0; i < counts.size(); i++) {
+      at_p.push_back(np), at_s.push_back(nsh);
+      np += counts[i] + 2 + std::int64_t(i % 3), nsh += counts[i] + 1;
+    }
+  }
+};
+
+// sum_squares_spans against sum_squares span by span on the same backend (bit for bit: the
+// same reductions) and against the CPU's (1e-10, as check_sum_squares).
+void check_sum_squares_spans(Ops& g, double, std::vector<std::int64_t> counts) {
+  const OptimizerLayout l(std::move(counts));
+  Rng r(1611u + unsigned(l.nsh));
+  const FVec x = r.normal(std::size_t(l.nsh), 2.0);
+  DevVec<float> gx(g, x);
+  std::vector<Ops::Span> spans, host_spans;
+  for (std::size_t i = 0; i < l.counts.size(); i++) {
+    spans.push_back({gx.get() + l.at_s[i], l.counts[i]});
+    host_spans.push_back({x.data() + l.at_s[i], l.counts[i]});
+  }
+  std::vector<double> got(spans.size(), -1), want(spans.size(), -1);
+  g.sum_squares_spans(spans, got.data());
+  cpu().sum_squares_spans(host_spans, want.data());
+  for (std::size_t i = 0; i < spans.size(); i++) {
+    EXPECT_EQ(got[i], g.sum_squares(spans[i].x, spans[i].n)) << "span " << i;
+    EXPECT_NEAR(got[i], want[i], 1e-10 * want[i]) << "span " << i;
+  }
+  g.sum_squares_spans(spans, want.data());
+  EXPECT_EQ(got, want) << "not deterministic";
+}
+
+// adamw_segments over three steps (the clip's scale in the second) against scale + adamw per
+// segment on the same backend (bit for bit) and against the CPU's adamw_segments (tol).
+void check_adamw_segments(Ops& g, double tol, std::vector<std::int64_t> counts) {
+  const OptimizerLayout l(std::move(counts));
+  Rng r(2111u + unsigned(l.np));
+  const FVec p0 = r.normal(std::size_t(l.np)), m0 = r.normal(std::size_t(l.nsh), 0.1);
+  const FVec v0 = r.uniform(std::size_t(l.nsh), 0.0, 0.01);
+  FVec p = p0, m = m0, v = v0;
+  DevVec<float> gp(g, p0), gm(g, m0), gv(g, v0), lp(g, p0), lm(g, m0), lv(g, v0);
+  for (int step = 1; step <= 3; step++) {
+    const float clip = step == 2 ? 0.37f : 1.0f;
+    const FVec grad = r.normal(std::size_t(l.nsh), 0.5);
+    FVec hg = grad;
+    DevVec<float> gg(g, grad), lg(g, grad);
+    const float bc1 = 1.0f - std::pow(0.9f, float(step)), bc2 = 1.0f - std::pow(0.95f, float(step));
+    std::vector<Ops::AdamWSegment> host, fused;
+    for (std::size_t i = 0; i < l.counts.size(); i++) {
+      const std::int64_t n = l.counts[i], a = l.at_p[i], s = l.at_s[i];
+      const bool decay = i % 2 == 0;
+      host.push_back({p.data() + a, hg.data() + s, m.data() + s, v.data() + s, n, decay});
+      fused.push_back({gp.get() + a, gg.get() + s, gm.get() + s, gv.get() + s, n, decay});
+      if (clip != 1.0f) g.scale(lg.get() + s, clip, n);
+      g.adamw(lp.get() + a, lg.get() + s, lm.get() + s, lv.get() + s, n, 6e-4f, 0.9f, 0.95f,
+              1e-8f, decay ? 0.1f : 0.0f, bc1, bc2);
+    }
+    cpu().adamw_segments(host, clip, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2);
+    g.adamw_segments(fused, clip, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2);
+  }
+  const FVec got_p = gp.host();
+  EXPECT_TRUE(near(got_p, lp.host(), 0.0)) << "p: one launch against the per-segment ones";
+  EXPECT_TRUE(near(gm.host(), lm.host(), 0.0)) << "m";
+  EXPECT_TRUE(near(gv.host(), lv.host(), 0.0)) << "v";
+  EXPECT_TRUE(near(got_p, p, tol)) << "p against the CPU";
+  EXPECT_TRUE(near(gm.host(), m, tol)) << "m against the CPU";
+  EXPECT_TRUE(near(gv.host(), v, tol)) << "v against the CPU";
+  EXPECT_GT(std::abs(got_p[std::size_t(l.at_p[0])] - p0[std::size_t(l.at_p[0])]), 0.0f);
+}
+
 std::vector<CudaCase> cases() {
   std::vector<CudaCase> cs;
   const int gemm_shapes[][3] = {{5, 7, 11}, {1, 1, 1}, {129, 70, 300}, {64, 33, 257}};
@@ -746,6 +820,14 @@ std::vector<CudaCase> cases() {
   for (std::int64_t n : {5, 100003})
     cs.push_back({name_of("adamw_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_adamw(g, tol, n); }});
+  const std::vector<std::int64_t> segment_counts[] = {{1, 0, 7, 4096, 4097, 255, 300001, 3},
+                                                      {768}};
+  for (const auto& c : segment_counts) {
+    cs.push_back({name_of("sum_squares_spans_%zu", c.size()), false, false,
+                  [=](Ops& g, double tol) { check_sum_squares_spans(g, tol, c); }});
+    cs.push_back({name_of("adamw_segments_%zu", c.size()), false, false,
+                  [=](Ops& g, double tol) { check_adamw_segments(g, tol, c); }});
+  }
   return cs;
 }
 
@@ -1125,6 +1207,47 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
   EXPECT_TRUE(near(FVec(got_dw.begin() + std::ptrdiff_t(pad), got_dw.end()),
                    FVec(dw0.begin() + std::ptrdiff_t(pad), dw0.end()), 0.0))
       << "dwte's padding rows: zero gradient";
+}
+
+// adamw_segments writes the weight cache's copy of what it updates (CudaOps::set_weights,
+// bf16): after an update of the parameters in two segments (and one outside the range), a
+// product reading them from the cache gives what the same product gives on a copy outside
+// the range (converted per call): the cache holds the new weights, not the old ones (lr 0.05
+// moves them by far more than the tolerance, and the check that they moved says so).
+TEST(CudaOps, AdamWSegmentsKeepTheWeightCacheFresh) {
+  auto o = ops::make_cuda_ops(Precision::bf16, 64 * kMiB);
+  DeviceMemory* mem = o->memory();
+  const int n = 64, in = 96, out = 80;
+  const std::size_t nw = std::size_t(in) * out, np = nw + 40, half = nw / 2;
+  Rng r(5151u);
+  const FVec x = r.normal(std::size_t(n) * in), w = r.normal(np, 0.3), grad = r.normal(np + 100);
+  FloatBuffer dx(x.size(), mem), dp(np, mem), dcopy(nw, mem), dm(np + 100, mem),
+      dv(np + 100, mem), dg(np + 100, mem), dother(100, mem), dy0(std::size_t(n) * out, mem),
+      dy1(dy0.size(), mem), dy2(dy0.size(), mem);
+  copy_to_device(mem, dx.data(), x.data(), x.size() * sizeof(float));
+  copy_to_device(mem, dp.data(), w.data(), w.size() * sizeof(float));
+  copy_to_device(mem, dg.data(), grad.data(), grad.size() * sizeof(float));
+  o->fill(dm.data(), 0.0f, std::int64_t(dm.size()));
+  o->fill(dv.data(), 0.0f, std::int64_t(dv.size()));
+  o->fill(dother.data(), 1.0f, 100);
+  o->set_weights(dp.data(), std::int64_t(np));
+  o->linear_forward(dy0.data(), dx.data(), dp.data(), nullptr, n, in, out);  // the cache, fresh
+  const std::int64_t h = std::int64_t(half), rest = std::int64_t(np - half);
+  const std::vector<Ops::AdamWSegment> segments = {
+      {dp.data(), dg.data(), dm.data(), dv.data(), h, true},
+      {dp.data() + half, dg.data() + half, dm.data() + half, dv.data() + half, rest, false},
+      {dother.data(), dg.data() + np, dm.data() + np, dv.data() + np, 100, true}};
+  o->adamw_segments(segments, 0.5f, 0.05f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f);
+  o->copy(dcopy.data(), dp.data(), std::int64_t(nw));  // outside the cache's range
+  o->linear_forward(dy1.data(), dx.data(), dp.data(), nullptr, n, in, out);
+  o->linear_forward(dy2.data(), dx.data(), dcopy.data(), nullptr, n, in, out);
+  FVec y0(dy0.size()), y1(dy0.size()), y2(dy0.size());
+  mem->to_host(y0.data(), dy0.data(), y0.size() * sizeof(float));
+  mem->to_host(y1.data(), dy1.data(), y1.size() * sizeof(float));
+  mem->to_host(y2.data(), dy2.data(), y2.size() * sizeof(float));
+  o->set_weights(nullptr, 0);
+  EXPECT_TRUE(near(y1, y2, 1e-6)) << "the product on the cached weights after the update";
+  EXPECT_FALSE(near(y0, y2, 1e-2)) << "the update moved the weights (else this proves nothing)";
 }
 
 TEST(CudaOps, LmHeadFusedMatchesTheCpuComposition) {

@@ -576,6 +576,86 @@ int main() {
     // does: they agree to an ulp or two, not to the bit.
     cmp("adamw p", p2, p, 1e-6); cmp("  m", m2, m, 1e-6); cmp("  v", v2, v, 1e-6);
   }
+  // The optimizer step over many tensors (Ops::sum_squares_spans, Ops::adamw_segments on
+  // CUDA) against the per-tensor launches it replaces, bit for bit: segments of odd counts
+  // (1, 0, sizes around a chunk and a block, one past kSumBlocks blocks) at scattered offsets
+  // of one parameter buffer and one shard buffer (moments, gradients), weight decay on some,
+  // the clip's scale on and off, a bf16 copy (the weight cache) on some and not others.
+  {
+    const long counts[] = {1, 0, 7, 4096, 4097, 255, 300001, 3, 1000};
+    const int ns = int(sizeof counts / sizeof counts[0]);
+    std::vector<long> at_p, at_s;  // each segment's offset in P and in the shard buffers
+    long np = 5, nsh = 3;
+    for (int i = 0; i < ns; i++) {
+      at_p.push_back(np), at_s.push_back(nsh);
+      np += counts[i] + 2 + i % 3, nsh += counts[i] + 1;
+    }
+    // sum_squares_spans: the sums of the spans against launch_sum_squares's, one by one.
+    const V x = rnd(size_t(nsh), 2);
+    std::vector<SumSquaresSpan> spans;
+    long blocks = 0;
+    for (int i = 0; i < ns; i++) {
+      spans.push_back({x.data() + at_s[i], counts[i], blocks, sum_squares_span_blocks(counts[i])});
+      blocks += spans.back().blocks;
+    }
+    std::vector<double> part(size_t(blocks), -1), sums(size_t(ns), -1), one(sum_squares_blocks());
+    launch_sum_squares_spans(nullptr, sums.data(), part.data(), spans.data(), ns, blocks);
+    bool ok = true;
+    for (int i = 0; i < ns; i++) {
+      double want = -1;
+      launch_sum_squares(nullptr, &want, one.data(), x.data() + at_s[i], counts[i]);
+      ok = ok && std::memcmp(&want, &sums[size_t(i)], sizeof want) == 0;
+    }
+    bad += !ok;
+    printf("sum_squares_spans %d spans, %ld blocks %s\n", ns, blocks, ok ? "ok  " : "BAD ");
+    // adamw_segments: three steps, clip off, on, off.
+    const V p0 = rnd(size_t(np)), m0 = rnd(size_t(nsh), 0.1f);
+    V v0(static_cast<size_t>(nsh));
+    for (auto& e : v0) e = float(g() % 1000) * 1e-5f;
+    V p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+    std::vector<std::uint16_t> p16(size_t(np), 0x1234);
+    const float wd = 0.1f;
+    for (int step = 1; step <= 3; step++) {
+      const float clip = step == 2 ? 0.37f : 1.0f;
+      const V gr = rnd(size_t(nsh), 0.5);
+      V g1 = gr, g2 = gr;
+      const float bc1 = 1 - std::pow(0.9f, float(step)), bc2 = 1 - std::pow(0.95f, float(step));
+      std::vector<AdamWSegmentEntry> table;
+      long chunks = 0;
+      for (int i = 0; i < ns; i++) {
+        const bool decay = i % 2 == 0;
+        float* p = p1.data() + at_p[i];
+        float* gi = g1.data() + at_s[i];
+        if (clip != 1.0f) launch_scale(nullptr, gi, clip, counts[i]);
+        const auto s = ops::adamw_scalars(6e-4f, 0.9f, 0.95f, decay ? wd : 0.0f, bc1, bc2);
+        launch_adamw(nullptr, p, gi, m1.data() + at_s[i], v1.data() + at_s[i], counts[i], 0.9f,
+                     0.95f, s.omb1, s.omb2, 1e-8f, s.decay, s.step, s.bc2_sqrt);
+        if (counts[i] == 0) continue;  // as CudaOps::adamw_segments: not in the table
+        std::uint16_t* cache = i % 3 != 1 ? p16.data() + at_p[i] : nullptr;
+        table.push_back({p2.data() + at_p[i], g2.data() + at_s[i], m2.data() + at_s[i],
+                         v2.data() + at_s[i], cache, counts[i], chunks, decay ? 1 : 0});
+        chunks += adamw_chunks(counts[i]);
+      }
+      const auto on = ops::adamw_scalars(6e-4f, 0.9f, 0.95f, wd, bc1, bc2);
+      const auto off = ops::adamw_scalars(6e-4f, 0.9f, 0.95f, 0.0f, bc1, bc2);
+      launch_adamw_segments(nullptr, table.data(), int(table.size()), chunks, clip, 0.9f, 0.95f,
+                            on.omb1, on.omb2, 1e-8f, on.decay, off.decay, on.step, on.bc2_sqrt);
+    }
+    const bool same = std::memcmp(p1.data(), p2.data(), p1.size() * 4) == 0 &&
+                      std::memcmp(m1.data(), m2.data(), m1.size() * 4) == 0 &&
+                      std::memcmp(v1.data(), v2.data(), v1.size() * 4) == 0;
+    // The bf16 copy: each cached segment's rounding of the final p, everything else untouched.
+    std::vector<std::uint16_t> want16(static_cast<size_t>(np), 0x1234), conv(static_cast<size_t>(np));
+    launch_to_bf16(nullptr, conv.data(), p1.data(), 1, np, np);
+    for (int i = 0; i < ns; i++)
+      if (i % 3 != 1)
+        for (long k = 0; k < counts[i]; k++) want16[size_t(at_p[i] + k)] = conv[size_t(at_p[i] + k)];
+    const bool cached = p16 == want16, moved = maxdiff(p1, p0) > 1e-4;
+    bad += !(same && cached && moved);
+    printf("adamw_segments %d segments, 3 steps (clip off/on/off) %s p, m, v %s, bf16 copy %s\n",
+           ns, moved ? "ok  " : "BAD (nothing moved)", same ? "bit for bit" : "DIFFER",
+           cached ? "ok" : "WRONG");
+  }
   { V b = rnd(7), y(5 * 7, 9), want(35); for (int i = 0; i < 35; i++) want[i] = b[i % 7];
     launch_bias_rows(nullptr, y.data(), b.data(), 5, 7); cmp("bias_rows", y, want, 0); }
   // cuDNN attention's widening of its bf16 outputs into strided fp32 rows (written, or added

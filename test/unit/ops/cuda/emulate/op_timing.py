@@ -2,7 +2,8 @@
 training: `trident train` on runtime.device = "cuda" (the CPU stand-in under emulate/train.sh,
 where the events are host clock readings; a real GPU under bench/gpu_check.sh).
 Checks: no file when the variable is unset; with it, a JSON table whose shares sum to 1, whose
-total is within the run's wall time, and whose counts are the step's: adamw every step, the
+total is within the run's wall time, and whose counts are the step's: the optimizer's
+adamw_segments and sum_squares_spans once a step (no per-tensor adamw, sum_squares), the
 one-pass classifier (xent_forward) once per microbatch in a serial run and the three-pass one
 per shard (xent_shard_stats, xent_rescale_sumexp, xent_loss) at tp 2, where the vocabulary is
 sharded; under bf16 the fused LM head's steps once per microbatch (and the one-pass
@@ -62,7 +63,10 @@ def main():
     t.check(calls(tab, "xent_row_max") == 0 and calls(tab, "xent_shard_stats") == 0,
             "serial: no sharded or three-pass classifier")
     t.check(calls(tab, "xent_backward") == micro, f"serial: xent_backward once per microbatch")
-    t.check(calls(tab, "adamw") >= STEPS, f"serial: adamw {calls(tab, 'adamw')} calls >= {STEPS} steps")
+    for op, old in (("adamw_segments", "adamw"), ("sum_squares_spans", "sum_squares")):
+        # the optimizer: one call each a step, none per tensor
+        t.check(calls(tab, op) == STEPS and calls(tab, old) == 0,
+                f"serial: {op} {calls(tab, op)} calls = {STEPS} steps, {old} {calls(tab, old)}")
     for op in ["embedding_forward", "layernorm_forward", "attention_forward", "attention_backward"]:
         t.check(calls(tab, op) > 0, f"serial: {op} timed ({calls(tab, op)} calls)")
     linears = [r for r in tab["ops"] if r["op"].startswith("linear_forward n=")]

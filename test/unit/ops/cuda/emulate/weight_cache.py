@@ -6,7 +6,14 @@ be the one without it (TRIDENT_CUDA_WEIGHT_CACHE=0) bit for bit; a copy left sta
 write of the weights changes the next step's loss (the weights move by ~lr, far more than a
 bf16 step of the tiny model's weights). Each way the weights are written is a case:
   serial       AdamW's update (an op's write into the range)
-  dp2-zero     ZeRO-1's all-gather of the updated shards (MPI: AdamW::step's weights_changed)
+  dp2-zero     ZeRO-1's all-gather of the updated shards (staged through the host here: the
+               copy back is CudaMemory::to_device's, which the cache watches)
+  dp2-zero-direct  the same with TRIDENT_MPI_CUDA_AWARE=1: MPI writes the device memory itself
+               (the stand-in's is host memory), as a CUDA-aware MPI on a GPU does; only
+               AdamW::step's weights_changed() tells the cache (Ops::adamw_segments refreshed
+               it for this rank's shard alone)
+  dp2          every rank updates every parameter: adamw_segments writes the cache's copy as
+               it updates, and the cache stays fresh across the step (no conversion pass)
   pipedream    per-microbatch updates and weight-version swaps inside a step (ops' copies;
                Llama with untied embeddings, as the schedule needs: the products are gemm's)
   pipedream-2bw  the delayed W(t-1) swapped in and out each step
@@ -41,17 +48,25 @@ def main():
     if mpi:
         cases += [("dp2-zero", 2, ["parallel.dp=2", "parallel.zero_stage=1",
                                    "parallel.grad_bucket_mb=0.02"]),
+                  ("dp2-zero-direct", 2, ["parallel.dp=2", "parallel.zero_stage=1",
+                                          "parallel.grad_bucket_mb=0.02"]),
+                  ("dp2", 2, ["parallel.dp=2", "parallel.grad_bucket_mb=0.02"]),
                   ("pipedream", 2, ["parallel.pp=2", 'parallel.schedule="pipedream"',
                                     "train.grad_clip=0", 'model.arch="llama"',
                                     "model.tie_embeddings=false"]),
                   ("pipedream-2bw", 2, ["parallel.pp=2", 'parallel.schedule="pipedream-2bw"'])]
     for name, np_, sets in cases:
+        if name.endswith("-direct"):
+            os.environ["TRIDENT_MPI_CUDA_AWARE"] = "1"
         os.environ["TRIDENT_CUDA_WEIGHT_CACHE"] = "0"
         try:
             plain, = t.train(np_, f"plain-{name}", sets=[*sets, *BF16])
         finally:
             del os.environ["TRIDENT_CUDA_WEIGHT_CACHE"]
-        cached, = t.train(np_, f"cached-{name}", sets=[*sets, *BF16])
+        try:
+            cached, = t.train(np_, f"cached-{name}", sets=[*sets, *BF16])
+        finally:
+            os.environ.pop("TRIDENT_MPI_CUDA_AWARE", None)
         moved = float(np.max(np.abs(np.diff(plain))))
         t.check(moved > 1e-3, f"{name}: the loss moves between steps (max |d| {moved:.2e})")
         t.check(np.array_equal(cached, plain),
