@@ -2,19 +2,23 @@
 // bf16 activations: under bf16 products, not the baseline, TRIDENT_CUDA_FUSED_BLOCK not 0, and
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
-//          fused_block_from_environment, block_linear, block_weight16, gemm_rm16_to16,
+//          fused_block_from_environment, gelu_epilogue_from_environment,
+//          gelu_epilogue_refused, block_linear, block_weight16, gemm_rm16_to16,
 //          llama_block_forward, llama_block_backward
 //
 // Inside the block, every activation a product or attention reads is bf16, written so by its
 // producer: the LayerNorms write bf16 (fused_block.cu), c_attn and c_fc write bf16 through
-// cuBLASLt (bias in the epilogue), attention reads and writes bf16, GELU reads and writes bf16.
+// cuBLASLt (bias in the epilogue), attention reads and writes bf16, GELU reads and writes bf16
+// (in c_fc's cuBLASLt epilogue, GELU_AUX_BIAS, writing fch as its aux; else own kernel).
 // The residual stream stays fp32: the c_projs add it in the product (cuBLASLt, C = residual,
 // beta = 1, fp32 D), so res2 and out are written once. The stash (ln1, qkv, atty, ln2, fch,
 // fch_gelu: bf16; res2, the statistics, lse: fp32) is what the forward wrote; the backward's
 // products read it as it is. The backward converts each residual gradient once (with the
 // c_proj bias gradient in the same read), writes the gradients at the products' outputs as
-// bf16 (the GELU backward fused with the c_fc bias gradient; c_attn's bias gradient summed
+// bf16 (the GELU backward and the c_fc bias gradient in the MLP c_proj's product, cuBLASLt's
+// DGELU_BGRAD, else a GELU backward kernel with the column sums; c_attn's bias gradient summed
 // from bf16), and the LayerNorm input gradients in fp32 (the residual stream's).
+// TRIDENT_CUDA_GELU_EPILOGUE=0: the GELU kernels (docs/gpu.md, step 5).
 // Bytes per layer, GPT-2 small (N = 8192, C = 768): docs/gpu.md, "The fused GPT-2 block".
 //
 // Llama's block the same way (same knob, same stash rule): the RMSNorms write bf16, [q k v] and
