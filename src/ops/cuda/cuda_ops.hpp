@@ -217,12 +217,14 @@ class CudaOps final : public Ops {
   //             the pre-GELU value (bf16, leading dimension out);
   //   backward  CUBLASLT_EPILOGUE_DGELU_BGRAD: d = (x16 @ w16) * gelu'(aux) with aux the
   //             forward's pre-GELU value, and bias_grad[out] (fp32, no bias) = d's column sums,
-  //             written (the caller adds it to the accumulated gradient).
-  enum class LtGelu { none, forward, backward };
+  //             written (the caller adds it to the accumulated gradient);
+  //   backward_bgrad16  the same with bias_grad bf16 (D's type, cuBLASLt's default), for a
+  //             cuBLASLt that refuses an fp32 bias gradient with bf16 D.
+  enum class LtGelu { none, forward, backward, backward_bgrad16 };
   bool bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
                bool w_t, const float* bias, int n, int in, int out,
                LtGelu gelu = LtGelu::none, const void* aux = nullptr,
-               float* bias_grad = nullptr);
+               void* bias_grad = nullptr);
   // The bf16 copy of the stored matrix [rows, cols] (leading dimension ld) at p, from the
   // weight cache when it lies in set_weights' range (converting the whole range first when
   // the weights changed since the last conversion); nullptr when it does not (the caller

@@ -205,8 +205,9 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
     launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dres, n, C);
   }
   // d gelu and GELU's backward: one product with cuBLASLt's DGELU_BGRAD epilogue (reading fch,
-  // writing dfch16 and c_fc's bias gradient, which it overwrites: into scratch, then added),
-  // else the product into dact16 and the GELU backward kernel with the bias gradient.
+  // writing dfch16 and c_fc's bias gradient, which it overwrites: into scratch, then added;
+  // fp32, else bf16 where cuBLASLt refuses an fp32 one, widened), else the product into dact16
+  // and the GELU backward kernel with the bias gradient.
   bool dgelu_fused = false;
   if (gelu_epilogue_) {
     OpScope timed(timer_.get(), [&] { return str("block_backward linear_dgelu_bf16 n=", n,
@@ -215,9 +216,10 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
     // goes in the same block as the bias gradient (scratch() empties the block).
     const bool w_scratch = !cached_bf16(p.fcproj_w, F, C, C);
     const std::size_t wbytes = w_scratch ? std::size_t(F) * std::size_t(C) * 2 : 0;
-    BumpBlock& block =
-        scratch(aligned_bytes(std::size_t(F) * sizeof(float)) + aligned_bytes(wbytes));
+    BumpBlock& block = scratch(aligned_bytes(std::size_t(F) * sizeof(float)) +
+                               aligned_bytes(std::size_t(F) * 2) + aligned_bytes(wbytes));
     float* dfc_b = block.alloc_n<float>(std::size_t(F));
+    void* dfc_b16 = block.alloc(std::size_t(F) * 2);
     const void* w16 = cached_bf16(p.fcproj_w, F, C, C);
     if (w_scratch) {
       void* w16s = block.alloc(wbytes);
@@ -226,6 +228,12 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
     }
     dgelu_fused = bias_lt(dfch16, true, nullptr, dres16, w16, true, nullptr, n, C, F,
                           LtGelu::backward, fch, dfc_b);
+    if (!dgelu_fused &&
+        bias_lt(dfch16, true, nullptr, dres16, w16, true, nullptr, n, C, F,
+                LtGelu::backward_bgrad16, fch, dfc_b16)) {
+      launch_from_bf16(stream_, dfc_b, dfc_b16, F);
+      dgelu_fused = true;
+    }
     if (dgelu_fused) {
       launch_add(stream_, g.fc_b, g.fc_b, dfc_b, F);
       gemm_rm16(true, false, F, C, n, 1.0f, gelu, F, dres16, C, 1.0f, g.fcproj_w, C);

@@ -158,7 +158,7 @@ bool lt_declined(cublasStatus_t s) {
 
 bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
                       bool w_t, const float* bias, int n, int in, int out, LtGelu gelu,
-                      const void* aux, float* bias_grad) {
+                      const void* aux, void* bias_grad) {
   // Column-major: D^T[out, N] = w^T[out, in] x^T[in, N] + bias[out] per column (+ C =
   // residual^T), i.e. A = w16 as stored (column-major [out, in] for row-major w[in, out]; under
   // w_t [in, out], transposed), B = x16 (in x N, ld in), C and D (out x N, ld out), the bias
@@ -171,9 +171,11 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
   // default, EPILOGUE_AUX_DATA_TYPE unset: bf16 here; another type is refused), leading
   // dimension EPILOGUE_AUX_LD >= rows and a multiple of 8 (else refused: the fallback); the
   // heuristic takes aux's alignment from the pointer's value, as the bias's, so the key holds
-  // it. The bias gradient's type is BIAS_DATA_TYPE (fp32, as the forward's bias; its default
-  // would be D's).
-  const bool gelu_fwd = gelu == LtGelu::forward, gelu_bwd = gelu == LtGelu::backward;
+  // it. The bias gradient's type is BIAS_DATA_TYPE (fp32, as the forward's bias; unset, under
+  // backward_bgrad16, its default: D's).
+  const bool gelu_fwd = gelu == LtGelu::forward;
+  const bool grad16 = gelu == LtGelu::backward_bgrad16;
+  const bool gelu_bwd = gelu == LtGelu::backward || grad16;
   TRIDENT_CHECK(gelu == LtGelu::none || (d16 && !residual && aux && (gelu_fwd ? bias && !bias_grad
                                                                              : bias_grad && !bias)),
                 "bias_lt: the GELU epilogues take bf16 D, no residual, aux, and a bias (forward) "
@@ -203,7 +205,7 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
         plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     // The bias (or its gradient) is fp32 (the model's); cuBLASLt reads it as D's type unless told.
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    if (vec && d16) {
+    if (vec && d16 && !grad16) {
       const std::int32_t bias_type = CUDA_R_32F;
       st = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                           &bias_type, sizeof(bias_type));

@@ -77,6 +77,19 @@ int main() {
                   "the epilogues did not run\n");
       ok = false;
     }
+    // A cuBLASLt that refuses an fp32 bias gradient with bf16 D (the shim's
+    // TRIDENT_EMU_LT_BGRAD32=0): the bias gradient in bf16, widened, added; still the epilogue.
+    auto bgrad16_ops = trident::ops::make_ops("cuda", 1, trident::ops::Precision::bf16);
+    setenv("TRIDENT_EMU_LT_BGRAD32", "0", 1);
+    const Result bgrad16 = run(*bgrad16_ops, s, true, k, false, 1.0f, 2);
+    unsetenv("TRIDENT_EMU_LT_BGRAD32");
+    ok = compare("fused, bf16 bias gradient from DGELU_BGRAD vs CPU fp32", s, bgrad16, want,
+                 kTol) <= kTol && ok;
+    if (same(bgrad16, by_kernels) || same(bgrad16, fused) || bgrad16.out != fused.out) {
+      std::printf("fused block: the bf16 bias-gradient run is not the epilogues' with another "
+                  "c_fc bias gradient\n");
+      ok = false;
+    }
     const Shape refused{2, 8, 33, 3};  // F = 132: aux ld % 8 != 0
     const Case kr = random_case(refused, 29);
     const Result lt = run(*cuda, refused, true, kr, false, 1.0f, 2);

@@ -3,6 +3,7 @@
 // throughout, as cuBLAS.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -362,6 +363,12 @@ cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
       return CUBLAS_STATUS_INVALID_VALUE;
     if (desc->aux_type >= 0 && desc->aux_type != std::int32_t(d->type))
       return CUBLAS_STATUS_INVALID_VALUE;
+    // TRIDENT_EMU_LT_BGRAD32=0: a cuBLASLt that takes the bias gradient in D's type only
+    const char* v = std::getenv("TRIDENT_EMU_LT_BGRAD32");  // read at each call (tests flip it)
+    const bool bgrad32 = !(v && v[0] == '0' && !v[1]);
+    if (!bgrad32 && desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD && desc->bias_type >= 0 &&
+        desc->bias_type != std::int32_t(d->type))
+      return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   return CUBLAS_STATUS_SUCCESS;
 }

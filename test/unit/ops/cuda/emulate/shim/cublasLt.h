@@ -24,6 +24,9 @@
 // aligned aux is EXECUTION_FAILED. No aux pointer at the matmul: GELU_AUX_BIAS NOT_SUPPORTED,
 // DGELU_BGRAD INVALID_VALUE; no bias pointer: INVALID_VALUE (what a card's cuBLASLt 13
 // answers). Both need D bf16 or fp32 with A and B of the same type (as the bias epilogue).
+// Whether a card takes an fp32 bias gradient with bf16 D is not documented: the shim does;
+// with TRIDENT_EMU_LT_BGRAD32=0 in the environment it refuses it (NOT_SUPPORTED, heuristic and
+// matmul), as such a cuBLASLt would, so that the caller's bf16 bias-gradient path runs.
 #pragma once
 
 #include <cstddef>
