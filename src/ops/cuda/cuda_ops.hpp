@@ -310,11 +310,11 @@ class CudaOps final : public Ops {
   // cuBLASLt's GELU epilogues in the GPT-2 block's MLP (bias_lt's LtGelu): on unless
   // TRIDENT_CUDA_GELU_EPILOGUE=0, and only inside the fused block (so off under the baseline
   // and TRIDENT_CUDA_FUSED_BLOCK=0). A shape cuBLASLt refuses runs the GELU kernels, said
-  // once per direction on stderr.
+  // once per direction on stderr (and once when only the fp32 bias gradient is refused).
   static bool gelu_epilogue_from_environment();
   bool gelu_epilogue_ = gelu_epilogue_from_environment();
-  bool gelu_refusal_told_[2] = {false, false};  // forward, backward
-  void gelu_epilogue_refused(bool backward, int n, int in, int out);
+  bool gelu_refusal_told_[3] = {false, false, false};  // forward, backward, fp32 bias grad
+  void gelu_epilogue_refused(int which, int n, int in, int out);
   // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
   void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
                       const void* b16, int ldb, void* c16, int ldc);

@@ -59,12 +59,17 @@ bool CudaOps::gelu_epilogue_from_environment() {
   return !(v && std::string(v) == "0");
 }
 
-void CudaOps::gelu_epilogue_refused(bool backward, int n, int in, int out) {
-  if (gelu_refusal_told_[backward]) return;
-  gelu_refusal_told_[backward] = true;
-  std::fprintf(stderr, "cuBLASLt GELU epilogue unavailable (%s, n %d in %d out %d: refused): "
-               "using trident's GELU kernel\n", backward ? "DGELU_BGRAD" : "GELU_AUX_BIAS", n,
-               in, out);
+// which: 0 GELU_AUX_BIAS refused, 1 DGELU_BGRAD refused, 2 only its fp32 bias gradient.
+void CudaOps::gelu_epilogue_refused(int which, int n, int in, int out) {
+  if (gelu_refusal_told_[which]) return;
+  gelu_refusal_told_[which] = true;
+  if (which == 2)
+    std::fprintf(stderr, "cuBLASLt DGELU_BGRAD: an fp32 bias gradient refused (n %d in %d out "
+                 "%d): the bias gradient in bf16\n", n, in, out);
+  else
+    std::fprintf(stderr, "cuBLASLt GELU epilogue unavailable (%s, n %d in %d out %d: refused): "
+                 "using trident's GELU kernel\n", which ? "DGELU_BGRAD" : "GELU_AUX_BIAS", n,
+                 in, out);
 }
 
 bool CudaOps::gpt2_block_stash_bf16() const {
@@ -157,7 +162,7 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                                                  " in=", C, " out=", F); }, 0);
     gelu_fused = bias_lt(gelu, true, nullptr, ln2, block_weight16(p.fc_w, C, F), false, p.fc_b,
                          n, C, F, LtGelu::forward, fch);
-    if (!gelu_fused) gelu_epilogue_refused(false, n, C, F);
+    if (!gelu_fused) gelu_epilogue_refused(0, n, C, F);
   }
   if (!gelu_fused) {
     {
@@ -231,6 +236,7 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
     if (!dgelu_fused &&
         bias_lt(dfch16, true, nullptr, dres16, w16, true, nullptr, n, C, F,
                 LtGelu::backward_bgrad16, fch, dfc_b16)) {
+      gelu_epilogue_refused(2, n, C, F);
       launch_from_bf16(stream_, dfc_b, dfc_b16, F);
       dgelu_fused = true;
     }
@@ -238,7 +244,7 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
       launch_add(stream_, g.fc_b, g.fc_b, dfc_b, F);
       gemm_rm16(true, false, F, C, n, 1.0f, gelu, F, dres16, C, 1.0f, g.fcproj_w, C);
     } else {
-      gelu_epilogue_refused(true, n, C, F);
+      gelu_epilogue_refused(1, n, C, F);
     }
   }
   if (!dgelu_fused) {
