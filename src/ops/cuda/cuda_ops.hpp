@@ -218,10 +218,22 @@ class CudaOps final : public Ops {
   // (none when null) (+ residual[N,out], fp32, when not null: cuBLASLt's C with beta = 1)
   // through cuBLASLt with the bias in the epilogue (one write of d, no bias pass before the
   // product); plans per shape, flags and alignments in lt_plans_ (bf16 D: bit 58 of the
-  // alignments word, above the four 9-bit alignments; w_t bit 59, no bias bit 60). False when cuBLASLt declines the problem (the caller then falls back: the
-  // bias rows and a product with beta = 1).
+  // alignments word, above the four 9-bit alignments; w_t bit 59, no bias bit 60; the GELU
+  // epilogue and aux's alignment in the key's fifth word). False when cuBLASLt declines the
+  // problem (the caller then falls back: the bias rows and a product with beta = 1).
+  // gelu (the fused GPT-2 block's MLP; bf16 D, no residual; matmul.cpp cites the contracts):
+  //   forward   CUBLASLT_EPILOGUE_GELU_AUX_BIAS: d = gelu(x16 @ w16 + bias) and aux[N,out] =
+  //             the pre-GELU value (bf16, leading dimension out);
+  //   backward  CUBLASLT_EPILOGUE_DGELU_BGRAD: d = (x16 @ w16) * gelu'(aux) with aux the
+  //             forward's pre-GELU value, and bias_grad[out] (fp32, no bias) = d's column sums,
+  //             written (the caller adds it to the accumulated gradient);
+  //   backward_bgrad16  the same with bias_grad bf16 (D's type, cuBLASLt's default), for a
+  //             cuBLASLt that refuses an fp32 bias gradient with bf16 D.
+  enum class LtGelu { none, forward, backward, backward_bgrad16 };
   bool bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
-               bool w_t, const float* bias, int n, int in, int out);
+               bool w_t, const float* bias, int n, int in, int out,
+               LtGelu gelu = LtGelu::none, const void* aux = nullptr,
+               void* bias_grad = nullptr);
   // The bf16 copy of the stored matrix [rows, cols] (leading dimension ld) at p, from the
   // weight cache when it lies in set_weights' range (converting the whole range first when
   // the weights changed since the last conversion); nullptr when it does not (the caller
@@ -302,7 +314,8 @@ class CudaOps final : public Ops {
   // cuDNN attention (bf16 products, not the baseline; null otherwise): loads cuDNN at the
   // first attention call.
   std::unique_ptr<CudnnAttention> cudnn_;
-  std::map<std::array<std::int64_t, 4>, LtPlan> lt_plans_;  // {n, in, out, alignments}
+  // {n, in, out, alignments, GELU epilogue | aux alignment << 8}
+  std::map<std::array<std::int64_t, 5>, LtPlan> lt_plans_;
 
   // ---- the fused GPT-2 block (fused_block.cpp) ----------------------------------------------
   // TRIDENT_CUDA_FUSED_BLOCK=0 turns it off (the composition on fp32 activations, as before).
@@ -315,6 +328,14 @@ class CudaOps final : public Ops {
                     const float* bias, int n, int in, int out, bool w_t = false);
   // The bf16 copy of weight w[rows, cols]: the weight cache's, else converted into scratch.
   const void* block_weight16(const float* w, int rows, int cols);
+  // cuBLASLt's GELU epilogues in the GPT-2 block's MLP (bias_lt's LtGelu): on unless
+  // TRIDENT_CUDA_GELU_EPILOGUE=0, and only inside the fused block (so off under the baseline
+  // and TRIDENT_CUDA_FUSED_BLOCK=0). A shape cuBLASLt refuses runs the GELU kernels, said
+  // once per direction on stderr (and once when only the fp32 bias gradient is refused).
+  static bool gelu_epilogue_from_environment();
+  bool gelu_epilogue_ = gelu_epilogue_from_environment();
+  bool gelu_refusal_told_[3] = {false, false, false};  // forward, backward, fp32 bias grad
+  void gelu_epilogue_refused(int which, int n, int in, int out);
   // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
   void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
                       const void* b16, int ldb, void* c16, int ldc);

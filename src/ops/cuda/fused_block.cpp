@@ -2,19 +2,23 @@
 // bf16 activations: under bf16 products, not the baseline, TRIDENT_CUDA_FUSED_BLOCK not 0, and
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
-//          fused_block_from_environment, block_linear, block_weight16, gemm_rm16_to16,
+//          fused_block_from_environment, gelu_epilogue_from_environment,
+//          gelu_epilogue_refused, block_linear, block_weight16, gemm_rm16_to16,
 //          llama_block_forward, llama_block_backward
 //
 // Inside the block, every activation a product or attention reads is bf16, written so by its
 // producer: the LayerNorms write bf16 (fused_block.cu), c_attn and c_fc write bf16 through
-// cuBLASLt (bias in the epilogue), attention reads and writes bf16, GELU reads and writes bf16.
+// cuBLASLt (bias in the epilogue), attention reads and writes bf16, GELU reads and writes bf16
+// (in c_fc's cuBLASLt epilogue, GELU_AUX_BIAS, writing fch as its aux; else own kernel).
 // The residual stream stays fp32: the c_projs add it in the product (cuBLASLt, C = residual,
 // beta = 1, fp32 D), so res2 and out are written once. The stash (ln1, qkv, atty, ln2, fch,
 // fch_gelu: bf16; res2, the statistics, lse: fp32) is what the forward wrote; the backward's
 // products read it as it is. The backward converts each residual gradient once (with the
 // c_proj bias gradient in the same read), writes the gradients at the products' outputs as
-// bf16 (the GELU backward fused with the c_fc bias gradient; c_attn's bias gradient summed
+// bf16 (the GELU backward and the c_fc bias gradient in the MLP c_proj's product, cuBLASLt's
+// DGELU_BGRAD, else a GELU backward kernel with the column sums; c_attn's bias gradient summed
 // from bf16), and the LayerNorm input gradients in fp32 (the residual stream's).
+// TRIDENT_CUDA_GELU_EPILOGUE=0: the GELU kernels (docs/gpu.md, step 5).
 // Bytes per layer, GPT-2 small (N = 8192, C = 768): docs/gpu.md, "The fused GPT-2 block".
 //
 // Llama's block the same way (same knob, same stash rule): the RMSNorms write bf16, [q k v] and
@@ -24,6 +28,7 @@
 // C. The backward converts each residual gradient once (no bias gradients) and runs the RMSNorm
 // backward on the fp32 residual stream.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -47,6 +52,24 @@ const std::uint16_t* bf(const float* p) { return reinterpret_cast<const std::uin
 bool CudaOps::fused_block_from_environment() {
   const char* v = std::getenv("TRIDENT_CUDA_FUSED_BLOCK");
   return !(v && std::string(v) == "0");
+}
+
+bool CudaOps::gelu_epilogue_from_environment() {
+  const char* v = std::getenv("TRIDENT_CUDA_GELU_EPILOGUE");
+  return !(v && std::string(v) == "0");
+}
+
+// which: 0 GELU_AUX_BIAS refused, 1 DGELU_BGRAD refused, 2 only its fp32 bias gradient.
+void CudaOps::gelu_epilogue_refused(int which, int n, int in, int out) {
+  if (gelu_refusal_told_[which]) return;
+  gelu_refusal_told_[which] = true;
+  if (which == 2)
+    std::fprintf(stderr, "cuBLASLt DGELU_BGRAD: an fp32 bias gradient refused (n %d in %d out "
+                 "%d): the bias gradient in bf16\n", n, in, out);
+  else
+    std::fprintf(stderr, "cuBLASLt GELU epilogue unavailable (%s, n %d in %d out %d: refused): "
+                 "using trident's GELU kernel\n", which ? "DGELU_BGRAD" : "GELU_AUX_BIAS", n,
+                 in, out);
 }
 
 bool CudaOps::gpt2_block_stash_bf16() const {
@@ -131,12 +154,22 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
     launch_layernorm_forward_bf16(stream_, ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w,
                                   p.ln2_b, n, C);
   }
-  {
-    OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
-                                                 " out=", F); }, 0);
-    block_linear(fch, true, nullptr, ln2, p.fc_w, p.fc_b, n, C, F);
+  // c_fc and GELU: one product with GELU in cuBLASLt's epilogue (fch its pre-GELU aux), else
+  // the product with the bias epilogue and the GELU kernel.
+  bool gelu_fused = false;
+  if (gelu_epilogue_) {
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_gelu_bf16 n=", n,
+                                                 " in=", C, " out=", F); }, 0);
+    gelu_fused = bias_lt(gelu, true, nullptr, ln2, block_weight16(p.fc_w, C, F), false, p.fc_b,
+                         n, C, F, LtGelu::forward, fch);
+    if (!gelu_fused) gelu_epilogue_refused(0, n, C, F);
   }
-  {
+  if (!gelu_fused) {
+    {
+      OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
+                                                   " out=", F); }, 0);
+      block_linear(fch, true, nullptr, ln2, p.fc_w, p.fc_b, n, C, F);
+    }
     OpScope timed(timer_.get(), "block_forward gelu_bf16");
     launch_gelu_forward_bf16(stream_, gelu, fch, std::int64_t(n) * F);
   }
@@ -176,14 +209,52 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
     launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dres, n, C);
   }
-  {
-    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", F,
-                                                 " out=", C); }, 0);
-    gemm_rm16_to16(false, true, n, F, C, dres16, C, block_weight16(p.fcproj_w, F, C), C, dact16,
-                   F);
-    gemm_rm16(true, false, F, C, n, 1.0f, gelu, F, dres16, C, 1.0f, g.fcproj_w, C);
+  // d gelu and GELU's backward: one product with cuBLASLt's DGELU_BGRAD epilogue (reading fch,
+  // writing dfch16 and c_fc's bias gradient, which it overwrites: into scratch, then added;
+  // fp32, else bf16 where cuBLASLt refuses an fp32 one, widened), else the product into dact16
+  // and the GELU backward kernel with the bias gradient.
+  bool dgelu_fused = false;
+  if (gelu_epilogue_) {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_dgelu_bf16 n=", n,
+                                                 " in=", F, " out=", C); }, 0);
+    // fcproj_w [F, C] is [out, in] of this product (w_t); a weight converted into scratch
+    // goes in the same block as the bias gradient (scratch() empties the block).
+    const bool w_scratch = !cached_bf16(p.fcproj_w, F, C, C);
+    const std::size_t wbytes = w_scratch ? std::size_t(F) * std::size_t(C) * 2 : 0;
+    BumpBlock& block = scratch(aligned_bytes(std::size_t(F) * sizeof(float)) +
+                               aligned_bytes(std::size_t(F) * 2) + aligned_bytes(wbytes));
+    float* dfc_b = block.alloc_n<float>(std::size_t(F));
+    void* dfc_b16 = block.alloc(std::size_t(F) * 2);
+    const void* w16 = cached_bf16(p.fcproj_w, F, C, C);
+    if (w_scratch) {
+      void* w16s = block.alloc(wbytes);
+      launch_to_bf16(stream_, w16s, p.fcproj_w, F, C, C);
+      w16 = w16s;
+    }
+    dgelu_fused = bias_lt(dfch16, true, nullptr, dres16, w16, true, nullptr, n, C, F,
+                          LtGelu::backward, fch, dfc_b);
+    if (!dgelu_fused &&
+        bias_lt(dfch16, true, nullptr, dres16, w16, true, nullptr, n, C, F,
+                LtGelu::backward_bgrad16, fch, dfc_b16)) {
+      gelu_epilogue_refused(2, n, C, F);
+      launch_from_bf16(stream_, dfc_b, dfc_b16, F);
+      dgelu_fused = true;
+    }
+    if (dgelu_fused) {
+      launch_add(stream_, g.fc_b, g.fc_b, dfc_b, F);
+      gemm_rm16(true, false, F, C, n, 1.0f, gelu, F, dres16, C, 1.0f, g.fcproj_w, C);
+    } else {
+      gelu_epilogue_refused(1, n, C, F);
+    }
   }
-  {
+  if (!dgelu_fused) {
+    {
+      OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", F,
+                                                   " out=", C); }, 0);
+      gemm_rm16_to16(false, true, n, F, C, dres16, C, block_weight16(p.fcproj_w, F, C), C,
+                     dact16, F);
+      gemm_rm16(true, false, F, C, n, 1.0f, gelu, F, dres16, C, 1.0f, g.fcproj_w, C);
+    }
     OpScope timed(timer_.get(), "block_backward gelu_bf16_colsum");
     launch_gelu_backward_bf16_colsum(stream_, dfch16, g.fc_b, partial(F), fch, dact16, n, F);
   }

@@ -157,39 +157,74 @@ bool lt_declined(cublasStatus_t s) {
 }  // namespace
 
 bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
-                      bool w_t, const float* bias, int n, int in, int out) {
+                      bool w_t, const float* bias, int n, int in, int out, LtGelu gelu,
+                      const void* aux, void* bias_grad) {
   // Column-major: D^T[out, N] = w^T[out, in] x^T[in, N] + bias[out] per column (+ C =
   // residual^T), i.e. A = w16 as stored (column-major [out, in] for row-major w[in, out]; under
   // w_t [in, out], transposed), B = x16 (in x N, ld in), C and D (out x N, ld out), the bias
   // over D's rows.
+  // The GELU epilogues (cublasLt.h, cublasLtEpilogue_t and the EPILOGUE_AUX_* attributes):
+  // GELU_AUX_BIAS writes GELU's input (after the bias) to aux and gelu of it to D; DGELU_BGRAD
+  // reads aux, writes D = product * gelu'(aux) and the bias gradient (D's row sums, over N) to
+  // the bias pointer, overwriting it. GELU is the tanh form (GPT-2's), as measured on a card
+  // against 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). aux has D's shape and type (its
+  // default, EPILOGUE_AUX_DATA_TYPE unset: bf16 here; another type is refused), leading
+  // dimension EPILOGUE_AUX_LD >= rows and a multiple of 8 (else refused: the fallback); the
+  // heuristic takes aux's alignment from the pointer's value, as the bias's, so the key holds
+  // it. The bias gradient's type is BIAS_DATA_TYPE (fp32, as the forward's bias; unset, under
+  // backward_bgrad16, its default: D's).
+  const bool gelu_fwd = gelu == LtGelu::forward;
+  const bool grad16 = gelu == LtGelu::backward_bgrad16;
+  const bool gelu_bwd = gelu == LtGelu::backward || grad16;
+  TRIDENT_CHECK(gelu == LtGelu::none || (d16 && !residual && aux && (gelu_fwd ? bias && !bias_grad
+                                                                             : bias_grad && !bias)),
+                "bias_lt: the GELU epilogues take bf16 D, no residual, aux, and a bias (forward) "
+                "or a bias gradient (backward)");
+  const void* vec = gelu_bwd ? static_cast<const void*>(bias_grad) : bias;  // BIAS_POINTER
   const int w_rows = w_t ? out : in, w_cols = w_t ? in : out;
   const std::int64_t al_cd = std::min(alignment_of(d), residual ? alignment_of(residual) : 256);
-  const std::int64_t align = al_cd | (alignment_of(bias) << 16) | (alignment_of(x16) << 32) |
+  const std::int64_t align = al_cd | (alignment_of(vec) << 16) | (alignment_of(x16) << 32) |
                              (alignment_of(w16) << 48) | (std::int64_t(d16) << 58) |
-                             (std::int64_t(w_t) << 59) | (std::int64_t(!bias) << 60);
-  const std::array<std::int64_t, 4> key{n, in, out, align};
+                             (std::int64_t(w_t) << 59) | (std::int64_t(!vec) << 60);
+  const std::int64_t epi_key = std::int64_t(gelu) | (aux ? alignment_of(aux) << 8 : 0);
+  const std::array<std::int64_t, 5> key{n, in, out, align, epi_key};
   auto it = lt_plans_.find(key);
   if (it == lt_plans_.end()) {
     LtPlan plan;
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_n = CUBLAS_OP_N, op_a = w_t ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    const cublasLtEpilogue_t epilogue = gelu_fwd ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                        : gelu_bwd ? CUBLASLT_EPILOGUE_DGELU_BGRAD
+                                        : bias     ? CUBLASLT_EPILOGUE_BIAS
+                                                   : CUBLASLT_EPILOGUE_DEFAULT;
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                                         &op_a, sizeof(op_a)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                         &op_n, sizeof(op_n)));
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (bias && d16) {  // the bias is fp32 (the model's); cuBLASLt reads it as D's type unless told
+    // The bias (or its gradient) is fp32 (the model's); cuBLASLt reads it as D's type unless told.
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (vec && d16 && !grad16) {
       const std::int32_t bias_type = CUDA_R_32F;
-      TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      st = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                          &bias_type, sizeof(bias_type));
     }
-    // Before the heuristic, which takes the bias's alignment from the pointer's value
-    // (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER); the key holds that alignment.
-    if (bias)
-      TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    // Before the heuristic, which takes the bias's (and aux's) alignment from the pointer's
+    // value (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, _EPILOGUE_AUX_POINTER); the key
+    // holds those alignments. A refused GELU attribute is a declined plan (the fallback).
+    if (vec && st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
+                                          sizeof(vec));
+    if (aux && st == CUBLAS_STATUS_SUCCESS) {
+      const std::int64_t aux_ld = out;
+      st = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                          &aux, sizeof(aux));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                            &aux_ld, sizeof(aux_ld));
+    }
+    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, std::uint64_t(w_cols),
                                                     std::uint64_t(w_rows), w_cols));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, std::uint64_t(in),
@@ -201,8 +236,9 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
     const std::uint64_t workspace = kCublasWorkspaceBytes;
     const std::uint32_t al_a = std::uint32_t(alignment_of(w16)),
                         al_b = std::uint32_t(alignment_of(x16)), al_d = std::uint32_t(al_cd);
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &workspace, sizeof(workspace));
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                 &al_a, sizeof(al_a));
@@ -228,9 +264,12 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
   }
   LtPlan& plan = it->second;
   if (!plan.ok) return false;
-  if (bias)
+  if (vec)
     TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec)));
+  if (aux)
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   const float one = 1.0f, beta = residual ? 1.0f : 0.0f;
   const void* c = residual ? static_cast<const void*>(residual) : d;
   const cublasStatus_t st =

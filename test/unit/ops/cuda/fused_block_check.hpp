@@ -103,9 +103,12 @@ struct Result {
 
 // One forward and backward on `ops` (weights, x, dout from the host), the results to the host.
 // break_stash: la.fch overwritten (with x's bytes) between forward and backward; dres_scale
-// multiplies d loss / d out: the broken runs a check must catch.
+// multiplies d loss / d out: the broken runs a check must catch. microbatches > 1: that many
+// forward and backward passes into the same gradients (as a step's microbatches), the
+// gradients returned divided by it (exact for powers of two): a gradient written rather than
+// added shows.
 inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break_stash = false,
-                  float dres_scale = 1.0f) {
+                  float dres_scale = 1.0f, int microbatches = 1) {
   DeviceMemory* mem = ops.memory();
   const std::int64_t P = s.param_count();
   const std::size_t nc = std::size_t(s.n()) * std::size_t(s.c);
@@ -118,20 +121,23 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   copy_to_device(mem, xb.data(), k.x.data(), k.x.size() * 4);
   std::vector<float> d = k.dout;
   for (float& v : d) v *= dres_scale;
-  copy_to_device(mem, dres.data(), d.data(), d.size() * 4);
   ops.fill(grads.data(), 0.0f, P);
   ops.set_weights(params.data(), P);
   const Ops::Gpt2BlockShape shape{s.b, s.t, s.c, s.nh, s.f()};
   const Ops::Gpt2BlockStash la = carve(s, stash.data(), bf16);
-  ops.gpt2_block_forward(shape, views(s, params.data()), xb.data(), out.data(), la);
-  if (break_stash) ops.copy(la.fch, xb.data(), std::int64_t(nc));
-  ops.gpt2_block_backward(shape, views(s, params.data()), views(s, grads.data()), xb.data(),
-                          dres.data(), la, {dbuf.data(), dqkv.data(), dfch.data(), dact.data()});
+  for (int mb = 0; mb < microbatches; ++mb) {
+    copy_to_device(mem, dres.data(), d.data(), d.size() * 4);
+    ops.gpt2_block_forward(shape, views(s, params.data()), xb.data(), out.data(), la);
+    if (break_stash) ops.copy(la.fch, xb.data(), std::int64_t(nc));
+    ops.gpt2_block_backward(shape, views(s, params.data()), views(s, grads.data()), xb.data(),
+                            dres.data(), la, {dbuf.data(), dqkv.data(), dfch.data(), dact.data()});
+  }
   Result r;
   r.out.resize(nc), r.dx.resize(nc), r.grads.resize(std::size_t(P));
   copy_to_host(mem, r.out.data(), out.data(), nc * 4);
   copy_to_host(mem, r.dx.data(), dres.data(), nc * 4);
   copy_to_host(mem, r.grads.data(), grads.data(), r.grads.size() * 4);
+  for (float& g : r.grads) g /= float(microbatches);
   ops.set_weights(nullptr, 0);
   return r;
 }

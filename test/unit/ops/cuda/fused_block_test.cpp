@@ -7,6 +7,9 @@
 // main() is cuda_ops_test.cpp's (skips without a GPU).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "fused_block_check.hpp"
 #include "llama_block_check.hpp"
 #include "trident/ops/cuda.hpp"
@@ -24,12 +27,39 @@ TEST(CudaFusedBlock, MatchesTheCpuCompositionAndCatchesAStaleStash) {
   for (const Shape& s : {Shape{2, 128, 256, 4}, Shape{1, 77, 96, 3}}) {  // hs 64; hs 32, odd T
     const Case k = random_case(s, 27);
     const Result want = run(*cpu, s, false, k);
-    EXPECT_LE(compare("fused CUDA bf16 vs CPU", s, run(*gpu, s, true, k), want, kTol), kTol);
+    // two microbatches into the same gradients: c_fc's bias gradient (cuBLASLt's DGELU_BGRAD
+    // writes it) must be added
+    EXPECT_LE(compare("fused CUDA bf16 vs CPU, 2 microbatches", s,
+                      run(*gpu, s, true, k, false, 1.0f, 2), want, kTol), kTol);
     EXPECT_LE(compare("CUDA bf16 composition vs CPU", s, run(*gpu, s, false, k), want, kTol),
               kTol);
     EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu, s, true, k, true), want, kTol, true),
               kTol);
   }
+}
+
+// The fused block with GELU in cuBLASLt's epilogues (the default) against the GELU kernels
+// (TRIDENT_CUDA_GELU_EPILOGUE=0): both against the CPU; a refused epilogue says so on stderr.
+TEST(CudaFusedBlock, GeluEpilogueAndGeluKernelsBothMatchTheCpu) {
+  using namespace fused_block;
+  constexpr double kTol = 3e-2;
+  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
+  if (!gpu->gpt2_block_stash_bf16())
+    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
+  const char* was = std::getenv("TRIDENT_CUDA_GELU_EPILOGUE");
+  const std::string saved = was ? was : "";
+  setenv("TRIDENT_CUDA_GELU_EPILOGUE", "0", 1);
+  auto kernels = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
+  if (was) setenv("TRIDENT_CUDA_GELU_EPILOGUE", saved.c_str(), 1);
+  else unsetenv("TRIDENT_CUDA_GELU_EPILOGUE");
+  auto cpu = ops::make_cpu_ops(2);
+  const Shape s{2, 128, 256, 4};
+  const Case k = random_case(s, 31);
+  const Result want = run(*cpu, s, false, k);
+  EXPECT_LE(compare("fused, GELU epilogues", s, run(*gpu, s, true, k, false, 1.0f, 2), want,
+                    kTol), kTol);
+  EXPECT_LE(compare("fused, GELU kernels", s, run(*kernels, s, true, k, false, 1.0f, 2), want,
+                    kTol), kTol);
 }
 
 TEST(CudaFusedBlock, LlamaMatchesTheCpuCompositionAndCatchesAStaleStash) {

@@ -6,16 +6,26 @@
 // parameter gradient within bf16 tolerance relative to the tensor's largest value; the same
 // for the CUDA backend's own composition (fp32 stash, bf16 products) as a second reference;
 // and two broken runs that must fail (a stash tensor overwritten between forward and
-// backward, the residual gradient 5% off), so that the tolerance can catch a wrong step.
+// backward, the residual gradient 5% off), so that the tolerance can catch a wrong step. The
+// fused runs take two microbatches (gradients added, not written); GELU in cuBLASLt's
+// epilogues (default) and in the kernels (TRIDENT_CUDA_GELU_EPILOGUE=0) both checked, and a
+// shape whose epilogue cuBLASLt refuses falls back to the kernels.
 // usage: fused_block  (exit 0: all agree)
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "../fused_block_check.hpp"
 
 using namespace trident::test::fused_block;
 
 namespace {
+// bit for bit
+bool same(const Result& a, const Result& b) {
+  return a.out == b.out && a.dx == b.dx && a.grads == b.grads;
+}
+
 // bf16 rounds each activation a product or attention reads to 8 significant bits; the
 // measured worst on the stand-in is 5.5e-3 of the largest value (ln1_w's gradient).
 constexpr double kTol = 1.5e-2;
@@ -26,13 +36,17 @@ int main() {
   const Case k = random_case(s, 27);
   auto cpu = trident::ops::make_cpu_ops(1);
   auto cuda = trident::ops::make_ops("cuda", 1, trident::ops::Precision::bf16);
+  const char* knob = std::getenv("TRIDENT_CUDA_GELU_EPILOGUE");
+  const bool gelu_epilogue = !(knob && std::string(knob) == "0");
   if (!cuda->gpt2_block_stash_bf16()) {
     std::printf("fused block: the CUDA backend keeps no bf16 block stash "
                 "(TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1): nothing to check\n");
     return 0;
   }
+  // The fused runs take two microbatches into the same gradients (run() returns their mean):
+  // a gradient written instead of added (c_fc's bias from cuBLASLt's DGELU_BGRAD) shows.
   const Result want = run(*cpu, s, false, k);
-  const Result fused = run(*cuda, s, true, k);
+  const Result fused = run(*cuda, s, true, k, false, 1.0f, 2);
   const Result composed = run(*cuda, s, false, k);
   bool ok = compare("fused CUDA bf16 vs CPU fp32 composition", s, fused, want, kTol) <= kTol;
   ok = compare("CUDA bf16 composition vs CPU fp32 composition", s, composed, want, kTol) <= kTol &&
@@ -44,7 +58,48 @@ int main() {
   const Shape odd{2, 9, 34, 2};
   const Case ko = random_case(odd, 28);
   ok = compare("fused CUDA bf16 vs CPU fp32, C 34 (8-byte aligned biases)", odd,
-               run(*cuda, odd, true, ko), run(*cpu, odd, false, ko), kTol) <= kTol && ok;
+               run(*cuda, odd, true, ko, false, 1.0f, 2), run(*cpu, odd, false, ko), kTol) <= kTol &&
+       ok;
+  // GELU in cuBLASLt's epilogues (the default) and in trident's kernels
+  // (TRIDENT_CUDA_GELU_EPILOGUE=0): both against the CPU, and not bit for bit the same where
+  // the epilogues ran (the epilogue's GELU reads the product unrounded, the kernel its bf16
+  // copy), bit for bit where cuBLASLt refused them: C 64 (F 256) is taken; C 33 (F 132,
+  // aux's leading dimension not a multiple of 8) is refused and falls back to the kernels.
+  if (gelu_epilogue) {
+    setenv("TRIDENT_CUDA_GELU_EPILOGUE", "0", 1);
+    auto kernels = trident::ops::make_ops("cuda", 1, trident::ops::Precision::bf16);
+    unsetenv("TRIDENT_CUDA_GELU_EPILOGUE");
+    const Result by_kernels = run(*kernels, s, true, k, false, 1.0f, 2);
+    ok = compare("fused, GELU kernels (TRIDENT_CUDA_GELU_EPILOGUE=0) vs CPU fp32", s,
+                 by_kernels, want, kTol) <= kTol && ok;
+    if (same(fused, by_kernels)) {
+      std::printf("fused block: the GELU epilogue run equals the GELU kernel run bit for bit: "
+                  "the epilogues did not run\n");
+      ok = false;
+    }
+    // A cuBLASLt that refuses an fp32 bias gradient with bf16 D (the shim's
+    // TRIDENT_EMU_LT_BGRAD32=0): the bias gradient in bf16, widened, added; still the epilogue.
+    auto bgrad16_ops = trident::ops::make_ops("cuda", 1, trident::ops::Precision::bf16);
+    setenv("TRIDENT_EMU_LT_BGRAD32", "0", 1);
+    const Result bgrad16 = run(*bgrad16_ops, s, true, k, false, 1.0f, 2);
+    unsetenv("TRIDENT_EMU_LT_BGRAD32");
+    ok = compare("fused, bf16 bias gradient from DGELU_BGRAD vs CPU fp32", s, bgrad16, want,
+                 kTol) <= kTol && ok;
+    if (same(bgrad16, by_kernels) || same(bgrad16, fused) || bgrad16.out != fused.out) {
+      std::printf("fused block: the bf16 bias-gradient run is not the epilogues' with another "
+                  "c_fc bias gradient\n");
+      ok = false;
+    }
+    const Shape refused{2, 8, 33, 3};  // F = 132: aux ld % 8 != 0
+    const Case kr = random_case(refused, 29);
+    const Result lt = run(*cuda, refused, true, kr, false, 1.0f, 2);
+    ok = compare("fused CUDA bf16 vs CPU fp32, C 33 (GELU epilogues refused)", refused, lt,
+                 run(*cpu, refused, false, kr), kTol) <= kTol && ok;
+    if (!same(lt, run(*kernels, refused, true, kr, false, 1.0f, 2))) {
+      std::printf("fused block: C 33: the refused epilogue did not fall back to the kernels\n");
+      ok = false;
+    }
+  }
   // The tolerance must catch a wrong step: a stale stash tensor, a wrong residual gradient.
   const bool stale = compare("broken on purpose: la.fch overwritten before the backward", s,
                              run(*cuda, s, true, k, true), want, kTol, true) <= kTol;

@@ -1,7 +1,9 @@
 // emulate/shim/cublas.cpp — the cuBLAS calls of cublas_v2.h and the cuBLASLt calls of
 // cublasLt.h on the CPU (see there for the arithmetic and what is checked). Column-major
 // throughout, as cuBLAS.
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -291,6 +293,9 @@ struct cublasLtMatmulDescOpaque_t {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   std::int32_t bias_type = -1;  // -1: D's type
+  const void* aux = nullptr;    // the GELU epilogues' pre-GELU matrix
+  std::int64_t aux_ld = 0;
+  std::int32_t aux_type = -1;   // -1: D's type
 };
 struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType type;
@@ -319,6 +324,20 @@ std::uint64_t lt_bias_alignment(const void* p) {
   return al;
 }
 
+bool lt_gelu(const cublasLtMatmulDescOpaque_t* desc) {
+  return desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+         desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+
+// GELU in its tanh form and its derivative (cublasLt.h's model), in double.
+double lt_gelu_value(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+double lt_gelu_grad(double x) {
+  const double k = 0.7978845608028654, c = 0.044715, t = std::tanh(k * (x + c * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+}
+
 // The problem the descriptors describe: m, n, k from D and op(A); INVALID_VALUE when the
 // layouts disagree, NOT_SUPPORTED outside what cublasLt.h says is modelled.
 cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
@@ -339,6 +358,18 @@ cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
     return CUBLAS_STATUS_INVALID_VALUE;
   for (auto* l : {a, b, d})
     if (l->ld < std::int64_t(l->rows > 1 ? l->rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (lt_gelu(desc)) {  // aux: ld >= D's rows and a multiple of 8, D's type
+    if (desc->aux_ld < std::int64_t(d->rows) || desc->aux_ld % 8 != 0)
+      return CUBLAS_STATUS_INVALID_VALUE;
+    if (desc->aux_type >= 0 && desc->aux_type != std::int32_t(d->type))
+      return CUBLAS_STATUS_INVALID_VALUE;
+    // TRIDENT_EMU_LT_BGRAD32=0: a cuBLASLt that takes the bias gradient in D's type only
+    const char* v = std::getenv("TRIDENT_EMU_LT_BGRAD32");  // read at each call (tests flip it)
+    const bool bgrad32 = !(v && v[0] == '0' && !v[1]);
+    if (!bgrad32 && desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD && desc->bias_type >= 0 &&
+        desc->bias_type != std::int32_t(d->type))
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // namespace
@@ -372,6 +403,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return get_attr(desc->epilogue, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return get_attr(desc->bias, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return get_attr(desc->bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return get_attr(desc->aux, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return get_attr(desc->aux_ld, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return get_attr(desc->aux_type, buf, size);
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }
@@ -424,6 +458,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].algo.data[0] = 0x7eu;  // the one emulated "algorithm"
   results[0].algo.data[1] = lt_bias_alignment(desc->bias);
+  results[0].algo.data[2] = lt_bias_alignment(desc->aux);  // the same rule for aux
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *returned = 1;
@@ -452,19 +487,37 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   const std::size_t ed = type_size(ddesc->type);
   if (!emu::is_device(d, extent(m, n, ddesc->ld, ed))) return not_device("cublasLtMatmul", "D");
   if (be != 0.0f && !emu::is_device(c, extent(m, n, cdesc->ld, ed))) return not_device("cublasLtMatmul", "C");
-  const bool bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS;
-  if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bias) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool gelu_fwd = desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool gelu_bwd = desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  const bool bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS || gelu_fwd;  // added to D
+  const bool vec = bias || gelu_bwd;  // the bias pointer is read or (bgrad) written
+  if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !vec) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (gelu_fwd && !desc->aux) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (gelu_bwd && !desc->aux) return CUBLAS_STATUS_INVALID_VALUE;
+  if (vec && !desc->bias) return CUBLAS_STATUS_INVALID_VALUE;
   const cudaDataType bias_type =
       desc->bias_type < 0 ? ddesc->type : static_cast<cudaDataType>(desc->bias_type);
-  if (bias && bias_type != CUDA_R_32F && bias_type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (bias && !emu::is_device(desc->bias, std::size_t(m) * type_size(bias_type)))
+  if (vec && bias_type != CUDA_R_32F && bias_type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (vec && !emu::is_device(desc->bias, std::size_t(m) * type_size(bias_type)))
     return not_device("cublasLtMatmul", "bias");
-  if (bias && algo && lt_bias_alignment(desc->bias) < algo->data[1]) {
+  if (vec && algo && lt_bias_alignment(desc->bias) < algo->data[1]) {
     std::fprintf(stderr, "cuda emulation: cublasLtMatmul: the bias is %llu-byte aligned, the "
                  "algorithm was chosen for %llu (the bias pointer at the heuristic): a GPU "
                  "would fault here\n", (unsigned long long)lt_bias_alignment(desc->bias),
                  (unsigned long long)algo->data[1]);
     return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  const cudaDataType aux_type = ddesc->type;  // lt_problem refused any other
+  if (lt_gelu(desc)) {
+    if (!emu::is_device(desc->aux, extent(m, n, desc->aux_ld, type_size(aux_type))))
+      return not_device("cublasLtMatmul", "aux");
+    if (algo && lt_bias_alignment(desc->aux) < algo->data[2]) {
+      std::fprintf(stderr, "cuda emulation: cublasLtMatmul: aux is %llu-byte aligned, the "
+                   "algorithm was chosen for %llu (the aux pointer at the heuristic): a GPU "
+                   "would fault here\n", (unsigned long long)lt_bias_alignment(desc->aux),
+                   (unsigned long long)algo->data[2]);
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
   }
   // In float (D = alpha AB + beta C, then the bias), rounded once when D is bf16; C may differ
   // from D (same layout).
@@ -475,9 +528,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
         out[std::size_t(j) * m + i] = load_c(c, cdesc->type, std::int64_t(j) * cdesc->ld + i);
   gemm_one(ta, tb, m, n, reads ? k : 0, al, a, adesc->type, int(adesc->ld), b, bdesc->type,
            int(bdesc->ld), be, out.data(), CUDA_R_32F, m, CUBLAS_COMPUTE_32F);
+  // DGELU_BGRAD reads aux before anything is written (aux may not alias D on a card either).
+  std::vector<double> row_sum(gelu_bwd ? std::size_t(m) : 0, 0.0);
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      float v = out[std::size_t(j) * m + i] + (bias ? load_c(desc->bias, bias_type, i) : 0.0f);
+      const std::int64_t at_aux = std::int64_t(j) * desc->aux_ld + i;
+      if (gelu_fwd) {
+        store_c(const_cast<void*>(desc->aux), aux_type, at_aux, v);
+        v = float(lt_gelu_value(double(v)));
+      } else if (gelu_bwd) {
+        v = float(double(v) * lt_gelu_grad(double(load_c(desc->aux, aux_type, at_aux))));
+        row_sum[std::size_t(i)] += double(v);
+      }
+      out[std::size_t(j) * m + i] = v;
+    }
   for (int j = 0; j < n; j++)
     for (int i = 0; i < m; i++)
-      store_c(d, ddesc->type, std::int64_t(j) * ddesc->ld + i,
-              out[std::size_t(j) * m + i] + (bias ? load_c(desc->bias, bias_type, i) : 0.0f));
+      store_c(d, ddesc->type, std::int64_t(j) * ddesc->ld + i, out[std::size_t(j) * m + i]);
+  if (gelu_bwd)
+    for (int i = 0; i < m; i++)
+      store_c(const_cast<void*>(desc->bias), bias_type, i, float(row_sum[std::size_t(i)]));
   return CUBLAS_STATUS_SUCCESS;
 }

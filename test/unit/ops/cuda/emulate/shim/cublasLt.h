@@ -12,6 +12,21 @@
 // at that time (as cuBLASLt reads it; unset: any): a matmul with a less aligned bias is
 // EXECUTION_FAILED (a GPU's misaligned load).
 // Arithmetic as cublas_v2.h's GEMMs; the bias is added in float after alpha * product.
+// The GELU epilogues of cublasLt.h (GELU in its tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x +
+// 0.044715 x^3))), as cuBLASLt computes it on a card): GELU_AUX_BIAS: v = alpha AB + beta C +
+// bias, aux = v (rounded to aux's type), D = gelu(v) (from v unrounded); DGELU_BGRAD: g = alpha
+// AB + beta C, D = g gelu'(aux), and the bias pointer *written* (not accumulated) with D's row
+// sums (of the unrounded values, over the n columns) in the bias type (BIAS_DATA_TYPE, default
+// D's). aux: D's shape, type D's (EPILOGUE_AUX_DATA_TYPE unset, or set to D's; another type is
+// INVALID_VALUE), leading dimension EPILOGUE_AUX_LD >= rows and a multiple of 8 (else
+// INVALID_VALUE, at the heuristic and the matmul), device memory; its pointer's alignment (up
+// to 16 bytes) at the heuristic chooses the algorithm, as the bias's: a matmul with a less
+// aligned aux is EXECUTION_FAILED. No aux pointer at the matmul: GELU_AUX_BIAS NOT_SUPPORTED,
+// DGELU_BGRAD INVALID_VALUE; no bias pointer: INVALID_VALUE (what a card's cuBLASLt 13
+// answers). Both need D bf16 or fp32 with A and B of the same type (as the bias epilogue).
+// Whether a card takes an fp32 bias gradient with bf16 D is not documented: the shim does;
+// with TRIDENT_EMU_LT_BGRAD32=0 in the environment it refuses it (NOT_SUPPORTED, heuristic and
+// matmul), as such a cuBLASLt would, so that the caller's bf16 bias-gradient path runs.
 #pragma once
 
 #include <cstddef>
@@ -43,9 +58,17 @@ enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
   CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
   CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22,
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 };
-enum cublasLtEpilogue_t { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 };
+enum cublasLtEpilogue_t {
+  CUBLASLT_EPILOGUE_DEFAULT = 1,
+  CUBLASLT_EPILOGUE_BIAS = 4,
+  CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164,
+  CUBLASLT_EPILOGUE_DGELU_BGRAD = 208,
+};
 enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,

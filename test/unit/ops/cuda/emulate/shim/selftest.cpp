@@ -3,7 +3,8 @@
 // batches, bf16 inputs, the TF32/bf16 rounding of the fast compute types) against a plain
 // double loop, cuBLAS's argument checks, and that the checks of device pointers, poisoned
 // fresh memory and launch limits fire; cuBLASLt's bias epilogue against the GEMM plus the bias,
-// its layout checks and its device-pointer check of the bias; WMMA (mma.h): D = A B + C with
+// its layout checks and its device-pointer check of the bias; the GELU epilogues (GELU_AUX_BIAS,
+// DGELU_BGRAD: tanh GELU, aux written and read, the bias gradient overwritten) and their refusals; WMMA (mma.h): D = A B + C with
 // A row-major, B column-major, C read column-major and D stored row-major from padded tiles,
 // against a double loop on the bf16-rounded values, and __all_sync. Built with
 // TRIDENT_EMU_DEVICE_POINTERS.
@@ -216,6 +217,106 @@ int main() {
                            0, nullptr) == CUBLAS_STATUS_SUCCESS,
             "  the same bias set before the heuristic: runs");
       cublasLtMatmulDescDestroy(bdesc);
+    }
+    {  // the GELU epilogues (fp32 D, aux of D's type): GELU_AUX_BIAS then DGELU_BGRAD on its aux
+      const std::int64_t aux_ld = 8;  // >= lm = 6, a multiple of 8
+      float* daux = dev(std::size_t(aux_ld) * ln);
+      float* dbg = dev(lm);
+      auto gelu_desc = [&](cublasLtEpilogue_t e, const void* aux, std::int64_t ldx,
+                           const void* vec) {
+        cublasLtMatmulDesc_t g;
+        cublasLtMatmulDescCreate(&g, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        cublasLtMatmulDescSetAttribute(g, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e));
+        if (vec) cublasLtMatmulDescSetAttribute(g, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec));
+        if (aux) cublasLtMatmulDescSetAttribute(g, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
+        cublasLtMatmulDescSetAttribute(g, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldx, sizeof(ldx));
+        return g;
+      };
+      auto lt_gelu = [](double x) {
+        return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+      };
+      auto lt_dgelu = [](double x) {
+        const double k = 0.7978845608028654, c = 0.044715, t = std::tanh(k * (x + c * x * x * x));
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+      };
+      check(std::fabs(lt_gelu(-1.0) - -0.158808) < 1e-5 && std::fabs(lt_gelu(1.0) - 0.841192) < 1e-5,
+            "  GELU is the tanh form: gelu(-1) = -0.15881 (erf form: -0.15866)");
+      cublasLtMatmulDesc_t g = gelu_desc(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, daux, aux_ld, dbias);
+      cublasLtMatmulHeuristicResult_t gr{};
+      check(cublasLtMatmulAlgoGetHeuristic(lt, g, la, lb, ld, ld, pref, 1, &gr, &found) ==
+                CUBLAS_STATUS_SUCCESS && found == 1 &&
+                cublasLtMatmul(lt, g, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &gr.algo,
+                               nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS,
+            "cuBLASLt GELU_AUX_BIAS runs");
+      std::vector<float> aux(std::size_t(aux_ld) * ln), gd(want.size());
+      cudaMemcpy(aux.data(), daux, aux.size() * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(gd.data(), dd, gd.size() * 4, cudaMemcpyDeviceToHost);
+      double aerr = 0, derr = 0;
+      for (int j = 0; j < ln; j++)
+        for (int i = 0; i < lm; i++) {
+          aerr = std::fmax(aerr, std::fabs(aux[std::size_t(j * aux_ld + i)] - want[std::size_t(j * lm + i)]));
+          derr = std::fmax(derr, std::fabs(gd[std::size_t(j * lm + i)] - lt_gelu(want[std::size_t(j * lm + i)])));
+        }
+      check(aerr <= 1e-6 && derr <= 1e-5, "  aux = A B + bias (ld 8), D = gelu(aux)");
+      cublasLtMatmulDescDestroy(g);
+      // DGELU_BGRAD on that aux: D = A B gelu'(aux), the bias pointer written with D's row sums
+      std::vector<float> minus(lm, -99.0f);
+      cudaMemcpy(dbg, minus.data(), minus.size() * 4, cudaMemcpyHostToDevice);
+      g = gelu_desc(CUBLASLT_EPILOGUE_DGELU_BGRAD, daux, aux_ld, dbg);
+      check(cublasLtMatmulAlgoGetHeuristic(lt, g, la, lb, ld, ld, pref, 1, &gr, &found) ==
+                CUBLAS_STATUS_SUCCESS && found == 1 &&
+                cublasLtMatmul(lt, g, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &gr.algo,
+                               nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS,
+            "cuBLASLt DGELU_BGRAD runs");
+      std::vector<float> bg(lm);
+      cudaMemcpy(gd.data(), dd, gd.size() * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(bg.data(), dbg, bg.size() * 4, cudaMemcpyDeviceToHost);
+      derr = 0;
+      double berr = 0;
+      for (int i = 0; i < lm; i++) {
+        double sum = 0;
+        for (int j = 0; j < ln; j++) {
+          const double v = (double(want[std::size_t(j * lm + i)]) - bias[std::size_t(i)]) *
+                           lt_dgelu(aux[std::size_t(j * aux_ld + i)]);
+          sum += v;
+          derr = std::fmax(derr, std::fabs(gd[std::size_t(j * lm + i)] - v));
+        }
+        berr = std::fmax(berr, std::fabs(bg[std::size_t(i)] - sum));
+      }
+      check(derr <= 1e-5 && berr <= 1e-5,
+            "  D = A B gelu'(aux), the bias gradient D's row sums, overwritten (not added)");
+      cublasLtMatmulDescDestroy(g);
+      // what is refused: aux ld not a multiple of 8 or below the rows, another aux type, no aux
+      g = gelu_desc(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, daux, 7, dbias);
+      check(cublasLtMatmulAlgoGetHeuristic(lt, g, la, lb, ld, ld, pref, 1, &gr, &found) ==
+                CUBLAS_STATUS_INVALID_VALUE, "  aux ld 7 (below the rows, not a multiple of 8): INVALID_VALUE");
+      cublasLtMatmulDescDestroy(g);
+      g = gelu_desc(CUBLASLT_EPILOGUE_DGELU_BGRAD, daux, 12, dbg);
+      check(cublasLtMatmulAlgoGetHeuristic(lt, g, la, lb, ld, ld, pref, 1, &gr, &found) ==
+                CUBLAS_STATUS_INVALID_VALUE, "  aux ld 12 (not a multiple of 8): INVALID_VALUE");
+      cublasLtMatmulDescDestroy(g);
+      g = gelu_desc(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, daux, aux_ld, dbias);
+      const std::int32_t bf = CUDA_R_16BF;
+      cublasLtMatmulDescSetAttribute(g, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf, sizeof(bf));
+      check(cublasLtMatmulAlgoGetHeuristic(lt, g, la, lb, ld, ld, pref, 1, &gr, &found) ==
+                CUBLAS_STATUS_INVALID_VALUE, "  an aux type other than D's: INVALID_VALUE");
+      cublasLtMatmulDescDestroy(g);
+      g = gelu_desc(CUBLASLT_EPILOGUE_DGELU_BGRAD, nullptr, aux_ld, dbg);
+      check(cublasLtMatmulAlgoGetHeuristic(lt, g, la, lb, ld, ld, pref, 1, &gr, &found) ==
+                CUBLAS_STATUS_SUCCESS &&
+                cublasLtMatmul(lt, g, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &gr.algo,
+                               nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE,
+            "  DGELU_BGRAD without aux: INVALID_VALUE at the matmul");
+      cublasLtMatmulDescDestroy(g);
+      // aux's alignment: chosen at the heuristic, as the bias's
+      float* odd_aux = dev(std::size_t(aux_ld) * ln + 1) + 1;
+      g = gelu_desc(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, daux, aux_ld, dbias);
+      cublasLtMatmulAlgoGetHeuristic(lt, g, la, lb, ld, ld, pref, 1, &gr, &found);
+      cublasLtMatmulDescSetAttribute(g, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &odd_aux, sizeof(odd_aux));
+      check(cublasLtMatmul(lt, g, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &gr.algo, nullptr,
+                           0, nullptr) == CUBLAS_STATUS_EXECUTION_FAILED,
+            "  a 4-byte aligned aux, the heuristic asked with a 16-byte one: EXECUTION_FAILED");
+      cublasLtMatmulDescDestroy(g);
     }
     const float* host_bias = bias.data();
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &host_bias, sizeof(host_bias));
