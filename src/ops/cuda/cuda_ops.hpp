@@ -229,11 +229,14 @@ class CudaOps final : public Ops {
   //             written (the caller adds it to the accumulated gradient);
   //   backward_bgrad16  the same with bias_grad bf16 (D's type, cuBLASLt's default), for a
   //             cuBLASLt that refuses an fp32 bias gradient with bf16 D.
+  // bias16: the (forward) bias is bf16, D's type (cuBLASLt's default; cublasLt.h documents the
+  //   bias as D's type): the weight cache's copy, for a cuBLASLt that refuses an fp32 bias
+  //   with bf16 D.
   enum class LtGelu { none, forward, backward, backward_bgrad16 };
   bool bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
-               bool w_t, const float* bias, int n, int in, int out,
+               bool w_t, const void* bias, int n, int in, int out,
                LtGelu gelu = LtGelu::none, const void* aux = nullptr,
-               void* bias_grad = nullptr);
+               void* bias_grad = nullptr, bool bias16 = false);
   // The bf16 copy of the stored matrix [rows, cols] (leading dimension ld) at p, from the
   // weight cache when it lies in set_weights' range (converting the whole range first when
   // the weights changed since the last conversion); nullptr when it does not (the caller
@@ -334,8 +337,14 @@ class CudaOps final : public Ops {
   // once per direction on stderr (and once when only the fp32 bias gradient is refused).
   static bool gelu_epilogue_from_environment();
   bool gelu_epilogue_ = gelu_epilogue_from_environment();
-  bool gelu_refusal_told_[3] = {false, false, false};  // forward, backward, fp32 bias grad
+  bool gelu_refusal_told_[4] = {};  // forward, backward, fp32 bias grad, fp32 bias
   void gelu_epilogue_refused(int which, int n, int in, int out);
+  // bias_lt with bias16 on the weight cache's bf16 copy of bias, where cuBLASLt refused the
+  // fp32 bias with bf16 D (said once on stderr); false when it refuses that too, or the bias
+  // is not in the cache (its scratch copy could overwrite a weight converted there).
+  bool bias_lt_bf16_bias(void* d, const void* x16, const void* w16, bool w_t, const float* bias,
+                         int n, int in, int out, LtGelu gelu = LtGelu::none,
+                         const void* aux = nullptr);
   // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
   void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
                       const void* b16, int ldb, void* c16, int ldc);

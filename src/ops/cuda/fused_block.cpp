@@ -59,11 +59,15 @@ bool CudaOps::gelu_epilogue_from_environment() {
   return !(v && std::string(v) == "0");
 }
 
-// which: 0 GELU_AUX_BIAS refused, 1 DGELU_BGRAD refused, 2 only its fp32 bias gradient.
+// which: 0 GELU_AUX_BIAS refused, 1 DGELU_BGRAD refused, 2 only its fp32 bias gradient, 3 an
+// fp32 bias with bf16 D (the bias then in bf16).
 void CudaOps::gelu_epilogue_refused(int which, int n, int in, int out) {
   if (gelu_refusal_told_[which]) return;
   gelu_refusal_told_[which] = true;
-  if (which == 2)
+  if (which == 3)
+    std::fprintf(stderr, "cuBLASLt: an fp32 bias with bf16 D refused (n %d in %d out %d): the "
+                 "bias in bf16\n", n, in, out);
+  else if (which == 2)
     std::fprintf(stderr, "cuBLASLt DGELU_BGRAD: an fp32 bias gradient refused (n %d in %d out "
                  "%d): the bias gradient in bf16\n", n, in, out);
   else
@@ -74,6 +78,17 @@ void CudaOps::gelu_epilogue_refused(int which, int n, int in, int out) {
 
 bool CudaOps::gpt2_block_stash_bf16() const {
   return precision_ == Precision::bf16 && !baseline_ && fused_block_;
+}
+
+bool CudaOps::bias_lt_bf16_bias(void* d, const void* x16, const void* w16, bool w_t,
+                                const float* bias, int n, int in, int out, LtGelu gelu,
+                                const void* aux) {
+  const void* bias16 = bias ? cached_bf16(bias, 1, out, out) : nullptr;
+  if (!bias16 || !bias_lt(d, true, nullptr, x16, w16, w_t, bias16, n, in, out, gelu, aux, nullptr,
+                          true))
+    return false;
+  gelu_epilogue_refused(3, n, in, out);
+  return true;
 }
 
 const void* CudaOps::block_weight16(const float* w, int rows, int cols) {
@@ -102,6 +117,7 @@ void CudaOps::block_linear(void* d, bool d16, const float* residual, const void*
   const int w_rows = w_t ? out : in, w_cols = w_t ? in : out;
   const void* w16 = block_weight16(w, w_rows, w_cols);
   if (bias_lt(d, d16, residual, x16, w16, w_t, bias, n, in, out)) return;
+  if (d16 && !residual && bias_lt_bf16_bias(d, x16, w16, w_t, bias, n, in, out)) return;
   // The fallback: y = bias rows + product in fp32 (scratch unless D is fp32), then the residual
   // or the rounding to bf16.
   // (A weight converted into scratch is converted again beside y: scratch() empties it.)
@@ -160,8 +176,11 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   if (gelu_epilogue_) {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_gelu_bf16 n=", n,
                                                  " in=", C, " out=", F); }, 0);
-    gelu_fused = bias_lt(gelu, true, nullptr, ln2, block_weight16(p.fc_w, C, F), false, p.fc_b,
-                         n, C, F, LtGelu::forward, fch);
+    const void* fc_w16 = block_weight16(p.fc_w, C, F);
+    gelu_fused = bias_lt(gelu, true, nullptr, ln2, fc_w16, false, p.fc_b, n, C, F,
+                         LtGelu::forward, fch) ||
+                 bias_lt_bf16_bias(gelu, ln2, fc_w16, false, p.fc_b, n, C, F, LtGelu::forward,
+                                   fch);
     if (!gelu_fused) gelu_epilogue_refused(0, n, C, F);
   }
   if (!gelu_fused) {

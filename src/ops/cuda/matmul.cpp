@@ -157,8 +157,8 @@ bool lt_declined(cublasStatus_t s) {
 }  // namespace
 
 bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16, const void* w16,
-                      bool w_t, const float* bias, int n, int in, int out, LtGelu gelu,
-                      const void* aux, void* bias_grad) {
+                      bool w_t, const void* bias, int n, int in, int out, LtGelu gelu,
+                      const void* aux, void* bias_grad, bool bias16) {
   // Column-major: D^T[out, N] = w^T[out, in] x^T[in, N] + bias[out] per column (+ C =
   // residual^T), i.e. A = w16 as stored (column-major [out, in] for row-major w[in, out]; under
   // w_t [in, out], transposed), B = x16 (in x N, ld in), C and D (out x N, ld out), the bias
@@ -186,7 +186,8 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
   const std::int64_t align = al_cd | (alignment_of(vec) << 16) | (alignment_of(x16) << 32) |
                              (alignment_of(w16) << 48) | (std::int64_t(d16) << 58) |
                              (std::int64_t(w_t) << 59) | (std::int64_t(!vec) << 60);
-  const std::int64_t epi_key = std::int64_t(gelu) | (aux ? alignment_of(aux) << 8 : 0);
+  const std::int64_t epi_key =
+      std::int64_t(gelu) | (std::int64_t(bias16) << 7) | (aux ? alignment_of(aux) << 8 : 0);
   const std::array<std::int64_t, 5> key{n, in, out, align, epi_key};
   auto it = lt_plans_.find(key);
   if (it == lt_plans_.end()) {
@@ -205,7 +206,7 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
         plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     // The bias (or its gradient) is fp32 (the model's); cuBLASLt reads it as D's type unless told.
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    if (vec && d16 && !grad16) {
+    if (vec && d16 && !grad16 && !bias16) {
       const std::int32_t bias_type = CUDA_R_32F;
       st = cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                           &bias_type, sizeof(bias_type));

@@ -16,6 +16,8 @@
 #include <memory>
 #include <string>
 
+#include <cublasLt.h>  // the shim's (emu::lt_bias16_matmuls)
+
 #include "../fused_block_check.hpp"
 
 using namespace trident::test::fused_block;
@@ -88,6 +90,27 @@ int main() {
     if (same(bgrad16, by_kernels) || same(bgrad16, fused) || bgrad16.out != fused.out) {
       std::printf("fused block: the bf16 bias-gradient run is not the epilogues' with another "
                   "c_fc bias gradient\n");
+      ok = false;
+    }
+    // A cuBLASLt that takes a bias only in D's type (the shim's TRIDENT_EMU_LT_BIAS32=0; what
+    // cublasLt.h's text says): c_attn's and c_fc's biases from the weight cache's bf16 copy,
+    // still in the epilogues: against the CPU, and not bit for bit the fp32-bias run (which
+    // the fp32 fallback, had it run instead, would equal).
+    bgrad16_ops.reset();  // the emulated device holds four backends' arenas at most
+    auto bias16_ops = trident::ops::make_ops("cuda", 1, trident::ops::Precision::bf16);
+    const std::uint64_t bias16_before = emu::lt_bias16_matmuls();
+    setenv("TRIDENT_EMU_LT_BIAS32", "0", 1);
+    const Result bias16 = run(*bias16_ops, s, true, k, false, 1.0f, 2);
+    unsetenv("TRIDENT_EMU_LT_BIAS32");
+    if (emu::lt_bias16_matmuls() == bias16_before) {
+      std::printf("fused block: no matmul read a bf16 bias with TRIDENT_EMU_LT_BIAS32=0\n");
+      ok = false;
+    }
+    ok = compare("fused, bf16 biases (fp32 bias with bf16 D refused) vs CPU fp32", s, bias16,
+                 want, kTol) <= kTol && ok;
+    if (same(bias16, fused) || same(bias16, by_kernels)) {
+      std::printf("fused block: the bf16-bias run equals the fp32-bias or kernel run bit for "
+                  "bit: the bf16 bias did not run\n");
       ok = false;
     }
     const Shape refused{2, 8, 33, 3};  // F = 132: aux ld % 8 != 0

@@ -358,6 +358,12 @@ cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
     return CUBLAS_STATUS_INVALID_VALUE;
   for (auto* l : {a, b, d})
     if (l->ld < std::int64_t(l->rows > 1 ? l->rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+  // TRIDENT_EMU_LT_BIAS32=0: a cuBLASLt that takes a bias in D's type only (cublasLt.h's text)
+  const char* b32 = std::getenv("TRIDENT_EMU_LT_BIAS32");  // read at each call (tests flip it)
+  if (b32 && b32[0] == '0' && !b32[1] && d->type == CUDA_R_16BF && desc->bias_type >= 0 &&
+      desc->bias_type != std::int32_t(d->type) &&
+      (desc->epilogue == CUBLASLT_EPILOGUE_BIAS || desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   if (lt_gelu(desc)) {  // aux: ld >= D's rows and a multiple of 8, D's type
     if (desc->aux_ld < std::int64_t(d->rows) || desc->aux_ld % 8 != 0)
       return CUBLAS_STATUS_INVALID_VALUE;
@@ -373,6 +379,12 @@ cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
   return CUBLAS_STATUS_SUCCESS;
 }
 }  // namespace
+
+namespace {
+std::uint64_t g_lt_bias16_matmuls = 0;  // emu::lt_bias16_matmuls
+}  // namespace
+
+std::uint64_t emu::lt_bias16_matmuls() { return g_lt_bias16_matmuls; }
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
   if (!h) return CUBLAS_STATUS_INVALID_VALUE;
@@ -500,6 +512,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (vec && bias_type != CUDA_R_32F && bias_type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (vec && !emu::is_device(desc->bias, std::size_t(m) * type_size(bias_type)))
     return not_device("cublasLtMatmul", "bias");
+  if (bias && bias_type == CUDA_R_16BF) ++g_lt_bias16_matmuls;
   if (vec && algo && lt_bias_alignment(desc->bias) < algo->data[1]) {
     std::fprintf(stderr, "cuda emulation: cublasLtMatmul: the bias is %llu-byte aligned, the "
                  "algorithm was chosen for %llu (the bias pointer at the heuristic): a GPU "

@@ -27,6 +27,8 @@
 // Whether a card takes an fp32 bias gradient with bf16 D is not documented: the shim does;
 // with TRIDENT_EMU_LT_BGRAD32=0 in the environment it refuses it (NOT_SUPPORTED, heuristic and
 // matmul), as such a cuBLASLt would, so that the caller's bf16 bias-gradient path runs.
+// Likewise TRIDENT_EMU_LT_BIAS32=0 refuses an fp32 bias with bf16 D (BIAS, GELU_AUX_BIAS:
+// cublasLt.h describes the bias as D's type), so that the caller's bf16-bias path runs.
 #pragma once
 
 #include <cstddef>
@@ -105,3 +107,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               const void* c, cublasLtMatrixLayout_t cdesc, void* d,
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo,
                               void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
+
+namespace emu {
+// Matmuls run so far with a bias (BIAS or GELU_AUX_BIAS) read as bf16: the tests' evidence that
+// a caller's bf16-bias path ran.
+std::uint64_t lt_bias16_matmuls();
+}  // namespace emu
