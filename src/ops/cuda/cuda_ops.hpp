@@ -337,8 +337,10 @@ class CudaOps final : public Ops {
   // once per direction on stderr (and once when only the fp32 bias gradient is refused).
   static bool gelu_epilogue_from_environment();
   bool gelu_epilogue_ = gelu_epilogue_from_environment();
-  bool gelu_refusal_told_[4] = {};  // forward, backward, fp32 bias grad, fp32 bias
-  void gelu_epilogue_refused(int which, int n, int in, int out);
+  // What cuBLASLt refused of the block's plans, each said once on stderr.
+  enum class LtRefusal { gelu_forward, gelu_backward, fp32_bias_grad, fp32_bias, count };
+  bool lt_refusal_told_[int(LtRefusal::count)] = {};
+  void say_lt_refusal(LtRefusal what, int n, int in, int out);
   // bias_lt with bias16 on the weight cache's bf16 copy of bias, where cuBLASLt refused the
   // fp32 bias with bf16 D (said once on stderr); false when it refuses that too, or the bias
   // is not in the cache (its scratch copy could overwrite a weight converted there).

@@ -3,7 +3,7 @@
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
 //          fused_block_from_environment, gelu_epilogue_from_environment,
-//          gelu_epilogue_refused, block_linear, block_weight16, gemm_rm16_to16,
+//          say_lt_refusal, bias_lt_bf16_bias, block_linear, block_weight16, gemm_rm16_to16,
 //          llama_block_forward, llama_block_backward
 //
 // Inside the block, every activation a product or attention reads is bf16, written so by its
@@ -59,20 +59,19 @@ bool CudaOps::gelu_epilogue_from_environment() {
   return !(v && std::string(v) == "0");
 }
 
-// which: 0 GELU_AUX_BIAS refused, 1 DGELU_BGRAD refused, 2 only its fp32 bias gradient, 3 an
-// fp32 bias with bf16 D (the bias then in bf16).
-void CudaOps::gelu_epilogue_refused(int which, int n, int in, int out) {
-  if (gelu_refusal_told_[which]) return;
-  gelu_refusal_told_[which] = true;
-  if (which == 3)
+void CudaOps::say_lt_refusal(LtRefusal what, int n, int in, int out) {
+  if (lt_refusal_told_[int(what)]) return;
+  lt_refusal_told_[int(what)] = true;
+  if (what == LtRefusal::fp32_bias)
     std::fprintf(stderr, "cuBLASLt: an fp32 bias with bf16 D refused (n %d in %d out %d): the "
                  "bias in bf16\n", n, in, out);
-  else if (which == 2)
+  else if (what == LtRefusal::fp32_bias_grad)
     std::fprintf(stderr, "cuBLASLt DGELU_BGRAD: an fp32 bias gradient refused (n %d in %d out "
                  "%d): the bias gradient in bf16\n", n, in, out);
   else
     std::fprintf(stderr, "cuBLASLt GELU epilogue unavailable (%s, n %d in %d out %d: refused): "
-                 "using trident's GELU kernel\n", which ? "DGELU_BGRAD" : "GELU_AUX_BIAS", n,
+                 "using trident's GELU kernel\n",
+                 what == LtRefusal::gelu_backward ? "DGELU_BGRAD" : "GELU_AUX_BIAS", n,
                  in, out);
 }
 
@@ -87,7 +86,7 @@ bool CudaOps::bias_lt_bf16_bias(void* d, const void* x16, const void* w16, bool 
   if (!bias16 || !bias_lt(d, true, nullptr, x16, w16, w_t, bias16, n, in, out, gelu, aux, nullptr,
                           true))
     return false;
-  gelu_epilogue_refused(3, n, in, out);
+  say_lt_refusal(LtRefusal::fp32_bias, n, in, out);
   return true;
 }
 
@@ -181,7 +180,7 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                          LtGelu::forward, fch) ||
                  bias_lt_bf16_bias(gelu, ln2, fc_w16, false, p.fc_b, n, C, F, LtGelu::forward,
                                    fch);
-    if (!gelu_fused) gelu_epilogue_refused(0, n, C, F);
+    if (!gelu_fused) say_lt_refusal(LtRefusal::gelu_forward, n, C, F);
   }
   if (!gelu_fused) {
     {
@@ -255,7 +254,7 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
     if (!dgelu_fused &&
         bias_lt(dfch16, true, nullptr, dres16, w16, true, nullptr, n, C, F,
                 LtGelu::backward_bgrad16, fch, dfc_b16)) {
-      gelu_epilogue_refused(2, n, C, F);
+      say_lt_refusal(LtRefusal::fp32_bias_grad, n, C, F);
       launch_from_bf16(stream_, dfc_b, dfc_b16, F);
       dgelu_fused = true;
     }
@@ -263,7 +262,7 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
       launch_add(stream_, g.fc_b, g.fc_b, dfc_b, F);
       gemm_rm16(true, false, F, C, n, 1.0f, gelu, F, dres16, C, 1.0f, g.fcproj_w, C);
     } else {
-      gelu_epilogue_refused(1, n, C, F);
+      say_lt_refusal(LtRefusal::gelu_backward, n, C, F);
     }
   }
   if (!dgelu_fused) {

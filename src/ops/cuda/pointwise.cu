@@ -139,14 +139,23 @@ __global__ void from_bf16_rows_kernel(float* dst, std::int64_t ld, const __nv_bf
 // Fixed grid and fixed reduction tree: the same sum on every call for a given n.
 constexpr int kSumBlocks = 1024;
 
-__global__ void sum_squares_partial_kernel(double* partial, const float* x, std::int64_t n) {
-  __shared__ double shared[32];
+// Block `block` of a `blocks`-block grid-stride pass over x[0, n): its sum of squares in double
+// (thread 0's value), the one order both partial kernels keep.
+__device__ __forceinline__ double block_sum_squares(const float* x, std::int64_t n,
+                                                    std::int64_t block, std::int64_t blocks,
+                                                    double* shared) {
   double s = 0.0;
-  TRIDENT_GRID_STRIDE(i, n) {
+  for (std::int64_t i = block * blockDim.x + threadIdx.x; i < n;
+       i += blocks * std::int64_t(blockDim.x)) {
     const double v = x[i];
     s += v * v;
   }
-  s = block_sum(s, shared);
+  return block_sum(s, shared);
+}
+
+__global__ void sum_squares_partial_kernel(double* partial, const float* x, std::int64_t n) {
+  __shared__ double shared[32];
+  const double s = block_sum_squares(x, n, blockIdx.x, gridDim.x, shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
@@ -216,14 +225,8 @@ __global__ void sum_squares_spans_partial_kernel(double* partial, const SumSquar
                                                  int count) {
   __shared__ double shared[32];
   const SumSquaresSpan sp = spans[entry_of_block(spans, count, blockIdx.x)];
-  const std::int64_t block = std::int64_t(blockIdx.x) - sp.first;
-  double s = 0.0;
-  for (std::int64_t i = block * blockDim.x + threadIdx.x; i < sp.n;
-       i += sp.blocks * std::int64_t(blockDim.x)) {
-    const double v = sp.x[i];
-    s += v * v;
-  }
-  s = block_sum(s, shared);
+  const double s =
+      block_sum_squares(sp.x, sp.n, std::int64_t(blockIdx.x) - sp.first, sp.blocks, shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
