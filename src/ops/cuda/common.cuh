@@ -1,8 +1,8 @@
 // ops/cuda/common.cuh — device helpers the kernels share (private to src/ops/cuda): warp and
 // block reductions with full masks in a fixed order (so results do not depend on timing),
-// grid sizes for grid-stride loops, bf16's rounding.
+// grid sizes for grid-stride loops, bf16's rounding, 16-byte accesses (Packed128).
 // defines: kFullMask, kBlock, warp_sum, warp_max, block_sum, block_max, grid_for, bf16_bits,
-//          bf16_value
+//          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +32,38 @@ __device__ __forceinline__ float bf16_value(unsigned short h) {
   memcpy(&f, &u, sizeof f);
   return f;
 }
+// 16 bytes in one access (llm.c's x128): 8 bf16 (as unsigned short) or 4 floats. The memory-
+// bound kernels move their bytes this way where every pointer is 16-byte aligned (aligned16,
+// checked on the host or per block) and the sizes allow, with a scalar tail or the scalar
+// kernel otherwise. Loads and stores go through __ldca / __stwb: the default cache policies
+// (a plain dereference's), spelled as intrinsics so that the CPU stand-in can check the
+// alignment of each access (a misaligned 16-byte access faults on a GPU).
+template <typename T>
+struct alignas(16) Packed128 {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+
+  __device__ __forceinline__ static Packed128 load(const T* p) {
+    const int4 bits = __ldca(reinterpret_cast<const int4*>(p));
+    Packed128 r;
+    memcpy(r.v, &bits, sizeof bits);
+    return r;
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    int4 bits;
+    memcpy(&bits, v, sizeof bits);
+    __stwb(reinterpret_cast<int4*>(p), bits);
+  }
+  __device__ __forceinline__ T& operator[](int i) { return v[i]; }
+  __device__ __forceinline__ const T& operator[](int i) const { return v[i]; }
+};
+using Bf16x8 = Packed128<unsigned short>;
+using Floatx4 = Packed128<float>;
+
+__host__ __device__ __forceinline__ bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
 constexpr int kBlock = 256;  // threads of a 1-D block unless a kernel says otherwise
 
 // Blocks for a grid-stride loop over n elements, kBlock threads each (capped: each thread

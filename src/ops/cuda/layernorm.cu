@@ -1,7 +1,9 @@
 // ops/cuda/layernorm.cu — LayerNorm (eps 1e-5) and RMSNorm (Llama) over the last dimension,
 // forward and backward. One warp per row for everything per-row; the parameter gradients are
 // column sums taken in a fixed order (per-chunk partials, then the chunks in order), so they do
-// not depend on timing.
+// not depend on timing. Where the pointers are 16-byte aligned and C % 4 == 0, the backward's
+// element passes (dx, the column partials) move 4 floats per access (common.cuh's Packed128)
+// with the scalar kernels' per-element arithmetic and sum order: the same bits.
 // defines: launch_layernorm_forward, launch_layernorm_backward, layernorm_partial_floats,
 //          launch_rmsnorm_forward, launch_rmsnorm_backward, rmsnorm_partial_floats
 #include "check.hpp"
@@ -42,7 +44,7 @@ __global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, con
 // dx[N,C] += rstd * (dn - mean(dn) - norm * mean(dn * norm)), dn = w * dy.
 __global__ void layernorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
                                              const float* w, const float* mean,
-                                             const float* rstd, int n, int c) {
+                                             const float* rstd, int n, int c, bool packed) {
   const int lane = threadIdx.x % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;
@@ -59,6 +61,20 @@ __global__ void layernorm_backward_dx_kernel(float* dx, const float* dy, const f
   const float dn_mean = warp_sum(dn_sum) / static_cast<float>(c);
   const float dnn_mean = warp_sum(dnn_sum) / static_cast<float>(c);
   float* dxr = dx + row * c;
+  if (packed) {  // the same per-element math, 4 columns per lane step (the sums stay scalar)
+    for (int j = lane * 4; j < c; j += 32 * 4) {
+      const Floatx4 xv = Floatx4::load(xr + j), dyv = Floatx4::load(dyr + j);
+      const Floatx4 wv = Floatx4::load(w + j);
+      Floatx4 dxv = Floatx4::load(dxr + j);
+      for (int e = 0; e < 4; e++) {
+        const float norm = (xv[e] - m) * rs;
+        const float dn = wv[e] * dyv[e];
+        dxv[e] += (dn - dn_mean - norm * dnn_mean) * rs;
+      }
+      dxv.store(dxr + j);
+    }
+    return;
+  }
   for (int j = lane; j < c; j += 32) {
     const float norm = (xr[j] - m) * rs;
     const float dn = w[j] * dyr[j];
@@ -107,6 +123,46 @@ __global__ void layernorm_dwdb_partial_kernel(float* partial, const float* dy, c
   }
 }
 
+// The kernel above with 4 columns per thread (c % 4 == 0, dy and x 16-byte aligned): a block
+// covers 4 * kColTile columns; each column's rows, row lanes and chunks are summed in the
+// same order, so the partials are the same bits.
+__global__ void layernorm_dwdb_partial_packed_kernel(float* partial, const float* dy,
+                                                     const float* x, const float* mean,
+                                                     const float* rstd, int n, int c) {
+  __shared__ Floatx4 sdw[kRowLanes][kColTile];
+  __shared__ Floatx4 sdb[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int col = (blockIdx.x * kColTile + tx) * 4;
+  const int chunks = gridDim.y;
+  Floatx4 dw{}, db{};
+  if (col < c) {
+    for (std::int64_t i = std::int64_t(blockIdx.y) * kRowLanes + ty; i < n;
+         i += std::int64_t(chunks) * kRowLanes) {
+      const Floatx4 g = Floatx4::load(dy + i * c + col), xv = Floatx4::load(x + i * c + col);
+      const float m = mean[i], rs = rstd[i];
+      for (int e = 0; e < 4; e++) {
+        dw[e] += g[e] * ((xv[e] - m) * rs);
+        db[e] += g[e];
+      }
+    }
+  }
+  sdw[ty][tx] = dw;
+  sdb[ty][tx] = db;
+  __syncthreads();
+  if (ty == 0 && col < c) {
+    Floatx4 sw{}, sb{};
+    for (int r = 0; r < kRowLanes; r++)
+      for (int e = 0; e < 4; e++) {
+        sw[e] += sdw[r][tx][e];
+        sb[e] += sdb[r][tx][e];
+      }
+    for (int e = 0; e < 4; e++) {  // a few bytes per column: partial's alignment unchecked
+      partial[std::int64_t(blockIdx.y) * c + col + e] = sw[e];
+      partial[(std::int64_t(chunks) + blockIdx.y) * c + col + e] = sb[e];
+    }
+  }
+}
+
 // dw[C] += sum over chunks of partial[0][k], db[C] += of partial[1][k], chunks in order.
 __global__ void layernorm_dwdb_finish_kernel(float* dw, float* db, const float* partial,
                                              int chunks, int c) {
@@ -138,7 +194,8 @@ __global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, co
 
 // dx[N,C] += rstd * (dn - norm * mean(dn * norm)), norm = x * rstd, dn = w * dy.
 __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
-                                           const float* w, const float* rstd, int n, int c) {
+                                           const float* w, const float* rstd, int n, int c,
+                                           bool packed) {
   const int lane = threadIdx.x % 32;
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;
@@ -149,6 +206,16 @@ __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const flo
   for (int j = lane; j < c; j += 32) dnn += w[j] * dyr[j] * (xr[j] * rs);
   const float dnn_mean = warp_sum(dnn) / static_cast<float>(c);
   float* dxr = dx + row * c;
+  if (packed) {  // as layernorm_backward_dx_kernel's
+    for (int j = lane * 4; j < c; j += 32 * 4) {
+      const Floatx4 xv = Floatx4::load(xr + j), dyv = Floatx4::load(dyr + j);
+      const Floatx4 wv = Floatx4::load(w + j);
+      Floatx4 dxv = Floatx4::load(dxr + j);
+      for (int e = 0; e < 4; e++) dxv[e] += (wv[e] * dyv[e] - xv[e] * rs * dnn_mean) * rs;
+      dxv.store(dxr + j);
+    }
+    return;
+  }
   for (int j = lane; j < c; j += 32) dxr[j] += (w[j] * dyr[j] - xr[j] * rs * dnn_mean) * rs;
 }
 
@@ -198,7 +265,9 @@ void launch_rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* 
                              const float* w, const float* rstd, int n, int c, float* partial) {
   if (n <= 0 || c <= 0) return;
   const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  rmsnorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, rstd, n, c);
+  const bool packed =
+      c % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
+  rmsnorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, rstd, n, c, packed);
   check_launch("rmsnorm_backward_dx");
   const int chunks = chunks_for(n);
   const dim3 pgrid(static_cast<unsigned>((c + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
@@ -225,12 +294,24 @@ void launch_layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, 
                                const float* rstd, int n, int c, float* partial) {
   if (n <= 0 || c <= 0) return;
   const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  layernorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, mean, rstd, n, c);
+  const bool packed =
+      c % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
+  layernorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, mean, rstd, n, c,
+                                                                   packed);
   check_launch("layernorm_backward_dx");
   const int chunks = chunks_for(n);
-  const dim3 pgrid(static_cast<unsigned>((c + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
-  layernorm_dwdb_partial_kernel<<<pgrid, dim3(kColTile, kRowLanes), 0, s>>>(partial, dy, x, mean,
-                                                                            rstd, n, c);
+  if (packed) {  // 4 columns per thread
+    const int col_packs = c / 4;
+    const dim3 pgrid(static_cast<unsigned>((col_packs + kColTile - 1) / kColTile),
+                     static_cast<unsigned>(chunks));
+    layernorm_dwdb_partial_packed_kernel<<<pgrid, dim3(kColTile, kRowLanes), 0, s>>>(
+        partial, dy, x, mean, rstd, n, c);
+  } else {
+    const dim3 pgrid(static_cast<unsigned>((c + kColTile - 1) / kColTile),
+                     static_cast<unsigned>(chunks));
+    layernorm_dwdb_partial_kernel<<<pgrid, dim3(kColTile, kRowLanes), 0, s>>>(partial, dy, x,
+                                                                              mean, rstd, n, c);
+  }
   check_launch("layernorm_dwdb_partial");
   layernorm_dwdb_finish_kernel<<<grid_for(c), kBlock, 0, s>>>(dw, db, partial, chunks, c);
   check_launch("layernorm_dwdb_finish");

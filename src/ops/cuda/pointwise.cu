@@ -1,7 +1,9 @@
 // ops/cuda/pointwise.cu — elementwise kernels (GELU, SwiGLU, add, scale, fill, bias rows, the bf16
 // conversion of GEMM inputs), the sum of squares for the gradient norm, and AdamW (also over
 // many tensors in one launch: the optimizer step). Grid-stride loops, one element per thread
-// per step.
+// per step, or one 16-byte pack (common.cuh's Packed128: 4 floats, 8 bf16) where every pointer
+// is 16-byte aligned and the widths allow (add, the bf16 conversions, AdamW's segments): the
+// same per-element arithmetic and per-column sum order, so the same bits.
 // defines: launch_gelu_forward, launch_gelu_backward, launch_swiglu_forward,
 //          launch_swiglu_backward, launch_add, launch_scale, launch_fill,
 //          launch_bias_rows, launch_to_bf16, launch_from_bf16,
@@ -76,6 +78,18 @@ __global__ void add_kernel(float* y, const float* a, const float* b, std::int64_
   TRIDENT_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
 }
 
+// y, a, b 16-byte aligned: n / 4 packs, then the last n % 4 one by one.
+__global__ void add_packed_kernel(float* y, const float* a, const float* b, std::int64_t n) {
+  const std::int64_t packs = n / 4;
+  TRIDENT_GRID_STRIDE(p, packs) {
+    const Floatx4 x = Floatx4::load(a + p * 4), z = Floatx4::load(b + p * 4);
+    Floatx4 out;
+    for (int e = 0; e < 4; e++) out[e] = x[e] + z[e];
+    out.store(y + p * 4);
+  }
+  TRIDENT_GRID_STRIDE(i, n - packs * 4) y[packs * 4 + i] = a[packs * 4 + i] + b[packs * 4 + i];
+}
+
 __global__ void scale_kernel(float* x, float alpha, std::int64_t n) {
   TRIDENT_GRID_STRIDE(i, n) x[i] *= alpha;
 }
@@ -91,6 +105,23 @@ __global__ void bias_rows_kernel(float* y, const float* bias, std::int64_t total
 __global__ void to_bf16_kernel(unsigned short* dst, const float* src, std::int64_t rows,
                                std::int64_t cols, std::int64_t ld) {
   TRIDENT_GRID_STRIDE(i, rows * cols) dst[i] = bf16_bits(src[(i / cols) * ld + i % cols]);
+}
+
+// to_bf16_kernel in packs of 8: rows of cols % 8 == 0 (ld % 4 == 0), or one row (rows == 1)
+// with its last cols % 8 one by one; dst and src 16-byte aligned.
+__global__ void to_bf16_packed_kernel(unsigned short* dst, const float* src, std::int64_t rows,
+                                      std::int64_t cols, std::int64_t ld) {
+  const std::int64_t row_packs = cols / 8;
+  TRIDENT_GRID_STRIDE(p, rows * row_packs) {
+    const std::int64_t r = p / row_packs, c = p % row_packs * 8;
+    const Floatx4 lo = Floatx4::load(src + r * ld + c), hi = Floatx4::load(src + r * ld + c + 4);
+    Bf16x8 out;
+    for (int e = 0; e < 4; e++) out[e] = bf16_bits(lo[e]), out[e + 4] = bf16_bits(hi[e]);
+    out.store(dst + r * cols + c);
+  }
+  if (rows == 1) TRIDENT_GRID_STRIDE(i, cols - row_packs * 8) {
+      dst[row_packs * 8 + i] = bf16_bits(src[row_packs * 8 + i]);
+    }
 }
 
 // dst[n, cols] = bf16(src[n, cols]) and partial[rb, cols] = the column sums of row block rb
@@ -114,6 +145,32 @@ __global__ void to_bf16_colsum_kernel(unsigned short* dst, float* partial, const
   }
 }
 
+// The kernel above, 8 columns per thread (cols % 8 == 0, dst, partial, src 16-byte aligned):
+// each column's sum in the same row order, the same partials bit for bit.
+__global__ void to_bf16_colsum_packed_kernel(unsigned short* dst, float* partial,
+                                             const float* src, int n, int cols) {
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (c >= cols) return;
+  const int blocks = (n + kColsumRows - 1) / kColsumRows;
+  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {
+    const int r0 = rb * kColsumRows;
+    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+    Floatx4 sum_lo{}, sum_hi{};
+    for (int r = r0; r < r1; r++) {
+      const std::int64_t i = std::int64_t(r) * cols + c;
+      const Floatx4 lo = Floatx4::load(src + i), hi = Floatx4::load(src + i + 4);
+      Bf16x8 out;
+      for (int e = 0; e < 4; e++) {
+        out[e] = bf16_bits(lo[e]), out[e + 4] = bf16_bits(hi[e]);
+        sum_lo[e] += lo[e], sum_hi[e] += hi[e];
+      }
+      out.store(dst + i);
+    }
+    sum_lo.store(partial + std::int64_t(rb) * cols + c);
+    sum_hi.store(partial + std::int64_t(rb) * cols + c + 4);
+  }
+}
+
 // db[c] += the row blocks' partial sums, in block order (deterministic).
 __global__ void colsum_add_kernel(float* db, const float* partial, int blocks, int cols) {
   TRIDENT_GRID_STRIDE(c, cols) {
@@ -125,6 +182,40 @@ __global__ void colsum_add_kernel(float* db, const float* partial, int blocks, i
 
 __global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, std::int64_t n) {
   TRIDENT_GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+}
+
+// from_bf16_kernel in packs of 8 (dst, src 16-byte aligned), the last n % 8 one by one.
+__global__ void from_bf16_packed_kernel(float* dst, const unsigned short* src, std::int64_t n) {
+  const std::int64_t packs = n / 8;
+  TRIDENT_GRID_STRIDE(p, packs) {
+    const Bf16x8 v = Bf16x8::load(src + p * 8);
+    Floatx4 lo, hi;
+    for (int e = 0; e < 4; e++) lo[e] = bf16_value(v[e]), hi[e] = bf16_value(v[e + 4]);
+    lo.store(dst + p * 8);
+    hi.store(dst + p * 8 + 4);
+  }
+  TRIDENT_GRID_STRIDE(i, n - packs * 8) dst[packs * 8 + i] = bf16_value(src[packs * 8 + i]);
+}
+
+// from_bf16_rows_kernel in packs of 8 (cols % 8 == 0, ld % 4 == 0, dst, src 16-byte aligned).
+__global__ void from_bf16_rows_packed_kernel(float* dst, std::int64_t ld, const unsigned short* src,
+                                             std::int64_t rows, std::int64_t cols,
+                                             bool accumulate) {
+  const std::int64_t row_packs = cols / 8;
+  TRIDENT_GRID_STRIDE(p, rows * row_packs) {
+    const std::int64_t r = p / row_packs, c = p % row_packs * 8;
+    const Bf16x8 v = Bf16x8::load(src + r * cols + c);
+    float* d = dst + r * ld + c;
+    Floatx4 lo, hi;
+    if (accumulate) lo = Floatx4::load(d), hi = Floatx4::load(d + 4);
+    for (int e = 0; e < 4; e++) {
+      const float a = bf16_value(v[e]), b = bf16_value(v[e + 4]);
+      lo[e] = accumulate ? lo[e] + a : a;
+      hi[e] = accumulate ? hi[e] + b : b;
+    }
+    lo.store(d);
+    hi.store(d + 4);
+  }
 }
 
 __global__ void from_bf16_rows_kernel(float* dst, std::int64_t ld, const __nv_bfloat16* src,
@@ -250,7 +341,28 @@ __global__ void adamw_segments_kernel(const AdamWSegmentEntry* segments, int cou
   const std::int64_t begin = (std::int64_t(blockIdx.x) - e.first) * kAdamWChunk;
   const std::int64_t end = begin + kAdamWChunk < e.n ? begin + kAdamWChunk : e.n;
   const float decay = e.decay ? decay_on : decay_off;
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+  // 4 elements per access where every array is 16-byte aligned (the bf16 copy: 8-byte
+  // aligned suffices, its 4 values are written one by one), the chunk's rest one by one.
+  std::int64_t packed_end = begin;
+  if (aligned16(e.p) && aligned16(e.g) && aligned16(e.m) && aligned16(e.v)) {
+    packed_end = begin + (end - begin) / 4 * 4;
+    for (std::int64_t i = begin + threadIdx.x * 4; i < packed_end; i += blockDim.x * 4) {
+      Floatx4 gv = Floatx4::load(e.g + i), mv = Floatx4::load(e.m + i), vv = Floatx4::load(e.v + i);
+      Floatx4 pv = Floatx4::load(e.p + i);
+      for (int k = 0; k < 4; k++) {
+        float gi = gv[k];
+        if (grad_scale != 1.0f) gi = __fmul_rn(gi, grad_scale);
+        pv[k] = adamw_element(pv[k], gi, mv[k], vv[k], beta1, beta2, omb1, omb2, eps, decay,
+                              step, bc2_sqrt);
+      }
+      mv.store(e.m + i);
+      vv.store(e.v + i);
+      pv.store(e.p + i);
+      if (e.p16)
+        for (int k = 0; k < 4; k++) e.p16[i + k] = bf16_bits(pv[k]);
+    }
+  }
+  for (std::int64_t i = packed_end + threadIdx.x; i < end; i += blockDim.x) {
     float gi = e.g[i];
     if (grad_scale != 1.0f) gi = __fmul_rn(gi, grad_scale);
     float mi = e.m[i], vi = e.v[i];
@@ -295,7 +407,10 @@ void launch_swiglu_backward(cudaStream_t s, float* dgu, const float* gu, const f
 
 void launch_add(cudaStream_t s, float* y, const float* a, const float* b, std::int64_t n) {
   if (n <= 0) return;
-  add_kernel<<<grid_for(n), kBlock, 0, s>>>(y, a, b, n);
+  if (aligned16(y) && aligned16(a) && aligned16(b))
+    add_packed_kernel<<<grid_for((n + 3) / 4), kBlock, 0, s>>>(y, a, b, n);
+  else
+    add_kernel<<<grid_for(n), kBlock, 0, s>>>(y, a, b, n);
   check_launch("add");
 }
 
@@ -321,8 +436,13 @@ void launch_bias_rows(cudaStream_t s, float* y, const float* bias, int n, int ou
 void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t rows,
                     std::int64_t cols, std::int64_t ld) {
   if (rows <= 0 || cols <= 0) return;
-  to_bf16_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<unsigned short*>(dst), src,
-                                                          rows, cols, ld);
+  if (ld == cols) cols *= rows, rows = 1;  // contiguous: one row (the same elements in order)
+  if (aligned16(dst) && aligned16(src) && (rows == 1 || (cols % 8 == 0 && ld % 4 == 0)))
+    to_bf16_packed_kernel<<<grid_for(rows * cols / 8 + 1), kBlock, 0, s>>>(
+        static_cast<unsigned short*>(dst), src, rows, cols, ld);
+  else
+    to_bf16_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<unsigned short*>(dst),
+                                                            src, rows, cols, ld);
   check_launch("to_bf16");
 }
 
@@ -330,10 +450,18 @@ void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
                            const float* src, int n, int cols) {
   if (n <= 0 || cols <= 0) return;
   const int blocks = colsum_row_blocks(n);
-  const dim3 grid(static_cast<unsigned>((cols + kBlock - 1) / kBlock),
-                  static_cast<unsigned>(blocks < 65535 ? blocks : 65535));
-  to_bf16_colsum_kernel<<<grid, kBlock, 0, s>>>(static_cast<unsigned short*>(dst), partial, src,
-                                                n, cols);
+  const unsigned row_blocks = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
+  if (cols % 8 == 0 && aligned16(dst) && aligned16(partial) && aligned16(src)) {
+    // 8 columns per thread, 64 threads per block (fused_block.cu's packed column sums)
+    constexpr int kThreads = 64;
+    const dim3 grid(static_cast<unsigned>((cols / 8 + kThreads - 1) / kThreads), row_blocks);
+    to_bf16_colsum_packed_kernel<<<grid, kThreads, 0, s>>>(static_cast<unsigned short*>(dst),
+                                                           partial, src, n, cols);
+  } else {
+    const dim3 grid(static_cast<unsigned>((cols + kBlock - 1) / kBlock), row_blocks);
+    to_bf16_colsum_kernel<<<grid, kBlock, 0, s>>>(static_cast<unsigned short*>(dst), partial,
+                                                  src, n, cols);
+  }
   check_launch("to_bf16_colsum");
   colsum_add_kernel<<<grid_for(cols), kBlock, 0, s>>>(db, partial, blocks, cols);
   check_launch("colsum_add");
@@ -341,15 +469,24 @@ void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
 
 void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n) {
   if (n <= 0) return;
-  from_bf16_kernel<<<grid_for(n), kBlock, 0, s>>>(dst, static_cast<const __nv_bfloat16*>(src), n);
+  if (aligned16(dst) && aligned16(src))
+    from_bf16_packed_kernel<<<grid_for((n + 7) / 8), kBlock, 0, s>>>(
+        dst, static_cast<const unsigned short*>(src), n);
+  else
+    from_bf16_kernel<<<grid_for(n), kBlock, 0, s>>>(dst, static_cast<const __nv_bfloat16*>(src),
+                                                    n);
   check_launch("from_bf16");
 }
 
 void launch_from_bf16_rows(cudaStream_t s, float* dst, std::int64_t ld, const void* src,
                            std::int64_t rows, std::int64_t cols, bool accumulate) {
   if (rows <= 0 || cols <= 0) return;
-  from_bf16_rows_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(
-      dst, ld, static_cast<const __nv_bfloat16*>(src), rows, cols, accumulate);
+  if (cols % 8 == 0 && ld % 4 == 0 && aligned16(dst) && aligned16(src))
+    from_bf16_rows_packed_kernel<<<grid_for(rows * cols / 8), kBlock, 0, s>>>(
+        dst, ld, static_cast<const unsigned short*>(src), rows, cols, accumulate);
+  else
+    from_bf16_rows_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(
+        dst, ld, static_cast<const __nv_bfloat16*>(src), rows, cols, accumulate);
   check_launch("from_bf16_rows");
 }
 

@@ -1,5 +1,40 @@
 // emulate/shim/cuda_runtime.h — the CUDA runtime header: the API (cuda_runtime_api.h) and the
-// device side the kernels need (emu.hpp).
+// device side the kernels need (emu.hpp), with the 16-byte vector types and the cache-policy
+// loads and stores that common.cuh's Packed128 uses (__ldca, __stwb): each such access of 16
+// bytes is checked for 16-byte alignment, as the hardware requires (a misaligned vector access
+// faults on a GPU; here the run stops naming it, as mma.h's WMMA checks do).
 #pragma once
+#include <cstdint>
+
 #include "cuda_runtime_api.h"
 #include "emu.hpp"
+
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
+namespace emu {
+template <class V>
+void check_access(const V* p, const char* op) {
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(V) != 0)
+    die(op, sizeof(V) == 16 ? "pointer not 16-byte aligned (a 128-bit access)"
+                            : "pointer not aligned to its type");
+}
+}  // namespace emu
+
+template <class V>
+V __ldca(const V* p) {
+  emu::check_access(p, "__ldca");
+  return *p;
+}
+template <class V>
+void __stwb(V* p, V value) {
+  emu::check_access(p, "__stwb");
+  *p = value;
+}
