@@ -5,6 +5,7 @@
 // shapes. Norm as in cuda_ops_test.cpp: ||emulated - cpu||_inf <= tol ||cpu||_inf.
 // Not a CTest test; run.sh builds and runs it (about 10 s, most of it compiling).
 #include <cblas.h>
+#include <cuda_runtime.h>  // the shim's: emu::vector_accesses
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -846,6 +847,124 @@ int main() {
       launch_swiglu_backward_bf16(nullptr, dgu16.data(), gu16.data(), dy16.data(), rows, f);
       cmp("swiglu_forward_bf16", widen(y16s), sy, 4e-3);
       cmp("swiglu_backward_bf16", widen(dgu16), sdgu, 4e-3);
+    }
+  }
+  // The 16-byte (Packed128) paths against the scalar kernels, bit for bit. Each case runs
+  // once with every buffer 64-byte aligned (the packed path where the widths allow: it must
+  // then make 16-byte accesses, counted by the shim) and once per buffer with that buffer
+  // alone one element off 16 bytes (the host's check must send it to the scalar kernel, or
+  // the shim stops on the misaligned access); every buffer's bytes after the call, outputs
+  // (which start as noise: an element left unwritten shows) and in-place inputs, must be the
+  // same in all runs. Sizes off the pack (tails), C off 8 (the scalar path), odd shapes.
+  {
+    struct Arg { std::vector<unsigned char> bytes; size_t elem; };
+    auto f32 = [&](size_t n, float sd = 1, float mean = 0) { V v = rnd(n, sd, mean); Arg a{std::vector<unsigned char>(n * 4), 4}; std::memcpy(a.bytes.data(), v.data(), n * 4); return a; };
+    auto b16 = [&](size_t n, float sd = 1) { V v = rnd(n, sd); Arg a{std::vector<unsigned char>(n * 2), 2}; for (size_t i = 0; i < n; i++) { std::uint32_t u; std::memcpy(&u, &v[i], 4); std::uint16_t h = std::uint16_t(u >> 16); std::memcpy(&a.bytes[i * 2], &h, 2); } return a; };
+    auto check_packed = [&](const char* what, bool expect_packed, std::vector<Arg> args, auto run) {
+      auto exec = [&](int misaligned, std::uint64_t* vec) {
+        std::vector<std::vector<unsigned char>> raw(args.size());
+        std::vector<void*> ptr(args.size());
+        for (size_t k = 0; k < args.size(); k++) {
+          raw[k].resize(args[k].bytes.size() + 64 + args[k].elem);
+          auto base = (reinterpret_cast<std::uintptr_t>(raw[k].data()) + 63) / 64 * 64;
+          ptr[k] = reinterpret_cast<void*>(base + (int(k) == misaligned ? args[k].elem : 0));
+          std::memcpy(ptr[k], args[k].bytes.data(), args[k].bytes.size());
+        }
+        const std::uint64_t before = emu::vector_accesses;
+        run(ptr);
+        if (vec) *vec = emu::vector_accesses - before;
+        std::vector<std::vector<unsigned char>> out(args.size());
+        for (size_t k = 0; k < args.size(); k++) {
+          const auto* b = static_cast<unsigned char*>(ptr[k]);
+          out[k].assign(b, b + args[k].bytes.size());
+        }
+        return out;
+      };
+      std::uint64_t vec = 0;
+      const auto want = exec(-1, &vec);
+      bool ok = (vec > 0) == expect_packed;
+      for (int k = 0; k < int(args.size()); k++) ok = ok && exec(k, nullptr) == want;
+      bad += !ok;
+      printf("packed %-37s %s  (%llu 16-byte accesses)\n", what, ok ? "ok  " : "BAD ", static_cast<unsigned long long>(vec));
+    };
+    auto F = [](void* p) { return static_cast<float*>(p); };
+    auto H = [](void* p) { return static_cast<std::uint16_t*>(p); };
+    for (long n : {8L, 61L, 4099L}) {
+      snprintf(name, sizeof name, "gelu_forward_bf16 n%ld", n);
+      check_packed(name, true, {b16(size_t(n)), b16(size_t(n), 2)}, [&](std::vector<void*>& p) { launch_gelu_forward_bf16(nullptr, p[0], p[1], n); });
+      snprintf(name, sizeof name, "add n%ld", n + 1);
+      check_packed(name, true, {f32(size_t(n + 1)), f32(size_t(n + 1)), f32(size_t(n + 1))}, [&](std::vector<void*>& p) { launch_add(nullptr, F(p[0]), F(p[1]), F(p[2]), n + 1); });
+      snprintf(name, sizeof name, "from_bf16 n%ld", n + 3);
+      check_packed(name, true, {f32(size_t(n + 3)), b16(size_t(n + 3), 30)}, [&](std::vector<void*>& p) { launch_from_bf16(nullptr, F(p[0]), p[1], n + 3); });
+    }
+    struct RC { int rows, cols; };
+    for (RC rc : {RC{3, 8}, RC{130, 24}, RC{70, 776}, RC{9, 100}, RC{5, 30}}) {
+      const int r = rc.rows, c = rc.cols;
+      const size_t rcs = size_t(r) * c;
+      const size_t parts = size_t(colsum_partial_floats(r, c));
+      snprintf(name, sizeof name, "gelu_backward_bf16_colsum n%d c%d", r, c);
+      check_packed(name, c % 8 == 0, {b16(rcs), f32(size_t(c)), f32(parts), b16(rcs, 2), b16(rcs)}, [&](std::vector<void*>& p) {
+        launch_gelu_backward_bf16_colsum(nullptr, p[0], F(p[1]), F(p[2]), p[3], p[4], r, c); });
+      snprintf(name, sizeof name, "colsum_bf16 n%d c%d", r, c);
+      check_packed(name, c % 8 == 0, {f32(size_t(c)), f32(parts), b16(rcs)}, [&](std::vector<void*>& p) {
+        launch_colsum_bf16(nullptr, F(p[0]), F(p[1]), p[2], r, c); });
+      snprintf(name, sizeof name, "to_bf16_colsum n%d c%d", r, c);
+      check_packed(name, c % 8 == 0, {b16(rcs), f32(size_t(c)), f32(parts), f32(rcs)}, [&](std::vector<void*>& p) {
+        launch_to_bf16_colsum(nullptr, p[0], F(p[1]), F(p[2]), F(p[3]), r, c); });
+      snprintf(name, sizeof name, "layernorm_forward_bf16 n%d c%d", r, c);
+      check_packed(name, c % 8 == 0, {b16(rcs), f32(size_t(r)), f32(size_t(r)), f32(rcs, 2, 0.5f), f32(size_t(c), 0.2f, 1), f32(size_t(c), 0.1f)}, [&](std::vector<void*>& p) {
+        launch_layernorm_forward_bf16(nullptr, p[0], F(p[1]), F(p[2]), F(p[3]), F(p[4]), F(p[5]), r, c); });
+      snprintf(name, sizeof name, "rmsnorm_forward_bf16 n%d c%d", r, c);
+      check_packed(name, c % 8 == 0, {b16(rcs), f32(size_t(r)), f32(rcs, 2, 0.5f), f32(size_t(c), 0.2f, 1)}, [&](std::vector<void*>& p) {
+        launch_rmsnorm_forward_bf16(nullptr, p[0], F(p[1]), F(p[2]), F(p[3]), r, c, 1e-5f); });
+      // the backward's mean and rstd: the forward's on the same x
+      V x = rnd(rcs, 2, 0.5f), w = rnd(size_t(c), 0.2f, 1), bias = rnd(size_t(c), 0.1f), y(rcs), mean(static_cast<size_t>(r)), rstd(mean), rrstd(mean);
+      cpu->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), r, c);
+      cpu->rmsnorm_forward(y.data(), rrstd.data(), x.data(), w.data(), r, c, 1e-5f);
+      auto as_arg = [](const V& v) { Arg a{std::vector<unsigned char>(v.size() * 4), 4}; std::memcpy(a.bytes.data(), v.data(), v.size() * 4); return a; };
+      const size_t lparts = size_t(layernorm_partial_floats(r, c));
+      snprintf(name, sizeof name, "layernorm_backward n%d c%d", r, c);
+      check_packed(name, c % 4 == 0, {f32(rcs), f32(size_t(c)), f32(size_t(c)), f32(rcs), as_arg(x), as_arg(w), as_arg(mean), as_arg(rstd), f32(lparts)}, [&](std::vector<void*>& p) {
+        launch_layernorm_backward(nullptr, F(p[0]), F(p[1]), F(p[2]), F(p[3]), F(p[4]), F(p[5]), F(p[6]), F(p[7]), r, c, F(p[8])); });
+      snprintf(name, sizeof name, "rmsnorm_backward n%d c%d", r, c);
+      check_packed(name, c % 4 == 0, {f32(rcs), f32(size_t(c)), f32(rcs), as_arg(x), as_arg(w), as_arg(rrstd), f32(size_t(rmsnorm_partial_floats(r, c)))}, [&](std::vector<void*>& p) {
+        launch_rmsnorm_backward(nullptr, F(p[0]), F(p[1]), F(p[2]), F(p[3]), F(p[4]), F(p[5]), r, c, F(p[6])); });
+      snprintf(name, sizeof name, "swiglu_forward_bf16 n%d f%d", r, c);
+      check_packed(name, c % 8 == 0, {b16(rcs), b16(2 * rcs, 2)}, [&](std::vector<void*>& p) { launch_swiglu_forward_bf16(nullptr, p[0], p[1], r, c); });
+      snprintf(name, sizeof name, "swiglu_backward_bf16 n%d f%d", r, c);
+      check_packed(name, c % 8 == 0, {b16(2 * rcs), b16(2 * rcs, 2), b16(rcs)}, [&](std::vector<void*>& p) { launch_swiglu_backward_bf16(nullptr, p[0], p[1], p[2], r, c); });
+    }
+    struct RCL { long rows, cols, ld; bool packed; };
+    for (RCL s : {RCL{1, 1003, 1003, true}, RCL{5, 16, 20, true}, RCL{5, 12, 12, true}, RCL{5, 12, 17, false}, RCL{4, 16, 18, false}}) {
+      snprintf(name, sizeof name, "to_bf16 rows%ld cols%ld ld%ld", s.rows, s.cols, s.ld);
+      check_packed(name, s.packed, {b16(size_t(s.rows * s.cols)), f32(size_t(s.rows * s.ld))}, [&](std::vector<void*>& p) { launch_to_bf16(nullptr, p[0], F(p[1]), s.rows, s.cols, s.ld); });
+      for (bool acc : {false, true}) {
+        const bool packed = s.cols % 8 == 0 && s.ld % 4 == 0;
+        snprintf(name, sizeof name, "from_bf16_rows rows%ld cols%ld ld%ld%s", s.rows, s.cols, s.ld, acc ? " acc" : "");
+        check_packed(name, packed, {f32(size_t(s.rows * s.ld)), b16(size_t(s.rows * s.cols), 3)}, [&](std::vector<void*>& p) { launch_from_bf16_rows(nullptr, F(p[0]), s.ld, p[1], s.rows, s.cols, acc); });
+      }
+    }
+    // bf16_rows.cu: b blocks of t rows, each side with its own strides (fp32 packed rows and
+    // padded bf16 ones, as attention_bf16.cpp's widening of a fused qkv)
+    struct BR { int b, t; long cols, ld16, bs16; bool packed; };
+    for (BR s : {BR{2, 3, 16, 40, 3 * 40 + 8, true}, BR{2, 3, 16, 20, 64, false}, BR{1, 5, 12, 12, 60, false}}) {
+      const size_t n16 = size_t(s.bs16) * s.b, n32 = size_t(s.b * s.t * s.cols);
+      snprintf(name, sizeof name, "bf16_rows_to_float b%d t%d cols%ld ld%ld", s.b, s.t, s.cols, s.ld16);
+      check_packed(name, s.packed, {f32(n32), b16(n16)}, [&](std::vector<void*>& p) { launch_bf16_rows_to_float(nullptr, F(p[0]), s.cols, s.t * s.cols, H(p[1]), s.ld16, s.bs16, s.b, s.t, s.cols); });
+      snprintf(name, sizeof name, "float_rows_to_bf16 b%d t%d cols%ld ld%ld", s.b, s.t, s.cols, s.ld16);
+      check_packed(name, s.packed, {b16(n16), f32(n32)}, [&](std::vector<void*>& p) { launch_float_rows_to_bf16(nullptr, H(p[0]), s.ld16, s.bs16, F(p[1]), s.cols, s.t * s.cols, s.b, s.t, s.cols); });
+    }
+    // AdamW's segments: one segment of two chunks and 7 (a pack and 3 one by one), bf16 copy
+    // on and off, the clip's scale on; the table itself is not a kernel's 16-byte access.
+    for (bool copy : {true, false}) {
+      const long n = 2 * kAdamWChunk + 7;
+      Arg vv = f32(size_t(n));
+      for (size_t i = 0; i < size_t(n); i++) { const float e = float(g() % 1000) * 1e-5f; std::memcpy(&vv.bytes[i * 4], &e, 4); }
+      const auto sc = ops::adamw_scalars(6e-4f, 0.9f, 0.95f, 0.1f, 0.1f, 0.0975f);
+      snprintf(name, sizeof name, "adamw_segments n%ld%s", n, copy ? " bf16 copy" : "");
+      check_packed(name, true, {f32(size_t(n)), f32(size_t(n), 0.5f), f32(size_t(n), 0.1f), vv, b16(size_t(n))}, [&](std::vector<void*>& p) {
+        AdamWSegmentEntry e{F(p[0]), F(p[1]), F(p[2]), F(p[3]), copy ? H(p[4]) : nullptr, n, 0, 1};
+        launch_adamw_segments(nullptr, &e, 1, adamw_chunks(n), 0.37f, 0.9f, 0.95f, sc.omb1, sc.omb2, 1e-8f, sc.decay, 1.0f, sc.step, sc.bc2_sqrt); });
     }
   }
   printf(bad ? "%d MISMATCHES\n" : "all kernels agree with the CPU backend\n", bad);

@@ -20,8 +20,12 @@ struct alignas(16) float4 {
 };
 
 namespace emu {
+// 16-byte accesses so far (the driver's check that a packed path was taken).
+inline std::uint64_t vector_accesses = 0;
+
 template <class V>
 void check_access(const V* p, const char* op) {
+  if (sizeof(V) == 16) vector_accesses++;
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(V) != 0)
     die(op, sizeof(V) == 16 ? "pointer not 16-byte aligned (a 128-bit access)"
                             : "pointer not aligned to its type");
