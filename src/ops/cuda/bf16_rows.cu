@@ -75,8 +75,8 @@ __global__ void float_rows_to_bf16_packed_kernel(unsigned short* dst, const floa
 // fp32 strides in 4s.
 bool rows_packed(const RowBlocks& g, const void* bf16_side, std::int64_t ld16, std::int64_t bs16,
                  const void* fp32_side, std::int64_t ld32, std::int64_t bs32) {
-  return g.cols % 8 == 0 && aligned16(bf16_side) && aligned16(fp32_side) && ld16 % 8 == 0 &&
-         bs16 % 8 == 0 && ld32 % 4 == 0 && bs32 % 4 == 0;
+  return packed_access() && g.cols % 8 == 0 && aligned16(bf16_side) && aligned16(fp32_side) &&
+         ld16 % 8 == 0 && bs16 % 8 == 0 && ld32 % 4 == 0 && bs32 % 4 == 0;
 }
 
 }  // namespace

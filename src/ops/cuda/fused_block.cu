@@ -283,7 +283,9 @@ __global__ void swiglu_backward_bf16_kernel(unsigned short* dgu, const unsigned 
   TRIDENT_GRID_STRIDE(i, total) {
     const std::int64_t r = i / f, j = i % f;
     unsigned short dup;
-    dgu[r * 2 * f + j] = swiglu_backward_bf16(gu[r * 2 * f + j], gu[r * 2 * f + f + j], dy[i], &dup);
+    const unsigned short dgate =
+        swiglu_backward_bf16(gu[r * 2 * f + j], gu[r * 2 * f + f + j], dy[i], &dup);
+    dgu[r * 2 * f + j] = dgate;
     dgu[r * 2 * f + f + j] = dup;
   }
 }
@@ -344,7 +346,8 @@ void launch_layernorm_forward_bf16(cudaStream_t s, void* y, float* mean, float* 
                                    const float* x, const float* w, const float* b, int n, int c) {
   if (n <= 0 || c <= 0) return;
   const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  const bool packed = c % 8 == 0 && aligned16(y) && aligned16(x) && aligned16(w) && aligned16(b);
+  const bool packed = packed_access() && c % 8 == 0 && aligned16(y) && aligned16(x) &&
+                      aligned16(w) && aligned16(b);
   layernorm_forward_bf16_kernel<<<blocks, kRowsPerBlock * 32, 0, s>>>(
       static_cast<unsigned short*>(y), mean, rstd, x, w, b, n, c, packed);
   check_launch("layernorm_forward_bf16");
@@ -352,7 +355,7 @@ void launch_layernorm_forward_bf16(cudaStream_t s, void* y, float* mean, float* 
 
 void launch_gelu_forward_bf16(cudaStream_t s, void* y, const void* x, std::int64_t n) {
   if (n <= 0) return;
-  if (aligned16(y) && aligned16(x))
+  if (packed_access() && aligned16(y) && aligned16(x))
     gelu_forward_bf16_packed_kernel<<<grid_for((n + 7) / 8), kBlock, 0, s>>>(
         static_cast<unsigned short*>(y), static_cast<const unsigned short*>(x), n);
   else
@@ -364,8 +367,10 @@ void launch_gelu_forward_bf16(cudaStream_t s, void* y, const void* x, std::int64
 void launch_gelu_backward_bf16_colsum(cudaStream_t s, void* dx, float* db, float* partial,
                                       const void* x, const void* dy, int n, int cols) {
   if (n <= 0 || cols <= 0) return;
-  if (cols % 8 == 0 && aligned16(dx) && aligned16(partial) && aligned16(x) && aligned16(dy))
-    gelu_backward_bf16_colsum_packed_kernel<<<colsum_packed_grid(n, cols), kColsumPackThreads, 0, s>>>(
+  const dim3 packed_grid = colsum_packed_grid(n, cols);
+  if (packed_access() && cols % 8 == 0 && aligned16(dx) && aligned16(partial) && aligned16(x) &&
+      aligned16(dy))
+    gelu_backward_bf16_colsum_packed_kernel<<<packed_grid, kColsumPackThreads, 0, s>>>(
         static_cast<unsigned short*>(dx), partial, static_cast<const unsigned short*>(x),
         static_cast<const unsigned short*>(dy), n, cols);
   else
@@ -379,7 +384,7 @@ void launch_gelu_backward_bf16_colsum(cudaStream_t s, void* dx, float* db, float
 void launch_colsum_bf16(cudaStream_t s, float* db, float* partial, const void* src, int n,
                         int cols) {
   if (n <= 0 || cols <= 0) return;
-  if (cols % 8 == 0 && aligned16(partial) && aligned16(src))
+  if (packed_access() && cols % 8 == 0 && aligned16(partial) && aligned16(src))
     colsum_bf16_packed_kernel<<<colsum_packed_grid(n, cols), kColsumPackThreads, 0, s>>>(
         partial, static_cast<const unsigned short*>(src), n, cols);
   else
@@ -393,7 +398,7 @@ void launch_rmsnorm_forward_bf16(cudaStream_t s, void* y, float* rstd, const flo
                                  const float* w, int n, int c, float eps) {
   if (n <= 0 || c <= 0) return;
   const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  const bool packed = c % 8 == 0 && aligned16(y) && aligned16(x) && aligned16(w);
+  const bool packed = packed_access() && c % 8 == 0 && aligned16(y) && aligned16(x) && aligned16(w);
   rmsnorm_forward_bf16_kernel<<<blocks, kRowsPerBlock * 32, 0, s>>>(
       static_cast<unsigned short*>(y), rstd, x, w, n, c, eps, packed);
   check_launch("rmsnorm_forward_bf16");
@@ -411,7 +416,7 @@ void launch_rope_bf16(cudaStream_t s, void* x, int b, int t, int ld, int heads, 
 void launch_swiglu_forward_bf16(cudaStream_t s, void* y, const void* gu, int n, int f) {
   const std::int64_t total = std::int64_t(n) * f;
   if (total <= 0) return;
-  if (f % 8 == 0 && aligned16(y) && aligned16(gu))
+  if (packed_access() && f % 8 == 0 && aligned16(y) && aligned16(gu))
     swiglu_forward_bf16_packed_kernel<<<grid_for(total / 8), kBlock, 0, s>>>(
         static_cast<unsigned short*>(y), static_cast<const unsigned short*>(gu), total, f);
   else
@@ -424,7 +429,7 @@ void launch_swiglu_backward_bf16(cudaStream_t s, void* dgu, const void* gu, cons
                                  int f) {
   const std::int64_t total = std::int64_t(n) * f;
   if (total <= 0) return;
-  if (f % 8 == 0 && aligned16(dgu) && aligned16(gu) && aligned16(dy))
+  if (packed_access() && f % 8 == 0 && aligned16(dgu) && aligned16(gu) && aligned16(dy))
     swiglu_backward_bf16_packed_kernel<<<grid_for(total / 8), kBlock, 0, s>>>(
         static_cast<unsigned short*>(dgu), static_cast<const unsigned short*>(gu),
         static_cast<const unsigned short*>(dy), total, f);

@@ -251,4 +251,9 @@ void launch_swiglu_forward_bf16(cudaStream_t s, void* y, const void* gu, int n, 
 void launch_swiglu_backward_bf16(cudaStream_t s, void* dgu, const void* gu, const void* dy, int n,
                                  int f);
 
+// Whether the launchers may take their 16-byte (common.cuh's Packed128) paths: false under
+// TRIDENT_CUDA_BASELINE=1 (read once, CudaOps' rule), which keeps the scalar kernels (the
+// paths before issue 27). pointwise.cu.
+bool packed_access();
+
 }  // namespace trident::ops::cuda

@@ -265,8 +265,8 @@ void launch_rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* 
                              const float* w, const float* rstd, int n, int c, float* partial) {
   if (n <= 0 || c <= 0) return;
   const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  const bool packed =
-      c % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
+  const bool packed = packed_access() && c % 4 == 0 && aligned16(dx) && aligned16(dy) &&
+                      aligned16(x) && aligned16(w);
   rmsnorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, rstd, n, c, packed);
   check_launch("rmsnorm_backward_dx");
   const int chunks = chunks_for(n);
@@ -294,8 +294,8 @@ void launch_layernorm_backward(cudaStream_t s, float* dx, float* dw, float* db, 
                                const float* rstd, int n, int c, float* partial) {
   if (n <= 0 || c <= 0) return;
   const unsigned grid = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  const bool packed =
-      c % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
+  const bool packed = packed_access() && c % 4 == 0 && aligned16(dx) && aligned16(dy) &&
+                      aligned16(x) && aligned16(w);
   layernorm_backward_dx_kernel<<<grid, kRowsPerBlock * 32, 0, s>>>(dx, dy, x, w, mean, rstd, n, c,
                                                                    packed);
   check_launch("layernorm_backward_dx");

@@ -9,8 +9,11 @@
 //          launch_bias_rows, launch_to_bf16, launch_from_bf16,
 //          launch_from_bf16_rows, launch_sum_squares, sum_squares_blocks,
 //          launch_adamw, sum_squares_span_blocks, launch_sum_squares_spans,
-//          launch_adamw_segments
+//          launch_adamw_segments, packed_access
 #include <cuda_bf16.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "check.hpp"
 #include "common.cuh"
@@ -336,7 +339,7 @@ __global__ void sum_squares_spans_finish_kernel(double* sums, const double* part
 __global__ void adamw_segments_kernel(const AdamWSegmentEntry* segments, int count,
                                       float grad_scale, float beta1, float beta2, float omb1,
                                       float omb2, float eps, float decay_on, float decay_off,
-                                      float step, float bc2_sqrt) {
+                                      float step, float bc2_sqrt, bool packed) {
   const AdamWSegmentEntry e = segments[entry_of_block(segments, count, blockIdx.x)];
   const std::int64_t begin = (std::int64_t(blockIdx.x) - e.first) * kAdamWChunk;
   const std::int64_t end = begin + kAdamWChunk < e.n ? begin + kAdamWChunk : e.n;
@@ -344,7 +347,7 @@ __global__ void adamw_segments_kernel(const AdamWSegmentEntry* segments, int cou
   // 4 elements per access where every array is 16-byte aligned (the bf16 copy: 8-byte
   // aligned suffices, its 4 values are written one by one), the chunk's rest one by one.
   std::int64_t packed_end = begin;
-  if (aligned16(e.p) && aligned16(e.g) && aligned16(e.m) && aligned16(e.v)) {
+  if (packed && aligned16(e.p) && aligned16(e.g) && aligned16(e.m) && aligned16(e.v)) {
     packed_end = begin + (end - begin) / 4 * 4;
     for (std::int64_t i = begin + threadIdx.x * 4; i < packed_end; i += blockDim.x * 4) {
       Floatx4 gv = Floatx4::load(e.g + i), mv = Floatx4::load(e.m + i), vv = Floatx4::load(e.v + i);
@@ -407,7 +410,7 @@ void launch_swiglu_backward(cudaStream_t s, float* dgu, const float* gu, const f
 
 void launch_add(cudaStream_t s, float* y, const float* a, const float* b, std::int64_t n) {
   if (n <= 0) return;
-  if (aligned16(y) && aligned16(a) && aligned16(b))
+  if (packed_access() && aligned16(y) && aligned16(a) && aligned16(b))
     add_packed_kernel<<<grid_for((n + 3) / 4), kBlock, 0, s>>>(y, a, b, n);
   else
     add_kernel<<<grid_for(n), kBlock, 0, s>>>(y, a, b, n);
@@ -437,7 +440,8 @@ void launch_to_bf16(cudaStream_t s, void* dst, const float* src, std::int64_t ro
                     std::int64_t cols, std::int64_t ld) {
   if (rows <= 0 || cols <= 0) return;
   if (ld == cols) cols *= rows, rows = 1;  // contiguous: one row (the same elements in order)
-  if (aligned16(dst) && aligned16(src) && (rows == 1 || (cols % 8 == 0 && ld % 4 == 0)))
+  const bool whole_packs = rows == 1 || (cols % 8 == 0 && ld % 4 == 0);
+  if (packed_access() && aligned16(dst) && aligned16(src) && whole_packs)
     to_bf16_packed_kernel<<<grid_for(rows * cols / 8 + 1), kBlock, 0, s>>>(
         static_cast<unsigned short*>(dst), src, rows, cols, ld);
   else
@@ -451,7 +455,7 @@ void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
   if (n <= 0 || cols <= 0) return;
   const int blocks = colsum_row_blocks(n);
   const unsigned row_blocks = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
-  if (cols % 8 == 0 && aligned16(dst) && aligned16(partial) && aligned16(src)) {
+  if (packed_access() && cols % 8 == 0 && aligned16(dst) && aligned16(partial) && aligned16(src)) {
     // 8 columns per thread, 64 threads per block (fused_block.cu's packed column sums)
     constexpr int kThreads = 64;
     const dim3 grid(static_cast<unsigned>((cols / 8 + kThreads - 1) / kThreads), row_blocks);
@@ -469,7 +473,7 @@ void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
 
 void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n) {
   if (n <= 0) return;
-  if (aligned16(dst) && aligned16(src))
+  if (packed_access() && aligned16(dst) && aligned16(src))
     from_bf16_packed_kernel<<<grid_for((n + 7) / 8), kBlock, 0, s>>>(
         dst, static_cast<const unsigned short*>(src), n);
   else
@@ -481,7 +485,7 @@ void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t 
 void launch_from_bf16_rows(cudaStream_t s, float* dst, std::int64_t ld, const void* src,
                            std::int64_t rows, std::int64_t cols, bool accumulate) {
   if (rows <= 0 || cols <= 0) return;
-  if (cols % 8 == 0 && ld % 4 == 0 && aligned16(dst) && aligned16(src))
+  if (packed_access() && cols % 8 == 0 && ld % 4 == 0 && aligned16(dst) && aligned16(src))
     from_bf16_rows_packed_kernel<<<grid_for(rows * cols / 8), kBlock, 0, s>>>(
         dst, ld, static_cast<const unsigned short*>(src), rows, cols, accumulate);
   else
@@ -491,6 +495,14 @@ void launch_from_bf16_rows(cudaStream_t s, float* dst, std::int64_t ld, const vo
 }
 
 int sum_squares_blocks() { return kSumBlocks; }
+
+bool packed_access() {
+  static const bool on = [] {
+    const char* baseline = std::getenv("TRIDENT_CUDA_BASELINE");
+    return !(baseline && std::strcmp(baseline, "1") == 0);
+  }();
+  return on;
+}
 
 void launch_sum_squares(cudaStream_t s, double* result, double* partial, const float* x,
                         std::int64_t n) {
@@ -536,7 +548,7 @@ void launch_adamw_segments(cudaStream_t s, const AdamWSegmentEntry* segments, in
   if (count <= 0 || total_chunks <= 0) return;
   adamw_segments_kernel<<<unsigned(total_chunks), kBlock, 0, s>>>(
       segments, count, grad_scale, beta1, beta2, omb1, omb2, eps, decay_on, decay_off, step,
-      bc2_sqrt);
+      bc2_sqrt, packed_access());
   check_launch("adamw_segments");
 }
 
