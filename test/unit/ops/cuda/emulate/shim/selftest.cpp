@@ -6,9 +6,14 @@
 // its layout checks and its device-pointer check of the bias; the GELU epilogues (GELU_AUX_BIAS,
 // DGELU_BGRAD: tanh GELU, aux written and read, the bias gradient overwritten) and their refusals; WMMA (mma.h): D = A B + C with
 // A row-major, B column-major, C read column-major and D stored row-major from padded tiles,
-// against a double loop on the bf16-rounded values, and __all_sync. Built with
+// against a double loop on the bf16-rounded values, __all_sync, and the alignment check of
+// 16-byte accesses (__ldca, __stwb: cuda_runtime.h). Built with
 // TRIDENT_EMU_DEVICE_POINTERS.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -372,6 +377,26 @@ int main() {
     cudaMemcpy(got, dgot, sizeof got, cudaMemcpyDeviceToHost);
     cudaFree(dgot);
     check(got[0] == 1 && got[31] == 1 && got[32] == 0 && got[63] == 0, "__all_sync per warp");
+  }
+  {  // 16-byte accesses (common.cuh's Packed128): aligned ones move the 16 bytes and are
+     // counted; a misaligned one stops the run (it faults on a GPU), in a child process here
+    alignas(16) static int buf[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    const std::uint64_t before = emu::vector_accesses;
+    const int4 v = __ldca(reinterpret_cast<const int4*>(buf + 4));
+    __stwb(reinterpret_cast<int4*>(buf), v);
+    check(buf[0] == 5 && buf[3] == 8 && buf[4] == 5 && emu::vector_accesses == before + 2,
+          "__ldca / __stwb of an aligned int4: the 16 bytes, counted");
+    std::fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) {
+      std::freopen("/dev/null", "w", stderr);
+      const int4 w = __ldca(reinterpret_cast<const int4*>(buf + 1));  // 4-byte aligned
+      _exit(w.x == 2 ? 0 : 0);  // reached only if the check did not fire
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    check(child > 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0),
+          "__ldca of an int4 4-byte aligned stops the run");
   }
   std::printf(bad ? "shim selftest: %d FAILED\n" : "shim selftest: all ok\n", bad);
   return bad != 0;
