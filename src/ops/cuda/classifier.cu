@@ -18,11 +18,7 @@ namespace trident::ops::cuda {
 namespace {
 
 constexpr int kClassifierThreads = 1024;  // few rows in flight: their second read hits L2
-constexpr int kPack = 8;                  // bf16 per 16-byte access
-
-struct alignas(16) Bf16Pack {
-  unsigned short h[kPack];
-};
+constexpr int kPack = Bf16x8::kSize;      // bf16 per 16-byte access (common.cuh)
 
 // loss[i] = log(sum_j exp(l_j - max)) + max - l_target over j < v_valid; with backward,
 // row i becomes dlogits in place. packed: ld % 8 == 0 and a 16-byte aligned base.
@@ -40,14 +36,13 @@ __global__ void __launch_bounds__(kClassifierThreads)
 
   float m = -INFINITY, s = 0.0f;  // this thread's running max and sum of exp(x - m)
   if (packed) {
-    const Bf16Pack* packs = reinterpret_cast<const Bf16Pack*>(row);
     const int npacks = (v_valid + kPack - 1) / kPack;
     for (int p = threadIdx.x; p < npacks; p += blockDim.x) {
-      const Bf16Pack pk = packs[p];
+      const Bf16x8 pk = Bf16x8::load(row + p * kPack);
       float x[kPack];
       float pm = -INFINITY;
       for (int e = 0; e < kPack; e++) {
-        x[e] = p * kPack + e < v_valid ? bf16_value(pk.h[e]) : -INFINITY;
+        x[e] = p * kPack + e < v_valid ? bf16_value(pk[e]) : -INFINITY;
         pm = fmaxf(pm, x[e]);
       }
       if (pm > m) {
@@ -76,19 +71,18 @@ __global__ void __launch_bounds__(kClassifierThreads)
   // dlogits = f * exp(x - max) - scale at the target, f = scale / sum (the CPU's two roundings)
   const float f = scale / sum;
   if (packed) {
-    Bf16Pack* packs = reinterpret_cast<Bf16Pack*>(row);
     for (int p = threadIdx.x; p < ld / kPack; p += blockDim.x) {
-      Bf16Pack pk = packs[p];
+      Bf16x8 pk = Bf16x8::load(row + p * kPack);
       for (int e = 0; e < kPack; e++) {
         const int j = p * kPack + e;
         float g = 0.0f;
         if (j < v_valid) {
-          g = f * expf(bf16_value(pk.h[e]) - mx);
+          g = f * expf(bf16_value(pk[e]) - mx);
           if (j == target) g -= scale;
         }
-        pk.h[e] = bf16_bits(g);
+        pk[e] = bf16_bits(g);
       }
-      packs[p] = pk;
+      pk.store(row + p * kPack);
     }
   } else {
     for (int j = threadIdx.x; j < ld; j += blockDim.x) {
@@ -108,7 +102,7 @@ void launch_fused_classifier(cudaStream_t s, void* logits16, float* loss,
                              const std::int32_t* targets, int n, int ld, int v_valid, float scale,
                              bool backward) {
   if (n <= 0) return;
-  const int packed = ld % kPack == 0 && reinterpret_cast<std::uintptr_t>(logits16) % 16 == 0;
+  const int packed = ld % kPack == 0 && aligned16(logits16);
   fused_classifier_kernel<<<static_cast<unsigned>(n), kClassifierThreads, 0, s>>>(
       static_cast<unsigned short*>(logits16), loss, targets, ld, v_valid, scale, backward ? 1 : 0,
       packed);

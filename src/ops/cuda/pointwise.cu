@@ -122,9 +122,9 @@ __global__ void to_bf16_packed_kernel(unsigned short* dst, const float* src, std
     for (int e = 0; e < 4; e++) out[e] = bf16_bits(lo[e]), out[e + 4] = bf16_bits(hi[e]);
     out.store(dst + r * cols + c);
   }
-  if (rows == 1) TRIDENT_GRID_STRIDE(i, cols - row_packs * 8) {
-      dst[row_packs * 8 + i] = bf16_bits(src[row_packs * 8 + i]);
-    }
+  if (rows != 1) return;
+  const std::int64_t tail = row_packs * 8;
+  TRIDENT_GRID_STRIDE(i, cols - tail) dst[tail + i] = bf16_bits(src[tail + i]);
 }
 
 // dst[n, cols] = bf16(src[n, cols]) and partial[rb, cols] = the column sums of row block rb

@@ -5,6 +5,8 @@
 // faults on a GPU; here the run stops naming it, as mma.h's WMMA checks do).
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "cuda_runtime_api.h"
 #include "emu.hpp"
@@ -20,8 +22,17 @@ struct alignas(16) float4 {
 };
 
 namespace emu {
-// 16-byte accesses so far (the driver's check that a packed path was taken).
+// 16-byte accesses so far (the driver's check that a packed path was taken); with
+// TRIDENT_EMU_VECTOR_STATS=1 the process prints the count at exit (which paths a run took).
 inline std::uint64_t vector_accesses = 0;
+inline struct VectorStats {
+  ~VectorStats() {
+    const char* on = std::getenv("TRIDENT_EMU_VECTOR_STATS");
+    if (on && on[0] == '1')
+      std::fprintf(stderr, "cuda emulation: %llu 16-byte accesses\n",
+                   static_cast<unsigned long long>(vector_accesses));
+  }
+} vector_stats;
 
 template <class V>
 void check_access(const V* p, const char* op) {
