@@ -10,10 +10,12 @@
 // the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "check.hpp"
 #include "cuda_ops.hpp"
 #include "kernels.hpp"
+#include "lt_tune.hpp"
 #include "plans.hpp"
 #include "trident/core/error.hpp"
 
@@ -252,16 +254,22 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &al_d, sizeof(al_d));
-    cublasLtMatmulHeuristicResult_t result{};
+    // the heuristic's first, or (TRIDENT_CUDA_LT_TUNE) its candidates for lt_choose
+    std::array<cublasLtMatmulHeuristicResult_t, LtTuner::kCandidates> results{};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
-                                          &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
+                                          lt_tune_ ? LtTuner::kCandidates : 1, results.data(),
+                                          &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
-    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    plan.algo = result.algo;
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
+    plan.algo = results[0].algo;
     it = lt_plans_.emplace(key, plan).first;
+    if (plan.ok && lt_tune_)
+      lt_choose(key, it->second, d16, results.data(), found, x16, w16, residual ? 1.0f : 0.0f,
+                residual ? static_cast<const void*>(residual) : d, d,
+                std::size_t(n) * std::size_t(out) * (d16 ? 2 : 4));
   }
   LtPlan& plan = it->second;
   if (!plan.ok) return false;
@@ -282,6 +290,47 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
   }
   TRIDENT_CUBLAS_CHECK(st);
   return true;
+}
+
+// TRIDENT_CUDA_LT_TUNE: the plan's algorithm from the tuner's file, else the fastest candidate
+// run on the call's operands (its bias, aux and bias-gradient pointers are the plan
+// descriptor's, set above). Each candidate writes D (and aux or the bias gradient) whole, and
+// the caller's matmul after this overwrites them all with the chosen algorithm's. With beta != 0
+// D may be C (or the sum is the caller's to keep): the candidates write a scratch D instead, so
+// no product is ever added twice; no room for it leaves the heuristic's first.
+void CudaOps::lt_choose(const std::array<std::int64_t, 5>& key, LtPlan& plan, bool d16,
+                        const cublasLtMatmulHeuristicResult_t* results, int found,
+                        const void* x16, const void* w16, float beta, const void* c, void* d,
+                        std::size_t d_bytes) {
+  const cudaDataType_t d_type = d16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (lt_tune_->stored(lt_, key, plan.desc, plan.a, plan.b, plan.d, CUDA_R_16BF, d_type,
+                       kCublasWorkspaceBytes, plan.algo))
+    return;
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  for (int i = 0; i < found; i++)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+        results[i].workspaceSize <= kCublasWorkspaceBytes)
+      candidates.push_back(results[i].algo);
+  if (candidates.size() > 1) {
+    void* target = d;
+    if (beta != 0.0f) {
+      try {
+        target = memory_->allocate(d_bytes);
+      } catch (const Error&) {
+        lt_tune_->skipped();
+        return;
+      }
+    }
+    const float one = 1.0f;
+    const int best = lt_tune_->fastest(stream_, int(candidates.size()), [&](int i) {
+      return cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &beta, c, plan.d,
+                            target, plan.d, &candidates[std::size_t(i)], cublas_workspace_,
+                            kCublasWorkspaceBytes, stream_);
+    });
+    if (target != d) memory_->release(target);  // fastest() synchronized the stream
+    if (best >= 0) plan.algo = candidates[std::size_t(best)];
+  }
+  lt_tune_->record(key, plan.algo, int(candidates.size()));
 }
 
 void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
