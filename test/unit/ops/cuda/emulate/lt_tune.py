@@ -7,6 +7,9 @@ moves every plan off it. Checked:
                times nothing (the slow knob moved: a re-tune would choose differently), same curve
   foreign      the file's entries made another device's plus an unreadable line: one line says
                so, every shape is tuned again, same curve
+  resume       2 steps and a checkpoint with FILE, then the rest from it: the resumed process
+               reads every shape from FILE (the plan keys, pointer alignments included, are
+               the same after a resume) and times none; the curve is the untuned resume's
   dp2          each rank keeps its own file (FILE, FILE.rank1), same curve as untuned dp2
 usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 lt_tune.py (emulate/train.sh)
 """
@@ -51,7 +54,7 @@ def train(t, np_, name, env, sets=()):
         if v is None:
             os.environ.pop(k, None)
     try:
-        curve, = t.train(np_, name, sets=[*sets, *BF16])
+        curve, = t.train(np_, name, sets=[*BF16, *sets])
     finally:
         for k, v in saved.items():
             if v is None:
@@ -105,6 +108,20 @@ def main():
     t.check(len(lines) == 1 and lines[0][2] == 0 and lines[0][0] + lines[0][1] == n,
             f"foreign/corrupt file: every shape tuned again ({lines})")
     t.check(len(entries(path)) == 2 * n, "foreign/corrupt file: rewritten with both devices' entries")
+
+    # a resume: 2 steps and a checkpoint, then the rest, both with the same file
+    path_r = t.path("choices-resume.txt")
+    env = {"TRIDENT_CUDA_LT_TUNE": path_r, "TRIDENT_EMU_LT_SLOW_ALGO": "11"}
+    half = ["io.checkpoint_every=2"]
+    _, lines1, _ = train(t, 1, "resume", env, [*half, "train.steps=2"])
+    env["TRIDENT_EMU_LT_SLOW_ALGO"] = "12,13"  # a re-tune would choose differently
+    resumed, lines2, _ = train(t, 1, "resume", env, [*half, 'io.resume="auto"'])
+    n1 = lines1[0][0] + lines1[0][1] if lines1 else -1
+    train(t, 1, "resume-plain", off, [*half, "train.steps=2"])
+    resumed_plain, _, _ = train(t, 1, "resume-plain", off, [*half, 'io.resume="auto"'])
+    t.check(len(resumed) == STEPS and np.array_equal(resumed, resumed_plain),
+            f"resume at step 2: {len(resumed)} losses equal the untuned resume's")
+    t.check(lines2 == [(0, 0, n1)], f"resume: all {n1} shapes read, none timed ({lines1} then {lines2})")
 
     if shutil.which("mpirun"):
         dp = ["parallel.dp=2", "parallel.grad_bucket_mb=0.02"]
