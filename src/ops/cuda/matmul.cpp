@@ -92,6 +92,7 @@ void CudaOps::gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, cons
                         int lda, const void* b16, int ldb, float beta, float* c, int ldc) {
   // the mapping with the bf16 operands' leading dimensions (col_major only swaps them)
   const ColMajor g = col_major(ta, tb, m, n, k, nullptr, lda, 0, nullptr, ldb, 0);
+  if (lt_tune_ && gemm_lt16(g, alpha, b16, a16, beta, c, ldc)) return;
   TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
                                     &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
                                     &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
@@ -267,7 +268,7 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
     plan.algo = results[0].algo;
     it = lt_plans_.emplace(key, plan).first;
     if (plan.ok && lt_tune_)
-      lt_choose(key, it->second, d16, results.data(), found, x16, w16, residual ? 1.0f : 0.0f,
+      lt_choose(key, it->second, d16, results.data(), found, x16, w16, 1.0f, residual ? 1.0f : 0.0f,
                 residual ? static_cast<const void*>(residual) : d, d,
                 std::size_t(n) * std::size_t(out) * (d16 ? 2 : 4));
   }
@@ -292,6 +293,75 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
   return true;
 }
 
+// TRIDENT_CUDA_LT_TUNE: gemm_rm16's product (column-major D = alpha op(P1) op(P2) + beta C, C = D,
+// fp32) through a cuBLASLt plan of lt_plans_ with its algorithm tuned, as bias_lt's. The key:
+// {m, n, k, ld1 | ld2 << 21 | ldc << 42, the three alignments (9 bits each) | trans1 << 27 |
+// trans2 << 28 | 1 << 62} (bit 62: not a bias_lt key, whose last word is below 2^17). False when
+// cuBLASLt declines (cublasGemmEx then, as without the knob).
+bool CudaOps::gemm_lt16(const ColMajor& g, float alpha, const void* p1, const void* p2, float beta,
+                        float* c, int ldc) {
+  const std::array<std::int64_t, 5> key{
+      g.m, g.n, g.k, std::int64_t(g.ld1) | (std::int64_t(g.ld2) << 21) | (std::int64_t(ldc) << 42),
+      alignment_of(p1) | (alignment_of(p2) << 9) | (alignment_of(c) << 18) |
+          (std::int64_t(g.trans1) << 27) | (std::int64_t(g.trans2) << 28) | (std::int64_t(1) << 62)};
+  auto it = lt_plans_.find(key);
+  if (it == lt_plans_.end()) {
+    LtPlan plan;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op1 = op_of(g.trans1), op2 = op_of(g.trans2);
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op1, sizeof(op1)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op2, sizeof(op2)));
+    // stored shapes: P1 is m x k (k x m when transposed), P2 k x n (n x k)
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+        &plan.a, CUDA_R_16BF, std::uint64_t(g.trans1 ? g.k : g.m),
+        std::uint64_t(g.trans1 ? g.m : g.k), g.ld1));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+        &plan.b, CUDA_R_16BF, std::uint64_t(g.trans2 ? g.n : g.k),
+        std::uint64_t(g.trans2 ? g.k : g.n), g.ld2));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, std::uint64_t(g.m),
+                                                    std::uint64_t(g.n), ldc));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t workspace = kCublasWorkspaceBytes;
+    const std::uint32_t al[3] = {std::uint32_t(alignment_of(p1)), std::uint32_t(alignment_of(p2)),
+                                 std::uint32_t(alignment_of(c))};
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[std::min(i, 2)],
+                                                sizeof(al[0]));
+    std::array<cublasLtMatmulHeuristicResult_t, LtTuner::kCandidates> results{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
+                                          LtTuner::kCandidates, results.data(), &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
+    plan.algo = results[0].algo;
+    it = lt_plans_.emplace(key, plan).first;
+    if (plan.ok)
+      lt_choose(key, it->second, false, results.data(), found, p2, p1, alpha, beta, c, c,
+                std::size_t(ldc) * std::size_t(g.n) * sizeof(float));
+  }
+  LtPlan& plan = it->second;
+  if (!plan.ok) return false;
+  const cublasStatus_t st =
+      cublasLtMatmul(lt_, plan.desc, &alpha, p1, plan.a, p2, plan.b, &beta, c, plan.d, c, plan.d,
+                     &plan.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_);
+  if (lt_declined(st)) {
+    plan.ok = false;
+    return false;
+  }
+  TRIDENT_CUBLAS_CHECK(st);
+  return true;
+}
+
 // TRIDENT_CUDA_LT_TUNE: the plan's algorithm from the tuner's file, else the fastest candidate
 // run on the call's operands (its bias, aux and bias-gradient pointers are the plan
 // descriptor's, set above). Each candidate writes D (and aux or the bias gradient) whole, and
@@ -300,8 +370,8 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
 // no product is ever added twice; no room for it leaves the heuristic's first.
 void CudaOps::lt_choose(const std::array<std::int64_t, 5>& key, LtPlan& plan, bool d16,
                         const cublasLtMatmulHeuristicResult_t* results, int found,
-                        const void* x16, const void* w16, float beta, const void* c, void* d,
-                        std::size_t d_bytes) {
+                        const void* x16, const void* w16, float alpha, float beta, const void* c,
+                        void* d, std::size_t d_bytes) {
   const cudaDataType_t d_type = d16 ? CUDA_R_16BF : CUDA_R_32F;
   if (lt_tune_->stored(lt_, key, plan.desc, plan.a, plan.b, plan.d, CUDA_R_16BF, d_type,
                        kCublasWorkspaceBytes, plan.algo))
@@ -321,9 +391,8 @@ void CudaOps::lt_choose(const std::array<std::int64_t, 5>& key, LtPlan& plan, bo
         return;
       }
     }
-    const float one = 1.0f;
     const int best = lt_tune_->fastest(stream_, int(candidates.size()), [&](int i) {
-      return cublasLtMatmul(lt_, plan.desc, &one, w16, plan.a, x16, plan.b, &beta, c, plan.d,
+      return cublasLtMatmul(lt_, plan.desc, &alpha, w16, plan.a, x16, plan.b, &beta, c, plan.d,
                             target, plan.d, &candidates[std::size_t(i)], cublas_workspace_,
                             kCublasWorkspaceBytes, stream_);
     });

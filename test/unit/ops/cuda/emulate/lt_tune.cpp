@@ -11,7 +11,10 @@
 //     no candidate but the stored one (the slow knob moved, so tuning would choose another);
 //     a stored algorithm this "cuBLASLt" lacks (TRIDENT_EMU_LT_INVALID_ALGO) or entries of
 //     another device, or unreadable lines: those shapes tuned again, the results unchanged.
+// And Ops::gemm under bf16 (gemm_rm16's products without a bias, cuBLASLt plans when tuned):
+// transposes, padding, alpha, beta 1 in place, bit for bit with cublasGemmEx and against double.
 // train.sh builds it with the backend's objects and runs it (a few seconds).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +70,11 @@ using H = std::vector<std::uint16_t>;
 using V = std::vector<float>;
 
 int bad = 0;
+std::string sci(double x) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2e", x);
+  return b;
+}
 void check(bool ok, const std::string& what) {
   std::printf("%s %s\n", ok ? "ok  " : "BAD ", what.c_str());
   if (!ok) bad++;
@@ -202,12 +210,51 @@ void check_accumulating(const Inputs& in, const Outputs& r, const std::string& l
       worst_in = std::max(worst_in, std::fabs(r.v[2][at] - (c + p)));
     }
   check(worst_out < 1e-4, label + ": out-of-place D = C + xw + b against double (" +
-                              std::to_string(worst_out) + ")");
+                              sci(worst_out) + ")");
   check(worst_in < 1e-4,
         label + ": in-place D = C + xw against double, the product added once (" +
-            std::to_string(worst_in) + ")");
+            sci(worst_in) + ")");
   check(std::memcmp(r.residual_after.data(), in.residual.data(), in.residual.size() * 4) == 0,
         label + ": the out-of-place C is left as it was");
+}
+
+// Ops::gemm under bf16 (gemm_rm16: cublasGemmEx untuned, gemm_lt16's tuned cuBLASLt plans) in
+// the four transpose cases, padded leading dimensions, alpha 0.5, beta 0 and 1 (C = D, in place:
+// a tuning run into it would add the product again). Results in order, and the worst error
+// against double on the bf16-rounded operands.
+struct GemmCase {
+  bool ta, tb;
+  float beta;
+};
+const GemmCase kGemms[] = {{false, false, 0.0f}, {false, true, 1.0f}, {true, false, 1.0f},
+                           {true, true, 0.0f}};
+std::vector<V> run_gemms(double& worst) {
+  auto o = trident::ops::make_ops("cuda", 1, Precision::bf16);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int m = 12, n = 20, k = 28, pad = 3;
+  std::vector<V> out;
+  worst = 0;
+  for (const GemmCase& g : kGemms) {
+    const int lda = (g.ta ? m : k) + pad, ldb = (g.tb ? k : n) + pad, ldc = n + pad;
+    V a(std::size_t(g.ta ? k : m) * lda), b(std::size_t(g.tb ? n : k) * ldb), c(std::size_t(m) * ldc);
+    for (float& x : a) x = widen(bits(nd(rng)));  // bf16 values: the oracle sees what the GPU does
+    for (float& x : b) x = widen(bits(nd(rng)));
+    for (float& x : c) x = nd(rng);
+    Dev<float> da(*o, a), db(*o, b), dc(*o, c);
+    o->gemm(g.ta, g.tb, m, n, k, 0.5f, da.p, lda, db.p, ldb, g.beta, dc.p, ldc);
+    out.push_back(dc.host());
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++) {
+        double p = 0;
+        for (int l = 0; l < k; l++)
+          p += double(g.ta ? a[std::size_t(l) * lda + i] : a[std::size_t(i) * lda + l]) *
+               (g.tb ? b[std::size_t(j) * ldb + l] : b[std::size_t(l) * ldb + j]);
+        const std::size_t at = std::size_t(i) * ldc + j;
+        worst = std::max(worst, std::fabs(out.back()[at] - (0.5 * p + g.beta * c[at])));
+      }
+  }
+  return out;
 }
 
 int count_entries(const std::string& file) {
@@ -240,6 +287,27 @@ int main() {
   check(all_algos(tuned, 13), "tuned (11, 12 slow): every plan keeps 13: " + ids(tuned));
   check(same(tuned, ref), "tuned: every output equals the untuned bit for bit");
   check_accumulating(in, tuned, "tuned");
+
+  // the bf16 products without a bias: cublasGemmEx untuned, tuned cuBLASLt plans under the knob
+  double worst_plain = 0, worst_tuned = 0;
+  unsetenv("TRIDENT_CUDA_LT_TUNE");
+  const std::uint64_t lt_before = candidate_runs(11) + candidate_runs(12) + candidate_runs(13);
+  const std::vector<V> gemm_plain = run_gemms(worst_plain);
+  check(candidate_runs(11) + candidate_runs(12) + candidate_runs(13) == lt_before,
+        "gemm untuned: cublasGemmEx (no cuBLASLt matmul)");
+  setenv("TRIDENT_CUDA_LT_TUNE", "1", 1);
+  const std::uint64_t fast_before = candidate_runs(13);
+  const std::vector<V> gemm_tuned = run_gemms(worst_tuned);
+  check(candidate_runs(13) >= fast_before + 4 * (1 + trident::ops::cuda::LtTuner::kRuns + 1),
+        "gemm tuned: 4 cuBLASLt plans, each timing 13 and then running it");
+  bool gemm_same = gemm_plain.size() == gemm_tuned.size();
+  for (std::size_t i = 0; gemm_same && i < gemm_plain.size(); i++)
+    gemm_same = std::memcmp(gemm_plain[i].data(), gemm_tuned[i].data(), gemm_plain[i].size() * 4) == 0;
+  check(gemm_same, "gemm tuned (NN, NT, TN, TT; alpha 0.5; beta 0 and 1 in place): equal to "
+                   "cublasGemmEx's bit for bit");
+  check(worst_plain < 1e-4 && worst_tuned < 1e-4,
+        "gemm against double, the in-place product added once (" + sci(worst_plain) +
+            ", " + sci(worst_tuned) + ")");
 
   // the file round trip
   const std::string file = "lt_tune_choices.txt";
