@@ -297,9 +297,12 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
 // fp32) through a cuBLASLt plan of lt_plans_ with its algorithm tuned, as bias_lt's. The key:
 // {m, n, k, ld1 | ld2 << 21 | ldc << 42, the three alignments (9 bits each) | trans1 << 27 |
 // trans2 << 28 | 1 << 62} (bit 62: not a bias_lt key, whose last word is below 2^17). False when
-// cuBLASLt declines (cublasGemmEx then, as without the knob).
+// cuBLASLt declines or a leading dimension is 2^21 or more (cublasGemmEx then, as without the
+// knob).
 bool CudaOps::gemm_lt16(const ColMajor& g, float alpha, const void* p1, const void* p2, float beta,
                         float* c, int ldc) {
+  constexpr int kLdLimit = 1 << 21;  // the key's 21 bits per leading dimension
+  if (g.ld1 >= kLdLimit || g.ld2 >= kLdLimit || ldc >= kLdLimit) return false;
   const std::array<std::int64_t, 5> key{
       g.m, g.n, g.k, std::int64_t(g.ld1) | (std::int64_t(g.ld2) << 21) | (std::int64_t(ldc) << 42),
       alignment_of(p1) | (alignment_of(p2) << 9) | (alignment_of(c) << 18) |
