@@ -32,13 +32,16 @@
 #      assumed peak, and trident's step over PyTorch's (issue 27 asks for <= 0.8);
 #   6c. the per-op table of one steady GPT-2 small step (bench/gpu_op_table.py: TRIDENT_OP_TIMING),
 #      now and with TRIDENT_CUDA_BASELINE=1 (the paths before issue 27): before/after;
+#   6d. the same steady step with TRIDENT_CUDA_LT_TUNE=1 (each cuBLASLt plan's algorithm timed
+#      among the heuristic's candidates; src/ops/cuda/lt_tune.hpp) against 6c's "now" (unset),
+#      lt_tune/op_table.json, and the tuning's own line (shapes, ms) from its log;
 #   7. with PIPELINE_BEFORE (another trident), the pipeline's idle time at pp = 4 before and
 #      after on the CPU cores (bench/pipeline_bench.py --compare);
 #   8. compute-sanitizer memcheck, racecheck and synccheck over trident's own kernels
 #      (time-bounded);
 #   9. issue 29's pipeline figures at pp 4 on the machine's CPU cores (bench/pipeline_bench.py:
 #      idle per schedule against the simulator, the auto split against the even one).
-# They run in this order: 0, 1, 1b, 2, 3c, 4, 5, 6, 6b, 6c, then 3 and 3b, 7, 8, 9: the figures
+# They run in this order: 0, 1, 1b, 2, 3c, 4, 5, 6, 6b, 6c, 6d, then 3 and 3b, 7, 8, 9: the figures
 # before the longer checks in training, so that these cannot spend the budget the figures need.
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
@@ -54,7 +57,7 @@
 #        the steps after the build together), PYTHON (python3), PIPELINE_BEFORE (unset),
 #        PIPELINE_TIMEOUT (120 s), PEER (1), PEER_TIMEOUT (100 s), PEER_COMPILE (0: also a
 #        torch.compile'd peer when 1), OP_TABLE (1), OP_TABLE_TIMEOUT (120 s),
-#        PIPELINE_PP4 (1), PIPELINE_PP4_TIMEOUT (150 s)
+#        PIPELINE_PP4 (1), PIPELINE_PP4_TIMEOUT (150 s), LT_TUNE (1), LT_TUNE_TIMEOUT (60 s)
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -312,6 +315,23 @@ else
   fi
 fi
 
+# TRIDENT_CUDA_LT_TUNE=1: 6c's steady step with the cuBLASLt plans' algorithms timed (at their
+# first call, so in the short run's start, which the difference cancels); the tuning's own
+# line of each train (shapes, ms) is in lt_tune.log.
+if [ "${LT_TUNE:-1}" = 0 ]; then
+  skip lt_tune "LT_TUNE=0"
+elif [ ! -x "$trident" ]; then
+  skip lt_tune "no trident binary"
+else
+  t=$(bounded "${LT_TUNE_TIMEOUT:-60}")
+  if [ "$t" -eq 0 ]; then
+    skip lt_tune "time budget spent"
+  else
+    step lt_tune env TRIDENT_CUDA_LT_TUNE=1 timeout "$t" "$python" "$src/bench/gpu_op_table.py" \
+         --trident "$trident" --models small --out "$out/lt_tune" --timeout $(((t - 10) / 2))
+  fi
+fi
+
 # The correctness checks in training (after the figures, so that a slow one cannot starve
 # them of the shared budget).
 # ctest -L cuda in the build tree, bounded by SECONDS (exit 124 when it runs out)
@@ -549,6 +569,28 @@ PY
     echo "Per-op GPU time of one steady step (bench/gpu_op_table.py; op_table/op_table.json):"
     cat "$out/op_table/op_table.txt"
   fi
+  if [ -s "$out/lt_tune/op_table.json" ]; then
+    echo
+    "$python" - "$out/op_table/op_table.json" "$out/lt_tune/op_table.json" <<'PY' || true
+import json, sys
+try:
+    now = json.load(open(sys.argv[1])).get("small/now")
+except OSError:
+    now = None
+tuned = json.load(open(sys.argv[2])).get("small/now")
+print("cuBLASLt algorithm choice (TRIDENT_CUDA_LT_TUNE=1; lt_tune/op_table.json), GPT-2 small, "
+      "ms per steady step:")
+if tuned and now:
+    for g in sorted(set(now["groups"]) | set(tuned["groups"])):
+        a = now["groups"].get(g, {"ms": 0.0})["ms"]
+        b = tuned["groups"].get(g, {"ms": 0.0})["ms"]
+        print(f"    {g:<12} {a:9.2f} -> {b:9.2f}")
+    print(f"    {'total':<12} {now['step_ms']:9.2f} -> {tuned['step_ms']:9.2f}  (unset -> tuned)")
+elif tuned:
+    print(f"    tuned {tuned['step_ms']:.2f} (no untuned table from op_table)")
+PY
+    grep -h "cuBLASLt tuning" "$out/lt_tune.log" 2>/dev/null | sed -e 's/^/  /' || true
+  fi
 } >"$out/summary.txt"
 
 {
@@ -575,6 +617,8 @@ PY
   if [ -s "$out/torch_peer.json" ]; then sed -e '2,$s/^/  /' "$out/torch_peer.json"; else printf 'null'; fi
   printf ',\n  "op_table": '
   if [ -s "$out/op_table/op_table.json" ]; then sed -e '2,$s/^/  /' "$out/op_table/op_table.json"; else printf 'null'; fi
+  printf ',\n  "lt_tune": '
+  if [ -s "$out/lt_tune/op_table.json" ]; then sed -e '2,$s/^/  /' "$out/lt_tune/op_table.json"; else printf 'null'; fi
   printf ',\n  "train_bench": '
   if [ -s "$out/train_bench/gpu_train_bench.json" ]; then
     sed -e '2,$s/^/  /' "$out/train_bench/gpu_train_bench.json"

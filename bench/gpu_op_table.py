@@ -72,6 +72,9 @@ def run(args, name, spec, steps, baseline, work, data):
     if p.returncode != 0:
         raise RuntimeError(f"{tag}: trident train exited {p.returncode}: "
                            f"{(p.stderr or p.stdout).strip()[-500:]}")
+    for line in p.stderr.splitlines():  # TRIDENT_CUDA_LT_TUNE's summary (shapes tuned, ms)
+        if line.startswith("cuBLASLt tuning"):
+            print(f"{tag}: {line}", file=sys.stderr)
     with open(table) as f:
         return {r["op"]: (r["calls"], r["total_ms"]) for r in json.load(f)["ops"]}
 

@@ -9,6 +9,7 @@
 
 #include "check.hpp"
 #include "kernels.hpp"
+#include "lt_tune.hpp"
 #include "op_timer.hpp"
 #include "trident/core/error.hpp"
 #include "trident/ops/adamw.hpp"
@@ -69,6 +70,7 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   fused_head_ = !(fused_head && std::string(fused_head) == "0");
   if (precision_ == Precision::bf16 && !baseline_)
     cudnn_ = std::make_unique<CudnnAttention>(stream_);
+  if (!baseline_) lt_tune_ = LtTuner::from_environment(device_name_);  // TRIDENT_CUDA_LT_TUNE
 }
 
 void CudaOps::set_weights(const float* params, std::int64_t n) {
@@ -107,6 +109,7 @@ void CudaOps::release() noexcept {
   timer_.reset();  // writes its table; its events are on the stream
   cudnn_.reset();  // its handle and plans, before the arena its buffers came from
   if (cublas_) cublasDestroy(cublas_);
+  lt_tune_.reset();  // its summary line
   for (auto& [key, plan] : lt_plans_) {
     (void)key;
     if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);

@@ -58,6 +58,8 @@
 namespace trident::ops::cuda {
 
 struct FlashShape;  // kernels.hpp
+class LtTuner;     // lt_tune.hpp
+struct ColMajor;   // plans.hpp
 
 // cuBLAS's (and cuBLASLt's) workspace: NVIDIA's recommendation for Hopper (32 MiB; 4 MiB
 // would do before it).
@@ -319,6 +321,20 @@ class CudaOps final : public Ops {
   std::unique_ptr<CudnnAttention> cudnn_;
   // {n, in, out, alignments, GELU epilogue | aux alignment << 8}
   std::map<std::array<std::int64_t, 5>, LtPlan> lt_plans_;
+  // TRIDENT_CUDA_LT_TUNE (lt_tune.hpp; null when off and under the baseline): a new plan's
+  // algorithm from the file, else the fastest of the heuristic's `found` candidates, timed on
+  // the call's operands (matmul.cpp: lt_choose; beta != 0 times into a scratch D).
+  std::unique_ptr<LtTuner> lt_tune_;
+  void lt_choose(const std::array<std::int64_t, 5>& key, LtPlan& plan, bool d16,
+                 const cublasLtMatmulHeuristicResult_t* results, int found, const void* x16,
+                 const void* w16, float alpha, float beta, const void* c, void* d,
+                 std::size_t d_bytes);
+  // Under TRIDENT_CUDA_LT_TUNE, gemm_rm16's products (the bf16 products without a bias) through
+  // tuned cuBLASLt plans too (column-major g, P1 = b16, P2 = a16 as cublasGemmEx takes them);
+  // false when cuBLASLt declines (cublasGemmEx then). Off: cublasGemmEx, as before.
+  bool gemm_lt16(const ColMajor& g, float alpha, const void* p1, const void* p2,
+                 float beta, float* c, int ldc);
+  friend struct LtTuneAccess;  // emulate/lt_tune.cpp: bias_lt and the plans' algorithms
 
   // ---- the fused GPT-2 block (fused_block.cpp) ----------------------------------------------
   // TRIDENT_CUDA_FUSED_BLOCK=0 turns it off (the composition on fp32 activations, as before).

@@ -10,10 +10,12 @@
 // the order of attention's products; both run on the CPU in test/unit/ops/cuda/emulate.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "check.hpp"
 #include "cuda_ops.hpp"
 #include "kernels.hpp"
+#include "lt_tune.hpp"
 #include "plans.hpp"
 #include "trident/core/error.hpp"
 
@@ -90,6 +92,7 @@ void CudaOps::gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, cons
                         int lda, const void* b16, int ldb, float beta, float* c, int ldc) {
   // the mapping with the bf16 operands' leading dimensions (col_major only swaps them)
   const ColMajor g = col_major(ta, tb, m, n, k, nullptr, lda, 0, nullptr, ldb, 0);
+  if (lt_tune_ && gemm_lt16(g, alpha, b16, a16, beta, c, ldc)) return;
   TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
                                     &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
                                     &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
@@ -252,16 +255,22 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &al_d, sizeof(al_d));
-    cublasLtMatmulHeuristicResult_t result{};
+    // the heuristic's first, or (TRIDENT_CUDA_LT_TUNE) its candidates for lt_choose
+    std::array<cublasLtMatmulHeuristicResult_t, LtTuner::kCandidates> results{};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
-                                          &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
+                                          lt_tune_ ? LtTuner::kCandidates : 1, results.data(),
+                                          &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
-    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    plan.algo = result.algo;
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
+    plan.algo = results[0].algo;
     it = lt_plans_.emplace(key, plan).first;
+    if (plan.ok && lt_tune_)
+      lt_choose(key, it->second, d16, results.data(), found, x16, w16, 1.0f, residual ? 1.0f : 0.0f,
+                residual ? static_cast<const void*>(residual) : d, d,
+                std::size_t(n) * std::size_t(out) * (d16 ? 2 : 4));
   }
   LtPlan& plan = it->second;
   if (!plan.ok) return false;
@@ -282,6 +291,118 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
   }
   TRIDENT_CUBLAS_CHECK(st);
   return true;
+}
+
+// TRIDENT_CUDA_LT_TUNE: gemm_rm16's product (column-major D = alpha op(P1) op(P2) + beta C, C = D,
+// fp32) through a cuBLASLt plan of lt_plans_ with its algorithm tuned, as bias_lt's. The key:
+// {m, n, k, ld1 | ld2 << 21 | ldc << 42, the three alignments (9 bits each) | trans1 << 27 |
+// trans2 << 28 | 1 << 62} (bit 62: not a bias_lt key, whose last word is below 2^17). False when
+// cuBLASLt declines or a leading dimension is 2^21 or more (cublasGemmEx then, as without the
+// knob).
+bool CudaOps::gemm_lt16(const ColMajor& g, float alpha, const void* p1, const void* p2, float beta,
+                        float* c, int ldc) {
+  constexpr int kLdLimit = 1 << 21;  // the key's 21 bits per leading dimension
+  if (g.ld1 >= kLdLimit || g.ld2 >= kLdLimit || ldc >= kLdLimit) return false;
+  const std::array<std::int64_t, 5> key{
+      g.m, g.n, g.k, std::int64_t(g.ld1) | (std::int64_t(g.ld2) << 21) | (std::int64_t(ldc) << 42),
+      alignment_of(p1) | (alignment_of(p2) << 9) | (alignment_of(c) << 18) |
+          (std::int64_t(g.trans1) << 27) | (std::int64_t(g.trans2) << 28) | (std::int64_t(1) << 62)};
+  auto it = lt_plans_.find(key);
+  if (it == lt_plans_.end()) {
+    LtPlan plan;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op1 = op_of(g.trans1), op2 = op_of(g.trans2);
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op1, sizeof(op1)));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op2, sizeof(op2)));
+    // stored shapes: P1 is m x k (k x m when transposed), P2 k x n (n x k)
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+        &plan.a, CUDA_R_16BF, std::uint64_t(g.trans1 ? g.k : g.m),
+        std::uint64_t(g.trans1 ? g.m : g.k), g.ld1));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+        &plan.b, CUDA_R_16BF, std::uint64_t(g.trans2 ? g.n : g.k),
+        std::uint64_t(g.trans2 ? g.k : g.n), g.ld2));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, std::uint64_t(g.m),
+                                                    std::uint64_t(g.n), ldc));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t workspace = kCublasWorkspaceBytes;
+    const std::uint32_t al[3] = {std::uint32_t(alignment_of(p1)), std::uint32_t(alignment_of(p2)),
+                                 std::uint32_t(alignment_of(c))};
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[std::min(i, 2)],
+                                                sizeof(al[0]));
+    std::array<cublasLtMatmulHeuristicResult_t, LtTuner::kCandidates> results{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
+                                          LtTuner::kCandidates, results.data(), &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
+    plan.algo = results[0].algo;
+    it = lt_plans_.emplace(key, plan).first;
+    if (plan.ok)
+      lt_choose(key, it->second, false, results.data(), found, p2, p1, alpha, beta, c, c,
+                std::size_t(ldc) * std::size_t(g.n) * sizeof(float));
+  }
+  LtPlan& plan = it->second;
+  if (!plan.ok) return false;
+  const cublasStatus_t st =
+      cublasLtMatmul(lt_, plan.desc, &alpha, p1, plan.a, p2, plan.b, &beta, c, plan.d, c, plan.d,
+                     &plan.algo, cublas_workspace_, kCublasWorkspaceBytes, stream_);
+  if (lt_declined(st)) {
+    plan.ok = false;
+    return false;
+  }
+  TRIDENT_CUBLAS_CHECK(st);
+  return true;
+}
+
+// TRIDENT_CUDA_LT_TUNE: the plan's algorithm from the tuner's file, else the fastest candidate
+// run on the call's operands (its bias, aux and bias-gradient pointers are the plan
+// descriptor's, set above). Each candidate writes D (and aux or the bias gradient) whole, and
+// the caller's matmul after this overwrites them all with the chosen algorithm's. With beta != 0
+// D may be C (or the sum is the caller's to keep): the candidates write a scratch D instead, so
+// no product is ever added twice; no room for it leaves the heuristic's first.
+void CudaOps::lt_choose(const std::array<std::int64_t, 5>& key, LtPlan& plan, bool d16,
+                        const cublasLtMatmulHeuristicResult_t* results, int found,
+                        const void* x16, const void* w16, float alpha, float beta, const void* c,
+                        void* d, std::size_t d_bytes) {
+  const cudaDataType_t d_type = d16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (lt_tune_->stored(lt_, key, plan.desc, plan.a, plan.b, plan.d, CUDA_R_16BF, d_type,
+                       kCublasWorkspaceBytes, plan.algo))
+    return;
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  for (int i = 0; i < found; i++)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+        results[i].workspaceSize <= kCublasWorkspaceBytes)
+      candidates.push_back(results[i].algo);
+  if (candidates.size() > 1) {
+    void* target = d;
+    if (beta != 0.0f) {
+      try {
+        target = memory_->allocate(d_bytes);
+      } catch (const Error&) {
+        lt_tune_->skipped();
+        return;
+      }
+    }
+    const int best = lt_tune_->fastest(stream_, int(candidates.size()), [&](int i) {
+      return cublasLtMatmul(lt_, plan.desc, &alpha, w16, plan.a, x16, plan.b, &beta, c, plan.d,
+                            target, plan.d, &candidates[std::size_t(i)], cublas_workspace_,
+                            kCublasWorkspaceBytes, stream_);
+    });
+    if (target != d) memory_->release(target);  // fastest() synchronized the stream
+    if (best >= 0) plan.algo = candidates[std::size_t(best)];
+  }
+  lt_tune_->record(key, plan.algo, int(candidates.size()));
 }
 
 void CudaOps::linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,

@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <functional>
 #include <memory>
@@ -1267,6 +1268,45 @@ TEST(CudaOps, LmHeadFusedMatchesTheCpuComposition) {
   unsetenv("TRIDENT_CUDA_FUSED_HEAD");
   EXPECT_FALSE(off->fused_lm_head());
   check_lm_head(*off, 37, 40, 104, 97, true, false);
+}
+
+// TRIDENT_CUDA_LT_TUNE (src/ops/cuda/lt_tune.hpp): tuned products (linear_forward's bias
+// epilogue; Ops::gemm through gemm_lt16 with beta = 1 in place, dw's accumulation) agree with the
+// untuned ones to fp32 summation order (a tuning run into the accumulating output would add the
+// product again: off by the product's size); a second backend reading the first one's file
+// replays its algorithms, bit for bit the same outputs.
+TEST(CudaOps, LtTuneAgreesAndReplaysItsFile) {
+  const std::string file = ::testing::TempDir() + "lt_tune_choices.txt";
+  std::remove(file.c_str());
+  struct Unset {
+    ~Unset() { unsetenv("TRIDENT_CUDA_LT_TUNE"); }
+  } unset;
+  unsetenv("TRIDENT_CUDA_LT_TUNE");
+  const int n = 256, in = 768, out = 2304;
+  Rng r(2727u);
+  const FVec x = r.normal(std::size_t(n) * in), w = r.normal(std::size_t(in) * out, 0.05),
+             b = r.normal(std::size_t(out)), dy = r.normal(std::size_t(n) * out),
+             dw0 = r.normal(std::size_t(in) * out);
+  const auto run = [&] {
+    auto o = ops::make_cuda_ops(Precision::bf16, 256 * kMiB);
+    DevVec<float> dx(*o, x), dwt(*o, w), db(*o, b), ddy(*o, dy), ddw(*o, dw0),
+        dyv(*o, FVec(std::size_t(n) * out, 0.0f));
+    o->linear_forward(dyv.get(), dx.get(), dwt.get(), db.get(), n, in, out);
+    o->gemm(true, false, in, out, n, 1.0f, dx.get(), in, ddy.get(), out, 1.0f, ddw.get(), out);
+    return std::make_pair(dyv.host(), ddw.host());
+  };
+  const auto plain = run();
+  setenv("TRIDENT_CUDA_LT_TUNE", file.c_str(), 1);
+  const auto tuned = run();
+  const auto replay = run();
+  EXPECT_TRUE(near(tuned.first, plain.first, 1e-3)) << "linear_forward, tuned vs not";
+  EXPECT_TRUE(near(tuned.second, plain.second, 1e-3)) << "dw += x^T dy in place, tuned vs not";
+  EXPECT_TRUE(tuned.first == replay.first && tuned.second == replay.second)
+      << "the file's algorithms replayed bit for bit";
+  std::ifstream f(file);
+  int entries = 0;
+  for (std::string line; std::getline(f, line);) entries += !line.empty() && line[0] != '#';
+  EXPECT_EQ(entries, 2) << "one entry per plan in " << file;
 }
 
 TEST(CudaOps, CopiesRefuseTheCpuBackend) {

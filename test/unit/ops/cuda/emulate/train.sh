@@ -12,6 +12,7 @@
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 #   emulate/cudnn_fallback.py   cuDNN attention's loader and fallback line (~10 s)
 #   emulate/attention_bf16.cpp  the bf16 attention entry points against the CPU (~1 s)
+#   emulate/lt_tune.py          TRIDENT_CUDA_LT_TUNE in training: bit for bit, its file (~30 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
 # (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition, llama_block.cpp
@@ -130,6 +131,11 @@ OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/fused_block"
 g++ "${flags[@]}" "${warn[@]}" "$here/llama_block.cpp" "${objs[@]}" "$build/libtrident_ops.a" \
     "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread -o "$work/llama_block"
 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/llama_block"
+# TRIDENT_CUDA_LT_TUNE (src/ops/cuda/lt_tune.hpp): bias_lt's plans tuned, bit for bit, and the file.
+g++ "${flags[@]}" "${warn[@]}" -I"$src/src/ops/cuda" "$here/lt_tune.cpp" "${objs[@]}" \
+    "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread \
+    -o "$work/lt_tune"
+(cd "$work" && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/lt_tune")
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"
@@ -140,6 +146,7 @@ status=0
 for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/oracle/cp_oracle.py \
          test/unit/ops/cuda/emulate/op_timing.py \
          test/unit/ops/cuda/emulate/weight_cache.py \
+         test/unit/ops/cuda/emulate/lt_tune.py \
          test/unit/ops/cuda/emulate/cudnn_fallback.py; do
   t0=$SECONDS
   rc=0

@@ -1,10 +1,14 @@
 // emulate/shim/cublas.cpp — the cuBLAS calls of cublas_v2.h and the cuBLASLt calls of
 // cublasLt.h on the CPU (see there for the arithmetic and what is checked). Column-major
 // throughout, as cuBLAS.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cublasLt.h"
@@ -382,9 +386,125 @@ cublasStatus_t lt_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
 
 namespace {
 std::uint64_t g_lt_bias16_matmuls = 0;  // emu::lt_bias16_matmuls
+int g_lt_last_algo = 0;                 // emu::lt_last_algo
+std::uint64_t g_lt_algo_matmuls[3] = {};
+
+// The emulated algorithms (cublasLt.h): ids 11..13; algo.data holds [0] the id, [1] and [2]
+// the bias and aux alignments chosen for (0: any), [3] tile, [4] stages, [5] split-K, [6]
+// reduction | swizzling << 32, [7] custom | inner shape << 32 | cluster shape << 48.
+constexpr int kLtFirstAlgo = 11, kLtAlgos = 3;
+bool lt_algo_exists(int id) { return id >= kLtFirstAlgo && id < kLtFirstAlgo + kLtAlgos; }
+
+// Whether `id` is listed in the environment variable `name` (comma-separated ids).
+bool lt_listed(const char* name, int id) {
+  const char* v = std::getenv(name);
+  if (!v) return false;
+  std::string s(v);
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t end = std::min(s.find(',', at), s.size());
+    if (std::atoi(s.substr(at, end - at).c_str()) == id && end > at) return true;
+    at = end + 1;
+  }
+  return false;
+}
+bool lt_algo_offered(int id) {
+  return lt_algo_exists(id) && !lt_listed("TRIDENT_EMU_LT_INVALID_ALGO", id);
+}
+
+cublasLtMatmulAlgo_t lt_algo(int id) {
+  cublasLtMatmulAlgo_t a{};
+  a.data[0] = std::uint64_t(id);
+  a.data[3] = std::uint64_t(100 + id);
+  a.data[4] = std::uint64_t(200 + id);
+  a.data[5] = 1;
+  return a;
+}
+
+// NOT_SUPPORTED for an algorithm this "cuBLASLt" lacks, INVALID_VALUE for a configuration
+// its id does not have (a mis-restored algorithm).
+cublasStatus_t lt_algo_valid(const cublasLtMatmulAlgo_t& a) {
+  const int id = int(a.data[0]);
+  if (!lt_algo_exists(id)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!lt_algo_offered(id)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const cublasLtMatmulAlgo_t want = lt_algo(id);
+  for (int i : {3, 4, 5, 6, 7})
+    if (a.data[i] != want.data[i]) return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
 }  // namespace
 
 std::uint64_t emu::lt_bias16_matmuls() { return g_lt_bias16_matmuls; }
+int emu::lt_last_algo() { return g_lt_last_algo; }
+std::uint64_t emu::lt_matmuls_with(int id) {
+  return lt_algo_exists(id) ? g_lt_algo_matmuls[id - kLtFirstAlgo] : 0;
+}
+
+std::size_t cublasLtGetVersion() { return 1; }
+
+cublasStatus_t cublasLtMatmulAlgoInit(cublasLtHandle_t h, cublasComputeType_t, cudaDataType_t,
+                                      cudaDataType_t, cudaDataType_t, cudaDataType_t,
+                                      cudaDataType_t, int algo_id, cublasLtMatmulAlgo_t* algo) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!algo || !lt_algo_exists(algo_id)) return CUBLAS_STATUS_INVALID_VALUE;
+  *algo = cublasLtMatmulAlgo_t{};
+  algo->data[0] = std::uint64_t(algo_id);
+  algo->data[5] = 1;  // split-K's default; tile and stages "undefined" (0)
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+// Where each config attribute lives in algo.data: word, shift, size in bytes.
+struct LtConfigField {
+  int word, shift;
+  std::size_t size;
+};
+bool lt_config_field(cublasLtMatmulAlgoConfigAttributes_t attr, LtConfigField& f) {
+  switch (attr) {
+    case CUBLASLT_ALGO_CONFIG_ID: f = {0, 0, 4}; return true;
+    case CUBLASLT_ALGO_CONFIG_TILE_ID: f = {3, 0, 4}; return true;
+    case CUBLASLT_ALGO_CONFIG_STAGES_ID: f = {4, 0, 4}; return true;
+    case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: f = {5, 0, 4}; return true;
+    case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME: f = {6, 0, 4}; return true;
+    case CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING: f = {6, 32, 4}; return true;
+    case CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION: f = {7, 0, 4}; return true;
+    case CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID: f = {7, 32, 2}; return true;
+    case CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID: f = {7, 48, 2}; return true;
+  }
+  return false;
+}
+}  // namespace
+
+cublasStatus_t cublasLtMatmulAlgoConfigSetAttribute(cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    const void* buf, std::size_t size) {
+  LtConfigField f{};
+  if (!algo || !buf || !lt_config_field(attr, f) || size != f.size ||
+      attr == CUBLASLT_ALGO_CONFIG_ID)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  std::uint64_t v = 0;
+  std::memcpy(&v, buf, size);  // little-endian x86-64
+  const std::uint64_t mask = (size == 8 ? ~0ull : ((1ull << (8 * size)) - 1)) << f.shift;
+  algo->data[f.word] = (algo->data[f.word] & ~mask) | ((v << f.shift) & mask);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    void* buf, std::size_t size,
+                                                    std::size_t* written) {
+  LtConfigField f{};
+  if (!algo || !lt_config_field(attr, f)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (size == 0) {
+    if (!written) return CUBLAS_STATUS_INVALID_VALUE;
+    *written = f.size;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (!buf || size != f.size) return CUBLAS_STATUS_INVALID_VALUE;
+  const std::uint64_t v = (algo->data[f.word] >> f.shift) & ((1ull << (8 * size)) - 1);
+  std::memcpy(buf, &v, size);
+  if (written) *written = size;
+  return CUBLAS_STATUS_SUCCESS;
+}
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
   if (!h) return CUBLAS_STATUS_INVALID_VALUE;
@@ -467,13 +587,33 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   const cublasStatus_t s = lt_problem(desc, a, b, c, d, m, n, k);
   *returned = 0;
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  results[0] = cublasLtMatmulHeuristicResult_t{};
-  results[0].algo.data[0] = 0x7eu;  // the one emulated "algorithm"
-  results[0].algo.data[1] = lt_bias_alignment(desc->bias);
-  results[0].algo.data[2] = lt_bias_alignment(desc->aux);  // the same rule for aux
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  results[0].wavesCount = 1.0f;
-  *returned = 1;
+  for (int id = kLtFirstAlgo; id < kLtFirstAlgo + kLtAlgos && *returned < requested; id++) {
+    if (!lt_algo_offered(id)) continue;
+    cublasLtMatmulHeuristicResult_t& r = results[*returned];
+    r = cublasLtMatmulHeuristicResult_t{};
+    r.algo = lt_algo(id);
+    r.algo.data[1] = lt_bias_alignment(desc->bias);
+    r.algo.data[2] = lt_bias_alignment(desc->aux);  // the same rule for aux
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+    ++*returned;
+  }
+  return *returned ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t desc,
+                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                       const cublasLtMatmulAlgo_t* algo,
+                                       cublasLtMatmulHeuristicResult_t* result) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!algo || !result) return CUBLAS_STATUS_INVALID_VALUE;
+  int m, n, k;
+  cublasStatus_t s = lt_problem(desc, a, b, c, d, m, n, k);
+  if (s == CUBLAS_STATUS_SUCCESS) s = lt_algo_valid(*algo);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  result->workspaceSize = 0;  // result->algo is left alone, as cuBLASLt's
+  result->state = CUBLAS_STATUS_SUCCESS;
+  result->wavesCount = 1.0f;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void* alpha,
@@ -486,7 +626,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   int m, n, k;
   const cublasStatus_t s = lt_problem(desc, adesc, bdesc, cdesc, ddesc, m, n, k);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  if (!alpha || !beta || (algo && algo->data[0] != 0x7eu)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+  if (algo) {
+    const cublasStatus_t valid = lt_algo_valid(*algo);
+    if (valid != CUBLAS_STATUS_SUCCESS) return valid;
+  }
   if (workspace_bytes && !emu::is_device(workspace, workspace_bytes)) return not_device("cublasLtMatmul", "workspace");
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   if (be != 0.0f && !cdesc) return CUBLAS_STATUS_INVALID_VALUE;
@@ -532,6 +676,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
       return CUBLAS_STATUS_EXECUTION_FAILED;
     }
   }
+  const int id = algo ? int(algo->data[0]) : kLtFirstAlgo;  // none given: the heuristic's first
+  if (lt_listed("TRIDENT_EMU_LT_SLOW_ALGO", id))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  g_lt_last_algo = id;
+  ++g_lt_algo_matmuls[id - kLtFirstAlgo];
   // In float (D = alpha AB + beta C, then the bias), rounded once when D is bf16; C may differ
   // from D (same layout).
   std::vector<float> out(std::size_t(m) * std::size_t(n));

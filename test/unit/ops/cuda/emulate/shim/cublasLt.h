@@ -7,10 +7,20 @@
 // shapes checked against the operations (CUBLAS_STATUS_INVALID_VALUE otherwise), every matrix
 // and the bias in device memory of the runtime shim (else EXECUTION_FAILED, as a GPU would
 // fault). The bias is of D's type unless CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE says otherwise (as
-// cuBLASLt: fp32 or bf16 here). The heuristic offers one algorithm for any valid problem,
-// needing no workspace, chosen for the bias alignment (up to 16 bytes) of the bias pointer set
+// cuBLASLt: fp32 or bf16 here). The heuristic's algorithms (below) need no workspace and are
+// chosen for the bias alignment (up to 16 bytes) of the bias pointer set
 // at that time (as cuBLASLt reads it; unset: any): a matmul with a less aligned bias is
 // EXECUTION_FAILED (a GPU's misaligned load).
+// Algorithms (TRIDENT_CUDA_LT_TUNE's candidates): the heuristic offers three for any valid
+// problem, in the order of their ids 11, 12, 13 (as many as requested), with identical math and
+// their own CUBLASLT_ALGO_CONFIG_TILE_ID (100 + id) and STAGES_ID (200 + id). An algorithm
+// rebuilt with cublasLtMatmulAlgoInit + cublasLtMatmulAlgoConfigSetAttribute is valid
+// (cublasLtMatmulAlgoCheck, cublasLtMatmul) when its tile and stages are its id's, split-K 1,
+// the other attributes 0; it carries no bias or aux alignment (runs with any). Knobs, read at
+// each call: TRIDENT_EMU_LT_SLOW_ALGO=ID[,ID...]: a matmul with such an algorithm sleeps 20 ms
+// first (a slow candidate, so that a test sees the fastest chosen); TRIDENT_EMU_LT_INVALID_ALGO=ID:
+// that algorithm does not exist (the heuristic omits it; AlgoCheck and matmul: NOT_SUPPORTED),
+// as on another card or cuBLASLt version. cublasLtGetVersion: the shim's own number, 1.
 // Arithmetic as cublas_v2.h's GEMMs; the bias is added in float after alpha * product.
 // The GELU epilogues of cublasLt.h (GELU in its tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x +
 // 0.044715 x^3))), as cuBLASLt computes it on a card): GELU_AUX_BIAS: v = alpha AB + beta C +
@@ -79,6 +89,19 @@ enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
 };
 
+enum cublasLtMatmulAlgoConfigAttributes_t {
+  CUBLASLT_ALGO_CONFIG_ID = 0,                // int32_t, read-only (cublasLtMatmulAlgoInit's)
+  CUBLASLT_ALGO_CONFIG_TILE_ID = 1,           // uint32_t
+  CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,        // int32_t
+  CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3,  // uint32_t
+  CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING = 4,     // uint32_t
+  CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION = 5,     // uint32_t
+  CUBLASLT_ALGO_CONFIG_STAGES_ID = 6,         // uint32_t
+  CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID = 7,    // uint16_t
+  CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID = 8,  // uint16_t
+};
+
+std::size_t cublasLtGetVersion();
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
@@ -108,7 +131,29 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo,
                               void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
 
+cublasStatus_t cublasLtMatmulAlgoInit(cublasLtHandle_t handle, cublasComputeType_t compute,
+                                      cudaDataType_t scale, cudaDataType_t a_type,
+                                      cudaDataType_t b_type, cudaDataType_t c_type,
+                                      cudaDataType_t d_type, int algo_id,
+                                      cublasLtMatmulAlgo_t* algo);
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                       const cublasLtMatmulAlgo_t* algo,
+                                       cublasLtMatmulHeuristicResult_t* result);
+cublasStatus_t cublasLtMatmulAlgoConfigSetAttribute(cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    const void* buf, std::size_t size);
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    void* buf, std::size_t size,
+                                                    std::size_t* written);
+
 namespace emu {
+// The algorithm id of the last cublasLtMatmul that ran (0: none yet; the tests' evidence of
+// which candidate a plan kept), and how many matmuls ran with algorithm id so far.
+int lt_last_algo();
+std::uint64_t lt_matmuls_with(int algo_id);
 // Matmuls run so far with a bias (BIAS or GELU_AUX_BIAS) read as bf16: the tests' evidence that
 // a caller's bf16-bias path ran.
 std::uint64_t lt_bias16_matmuls();

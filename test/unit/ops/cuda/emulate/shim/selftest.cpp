@@ -204,6 +204,44 @@ int main() {
     check(err <= 1e-6, "  D = A B + bias per row");
     check(cublasLtMatmul(lt, desc, &one, da, la, dbm, lbad, &zero, dd, ld, dd, ld, &res.algo, nullptr,
                          0, nullptr) == CUBLAS_STATUS_INVALID_VALUE, "  B's layout disagreeing with A's: INVALID_VALUE");
+    {  // TRIDENT_CUDA_LT_TUNE's candidates: three, their config attributes, a rebuilt algorithm
+      cublasLtMatmulHeuristicResult_t all[8]{};
+      check(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 8, all, &found) ==
+                CUBLAS_STATUS_SUCCESS && found == 3, "cuBLASLt heuristic: three candidates asked 8");
+      std::int32_t ids[3] = {};
+      std::uint32_t tile = 0;
+      std::size_t written = 0;
+      for (int i = 0; i < 3; i++)
+        cublasLtMatmulAlgoConfigGetAttribute(&all[i].algo, CUBLASLT_ALGO_CONFIG_ID, &ids[i],
+                                             sizeof(ids[i]), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&all[2].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                           sizeof(tile), &written);
+      check(ids[0] == 11 && ids[1] == 12 && ids[2] == 13 && tile == 113 && written == 4,
+            "  ids 11, 12, 13 (the first is requested = 1's), tile 100 + id");
+      cublasLtMatmulAlgo_t rebuilt{};
+      cublasLtMatmulHeuristicResult_t checked{};
+      cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F,
+                             CUDA_R_32F, 13, &rebuilt);
+      check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &rebuilt, &checked) ==
+                CUBLAS_STATUS_INVALID_VALUE, "  AlgoInit alone (tile, stages unset): AlgoCheck refuses");
+      const std::uint32_t stages = 213;
+      cublasLtMatmulAlgoConfigSetAttribute(&rebuilt, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+      cublasLtMatmulAlgoConfigSetAttribute(&rebuilt, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                           sizeof(stages));
+      check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &rebuilt, &checked) ==
+                    CUBLAS_STATUS_SUCCESS &&
+                cublasLtMatmul(lt, desc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &rebuilt,
+                               nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS &&
+                emu::lt_last_algo() == 13,
+            "  with its tile and stages set: AlgoCheck accepts, the matmul runs it");
+      setenv("TRIDENT_EMU_LT_INVALID_ALGO", "13", 1);
+      check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &rebuilt, &checked) ==
+                    CUBLAS_STATUS_NOT_SUPPORTED &&
+                cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 8, all, &found) ==
+                    CUBLAS_STATUS_SUCCESS && found == 2,
+            "  TRIDENT_EMU_LT_INVALID_ALGO=13: refused, and the heuristic offers two");
+      unsetenv("TRIDENT_EMU_LT_INVALID_ALGO");
+    }
     {  // the heuristic takes the bias's alignment from the pointer set at the time
       cublasLtMatmulDesc_t bdesc;
       cublasLtMatmulDescCreate(&bdesc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
