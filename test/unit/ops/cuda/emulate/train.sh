@@ -16,10 +16,11 @@
 # First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
 # (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition, llama_block.cpp
 # the fused Llama block (CudaOps::llama_block_*) the same way, executor_memory.cpp the
-# executor's allocations on the fused block's stash against predict_memory. A check of the backend's host code, its use
-# of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
-# copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
-# of the model, pipeline and MPI staging, in real training, with the real kernels.
+# executor's allocations on the fused block's stash against predict_memory. A check of the
+# backend's host code, its use of cuBLAS and the runtime (argument checks; every pointer
+# handed to cuBLAS, a kernel or a copy must be device memory; fresh device memory is NaN) and
+# of the device-buffer plumbing of the model, pipeline and MPI staging, in real training,
+# with the real kernels.
 # Not a GPU, and not modelled: asynchrony (every call is complete on return, so a missing
 # synchronization cannot show), concurrency (one OS thread runs a launch: no data races),
 # cuBLAS's summation order and rounding (shim/cublas_v2.h), nvcc's FMA contraction (the
