@@ -106,6 +106,11 @@ LAYOUTS = {
                                 "parallel.schedule=zb-v"]),
     "gpt2-pp2-zb-v-uneven-full": (GPT2, 2, ["model.n_layer=5", "parallel.pp=2", "parallel.vpp=2",
                                             "parallel.schedule=zb-v", "parallel.recompute=full"]),
+    # The split backward's B and W through the coarse block ops (Llama, full recompute).
+    "llama-pp2-zb-h1-full": (LLAMA, 2, ["parallel.pp=2", "parallel.schedule=zb-h1",
+                                        "parallel.recompute=full"]),
+    "llama-pp2-zb-v-full": (LLAMA, 2, ["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v",
+                                       "parallel.recompute=full"]),
 }
 
 

@@ -130,7 +130,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
   bf16_store_ = stores_bf16(ops_.precision(), recompute_);
   fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16, recompute_,
-                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp, cp, false);
+                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp, cp);
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
   std::int64_t partial = 0;
@@ -312,9 +312,9 @@ std::int64_t fused_layer_floats(const ChunkDims& d) {
 }
 
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
-                        Arch arch, int tp, int cp, bool split_backward) {
+                        Arch arch, int tp, int cp) {
   return bf16_products && recompute != Recompute::selective && backend_bf16_block &&
-         (arch == Arch::gpt2 || arch == Arch::llama) && tp == 1 && cp == 1 && !split_backward;
+         (arch == Arch::gpt2 || arch == Arch::llama) && tp == 1 && cp == 1;
 }
 
 std::int64_t packed_layer_floats(const ChunkDims& d) {
@@ -325,13 +325,14 @@ std::int64_t packed_layer_floats(const ChunkDims& d) {
   return count.used;
 }
 
-void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g) {
-  g.dfch = take(d.N * d.F1);
-  g.dqkv = take(d.N * d.C3);
+void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g, bool bf16) {
+  auto elements = [&](std::int64_t n) { return take(bf16 ? (n + 1) / 2 : n); };
+  g.dfch = elements(d.N * d.F1);
+  g.dqkv = elements(d.N * d.C3);
 }
 
-bool grad_stash_separate(bool bf16_storage, Recompute recompute) {
-  return bf16_storage || recompute == Recompute::full;
+bool grad_stash_separate(bool packed, Recompute recompute) {
+  return packed || recompute == Recompute::full;
 }
 
 std::int64_t layer_floats(const ChunkDims& d, bool selective) {
@@ -352,10 +353,10 @@ bool stores_bf16(ops::Precision precision, Recompute recompute) {
   return precision == ops::Precision::bf16 && recompute == Recompute::none;
 }
 
-std::int64_t grad_stash_floats(const ChunkDims& d) {
+std::int64_t grad_stash_floats(const ChunkDims& d, bool bf16) {
   Carver count;
   LayerGradStash g{};
-  carve_grad_stash(d, count, g);
+  carve_grad_stash(d, count, g, bf16);
   return count.used;
 }
 
@@ -385,7 +386,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
   a->dinput = const_cast<float*>(dres_.data());  // one backward at a time (backward())
   // Full recompute's one layer: fp32, or the fused block's stash; each made at first need.
   if (recompute_ == Recompute::full) {
-    a->fused = fused_block_ && !split_backward;
+    a->fused = fused_block_;
     if (a->fused && recompute_fused_.empty()) {
       recompute_fused_.resize(1);
       recompute_fused_store_ = buffer(fused_layer_floats(dims_));
@@ -394,7 +395,7 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
     } else if (!a->fused && recompute_layer_.empty()) {
       bind_layers(recompute_store_, recompute_layer_, 1);
     }
-  } else if (fused_block_ && !split_backward) {
+  } else if (fused_block_) {
     a->fused = true;
     a->layers.resize(std::size_t(L));
     a->store = buffer(fused_layer_floats(dims_) * L);
@@ -417,13 +418,14 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
     bind_layers(a->store, a->layers, L);
   }
   if (split_backward) {
-    // B's gradients for W go where B leaves the layer's qkv and fch dead; a layer without an
-    // fp32 copy of its own (bf16 storage, full recompute) keeps them apart.
+    // B's gradients for W go where B leaves the layer's qkv and fch dead (the fused block's:
+    // bf16 in its bf16 qkv and fch); a layer without a copy of its own (the packed bf16
+    // stash, full recompute) keeps them apart (the fused block's at 2 bytes an element).
     a->grad_stash.resize(std::size_t(L));
-    if (grad_stash_separate(bf16_store_, recompute_)) {
-      a->grad_store = buffer(grad_stash_floats(dims_) * L);
+    if (grad_stash_separate(bf16_store_ && !a->fused, recompute_)) {
+      a->grad_store = buffer(grad_stash_floats(dims_, a->fused) * L);
       Carver take{a->grad_store.data()};
-      for (LayerGradStash& g : a->grad_stash) carve_grad_stash(dims_, take, g);
+      for (LayerGradStash& g : a->grad_stash) carve_grad_stash(dims_, take, g, a->fused);
     } else {
       for (int l = 0; l < L; ++l) a->grad_stash[l] = {a->layers[l].fch, a->layers[l].qkv};
     }
@@ -607,8 +609,8 @@ LayerActivations& GptChunk::layer_activations(ChunkActivations& a, int chunk, in
 LayerActivations& GptChunk::weight_pass_inputs(ChunkActivations& a, int chunk, int l,
                                                const float* x) {
   if (recompute_ == Recompute::full) return layer_activations(a, chunk, l, x);
-  if (!bf16_store_) return a.layers[l];  // selective: ln1 and ln2 are kept
-  TRIDENT_CHECK(!a.fused, "internal: a weight pass over a fused block's bf16 stash");
+  // selective: ln1 and ln2 are kept; the fused block's W reads its bf16 ln1 and ln2
+  if (!bf16_store_ || a.fused) return a.layers[l];
   unpack_layer(a, l, true);
   return bf16_working(a.layers[l]);
 }

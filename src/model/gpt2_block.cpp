@@ -4,12 +4,12 @@
 // TP: c_attn and c_fc are column-parallel (enter), the c_projs row-parallel (leave), their
 // biases added once (TP rank 0, before the reduction).
 //
-// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache, a
-// backward that takes every gradient) the block is one coarse op, Ops::gpt2_block_forward /
-// backward, whose default (ops/fused_block.cpp) is this same composition at TP 1 and which a
-// backend may fuse (CUDA under bf16: bf16 activations inside, la.bf16). The composition stays
-// here for the TP, SP, context-parallel, cached and split-backward cases the op does not take;
-// the two sequences must stay the same.
+// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache) the
+// block is one coarse op, Ops::gpt2_block_forward / backward (with a W stash: the split
+// backward's B) / backward_weights (its W), whose default (ops/fused_block.cpp) is this same
+// composition at TP 1 and which a backend may fuse (CUDA under bf16: bf16 activations
+// inside, la.bf16). The composition stays here for the TP, SP, context-parallel and cached
+// cases the op does not take; the two sequences must stay the same.
 #include "trident/model/gpt2_block.hpp"
 
 #include "trident/core/error.hpp"
@@ -44,6 +44,7 @@ ops::Ops::Gpt2BlockStash coarse(const LayerActivations& la) {
   return {la.ln1, la.ln1_mean, la.ln1_rstd, la.qkv, la.atty, la.lse, la.res2,
           la.ln2, la.ln2_mean, la.ln2_rstd, la.fch, la.fch_gelu, la.bf16};
 }
+ops::Ops::BlockWStash coarse(const LayerGradStash& st) { return {st.dfch, st.dqkv}; }
 }  // namespace
 
 void Gpt2Block::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
@@ -91,9 +92,12 @@ void Gpt2Block::recompute(LayerActivations& la) {
 
 void Gpt2Block::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                          LayerActivations& la, LayerGradStash* stash) {
-  if (plain() && !stash)
+  if (plain()) {
+    const ops::Ops::BlockWStash w = stash ? coarse(*stash) : ops::Ops::BlockWStash{};
     return ops_.gpt2_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres,
-                                    coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact});
+                                    coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact},
+                                    stash ? &w : nullptr);
+  }
   TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   const int n = B_ * T_;
   const std::int64_t local_n = std::int64_t(Nr_) * C_;
@@ -138,6 +142,10 @@ void Gpt2Block::backward(const BlockParams& p, const BlockParams& g, const float
 // stashed.
 void Gpt2Block::backward_weights(const BlockParams& p, const BlockParams& g,
                                  const LayerActivations& la, const LayerGradStash& st) {
+  if (plain())
+    return ops_.gpt2_block_backward_weights(block_shape(B_, T_), coarse(p), coarse(g),
+                                            coarse(la), coarse(st));
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   const int n = B_ * T_;
   ops_.linear_backward(nullptr, g.fc_w, g.fc_b, st.dfch, la.ln2, p.fc_w, n, C_, F_);
   ops_.linear_backward(nullptr, g.qkv_w, g.qkv_b, st.dqkv, la.ln1, p.qkv_w, n, C_, C3_);

@@ -13,11 +13,12 @@
 // query heads read one: the k/v weights' gradients are then partial on each rank (only its
 // query heads' share) and GptChunk::reduce_param_grads sums them over TP once per step.
 //
-// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache, a
-// backward that takes every gradient) the block is one coarse op, Ops::llama_block_forward /
-// backward, whose default (ops/fused_block.cpp) is this same composition at TP 1 and which a
-// backend may fuse (CUDA under bf16: bf16 activations inside, la.bf16). The composition stays
-// here for the other cases; the two sequences must stay the same.
+// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache) the
+// block is one coarse op, Ops::llama_block_forward / backward (with a W stash: the split
+// backward's B) / backward_weights (its W), whose default (ops/fused_block.cpp) is this same
+// composition at TP 1 and which a backend may fuse (CUDA under bf16: bf16 activations
+// inside, la.bf16). The composition stays here for the other cases; the two sequences must
+// stay the same.
 #include "trident/model/llama_block.hpp"
 
 #include "trident/core/error.hpp"
@@ -98,6 +99,7 @@ ops::Ops::LlamaBlockStash coarse(const LayerActivations& la) {
   return {la.ln1,      la.ln1_rstd, la.qkv, la.atty,      la.lse, la.res2,
           la.ln2,      la.ln2_rstd, la.fch, la.fch_gelu, la.bf16};
 }
+ops::Ops::BlockWStash coarse(const LayerGradStash& st) { return {st.dfch, st.dqkv}; }
 }  // namespace
 
 void LlamaBlock::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
@@ -153,9 +155,12 @@ void LlamaBlock::recompute(LayerActivations& la) {
 
 void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                           LayerActivations& la, LayerGradStash* stash) {
-  if (plain() && !stash)
+  if (plain()) {
+    const ops::Ops::BlockWStash w = stash ? coarse(*stash) : ops::Ops::BlockWStash{};
     return ops_.llama_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres,
-                                     coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact});
+                                     coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact},
+                                     stash ? &w : nullptr);
+  }
   TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   const int n = B_ * T_;
   const std::int64_t local_n = std::int64_t(Nr_) * C_;
@@ -203,8 +208,12 @@ void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const floa
 
 // The weight gradients backward left to the weight pass, from the output gradients it
 // stashed.
-void LlamaBlock::backward_weights(const BlockParams&, const BlockParams& g,
+void LlamaBlock::backward_weights(const BlockParams& p, const BlockParams& g,
                                   const LayerActivations& la, const LayerGradStash& st) {
+  if (plain())
+    return ops_.llama_block_backward_weights(block_shape(B_, T_), coarse(p), coarse(g),
+                                             coarse(la), coarse(st));
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   const int n = B_ * T_;
   auto weight = [&](float* dw, const float* dy, const float* in_x, int in, int out) {
     ops_.gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);

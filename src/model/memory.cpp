@@ -145,15 +145,16 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
   const bool fused = stores_fused_block(lay.bf16_products, lay.recompute, lay.block_stash_bf16,
-                                       cfg.arch.get(), lay.tp, lay.cp, lay.split_backward);
+                                       cfg.arch.get(), lay.tp, lay.cp);
   if (lay.recompute == Recompute::none)
     per_mb += L * (fused  ? fused_layer_floats(d)
                    : bf16 ? packed_layer_floats(d)
                           : layer_store);
   if (lay.recompute == Recompute::selective) per_mb += L * layer_floats(d, true);
-  // The split backward's gradients for W: in the layers' dead qkv and fch, or their own.
-  if (lay.split_backward && grad_stash_separate(bf16, lay.recompute))
-    per_mb += L * grad_stash_floats(d);
+  // The split backward's gradients for W: in the layers' dead qkv and fch, or their own
+  // (the fused block's in bf16).
+  if (lay.split_backward && grad_stash_separate(bf16 && !fused, lay.recompute))
+    per_mb += L * grad_stash_floats(d, fused);
   e.activations_per_microbatch = per_mb * kFloat;
   // The head's output gradients the executor keeps between their F and B, one row each.
   e.activations = (std::max(1, lay.peak_stash) * per_mb + lay.head_gradients * Nr * C) * kFloat;

@@ -1,11 +1,13 @@
 // The coarse GPT-2 block ops' default (see trident/ops/ops.hpp): the fine ops in the order
 // model::Gpt2Block composes them on one rank (TP 1: its enter/leave mappings are the
 // identity), so that a backend without a fused block gives the composition's results bit for
-// bit. model/gpt2_block.cpp keeps its own composition for the TP / SP / context-parallel /
-// cached / split-backward cases this op does not take; a change to one must be made to both.
+// bit, the split backward's B and W (a W stash) included. model/gpt2_block.cpp keeps its own
+// composition for the TP / SP / context-parallel / cached cases this op does not take; a
+// change to one must be made to both.
 // The same for Llama's block (model::LlamaBlock at TP 1, no context parallelism).
-// defines: Ops::gpt2_block_forward, Ops::gpt2_block_backward, Ops::llama_block_forward,
-//          Ops::llama_block_backward
+// defines: Ops::gpt2_block_forward, Ops::gpt2_block_backward, Ops::gpt2_block_backward_weights,
+//          Ops::llama_block_forward, Ops::llama_block_backward,
+//          Ops::llama_block_backward_weights
 #include "trident/core/error.hpp"
 #include "trident/ops/ops.hpp"
 
@@ -33,13 +35,23 @@ void Ops::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, 
 
 void Ops::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                               const Gpt2BlockParams& g, const float* x, float* dres,
-                              const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch) {
+                              const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch,
+                              const BlockWStash* w) {
   TRIDENT_CHECK(!la.bf16, "gpt2_block_backward: ", name(), " keeps no bf16 stash");
   const int n = s.b * s.t, C = s.c, F = s.f;
+  // c_fc and c_attn: the input and parameter gradients without a W stash; with one (the
+  // zero-bubble B) the input gradient only, and the output gradient kept for W.
+  auto linear = [&](float* dx, float* dw, float* db, const float* dy, const float* in_x,
+                    const float* wt, int in, int out, float* keep) {
+    if (!keep) return linear_backward(dx, dw, db, dy, in_x, wt, n, in, out);
+    gemm(false, true, n, in, out, 1.0f, dy, out, wt, out, 0.0f, dx, in);
+    copy(keep, dy, std::int64_t(n) * out);
+  };
   // MLP: out = res2 + c_proj(gelu(c_fc(ln_2(res2))))
   linear_backward(scratch.dact, g.fcproj_w, g.fcproj_b, dres, la.fch_gelu, p.fcproj_w, n, F, C);
   gelu_backward(scratch.dfch, la.fch, scratch.dact, std::int64_t(n) * F);
-  linear_backward(scratch.dbuf, g.fc_w, g.fc_b, scratch.dfch, la.ln2, p.fc_w, n, C, F);
+  // la.fch is read for the last time above: w->dfch may be it.
+  linear(scratch.dbuf, g.fc_w, g.fc_b, scratch.dfch, la.ln2, p.fc_w, C, F, w ? w->dfch : nullptr);
   layernorm_backward(dres, g.ln2_w, g.ln2_b, scratch.dbuf, la.res2, p.ln2_w, la.ln2_mean,
                      la.ln2_rstd, n, C);
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x))))
@@ -49,9 +61,19 @@ void Ops::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
   float* dqkv = scratch.dqkv;
   attention_backward(dqkv, dqkv + C, dqkv + 2 * C, datty, la.atty, la.lse, la.qkv, la.qkv + C,
                      la.qkv + 2 * C, att);
-  linear_backward(scratch.dbuf, g.qkv_w, g.qkv_b, dqkv, la.ln1, p.qkv_w, n, C, 3 * C);
+  // la.qkv is read for the last time above: w->dqkv may be it.
+  linear(scratch.dbuf, g.qkv_w, g.qkv_b, dqkv, la.ln1, p.qkv_w, C, 3 * C, w ? w->dqkv : nullptr);
   layernorm_backward(dres, g.ln1_w, g.ln1_b, scratch.dbuf, x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
                      n, C);
+}
+
+void Ops::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                      const Gpt2BlockParams& g, const Gpt2BlockStash& la,
+                                      const BlockWStash& w) {
+  TRIDENT_CHECK(!la.bf16, "gpt2_block_backward_weights: ", name(), " keeps no bf16 stash");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  linear_backward(nullptr, g.fc_w, g.fc_b, w.dfch, la.ln2, p.fc_w, n, C, F);
+  linear_backward(nullptr, g.qkv_w, g.qkv_b, w.dqkv, la.ln1, p.qkv_w, n, C, 3 * C);
 }
 
 void Ops::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,
@@ -78,31 +100,52 @@ void Ops::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& 
 
 void Ops::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
                                const LlamaBlockParams& g, const float* x, float* dres,
-                               const LlamaBlockStash& la, const Gpt2BlockScratch& scratch) {
+                               const LlamaBlockStash& la, const Gpt2BlockScratch& scratch,
+                               const BlockWStash* w) {
   TRIDENT_CHECK(!la.bf16, "llama_block_backward: ", name(), " keeps no bf16 stash");
   const int n = s.b * s.t, C = s.c, F = s.f;
   const AttentionShape att = attention_shape_llama(s);
   const int C3 = int(att.ld_q), kv = s.nkv * att.hs;
-  // y = x @ W^T: dx = dy @ W, dW += dy^T x
-  auto linear = [&](float* dx, float* dw, const float* dy, const float* in_x, const float* w,
-                    int in, int out) {
-    gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
-    gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
+  // y = x @ W^T: dx = dy @ W, and dW += dy^T x now (no keep) or, for [gate up] and [q k v]
+  // under a W stash (the zero-bubble B), in the weight pass (keep holds dy).
+  auto linear = [&](float* dx, float* dw, const float* dy, const float* in_x, const float* wt,
+                    int in, int out, float* keep) {
+    gemm(false, false, n, in, out, 1.0f, dy, out, wt, in, 0.0f, dx, in);
+    if (keep)
+      copy(keep, dy, std::int64_t(n) * out);
+    else
+      gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
   };
   // MLP: out = res2 + down(swiglu([gate up](rmsnorm(res2))))
-  linear(scratch.dact, g.down_w, dres, la.fch_gelu, p.down_w, F, C);
+  linear(scratch.dact, g.down_w, dres, la.fch_gelu, p.down_w, F, C, nullptr);
   swiglu_backward(scratch.dfch, la.fch, scratch.dact, n, F);
-  linear(scratch.dbuf, g.gateup_w, scratch.dfch, la.ln2, p.gateup_w, C, 2 * F);
+  // la.fch is read for the last time above: w->dfch may be it.
+  linear(scratch.dbuf, g.gateup_w, scratch.dfch, la.ln2, p.gateup_w, C, 2 * F,
+         w ? w->dfch : nullptr);
   rmsnorm_backward(dres, g.ln2_w, scratch.dbuf, la.res2, p.ln2_w, la.ln2_rstd, n, C);
   // Attention: res2 = x + o(attention(rope([q k v](rmsnorm(x)))))
   float* datty = scratch.dbuf;  // [N, C], free again once attention_backward has read it
-  linear(datty, g.o_w, dres, la.atty, p.o_w, C, C);
+  linear(datty, g.o_w, dres, la.atty, p.o_w, C, C, nullptr);
   float* dqkv = scratch.dqkv;
   attention_backward(dqkv, dqkv + C, dqkv + C + kv, datty, la.atty, la.lse, la.qkv, la.qkv + C,
                      la.qkv + C + kv, att);
   rope_backward(dqkv, s.b, s.t, C3, s.nh + s.nkv, att.hs, 0, s.theta);
-  linear(scratch.dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C, C3);
+  // la.qkv is read for the last time above: w->dqkv may be it.
+  linear(scratch.dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C, C3, w ? w->dqkv : nullptr);
   rmsnorm_backward(dres, g.ln1_w, scratch.dbuf, x, p.ln1_w, la.ln1_rstd, n, C);
+}
+
+void Ops::llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBlockParams&,
+                                       const LlamaBlockParams& g, const LlamaBlockStash& la,
+                                       const BlockWStash& w) {
+  TRIDENT_CHECK(!la.bf16, "llama_block_backward_weights: ", name(), " keeps no bf16 stash");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  const int C3 = int(attention_shape_llama(s).ld_q);
+  auto weight = [&](float* dw, const float* dy, const float* in_x, int in, int out) {
+    gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
+  };
+  weight(g.gateup_w, w.dfch, la.ln2, C, 2 * F);
+  weight(g.qkv_w, w.dqkv, la.ln1, C, C3);
 }
 
 }  // namespace trident::ops

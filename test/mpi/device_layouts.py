@@ -12,7 +12,9 @@ TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
                layouts, with heads of 16 among them: attention on the tensor cores), and the
                arena's peak below fp32's by the bf16 stash's predicted saving.
 Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
-parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2); dp 2, alone and with ZeRO-1
+parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2) (bf16: also GPT-2 and
+Llama under zb-h1 and zb-v, with and without full recompute, against the serial bf16 run and
+the zb-v arena's peak); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """
@@ -178,11 +180,36 @@ def main():
               ("hs16-llama-gqa", 1, ['model.arch="llama"', "model.n_head=2", "model.n_kv_head=1"])]
         for lname, _, sets in tc:
             cpu_curves[lname], = t.train(1, f"cpu-{lname}", sets=sets)
-        for lname, np_, sets in [l for l in layouts if l[0] in ("pp2-zb", "tp2-sp")] + \
-                [("llama", 1, llama)] + tc:
+        # The zero-bubble split backward on the fused block (B with a W stash in the layers'
+        # dead bf16 qkv and fch, or its own under full recompute; then W), GPT-2 and Llama.
+        zb_h1, zb_v = ['parallel.schedule="zb-h1"'], ["parallel.vpp=2", 'parallel.schedule="zb-v"']
+        zb = [("pp2-zb-full", 2, ["parallel.pp=2", *zb_h1, 'parallel.recompute="full"']),
+              ("llama-pp2-zb", 2, [*llama, "parallel.pp=2", *zb_h1]),
+              ("llama-pp2-zbv", 2, [*llama, "parallel.pp=2", *zb_v]),
+              ("llama-pp2-zbv-full", 2, [*llama, "parallel.pp=2", *zb_v,
+                                         'parallel.recompute="full"'])]
+        for lname, np_, sets in zb:
+            cpu_curves[lname], = t.train(np_, f"cpu-{lname}", sets=sets)
+        bf16_curves = {}
+        for lname, np_, sets in [("serial", 1, [])] + \
+                [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp")] + \
+                [("llama", 1, llama)] + zb + tc:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
+            bf16_curves[lname] = got
             rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))
             t.check(rel <= 1e-3, f"bf16 {lname}: 6 losses within 1e-3 of the fp32 CPU curve "
+                    f"({rel:.2e})")
+        # The split runs against the serial bf16 run of their architecture: the split B and W
+        # run the whole fused backward's products (emulate/fused_block.cpp: bit for bit per
+        # microbatch), so only the pipeline's order of sums and the roundings it moves differ.
+        # Measured on the stand-in: 6.3e-6 (GPT-2; Llama's bit for bit); a W reading a stale
+        # stash moves the curve far more (the fp32 CPU check above fails it at 1e-3).
+        for lname, serial in (("pp2-zb", "serial"), ("pp2-zbv", "serial"),
+                              ("pp2-zb-full", "serial"), ("llama-pp2-zb", "llama"),
+                              ("llama-pp2-zbv", "llama"), ("llama-pp2-zbv-full", "llama")):
+            ref = bf16_curves[serial]
+            rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
+            t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
                     f"({rel:.2e})")
 
     # ---- bf16 on a GPU: the stash at 2 bytes, measured by the arena's high-water mark ------
@@ -193,15 +220,21 @@ def main():
     # copy; with TRIDENT_CUDA_FUSED_BLOCK=0 the packed stash less one working copy: ~1.6 MiB
     # either way) within 15% (the bf16 GEMM inputs' scratch, which the prediction leaves out,
     # and the report's 0.1 MiB rounding).
+    # The zero-bubble split backward (zb-v, pp 2: rank 0's report) the same way: the fused
+    # block's W stash in the layers' own bf16 qkv and fch, where fp32 keeps it in theirs.
     if DEVICE == "cuda":
         two = ["train.steps=2", "io.checkpoint_every=0", "train.eval_every=0",
-               'parallel.schedule="gpipe"', "parallel.micro_batch_size=8",
-               "train.global_batch_size=32"]
+               "parallel.micro_batch_size=8", "train.global_batch_size=32"]
+        gpipe = ['parallel.schedule="gpipe"']
         # Llama's block (Ops::llama_block_*: the same stash rule) the same way.
-        for arch, arch_sets in (("", []), ("llama-", ['model.arch="llama"', "model.n_kv_head=2"])):
+        for arch, np_, arch_sets in (("", 1, gpipe),
+                                     ("llama-", 1, [*gpipe, 'model.arch="llama"',
+                                                    "model.n_kv_head=2"]),
+                                     ("zbv-", 2, ["parallel.pp=2", "parallel.vpp=2",
+                                                  'parallel.schedule="zb-v"'])):
             mem = {}
             for p in ("fp32", "bf16"):
-                t.train(1, f"mem-{arch}{p}", sets=[*two, *arch_sets, *device_sets(p)])
+                t.train(np_, f"mem-{arch}{p}", sets=[*two, *arch_sets, *device_sets(p)])
                 mem[p] = lc.memory_report(t.last_stdout)
             measured = mem["fp32"]["measured"] - mem["bf16"]["measured"]
             predicted = mem["fp32"]["predicted"] - mem["bf16"]["predicted"]

@@ -51,8 +51,9 @@ struct LayerActivations {
 // from its input-gradient pass besides the linears' inputs (ln1, ln2): the gradients at the
 // outputs of c_attn and c_fc, the only weight gradients it defers (B computes the c_projs'
 // and the norms' with the input gradients). GptChunk points them at the layer's own qkv and
-// fch, dead once B has read them (same sizes), unless the layer keeps no fp32 copy of its
-// own (bf16 storage, full recompute: a stash of their own, grad_stash_separate).
+// fch, dead once B has read them (same sizes), unless the layer keeps no copy of its own
+// (the packed bf16 storage, full recompute: a stash of their own, grad_stash_separate).
+// Where the layer's stash is the fused block's (la.bf16) they hold bf16 (Ops::BlockWStash).
 struct LayerGradStash {
   float* dfch;   // [B,T,F1]  at the c_fc output
   float* dqkv;   // [B,T,C3]  at the c_attn output

@@ -90,9 +90,11 @@ void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
 // What selective recompute recomputes, carved: atty, lse and fch_gelu (the rest null).
 void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la);
 // The split backward's gradient stash of one layer (LayerGradStash) when it has one of its
-// own: where grad_stash_separate, else the layer's qkv and fch are it (no floats).
-void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g);
-bool grad_stash_separate(bool bf16_storage, Recompute recompute);
+// own: where grad_stash_separate (packed: the layers keep the packed bf16 stash, whose qkv
+// and fch are not theirs), else the layer's qkv and fch are it (no floats). bf16: the fused
+// block's (la.bf16: Ops::BlockWStash in bf16), at 2 bytes an element.
+void carve_grad_stash(const ChunkDims& d, Carver& take, LayerGradStash& g, bool bf16 = false);
+bool grad_stash_separate(bool packed, Recompute recompute);
 // bf16 storage (GptChunk::bf16_storage): a layer keeps its large tensors (ln1 qkv atty res2
 // ln2 fch fch_gelu, stashed_tensors' order) as bf16, packed in `packed`, and its per-row
 // statistics (ln*_mean, ln*_rstd, lse: log-sum-exps lose too much in bf16) as fp32. Carves
@@ -107,10 +109,10 @@ std::int64_t fused_layer_floats(const ChunkDims& d);
 // Whether a chunk's layers use that stash (or, with full recompute, its one recomputed layer):
 // bf16 products, a backend whose coarse block op keeps it, GPT-2's or Llama's block on one
 // rank's plain case (TP 1, no context parallelism), no selective recompute (its shared fp32
-// views), and activations whose backward is not split (the zero-bubble B and W read fp32
-// views). One rule for the chunk and for predict_memory.
+// views). The split backward too (the coarse ops' W stash, bf16). One rule for the chunk and
+// for predict_memory.
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
-                        Arch arch, int tp, int cp, bool split_backward);
+                        Arch arch, int tp, int cp);
 // The large tensors of one layer with their elements, in packing order.
 struct StashedTensor {
   float* LayerActivations::*field;
@@ -121,7 +123,7 @@ std::vector<StashedTensor> stashed_tensors(const ChunkDims& d);
 std::int64_t layer_floats(const ChunkDims& d, bool selective);
 std::int64_t packed_layer_floats(const ChunkDims& d);
 std::int64_t recomputed_floats(const ChunkDims& d);
-std::int64_t grad_stash_floats(const ChunkDims& d);
+std::int64_t grad_stash_floats(const ChunkDims& d, bool bf16 = false);
 // Whether a chunk keeps its layers' stash as bf16 (GptChunk::bf16_storage): bf16 products
 // (only a device backend computes them) and no recomputation. One rule for the chunk and for
 // predict_memory (MemoryLayout::set_precision), so `trident plan` predicts what runs.
@@ -187,8 +189,8 @@ class GptChunk final : public StageModel {
   // The layers' stash kept as bf16 (carve_packed_layer): runtime.precision = "bf16" on a
   // device backend without recomputation. Each block's forward writes a one-layer fp32
   // working copy, then packs it; its backward unpacks into that copy (bf16_work_). Where the
-  // backend's fused GPT-2 block takes the chunk (stores_fused_block), activations made
-  // without the split backward carve its bf16 stash instead (carve_fused_layer; no packing).
+  // backend's fused GPT-2 block takes the chunk (stores_fused_block), the activations carve
+  // its bf16 stash instead (carve_fused_layer; no packing).
   bool bf16_storage() const { return bf16_store_; }
   // Floats of one microbatch's chunk input or output on this rank (Nr * C): what the
   // pipeline sends between stages.
@@ -357,9 +359,9 @@ class GptChunk final : public StageModel {
   mutable std::vector<LayerActivations> recompute_layer_, recompute_fused_;
   LayerActivations& recomputed_layer(const ChunkActivations& a);
   bool bf16_store_ = false;
-  // The backend's fused GPT-2 block takes this chunk (stores_fused_block without the split):
-  // activations made without split_backward carve carve_fused_layer (recompute none: each
-  // layer, and no fp32 working copy; full: the one recomputed layer).
+  // The backend's fused GPT-2 block takes this chunk (stores_fused_block): activations carve
+  // carve_fused_layer (recompute none: each layer, and no fp32 working copy; full: the one
+  // recomputed layer) and, for the split backward, a bf16 W stash.
   bool fused_block_ = false;
   // bf16 storage: one layer's fp32 working copy, made with the first packed activations.
   mutable FloatBuffer bf16_work_store_;

@@ -37,7 +37,7 @@ class Gpt2Block final : public Block {
            const KvCache* cache);
   void attend(LayerActivations& la, int b, int t);  // la.atty, la.lse from la.qkv
   // The whole block on this rank (TP 1, no context parallelism): Ops::gpt2_block_forward /
-  // backward run it (a backend may fuse it); else the composition below.
+  // backward / backward_weights run it (a backend may fuse it); else the composition below.
   bool plain() const { return ctx_.tp_size == 1 && !ring_ && !ulysses_; }
   ops::Ops::Gpt2BlockShape block_shape(int b, int t) const { return {b, t, C_, NH_, F_}; }
   // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).

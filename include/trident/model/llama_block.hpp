@@ -40,7 +40,8 @@ class LlamaBlock final : public Block {
   // kv head its query heads read first.
   ops::Ops::AttentionShape attention_shape(int b, int t) const;
   // The whole block on this rank (TP 1, no context parallelism): Ops::llama_block_forward /
-  // backward run it (a backend may fuse it); else the composition in llama_block.cpp.
+  // backward / backward_weights run it (a backend may fuse it); else the composition in
+  // llama_block.cpp.
   bool plain() const { return ctx_.tp_size == 1 && !ring_ && !ulysses_; }
   ops::Ops::LlamaBlockShape block_shape(int b, int t) const;
   // Row-parallel linear y = x @ W^T over n full rows (no bias), summed over TP into y.

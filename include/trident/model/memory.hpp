@@ -12,7 +12,8 @@
 //                head's output gradients kept between F and B (head_gradients); attention
 //                keeps [B,NH,T], never T x T;
 //                a split backward's B -> W gradients live in the layers' dead qkv and fch
-//                (a stash of their own only under bf16 storage or full recompute);
+//                (a stash of their own only under the packed bf16 storage or full
+//                recompute; bf16 under the fused block);
 //                under bf16 storage the layers' large tensors count 2 bytes an element
 //   scratch      the backward's shared buffers, the chunks' boundary tensor (the last
 //                layer's output, the received output gradient), the head's final norm and logits, full
@@ -95,9 +96,9 @@ struct MemoryLayout {
   bool fused_head = false;
   // Ops::gpt2_block_stash_bf16() of the rank's backend (CUDA under bf16 unless
   // TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline; set_precision assumes that default, Trainer
-  // asks its backend): GPT-2 or Llama at TP 1 without context parallelism, selective
-  // recompute or a split backward then keeps carve_fused_layer's stash and no fp32 working copy
-  // (stores_fused_block).
+  // asks its backend): GPT-2 or Llama at TP 1 without context parallelism or selective
+  // recompute then keeps carve_fused_layer's stash and no fp32 working copy, and a split
+  // backward's W stash in bf16 (stores_fused_block).
   bool block_stash_bf16 = false;
   // The device backend's scratch for one causal attention call of shape (b, t, nh, nkv, hs)
   // when it runs through a library (CUDA under bf16: cuDNN's bf16 copies and workspace;

@@ -253,6 +253,14 @@ class Ops {
   struct Gpt2BlockScratch {
     float *dbuf, *dqkv, *dfch, *dact;
   };
+  // The split backward (zero-bubble B and W): the gradients at c_attn's and c_fc's outputs
+  // (Llama: [q k v]'s and [gate up]'s), which B keeps for W. Floats as the stash's qkv and fch
+  // ([N,3C] and [N,F]; Llama [N,C+2kv] and [N,2F]); with la.bf16 they hold bf16 (room for
+  // half the floats). They may be la.qkv and la.fch themselves: B writes them only after its
+  // last read of those.
+  struct BlockWStash {
+    float *dfch, *dqkv;
+  };
   // Whether this backend keeps the stash as bf16 (Gpt2BlockStash::bf16) when given room for
   // it: the model then carves half-size tensors and passes bf16 = true. Default: no.
   virtual bool gpt2_block_stash_bf16() const { return false; }
@@ -260,10 +268,19 @@ class Ops {
   virtual void gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                                   const float* x, float* out, const Gpt2BlockStash& la);
   // dres[N,C]: d loss / d out in, d loss / d x out (in place); g += the parameter gradients.
-  // Reads the stash of the forward of the same x.
+  // Reads the stash of the forward of the same x. With w (the split backward's B): every
+  // gradient but c_attn's and c_fc's weight gradients, whose output gradients go to *w for
+  // gpt2_block_backward_weights; their bias gradients are taken here or there (the backend's
+  // choice, once: the default there, as the model's composition; CUDA's bf16 block here).
   virtual void gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                                    const Gpt2BlockParams& g, const float* x, float* dres,
-                                   const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch);
+                                   const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch,
+                                   const BlockWStash* w = nullptr);
+  // The split backward's W: g += what gpt2_block_backward left to it, from w and the stash's
+  // ln1 and ln2 (the only activations it reads; the rest may be gone).
+  virtual void gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                           const Gpt2BlockParams& g, const Gpt2BlockStash& la,
+                                           const BlockWStash& w);
 
   // ---- coarse ops: Llama's whole block on one rank (ops/fused_block.cpp) ----------------
   //   res2 = x + o(attention(rope([q k v](rmsnorm(x)))))     grouped-query attention
@@ -293,9 +310,15 @@ class Ops {
   // scratch: dbuf [N,C], dqkv [N,C+2kv], dfch [N,2F], dact [N,F] floats.
   virtual void llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,
                                    const float* x, float* out, const LlamaBlockStash& la);
+  // w: the split backward as gpt2_block_backward's ([q k v]'s and [gate up]'s weight
+  // gradients left to llama_block_backward_weights; no biases).
   virtual void llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
                                     const LlamaBlockParams& g, const float* x, float* dres,
-                                    const LlamaBlockStash& la, const Gpt2BlockScratch& scratch);
+                                    const LlamaBlockStash& la, const Gpt2BlockScratch& scratch,
+                                    const BlockWStash* w = nullptr);
+  virtual void llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                                            const LlamaBlockParams& g, const LlamaBlockStash& la,
+                                            const BlockWStash& w);
 
   // ---- embeddings -----------------------------------------------------------------
   // Masked (vocab-parallel) lookup: x[N,C] = wte[tok - vocab_start] when

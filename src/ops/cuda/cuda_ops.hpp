@@ -181,16 +181,27 @@ class CudaOps final : public Ops {
   bool gpt2_block_stash_bf16() const override;
   void gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, const float* x,
                           float* out, const Gpt2BlockStash& la) override;
+  // With a W stash (the split backward's B) the bf16 output gradients of c_fc and c_attn go
+  // there (bf16; the biases' gradients are taken here), and gpt2_block_backward_weights adds
+  // the two weight gradients from them.
   void gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                            const Gpt2BlockParams& g, const float* x, float* dres,
-                           const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch) override;
+                           const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch,
+                           const BlockWStash* w = nullptr) override;
+  void gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                   const Gpt2BlockParams& g, const Gpt2BlockStash& la,
+                                   const BlockWStash& w) override;
   // The coarse Llama block, the same way (fused_block.cpp): RMSNorms write bf16, RoPE and
   // SwiGLU on bf16, grouped-query attention_forward_bf16, o and down add the residual.
   void llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p, const float* x,
                            float* out, const LlamaBlockStash& la) override;
   void llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
                             const LlamaBlockParams& g, const float* x, float* dres,
-                            const LlamaBlockStash& la, const Gpt2BlockScratch& scratch) override;
+                            const LlamaBlockStash& la, const Gpt2BlockScratch& scratch,
+                            const BlockWStash* w = nullptr) override;
+  void llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                                    const LlamaBlockParams& g, const LlamaBlockStash& la,
+                                    const BlockWStash& w) override;
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;

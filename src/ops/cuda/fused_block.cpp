@@ -2,9 +2,10 @@
 // bf16 activations: under bf16 products, not the baseline, TRIDENT_CUDA_FUSED_BLOCK not 0, and
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
-//          fused_block_from_environment, gelu_epilogue_from_environment,
-//          say_lt_refusal, bias_lt_bf16_bias, block_linear, block_weight16, gemm_rm16_to16,
-//          llama_block_forward, llama_block_backward
+//          gpt2_block_backward_weights, fused_block_from_environment,
+//          gelu_epilogue_from_environment, say_lt_refusal, bias_lt_bf16_bias, block_linear,
+//          block_weight16, gemm_rm16_to16, llama_block_forward, llama_block_backward,
+//          llama_block_backward_weights
 //
 // Inside the block, every activation a product or attention reads is bf16, written so by its
 // producer: the LayerNorms write bf16 (fused_block.cu), c_attn and c_fc write bf16 through
@@ -27,6 +28,16 @@
 // takes the grouped-query shape, SwiGLU reads and writes bf16, o and down add the residual as
 // C. The backward converts each residual gradient once (no bias gradients) and runs the RMSNorm
 // backward on the fp32 residual stream.
+//
+// The split backward (zero-bubble B and W; Ops::BlockWStash): B computes everything but c_fc's
+// and c_attn's ([gate up]'s, [q k v]'s) weight gradients and copies their bf16 output
+// gradients, which it computed in the scratch as the whole backward does, to the W stash
+// (the layer's own dead bf16 fch and qkv, or the model's separate bf16 stash under full
+// recompute; a copy, not the producer's output: cuBLASLt's DGELU epilogue reads fch as aux and
+// attention's backward reads qkv while they are written). The bias gradients stay in B (the
+// DGELU_BGRAD epilogue, the column sums). W runs the two weight-gradient products the whole
+// backward would have run, on the same bf16 operands: the split's gradients are the whole
+// backward's.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +57,15 @@ cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; 
 
 std::uint16_t* bf(float* p) { return reinterpret_cast<std::uint16_t*>(p); }
 const std::uint16_t* bf(const float* p) { return reinterpret_cast<const std::uint16_t*>(p); }
+
+// The split backward's B: n bf16 output gradients into the W stash (stream-ordered after their
+// producer and after the last read of what the stash may be, the layer's fch or qkv).
+void keep_bf16(cudaStream_t stream, OpTimer* timer, float* dst, const std::uint16_t* src,
+               std::int64_t n) {
+  OpScope timed(timer, "block_backward copy_bf16");
+  TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::size_t(n) * 2, cudaMemcpyDeviceToDevice,
+                                     stream));
+}
 
 }  // namespace
 
@@ -201,8 +221,9 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
 
 void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                                   const Gpt2BlockParams& g, const float* x, float* dres,
-                                  const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch_in) {
-  if (!la.bf16) return Ops::gpt2_block_backward(s, p, g, x, dres, la, scratch_in);
+                                  const Gpt2BlockStash& la, const Gpt2BlockScratch& scratch_in,
+                                  const BlockWStash* w) {
+  if (!la.bf16) return Ops::gpt2_block_backward(s, p, g, x, dres, la, scratch_in, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
   const int n = s.b * s.t, C = s.c, F = s.f;
@@ -281,8 +302,10 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
                                                  " out=", F); }, 0);
     gemm_rm16(false, true, n, C, F, 1.0f, dfch16, F, block_weight16(p.fc_w, C, F), F, 0.0f, dln,
               C);
-    gemm_rm16(true, false, C, F, n, 1.0f, ln2, C, dfch16, F, 1.0f, g.fc_w, F);
+    if (!w) gemm_rm16(true, false, C, F, n, 1.0f, ln2, C, dfch16, F, 1.0f, g.fc_w, F);
   }
+  // fch is read for the last time above: w->dfch may be it.
+  if (w) keep_bf16(stream_, timer_.get(), w->dfch, dfch16, std::int64_t(n) * F);
   layernorm_backward(dres, g.ln2_w, g.ln2_b, dln, la.res2, p.ln2_w, la.ln2_mean, la.ln2_rstd, n,
                      C);
   // Attention's c_proj, attention, c_attn
@@ -310,9 +333,30 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
                                                  " out=", 3 * C); }, 0);
     gemm_rm16(false, true, n, C, 3 * C, 1.0f, dqkv16, 3 * C, block_weight16(p.qkv_w, C, 3 * C),
               3 * C, 0.0f, dln, C);
-    gemm_rm16(true, false, C, 3 * C, n, 1.0f, ln1, C, dqkv16, 3 * C, 1.0f, g.qkv_w, 3 * C);
+    if (!w) gemm_rm16(true, false, C, 3 * C, n, 1.0f, ln1, C, dqkv16, 3 * C, 1.0f, g.qkv_w, 3 * C);
   }
+  // qkv is read for the last time by attention's backward: w->dqkv may be it.
+  if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * 3 * C);
   layernorm_backward(dres, g.ln1_w, g.ln1_b, dln, x, p.ln1_w, la.ln1_mean, la.ln1_rstd, n, C);
+}
+
+void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
+                                          const Gpt2BlockParams& g, const Gpt2BlockStash& la,
+                                          const BlockWStash& w) {
+  if (!la.bf16) return Ops::gpt2_block_backward_weights(s, p, g, la, w);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_backward_weights: a bf16 stash on ", name(),
+                " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  if (n <= 0) return;
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
+                                                 " in=", C, " out=", F); }, 0);
+    gemm_rm16(true, false, C, F, n, 1.0f, bf(la.ln2), C, bf(w.dfch), F, 1.0f, g.fc_w, F);
+  }
+  OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
+                                               " in=", C, " out=", 3 * C); }, 0);
+  gemm_rm16(true, false, C, 3 * C, n, 1.0f, bf(la.ln1), C, bf(w.dqkv), 3 * C, 1.0f, g.qkv_w,
+            3 * C);
 }
 
 void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,
@@ -367,8 +411,9 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
 
 void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
                                    const LlamaBlockParams& g, const float* x, float* dres,
-                                   const LlamaBlockStash& la, const Gpt2BlockScratch& scratch_in) {
-  if (!la.bf16) return Ops::llama_block_backward(s, p, g, x, dres, la, scratch_in);
+                                   const LlamaBlockStash& la, const Gpt2BlockScratch& scratch_in,
+                                   const BlockWStash* w) {
+  if (!la.bf16) return Ops::llama_block_backward(s, p, g, x, dres, la, scratch_in, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
   const int n = s.b * s.t, C = s.c, F = s.f;
@@ -406,8 +451,10 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
                                                  " out=", 2 * F); }, 0);
     gemm_rm16(false, false, n, C, 2 * F, 1.0f, dfch16, 2 * F,
               block_weight16(p.gateup_w, 2 * F, C), C, 0.0f, dln, C);
-    gemm_rm16(true, false, 2 * F, C, n, 1.0f, dfch16, 2 * F, ln2, C, 1.0f, g.gateup_w, C);
+    if (!w) gemm_rm16(true, false, 2 * F, C, n, 1.0f, dfch16, 2 * F, ln2, C, 1.0f, g.gateup_w, C);
   }
+  // fch is read for the last time by SwiGLU's backward: w->dfch may be it.
+  if (w) keep_bf16(stream_, timer_.get(), w->dfch, dfch16, std::int64_t(n) * 2 * F);
   rmsnorm_backward(dres, g.ln2_w, dln, la.res2, p.ln2_w, la.ln2_rstd, n, C);
   // Attention: o (weight [C, C]), attention, RoPE, [q k v] (weight [C3, C]), RMSNorm
   {
@@ -433,9 +480,31 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
                                                  " out=", C3); }, 0);
     gemm_rm16(false, false, n, C, C3, 1.0f, dqkv16, C3, block_weight16(p.qkv_w, C3, C), C, 0.0f,
               dln, C);
-    gemm_rm16(true, false, C3, C, n, 1.0f, dqkv16, C3, ln1, C, 1.0f, g.qkv_w, C);
+    if (!w) gemm_rm16(true, false, C3, C, n, 1.0f, dqkv16, C3, ln1, C, 1.0f, g.qkv_w, C);
   }
+  // qkv is read for the last time by attention's backward: w->dqkv may be it.
+  if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * C3);
   rmsnorm_backward(dres, g.ln1_w, dln, x, p.ln1_w, la.ln1_rstd, n, C);
+}
+
+void CudaOps::llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBlockParams& p,
+                                           const LlamaBlockParams& g, const LlamaBlockStash& la,
+                                           const BlockWStash& w) {
+  if (!la.bf16) return Ops::llama_block_backward_weights(s, p, g, la, w);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_backward_weights: a bf16 stash on ",
+                name(), " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  const int n = s.b * s.t, C = s.c, F = s.f;
+  if (n <= 0) return;
+  const int C3 = int(attention_shape_llama(s).ld_q);
+  {
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
+                                                 " in=", C, " out=", 2 * F); }, 0);
+    gemm_rm16(true, false, 2 * F, C, n, 1.0f, bf(w.dfch), 2 * F, bf(la.ln2), C, 1.0f, g.gateup_w,
+              C);
+  }
+  OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
+                                               " in=", C, " out=", C3); }, 0);
+  gemm_rm16(true, false, C3, C, n, 1.0f, bf(w.dqkv), C3, bf(la.ln1), C, 1.0f, g.qkv_w, C);
 }
 
 }  // namespace trident::ops::cuda

@@ -48,8 +48,8 @@ TEST(Memory, Bf16StorageCountsTheStashAtTwoBytes) {
 
 // The CUDA backend's fused GPT-2 block (Ops::gpt2_block_stash_bf16; Llama's too): its stash
 // keeps ln1, qkv, atty, ln2, fch, fch_gelu at 2 bytes and res2 at 4, carved as such
-// (carve_fused_layer), and needs no fp32 working copy; not at TP 2, with context parallelism
-// or the split backward.
+// (carve_fused_layer), and needs no fp32 working copy; not at TP 2 or with context
+// parallelism. Under the split backward its W stash is bf16.
 TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   ModelConfig cfg;
   cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
@@ -76,8 +76,7 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_TRUE(la.bf16);
   EXPECT_LT(fused.peak(), packed.peak());
   // The layouts the fused block does not take: as before.
-  for (auto change : {+[](MemoryLayout& l) { l.tp = 2; }, +[](MemoryLayout& l) { l.cp = 2; },
-                      +[](MemoryLayout& l) { l.split_backward = true; }}) {
+  for (auto change : {+[](MemoryLayout& l) { l.tp = 2; }, +[](MemoryLayout& l) { l.cp = 2; }}) {
     MemoryLayout other = lay;
     change(other);
     MemoryLayout unfused = other;
@@ -93,16 +92,37 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   full_fp32.block_stash_bf16 = false;
   EXPECT_EQ(predict_memory(cfg, full_fp32).scratch - predict_memory(cfg, full).scratch,
             (rows * 15 * 32 + stats - count.used) * 4);
+  // The split backward (zero-bubble B and W) keeps c_attn's and c_fc's output gradients for W,
+  // N (3C + 4C) elements a layer: the fused block in its layers' own dead bf16 qkv and fch
+  // (nothing more), the packed stash in fp32 of their own; under full recompute the fused
+  // block in bf16 of their own, the fp32 recompute in fp32.
+  const std::int64_t w_stash = layers * rows * 7 * 32;
+  auto split_extra = [&](MemoryLayout l) {
+    const std::int64_t whole = predict_memory(cfg, l).activations_per_microbatch;
+    l.split_backward = true;
+    return predict_memory(cfg, l).activations_per_microbatch - whole;
+  };
+  MemoryLayout packed_lay = lay;
+  packed_lay.block_stash_bf16 = false;
+  EXPECT_EQ(split_extra(lay), 0);
+  EXPECT_EQ(split_extra(packed_lay), w_stash * 4);
+  EXPECT_EQ(split_extra(full), w_stash * 2);
+  EXPECT_EQ(split_extra(full_fp32), w_stash * 4);
+  Carver w16;
+  LayerGradStash g{};
+  carve_grad_stash(d, w16, g, true);
+  EXPECT_EQ(w16.used, rows * 7 * 32 / 2);
+  EXPECT_EQ(grad_stash_floats(d, true), w16.used);
   const Recompute none = Recompute::none;
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1, 1, false));
-  EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1, 1, false));
-  EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1, false));
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1, 1));
+  EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1, 1));
+  EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1));
   // Llama's block too (Ops::llama_block_*), on the same plain case only.
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1, 1, false));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2, 1, false));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 2, false));
-  EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1, 1, false));
-  EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1, 1, false));
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1, 1));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2, 1));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 2));
+  EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1, 1));
+  EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1, 1));
 }
 
 // bf16 products on a device: the backend converts each product's activation inputs in its

@@ -2,12 +2,15 @@
 // (Ops::gpt2_block_forward / backward with a bf16 stash) against the CPU backend's composition
 // (ops/fused_block.cpp, fp32): output, input gradient and every parameter gradient, each
 // max |got - want| / max |want|. Shared by the stand-in's program (emulate/fused_block.cpp)
-// and the GPU test (fused_block_test.cpp).
-// defines: trident::test::fused_block::Shape, Result, run, compare, random_case
+// and the GPU test (fused_block_test.cpp). Also the split backward (Split: B with a W stash,
+// then the weight pass; Ops::BlockWStash).
+// defines: trident::test::fused_block::Shape, Split, Result, run, compare, random_case,
+//          same_bits
 #pragma once
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -100,15 +103,31 @@ inline Case random_case(const Shape& s, unsigned seed) {
 struct Result {
   std::vector<float> out, dx, grads;
 };
+inline bool same_bits(const Result& a, const Result& b) {
+  return a.out == b.out && a.dx == b.dx && a.grads == b.grads;
+}
+
+// The split backward (the zero-bubble B, then W): B with a W stash, then the weight pass.
+// in_place: the W stash is the layer's own qkv and fch (GptChunk's with its stash kept);
+// separate: a buffer of its own (full recompute's); broken: in place, and overwritten between
+// B and W (a check must fail). Between B and W the backward's scratch and the stash tensors W
+// must not read (atty, res2, fch_gelu) are NaN, as other microbatches' B and a recomputation
+// may leave them.
+enum class Split { none, in_place, separate, broken };
+
+// The split's poison: n floats of NaN at p on `ops`.
+inline void poison(Ops& ops, float* p, std::int64_t n) {
+  ops.fill(p, std::numeric_limits<float>::quiet_NaN(), n);
+}
 
 // One forward and backward on `ops` (weights, x, dout from the host), the results to the host.
 // break_stash: la.fch overwritten (with x's bytes) between forward and backward; dres_scale
 // multiplies d loss / d out: the broken runs a check must catch. microbatches > 1: that many
 // forward and backward passes into the same gradients (as a step's microbatches), the
 // gradients returned divided by it (exact for powers of two): a gradient written rather than
-// added shows.
+// added shows. split: the backward split into B and W (Split).
 inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break_stash = false,
-                  float dres_scale = 1.0f, int microbatches = 1) {
+                  float dres_scale = 1.0f, int microbatches = 1, Split split = Split::none) {
   DeviceMemory* mem = ops.memory();
   const std::int64_t P = s.param_count();
   const std::size_t nc = std::size_t(s.n()) * std::size_t(s.c);
@@ -117,6 +136,7 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   FloatBuffer xb(nc, mem), out(nc, mem), dres(nc, mem);
   FloatBuffer stash(std::size_t(s.stash_floats()), mem);
   FloatBuffer dbuf(nc, mem), dqkv(3 * nc, mem), dfch(nf, mem), dact(nf, mem);
+  FloatBuffer w_own(split == Split::separate ? nf + 3 * nc : 0, mem);  // fp32's (the larger)
   copy_to_device(mem, params.data(), k.w.data(), k.w.size() * 4);
   copy_to_device(mem, xb.data(), k.x.data(), k.x.size() * 4);
   std::vector<float> d = k.dout;
@@ -125,12 +145,24 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   ops.set_weights(params.data(), P);
   const Ops::Gpt2BlockShape shape{s.b, s.t, s.c, s.nh, s.f()};
   const Ops::Gpt2BlockStash la = carve(s, stash.data(), bf16);
+  Ops::BlockWStash w{la.fch, la.qkv};
+  if (split == Split::separate) w = {w_own.data(), w_own.data() + nf};
+  const std::int64_t big = bf16 ? 2 : 1;  // elements a float holds
   for (int mb = 0; mb < microbatches; ++mb) {
     copy_to_device(mem, dres.data(), d.data(), d.size() * 4);
     ops.gpt2_block_forward(shape, views(s, params.data()), xb.data(), out.data(), la);
     if (break_stash) ops.copy(la.fch, xb.data(), std::int64_t(nc));
     ops.gpt2_block_backward(shape, views(s, params.data()), views(s, grads.data()), xb.data(),
-                            dres.data(), la, {dbuf.data(), dqkv.data(), dfch.data(), dact.data()});
+                            dres.data(), la, {dbuf.data(), dqkv.data(), dfch.data(), dact.data()},
+                            split == Split::none ? nullptr : &w);
+    if (split == Split::none) continue;
+    for (FloatBuffer* b : {&dbuf, &dqkv, &dfch, &dact})
+      poison(ops, b->data(), std::int64_t(b->size()));
+    poison(ops, la.atty, std::int64_t(nc) / big);
+    poison(ops, la.fch_gelu, std::int64_t(nf) / big);
+    poison(ops, la.res2, std::int64_t(nc));
+    if (split == Split::broken) ops.copy(w.dqkv, xb.data(), std::int64_t(nc) / 4);  // fits bf16
+    ops.gpt2_block_backward_weights(shape, views(s, params.data()), views(s, grads.data()), la, w);
   }
   Result r;
   r.out.resize(nc), r.dx.resize(nc), r.grads.resize(std::size_t(P));

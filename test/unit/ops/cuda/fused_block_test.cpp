@@ -2,7 +2,8 @@
 // activations inside; src/ops/cuda/fused_block.cpp) against the CPU backend's composition, on
 // the GPU: GPT-2's head size (64: cuDNN or the tensor-core kernels), every gradient within
 // the bf16 product tolerance of cuda_ops_test.cpp (3e-2 of the tensor's largest value), and a
-// broken stash that must fail it. The stand-in runs the same check (emulate/fused_block.cpp).
+// broken stash that must fail it; the split backward (B with a W stash, then W) the same way.
+// The stand-in runs the same check (emulate/fused_block.cpp).
 // The same for the fused Llama block (llama_block_check.hpp, emulate/llama_block.cpp).
 // main() is cuda_ops_test.cpp's (skips without a GPU).
 #include <gtest/gtest.h>
@@ -34,6 +35,13 @@ TEST(CudaFusedBlock, MatchesTheCpuCompositionAndCatchesAStaleStash) {
     EXPECT_LE(compare("CUDA bf16 composition vs CPU", s, run(*gpu, s, false, k), want, kTol),
               kTol);
     EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu, s, true, k, true), want, kTol, true),
+              kTol);
+    // The split backward (zero-bubble B, then W; the W stash in the dead bf16 fch and qkv)
+    EXPECT_LE(compare("fused split B + W vs CPU", s,
+                      run(*gpu, s, true, k, false, 1.0f, 2, Split::in_place), want, kTol),
+              kTol);
+    EXPECT_GT(compare("broken: the W stash overwritten", s,
+                      run(*gpu, s, true, k, false, 1.0f, 1, Split::broken), want, kTol, true),
               kTol);
   }
 }
@@ -75,6 +83,11 @@ TEST(CudaFusedBlock, LlamaMatchesTheCpuCompositionAndCatchesAStaleStash) {
     const Result want = run(*cpu, s, false, k);
     EXPECT_LE(compare("fused CUDA bf16 vs CPU", s, run(*gpu, s, true, k), want, kTol), kTol);
     EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu, s, true, k, true), want, kTol, true),
+              kTol);
+    EXPECT_LE(compare("fused split B + W vs CPU", s,
+                      run(*gpu, s, true, k, false, 1.0f, Split::in_place), want, kTol), kTol);
+    EXPECT_GT(compare("broken: the W stash overwritten", s,
+                      run(*gpu, s, true, k, false, 1.0f, Split::broken), want, kTol, true),
               kTol);
   }
 }

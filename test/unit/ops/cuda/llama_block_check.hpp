@@ -2,7 +2,8 @@
 // (Ops::llama_block_forward / backward with a bf16 stash) against the CPU backend's
 // composition (ops/fused_block.cpp, fp32): output, input gradient and every parameter
 // gradient, each max |got - want| / max |want| (fused_block_check.hpp's Case, Result, rel).
-// Run by the stand-in's program (emulate/llama_block.cpp).
+// Run by the stand-in's program (emulate/llama_block.cpp). The split backward as
+// fused_block_check.hpp's (Split).
 // defines: trident::test::llama_block::Shape, run, compare, random_case
 #pragma once
 
@@ -12,6 +13,7 @@ namespace trident::test::llama_block {
 
 using fused_block::Case;
 using fused_block::Result;
+using fused_block::Split;
 using ops::Ops;
 
 struct Shape {
@@ -91,9 +93,10 @@ inline Case random_case(const Shape& s, unsigned seed) {
 }
 
 // One forward and backward on `ops`; break_stash overwrites la.fch between them, dres_scale
-// multiplies d loss / d out: the broken runs a check must catch.
+// multiplies d loss / d out: the broken runs a check must catch. split: the backward split
+// into B and W (fused_block::Split).
 inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break_stash = false,
-                  float dres_scale = 1.0f) {
+                  float dres_scale = 1.0f, Split split = Split::none) {
   DeviceMemory* mem = ops.memory();
   const std::int64_t P = s.param_count();
   const std::size_t nc = std::size_t(s.n()) * std::size_t(s.c);
@@ -103,6 +106,8 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   FloatBuffer stash(std::size_t(s.stash_floats()), mem);
   FloatBuffer dbuf(nc, mem), dqkv(std::size_t(s.n()) * std::size_t(s.c3()), mem);
   FloatBuffer dfch(2 * nf, mem), dact(nf, mem);
+  const std::size_t nqkv = std::size_t(s.n()) * std::size_t(s.c3());
+  FloatBuffer w_own(split == Split::separate ? 2 * nf + nqkv : 0, mem);  // fp32's (the larger)
   copy_to_device(mem, params.data(), k.w.data(), k.w.size() * 4);
   copy_to_device(mem, xb.data(), k.x.data(), k.x.size() * 4);
   std::vector<float> d = k.dout;
@@ -113,9 +118,23 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   const Ops::LlamaBlockStash la = carve(s, stash.data(), bf16);
   ops.llama_block_forward(s.shape(), views(s, params.data()), xb.data(), out.data(), la);
   if (break_stash) ops.copy(la.fch, xb.data(), std::int64_t(nc));
+  Ops::BlockWStash w{la.fch, la.qkv};
+  if (split == Split::separate) w = {w_own.data(), w_own.data() + 2 * nf};
   ops.llama_block_backward(s.shape(), views(s, params.data()), views(s, grads.data()),
                            xb.data(), dres.data(), la,
-                           {dbuf.data(), dqkv.data(), dfch.data(), dact.data()});
+                           {dbuf.data(), dqkv.data(), dfch.data(), dact.data()},
+                           split == Split::none ? nullptr : &w);
+  if (split != Split::none) {
+    const std::int64_t big = bf16 ? 2 : 1;  // elements a float holds
+    for (FloatBuffer* b : {&dbuf, &dqkv, &dfch, &dact})
+      fused_block::poison(ops, b->data(), std::int64_t(b->size()));
+    fused_block::poison(ops, la.atty, std::int64_t(nc) / big);
+    fused_block::poison(ops, la.fch_gelu, std::int64_t(nf) / big);
+    fused_block::poison(ops, la.res2, std::int64_t(nc));
+    if (split == Split::broken) ops.copy(w.dqkv, xb.data(), std::int64_t(nc) / 4);  // fits bf16
+    ops.llama_block_backward_weights(s.shape(), views(s, params.data()), views(s, grads.data()),
+                                     la, w);
+  }
   Result r;
   r.out.resize(nc), r.dx.resize(nc), r.grads.resize(std::size_t(P));
   copy_to_host(mem, r.out.data(), out.data(), nc * 4);

@@ -9,7 +9,10 @@
 // backward, the residual gradient 5% off), so that the tolerance can catch a wrong step. The
 // fused runs take two microbatches (gradients added, not written); GELU in cuBLASLt's
 // epilogues (default) and in the kernels (TRIDENT_CUDA_GELU_EPILOGUE=0) both checked, and a
-// shape whose epilogue cuBLASLt refuses falls back to the kernels.
+// shape whose epilogue cuBLASLt refuses falls back to the kernels. The split backward
+// (zero-bubble B with a W stash, then W): bit for bit the whole fused backward, the W stash in
+// the layer's dead fch and qkv or its own; the CPU's split against its whole backward; a W
+// stash overwritten between B and W must fail.
 // usage: fused_block  (exit 0: all agree)
 #include <cstdio>
 #include <cstdlib>
@@ -24,13 +27,39 @@ using namespace trident::test::fused_block;
 
 namespace {
 // bit for bit
-bool same(const Result& a, const Result& b) {
-  return a.out == b.out && a.dx == b.dx && a.grads == b.grads;
-}
+bool same(const Result& a, const Result& b) { return same_bits(a, b); }
 
 // bf16 rounds each activation a product or attention reads to 8 significant bits; the
 // measured worst on the stand-in is 5.5e-3 of the largest value (ln1_w's gradient).
 constexpr double kTol = 1.5e-2;
+
+bool split_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, const Shape& s, const Case& k,
+                  const Result& want, const Result& fused, double tol) {
+  bool ok = true;
+  for (Split how : {Split::in_place, Split::separate}) {
+    const char* where = how == Split::in_place ? "in the dead fch, qkv" : "a stash of its own";
+    const Result split = run(cuda, s, true, k, false, 1.0f, 2, how);
+    const std::string what = std::string("fused split B + W (") + where + ") vs CPU fp32";
+    ok = compare(what.c_str(), s, split, want, tol) <= tol && ok;
+    if (!same(split, fused)) {
+      std::printf("fused block: the split backward (%s) is not the whole fused backward bit for "
+                  "bit\n", where);
+      ok = false;
+    }
+  }
+  ok = compare("CPU split B + W vs CPU whole backward", s, run(cpu, s, false, k, false, 1.0f, 2,
+                                                               Split::in_place),
+               want, 1e-6) <= 1e-6 && ok;
+  ok = compare("CUDA composition split B + W vs CPU fp32", s,
+               run(cuda, s, false, k, false, 1.0f, 2, Split::in_place), want, tol) <= tol && ok;
+  if (compare("broken on purpose: the W stash overwritten before W", s,
+              run(cuda, s, true, k, false, 1.0f, 1, Split::broken), want, tol, true) <= tol) {
+    std::printf("fused block: the split run with a broken W stash passed: the check cannot "
+                "fail\n");
+    ok = false;
+  }
+  return ok;
+}
 }  // namespace
 
 int main() {
@@ -123,6 +152,13 @@ int main() {
       ok = false;
     }
   }
+  // The split backward (zero-bubble B, then W; Split): the fused block's B keeps the bf16
+  // output gradients of c_fc and c_attn in the layer's dead fch and qkv (or a stash of their
+  // own) and W runs the whole backward's two weight products on them: bit for bit the whole
+  // backward, with the scratch and the tensors W must not read poisoned between B and W. The
+  // default (CPU; CUDA's fp32 stash) against the CPU's whole backward; W's stash overwritten
+  // must fail.
+  ok = split_checks(*cpu, *cuda, s, k, want, fused, kTol) && ok;
   // The tolerance must catch a wrong step: a stale stash tensor, a wrong residual gradient.
   const bool stale = compare("broken on purpose: la.fch overwritten before the backward", s,
                              run(*cuda, s, true, k, true), want, kTol, true) <= kTol;

@@ -5,7 +5,9 @@
 // kv heads). Checked as fused_block.cpp: the output, the input gradient and every parameter
 // gradient within bf16 tolerance relative to the tensor's largest value, the CUDA backend's
 // own composition (fp32 stash, bf16 products) as a second reference, and two broken runs that
-// must fail (a stash tensor overwritten, the residual gradient 5% off).
+// must fail (a stash tensor overwritten, the residual gradient 5% off). The split backward
+// (zero-bubble B, then W) as fused_block.cpp's: bit for bit the whole fused backward, with the
+// W stash in the layer's dead [gate up] and [q k v] outputs or its own; a broken W stash fails.
 // usage: llama_block  (exit 0: all agree)
 #include <cstdio>
 #include <memory>
@@ -35,6 +37,26 @@ int main() {
   ok = compare("CUDA bf16 composition vs CPU fp32 composition", s, composed, want, kTol) <= kTol &&
        ok;
   ok = compare("fused vs CUDA composition", s, fused, composed, kTol) <= kTol && ok;
+  for (Split how : {Split::in_place, Split::separate}) {
+    const Result split = run(*cuda, s, true, k, false, 1.0f, how);
+    ok = compare(how == Split::in_place ? "fused split B + W (in the dead fch, qkv) vs CPU fp32"
+                                        : "fused split B + W (a stash of its own) vs CPU fp32",
+                 s, split, want, kTol) <= kTol && ok;
+    if (!trident::test::fused_block::same_bits(split, fused)) {
+      std::printf("llama block: the split backward is not the whole fused backward bit for bit\n");
+      ok = false;
+    }
+  }
+  ok = compare("CPU split B + W vs CPU whole backward", s,
+               run(*cpu, s, false, k, false, 1.0f, Split::in_place), want, 1e-6) <= 1e-6 && ok;
+  ok = compare("CUDA composition split B + W vs CPU fp32", s,
+               run(*cuda, s, false, k, false, 1.0f, Split::in_place), want, kTol) <= kTol && ok;
+  if (compare("broken on purpose: the W stash overwritten before W", s,
+              run(*cuda, s, true, k, false, 1.0f, Split::broken), want, kTol, true) <= kTol) {
+    std::printf("llama block: the split run with a broken W stash passed: the check cannot "
+                "fail\n");
+    ok = false;
+  }
   const bool stale = compare("broken on purpose: la.fch overwritten before the backward", s,
                              run(*cuda, s, true, k, true), want, kTol, true) <= kTol;
   const bool scaled = compare("broken on purpose: the residual gradient times 1.05", s,

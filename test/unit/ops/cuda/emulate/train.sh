@@ -16,10 +16,12 @@
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
 # (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition, llama_block.cpp
-# the fused Llama block (CudaOps::llama_block_*) the same way. A check of the backend's host code, its use
-# of cuBLAS and the runtime (argument checks; every pointer handed to cuBLAS, a kernel or a
-# copy must be device memory; fresh device memory is NaN) and of the device-buffer plumbing
-# of the model, pipeline and MPI staging, in real training, with the real kernels.
+# the fused Llama block (CudaOps::llama_block_*) the same way, executor_memory.cpp the
+# executor's allocations on the fused block's stash against predict_memory. A check of the
+# backend's host code, its use of cuBLAS and the runtime (argument checks; every pointer
+# handed to cuBLAS, a kernel or a copy must be device memory; fresh device memory is NaN) and
+# of the device-buffer plumbing of the model, pipeline and MPI staging, in real training,
+# with the real kernels.
 # Not a GPU, and not modelled: asynchrony (every call is complete on return, so a missing
 # synchronization cannot show), concurrency (one OS thread runs a launch: no data races),
 # cuBLAS's summation order and rounding (shim/cublas_v2.h), nvcc's FMA contraction (the
@@ -136,6 +138,17 @@ g++ "${flags[@]}" "${warn[@]}" -I"$src/src/ops/cuda" "$here/lt_tune.cpp" "${objs
     "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread \
     -o "$work/lt_tune"
 (cd "$work" && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/lt_tune")
+# The executor's activation memory on the fused block's bf16 stash (and the zero-bubble split
+# backward's W stash) against predict_memory, byte for byte: with the model, pipeline and
+# parallel libraries (and MPI's, which size-1 communicators do not call).
+mpi_inc=$(sed -n 's/^MPI_CXX_COMPILER_INCLUDE_DIRS:STRING=//p' "$build/CMakeCache.txt" | tr ';' ' ')
+mpi_libs=$(tr ' ' '\n' <"$link" | grep -E 'libmpi(_cxx)?\.so$' | tr '\n' ' ')
+# shellcheck disable=SC2046,SC2086
+g++ "${flags[@]}" "${warn[@]}" $(printf -- '-isystem %s ' $mpi_inc) "$here/executor_memory.cpp" \
+    "${objs[@]}" "$build"/libtrident_{pipeline,model,parallel}.a $mpi_libs \
+    "$build/libtrident_ops.a" "$build/libtrident_core.a" "$blas_lib" -fopenmp -ldl -pthread \
+    -o "$work/executor_memory"
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$work/executor_memory"
 [ "$only_build" = --build-only ] && exit 0
 
 export TRIDENT="$work/trident" TRIDENT_TEST_DEVICE=cuda TRIDENT_TEST_OUT="$work/test-out"
