@@ -2,7 +2,7 @@
 // block reductions with full masks in a fixed order (so results do not depend on timing),
 // grid sizes for grid-stride loops, bf16's rounding, 16-byte accesses (Packed128).
 // defines: kFullMask, kBlock, warp_sum, warp_max, block_sum, block_max, grid_for, bf16_bits,
-//          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16
+//          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16, for_row_blocks
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,6 +62,18 @@ using Floatx4 = Packed128<float>;
 
 __host__ __device__ __forceinline__ bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// The column sums' row blocks: body(rb, r0, r1) for each block rb of `rows` rows ([r0, r1) of
+// n) that falls to this thread block along y, in row-block order (gridDim.y is capped at
+// 65535, so a block may take several).
+template <typename Body>
+__device__ __forceinline__ void for_row_blocks(int n, int rows, Body body) {
+  const int blocks = (n + rows - 1) / rows;
+  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {
+    const int r0 = rb * rows;
+    body(rb, r0, r0 + rows < n ? r0 + rows : n);
+  }
 }
 
 constexpr int kBlock = 256;  // threads of a 1-D block unless a kernel says otherwise

@@ -119,10 +119,7 @@ __global__ void gelu_backward_bf16_colsum_kernel(unsigned short* dx, float* part
                                                  const unsigned short* dy, int n, int cols) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  const int blocks = (n + kColsumRows - 1) / kColsumRows;
-  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {
-    const int r0 = rb * kColsumRows;
-    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
     float sum = 0.0f;
     for (int r = r0; r < r1; r++) {
       const std::int64_t i = std::int64_t(r) * cols + c;
@@ -131,7 +128,7 @@ __global__ void gelu_backward_bf16_colsum_kernel(unsigned short* dx, float* part
       sum += v;
     }
     partial[std::int64_t(rb) * cols + c] = sum;
-  }
+  });
 }
 
 // The kernel above, 8 columns per thread (cols % 8 == 0, dx, x, dy, partial 16-byte aligned):
@@ -142,10 +139,7 @@ __global__ void gelu_backward_bf16_colsum_packed_kernel(unsigned short* dx, floa
                                                         int cols) {
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c >= cols) return;
-  const int blocks = (n + kColsumRows - 1) / kColsumRows;
-  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {
-    const int r0 = rb * kColsumRows;
-    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
     float sum[8] = {};
     for (int r = r0; r < r1; r++) {
       const std::int64_t i = std::int64_t(r) * cols + c;
@@ -159,20 +153,17 @@ __global__ void gelu_backward_bf16_colsum_packed_kernel(unsigned short* dx, floa
       out.store(dx + i);
     }
     store_sums8(partial + std::int64_t(rb) * cols + c, sum);
-  }
+  });
 }
 
 __global__ void colsum_bf16_kernel(float* partial, const unsigned short* src, int n, int cols) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  const int blocks = (n + kColsumRows - 1) / kColsumRows;
-  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {
-    const int r0 = rb * kColsumRows;
-    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
     float sum = 0.0f;
     for (int r = r0; r < r1; r++) sum += bf16_value(src[std::int64_t(r) * cols + c]);
     partial[std::int64_t(rb) * cols + c] = sum;
-  }
+  });
 }
 
 // The kernel above, 8 columns per thread (as gelu_backward_bf16_colsum_packed_kernel).
@@ -180,17 +171,14 @@ __global__ void colsum_bf16_packed_kernel(float* partial, const unsigned short* 
                                           int cols) {
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c >= cols) return;
-  const int blocks = (n + kColsumRows - 1) / kColsumRows;
-  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {
-    const int r0 = rb * kColsumRows;
-    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
     float sum[8] = {};
     for (int r = r0; r < r1; r++) {
       const Bf16x8 v = Bf16x8::load(src + std::int64_t(r) * cols + c);
       for (int e = 0; e < 8; e++) sum[e] += bf16_value(v[e]);
     }
     store_sums8(partial + std::int64_t(rb) * cols + c, sum);
-  }
+  });
 }
 
 // db[c] += the row blocks' partial sums, in block order (pointwise.cu's colsum_add).

@@ -133,10 +133,7 @@ __global__ void to_bf16_colsum_kernel(unsigned short* dst, float* partial, const
                                       int n, int cols) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  const int blocks = (n + kColsumRows - 1) / kColsumRows;
-  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {  // gridDim.y is capped at 65535
-    const int r0 = rb * kColsumRows;
-    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
     float sum = 0.0f;
     for (int r = r0; r < r1; r++) {
       const std::int64_t i = std::int64_t(r) * cols + c;
@@ -145,7 +142,7 @@ __global__ void to_bf16_colsum_kernel(unsigned short* dst, float* partial, const
       sum += v;
     }
     partial[std::int64_t(rb) * cols + c] = sum;
-  }
+  });
 }
 
 // The kernel above, 8 columns per thread (cols % 8 == 0, dst, partial, src 16-byte aligned):
@@ -154,10 +151,7 @@ __global__ void to_bf16_colsum_packed_kernel(unsigned short* dst, float* partial
                                              const float* src, int n, int cols) {
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c >= cols) return;
-  const int blocks = (n + kColsumRows - 1) / kColsumRows;
-  for (int rb = blockIdx.y; rb < blocks; rb += gridDim.y) {
-    const int r0 = rb * kColsumRows;
-    const int r1 = r0 + kColsumRows < n ? r0 + kColsumRows : n;
+  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
     Floatx4 sum_lo{}, sum_hi{};
     for (int r = r0; r < r1; r++) {
       const std::int64_t i = std::int64_t(r) * cols + c;
@@ -171,7 +165,7 @@ __global__ void to_bf16_colsum_packed_kernel(unsigned short* dst, float* partial
     }
     sum_lo.store(partial + std::int64_t(rb) * cols + c);
     sum_hi.store(partial + std::int64_t(rb) * cols + c + 4);
-  }
+  });
 }
 
 // db[c] += the row blocks' partial sums, in block order (deterministic).
