@@ -181,15 +181,6 @@ __global__ void colsum_bf16_packed_kernel(float* partial, const unsigned short* 
   });
 }
 
-// db[c] += the row blocks' partial sums, in block order (pointwise.cu's colsum_add).
-__global__ void block_colsum_add_kernel(float* db, const float* partial, int blocks, int cols) {
-  TRIDENT_GRID_STRIDE(c, cols) {
-    float sum = 0.0f;
-    for (int b = 0; b < blocks; b++) sum += partial[std::int64_t(b) * cols + c];
-    db[c] += sum;
-  }
-}
-
 // layernorm.cu's rmsnorm_forward arithmetic, y written as bf16.
 __global__ void rmsnorm_forward_bf16_kernel(unsigned short* y, float* rstd, const float* x,
                                             const float* w, int n, int c, float eps,
@@ -322,12 +313,6 @@ dim3 colsum_packed_grid(int n, int cols) {
               static_cast<unsigned>(blocks < 65535 ? blocks : 65535));
 }
 
-void colsum_add(cudaStream_t s, float* db, const float* partial, int n, int cols) {
-  const int blocks = colsum_row_blocks(n);
-  block_colsum_add_kernel<<<grid_for(cols), kBlock, 0, s>>>(db, partial, blocks, cols);
-  check_launch("block_colsum_add");
-}
-
 }  // namespace
 
 void launch_layernorm_forward_bf16(cudaStream_t s, void* y, float* mean, float* rstd,
@@ -366,7 +351,7 @@ void launch_gelu_backward_bf16_colsum(cudaStream_t s, void* dx, float* db, float
         static_cast<unsigned short*>(dx), partial, static_cast<const unsigned short*>(x),
         static_cast<const unsigned short*>(dy), n, cols);
   check_launch("gelu_backward_bf16_colsum");
-  colsum_add(s, db, partial, n, cols);
+  launch_colsum_add(s, db, partial, n, cols);
 }
 
 void launch_colsum_bf16(cudaStream_t s, float* db, float* partial, const void* src, int n,
@@ -379,7 +364,7 @@ void launch_colsum_bf16(cudaStream_t s, float* db, float* partial, const void* s
     colsum_bf16_kernel<<<colsum_grid(n, cols), kBlock, 0, s>>>(
         partial, static_cast<const unsigned short*>(src), n, cols);
   check_launch("colsum_bf16");
-  colsum_add(s, db, partial, n, cols);
+  launch_colsum_add(s, db, partial, n, cols);
 }
 
 void launch_rmsnorm_forward_bf16(cudaStream_t s, void* y, float* rstd, const float* x,

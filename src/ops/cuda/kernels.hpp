@@ -161,6 +161,9 @@ inline std::int64_t colsum_partial_floats(int n, int cols) {
 }
 void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
                            const float* src, int n, int cols);
+// db[cols] += the colsum_row_blocks(n) partial sums in partial, in block order (the second half
+// of launch_to_bf16_colsum; fused_block.cu's column sums end with it too)
+void launch_colsum_add(cudaStream_t s, float* db, const float* partial, int n, int cols);
 // dst[n] = float(src[n] bf16), exact
 void launch_from_bf16(cudaStream_t s, float* dst, const void* src, std::int64_t n);
 // dst[rows, cols] (row stride ld) = float(src[rows, cols] bf16, packed), or += with accumulate

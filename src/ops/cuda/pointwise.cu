@@ -6,7 +6,8 @@
 // same per-element arithmetic and per-column sum order, so the same bits.
 // defines: launch_gelu_forward, launch_gelu_backward, launch_swiglu_forward,
 //          launch_swiglu_backward, launch_add, launch_scale, launch_fill,
-//          launch_bias_rows, launch_to_bf16, launch_from_bf16,
+//          launch_bias_rows, launch_to_bf16, launch_to_bf16_colsum, launch_colsum_add,
+//          launch_from_bf16,
 //          launch_from_bf16_rows, launch_sum_squares, sum_squares_blocks,
 //          launch_adamw, sum_squares_span_blocks, launch_sum_squares_spans,
 //          launch_adamw_segments, packed_access
@@ -461,7 +462,11 @@ void launch_to_bf16_colsum(cudaStream_t s, void* dst, float* db, float* partial,
                                                   src, n, cols);
   }
   check_launch("to_bf16_colsum");
-  colsum_add_kernel<<<grid_for(cols), kBlock, 0, s>>>(db, partial, blocks, cols);
+  launch_colsum_add(s, db, partial, n, cols);
+}
+
+void launch_colsum_add(cudaStream_t s, float* db, const float* partial, int n, int cols) {
+  colsum_add_kernel<<<grid_for(cols), kBlock, 0, s>>>(db, partial, colsum_row_blocks(n), cols);
   check_launch("colsum_add");
 }
 
