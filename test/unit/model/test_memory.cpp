@@ -119,6 +119,10 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1));
   // Llama's block too (Ops::llama_block_*), on the same plain case only.
   EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1, 1));
+  // GPT-2's bf16 block under TP (its allreduces), not yet under sequence parallelism.
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 2, 1));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::gpt2, 2, 1, true));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::gpt2, 1, 2));
   EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2, 1));
   EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 2));
   EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1, 1));
