@@ -75,8 +75,14 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_EQ(count.used, (rows * 14 * 32) / 2 + rows * 32 + stats);
   EXPECT_TRUE(la.bf16);
   EXPECT_LT(fused.peak(), packed.peak());
+  // TP 2 (no SP): GPT-2's fused block takes it, below the packed stash with its working copy.
+  MemoryLayout tp2 = lay, tp2_packed = lay;
+  tp2.tp = tp2_packed.tp = 2;
+  tp2_packed.block_stash_bf16 = false;
+  EXPECT_LT(predict_memory(cfg, tp2).peak(), predict_memory(cfg, tp2_packed).peak());
   // The layouts the fused block does not take: as before.
-  for (auto change : {+[](MemoryLayout& l) { l.tp = 2; }, +[](MemoryLayout& l) { l.cp = 2; }}) {
+  for (auto change : {+[](MemoryLayout& l) { l.tp = 2, l.sequence_parallel = true; },
+                      +[](MemoryLayout& l) { l.cp = 2; }}) {
     MemoryLayout other = lay;
     change(other);
     MemoryLayout unfused = other;
