@@ -130,8 +130,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
   bf16_store_ = stores_bf16(ops_.precision(), recompute_);
   fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16, recompute_,
-                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp, cp,
-                                    tpm_.sequence_parallel());
+                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp, cp);
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
   std::int64_t partial = 0;
@@ -313,9 +312,9 @@ std::int64_t fused_layer_floats(const ChunkDims& d) {
 }
 
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
-                        Arch arch, int tp, int cp, bool sequence_parallel) {
-  // GPT-2's bf16 block takes TP without SP (its collectives: allreduces); Llama's TP 1 only.
-  const bool tp_ok = tp == 1 || (arch == Arch::gpt2 && !sequence_parallel);
+                        Arch arch, int tp, int cp) {
+  // GPT-2's bf16 block takes TP, with or without SP (its collectives); Llama's TP 1 only.
+  const bool tp_ok = tp == 1 || arch == Arch::gpt2;
   return bf16_products && recompute != Recompute::selective && backend_bf16_block &&
          (arch == Arch::gpt2 || arch == Arch::llama) && tp_ok && cp == 1;
 }

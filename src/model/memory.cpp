@@ -145,8 +145,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
   const bool fused = stores_fused_block(lay.bf16_products, lay.recompute, lay.block_stash_bf16,
-                                       cfg.arch.get(), lay.tp, lay.cp,
-                                       lay.sequence_parallel);
+                                       cfg.arch.get(), lay.tp, lay.cp);
   if (lay.recompute == Recompute::none)
     per_mb += L * (fused  ? fused_layer_floats(d)
                    : bf16 ? packed_layer_floats(d)

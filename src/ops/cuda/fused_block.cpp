@@ -161,20 +161,44 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   if (!la.bf16) return Ops::gpt2_block_forward(s, p, x, out, la);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_forward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f;
-  TRIDENT_CHECK(s.rows() == n, "gpt2_block_forward: the bf16 block under sequence parallelism");
+  const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f, nr = s.rows();
+  const bool sp = nr != n;
+  const std::int64_t local_n = std::int64_t(nr) * C;  // the residual stream's floats here
+  TRIDENT_CHECK(!sp || (s.tp && local_n % 2 == 0), "gpt2_block_forward: the bf16 block under "
+                "sequence parallelism needs its collectives and an even rows x channels");
   if (n <= 0) return;
-  // TP: the c_projs' partials hold the residual and the bias on rank 0 only (beta 0 elsewhere),
-  // so that the sum over TP (leave_forward: an allreduce) adds them once.
+  // TP: without SP the c_projs' partials hold the residual and the bias on rank 0 only (beta 0
+  // elsewhere), so that the sum over TP (leave_forward: an allreduce) adds them once. Under SP
+  // the partial (full rows, the bias on rank 0) is reduce-scattered into the local rows, then
+  // the residual added.
   const bool rank0 = s.tp_rank == 0;
-  const std::int64_t nc = std::int64_t(n) * C;
+  auto row_parallel = [&](float* y, const float* residual, const void* in16, const float* w,
+                          const float* bias, int in) {
+    float* partial = s.tp ? s.tp->partial_of(y) : y;  // y itself without SP
+    block_linear(partial, false, rank0 && !sp ? residual : nullptr, in16, w,
+                 rank0 ? bias : nullptr, n, in, C);
+    return partial;
+  };
+  auto leave = [&](float* partial, float* y, const float* residual) {  // outside the op's timer
+    if (!s.tp) return;
+    s.tp->leave_forward(partial, y, local_n);
+    if (sp) add(y, y, residual, local_n);
+  };
+  // A LayerNorm's bf16 output: this rank's rows, then under SP every rank's, all-gathered as
+  // bytes (bf16 pairs moved as floats: a gather does no arithmetic).
+  auto norm_rows = [&](float* full) {
+    return bf(s.tp ? s.tp->local_part(full, local_n / 2) : full);
+  };
+  auto gather = [&](float* full) { if (sp) s.tp->enter_forward(full, local_n / 2); };
   std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
+  float* partial = nullptr;
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, n,
-                                  C);
+    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln1), la.ln1_mean, la.ln1_rstd, x,
+                                  p.ln1_w, p.ln1_b, nr, C);
   }
+  gather(la.ln1);
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
                                                  " out=", 3 * Ca); }, 0);
@@ -185,15 +209,15 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   {  // res2 = x + atty @ w + b: the residual as the product's C (x is not read after it)
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=",
                                                  Ca, " out=", C); }, 0);
-    block_linear(la.res2, false, rank0 ? x : nullptr, atty, p.attproj_w,
-                 rank0 ? p.attproj_b : nullptr, n, Ca, C);
+    partial = row_parallel(la.res2, x, atty, p.attproj_w, p.attproj_b, Ca);
   }
-  if (s.tp) s.tp->leave_forward(la.res2, la.res2, nc);
+  leave(partial, la.res2, x);
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w,
-                                  p.ln2_b, n, C);
+    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln2), la.ln2_mean, la.ln2_rstd, la.res2,
+                                  p.ln2_w, p.ln2_b, nr, C);
   }
+  gather(la.ln2);
   // c_fc and GELU: one product with GELU in cuBLASLt's epilogue (fch its pre-GELU aux), else
   // the product with the bias epilogue and the GELU kernel.
   bool gelu_fused = false;
@@ -219,10 +243,9 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", F,
                                                  " out=", C); }, 0);
-    block_linear(out, false, rank0 ? la.res2 : nullptr, gelu, p.fcproj_w,
-                 rank0 ? p.fcproj_b : nullptr, n, F, C);
+    partial = row_parallel(out, la.res2, gelu, p.fcproj_w, p.fcproj_b, F);
   }
-  if (s.tp) s.tp->leave_forward(out, out, nc);
+  leave(partial, out, la.res2);
 }
 
 void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
@@ -232,13 +255,17 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   if (!la.bf16) return Ops::gpt2_block_backward(s, p, g, x, dres, la, scratch_in, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f;
-  TRIDENT_CHECK(s.rows() == n, "gpt2_block_backward: the bf16 block under sequence parallelism");
+  const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f, nr = s.rows();
+  TRIDENT_CHECK(nr == n || s.tp, "gpt2_block_backward: sequence parallelism without collectives");
   if (n <= 0) return;
-  // TP (no SP): dres is every rank's whole gradient (leave's adjoint is the identity); the
-  // LayerNorms' input gradients are fp32 partials, summed by enter_backward (an allreduce).
-  const std::int64_t nc = std::int64_t(n) * C;
-  auto summed = [&](float* partial) { return s.tp ? s.tp->enter_backward(partial, nc) : partial; };
+  // TP: the residual gradient of every row (leave_backward: dres itself without SP, else
+  // all-gathered); the LayerNorms' input gradients are fp32 partials of every row, summed by
+  // enter_backward (an allreduce, or under SP a reduce-scatter into the local rows).
+  const std::int64_t local_n = std::int64_t(nr) * C;
+  auto summed = [&](float* partial) {
+    return s.tp ? s.tp->enter_backward(partial, local_n) : partial;
+  };
+  auto whole = [&](const float* d) { return s.tp ? s.tp->leave_backward(d, local_n) : d; };
   const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   const std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
   // The model's scratch, as bf16 where a product reads it: dres16 [N,C] in dbuf until the
@@ -256,8 +283,9 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   };
   // c_proj of the MLP: dres16 (+ its bias gradient), d gelu16, its weight gradient
   {
+    const float* dall = whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
-    launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dres, n, C);
+    launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dall, n, C);
   }
   // d gelu and GELU's backward: one product with cuBLASLt's DGELU_BGRAD epilogue (reading fch,
   // writing dfch16 and c_fc's bias gradient, which it overwrites: into scratch, then added;
@@ -318,11 +346,12 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   // fch is read for the last time above: w->dfch may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dfch, dfch16, std::int64_t(n) * F);
   layernorm_backward(dres, g.ln2_w, g.ln2_b, summed(dln), la.res2, p.ln2_w, la.ln2_mean,
-                     la.ln2_rstd, n, C);
+                     la.ln2_rstd, nr, C);
   // Attention's c_proj, attention, c_attn
   {
+    const float* dall = whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
-    launch_to_bf16_colsum(stream_, dres16, g.attproj_b, partial(C), dres, n, C);
+    launch_to_bf16_colsum(stream_, dres16, g.attproj_b, partial(C), dall, n, C);
   }
   std::uint16_t* datty16 = dact16;
   {
@@ -350,7 +379,7 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   // qkv is read for the last time by attention's backward: w->dqkv may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * C3);
   layernorm_backward(dres, g.ln1_w, g.ln1_b, summed(dln), x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
-                     n, C);
+                     nr, C);
 }
 
 void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
