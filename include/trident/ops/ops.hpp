@@ -327,6 +327,15 @@ class Ops {
     int f = 0;         // MLP columns (gate | up: 2f)
     float eps = 0.0f;  // RMSNorm's
     float theta = 0.0f;  // RoPE's base
+    // TP (as Gpt2BlockShape's): this rank's query columns (0: c), its k (and v) columns of
+    // [q k v] (0: nkv heads'; more where every kv head is replicated here, n_kv_head < tp),
+    // the first of them its query heads read, local residual rows (0: b * t), collectives
+    // (null: TP 1).
+    int ca = 0;
+    int kv_cols = 0;
+    int kv_head0 = 0;
+    int nr = 0;
+    BlockCollectives* tp = nullptr;
   };
   struct LlamaBlockParams {
     // [C] [C+2kv, C] [C, C] [C] [2F, C] [C, F]
@@ -520,9 +529,11 @@ inline Ops::AttentionShape attention_shape_llama(const Ops::LlamaBlockShape& b) 
   s.t = b.t;
   s.nh = b.nh;
   s.nkv = b.nkv;
-  s.hs = b.nh > 0 ? b.c / b.nh : 0;
-  s.ld_q = s.ld_k = s.ld_v = b.c + 2 * std::int64_t(b.nkv) * s.hs;
-  s.ld_o = b.c;
+  const int ca = b.ca ? b.ca : b.c;  // TP: this rank's query columns
+  s.hs = b.nh > 0 ? ca / b.nh : 0;
+  const std::int64_t kv_cols = b.kv_cols ? b.kv_cols : std::int64_t(b.nkv) * s.hs;
+  s.ld_q = s.ld_k = s.ld_v = ca + 2 * kv_cols;
+  s.ld_o = ca;
   return s;
 }
 

@@ -405,6 +405,7 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
   if (!la.bf16) return Ops::llama_block_forward(s, p, x, out, la);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_forward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  TRIDENT_CHECK(!s.tp, "llama_block_forward: the bf16 Llama block under TP");
   const int n = s.b * s.t, C = s.c, F = s.f;
   if (n <= 0) return;
   const AttentionShape att = attention_shape_llama(s);
@@ -457,6 +458,7 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
   if (!la.bf16) return Ops::llama_block_backward(s, p, g, x, dres, la, scratch_in, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  TRIDENT_CHECK(!s.tp, "llama_block_backward: the bf16 Llama block under TP");
   const int n = s.b * s.t, C = s.c, F = s.f;
   if (n <= 0) return;
   const AttentionShape att = attention_shape_llama(s);
