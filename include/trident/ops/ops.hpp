@@ -316,8 +316,9 @@ class Ops {
   // ---- coarse ops: Llama's whole block on one rank (ops/fused_block.cpp) ----------------
   //   res2 = x + o(attention(rope([q k v](rmsnorm(x)))))     grouped-query attention
   //   out  = res2 + down(swiglu([gate up](rmsnorm(res2))))
-  // The same contract as the GPT-2 block's (the plain case only; the default runs exactly
-  // model::LlamaBlock's fine ops at TP 1). Weights are [out, in] (y = x @ W^T), no biases.
+  // The same contract as the GPT-2 block's (any TP and SP through the shape's collectives; the
+  // default runs exactly model::LlamaBlock's fine ops). Weights are [out, in] (y = x @ W^T),
+  // no biases. CUDA's bf16 Llama block: TP 1 only (stores_fused_block).
   // gpt2_block_stash_bf16() says whether the backend keeps this block's stash as bf16 too.
   struct LlamaBlockShape {
     int b = 0, t = 0;
