@@ -111,6 +111,20 @@ LAYOUTS = {
                                         "parallel.recompute=full"]),
     "llama-pp2-zb-v-full": (LLAMA, 2, ["parallel.pp=2", "parallel.vpp=2", "parallel.schedule=zb-v",
                                        "parallel.recompute=full"]),
+    # GPT-2's coarse block ops under TP (and SP): the default composition's collectives.
+    "gpt2-tp2": (GPT2, 2, ["parallel.tp=2"]),
+    "gpt2-tp2-recompute-full": (GPT2, 2, ["parallel.tp=2", "parallel.recompute=full"]),
+    "gpt2-tp2-sp-recompute-full": (GPT2, 2, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                             "parallel.recompute=full"]),
+    "gpt2-tp2-dp2-zero1": (GPT2, 4, ["parallel.tp=2", "parallel.dp=2", "parallel.zero_stage=1"]),
+    "gpt2-tp2-pp2-zb-h1": (GPT2, 4, ["parallel.tp=2", "parallel.pp=2", "parallel.schedule=zb-h1"]),
+    # Llama's the same way: kv heads split over TP (n_kv_head 2) and replicated (the deck's 1).
+    "llama-tp2-kv2": (LLAMA, 2, ["parallel.tp=2", "model.n_kv_head=2"]),
+    "llama-tp2-sp-kv2": (LLAMA, 2, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                    "model.n_kv_head=2"]),
+    "llama-tp2-pp2-zb-v-full": (LLAMA, 4, ["parallel.tp=2", "parallel.pp=2", "parallel.vpp=2",
+                                           "parallel.schedule=zb-v", "parallel.recompute=full"]),
+    "llama-tp2-recompute-full": (LLAMA, 2, ["parallel.tp=2", "parallel.recompute=full"]),
 }
 
 

@@ -81,6 +81,25 @@ void Block::leave(float* partial, float* y, int n, int out) {
   tpm_.leave_forward(partial, y, tpm_.local_rows(n) * out);
 }
 
+float* Block::TpCollectives::local_part(float* full, std::int64_t local_n) {
+  return ctx.tpm.local_part(full, local_n);
+}
+void Block::TpCollectives::enter_forward(float* full, std::int64_t local_n) {
+  ctx.tpm.enter_forward(full, local_n);
+}
+float* Block::TpCollectives::partial_of(float* y) {
+  return ctx.tpm.sequence_parallel() ? ctx.full : y;
+}
+void Block::TpCollectives::leave_forward(float* partial, float* local, std::int64_t local_n) {
+  ctx.tpm.leave_forward(partial, local, local_n);
+}
+const float* Block::TpCollectives::enter_backward(float* dfull, std::int64_t local_n) {
+  return ctx.tpm.enter_backward(dfull, ctx.local, local_n);
+}
+const float* Block::TpCollectives::leave_backward(const float* dlocal, std::int64_t local_n) {
+  return ctx.tpm.leave_backward(dlocal, ctx.full, local_n);
+}
+
 // decode's scratch: one token's activations in LayerActivations' order, then the scores.
 std::int64_t Block::decode_scratch_floats() const {
   return 3 * d_.C + 4 + d_.C3 + d_.Ca + d_.F1 + d_.F +

@@ -4,12 +4,13 @@
 // TP: c_attn and c_fc are column-parallel (enter), the c_projs row-parallel (leave), their
 // biases added once (TP rank 0, before the reduction).
 //
-// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache) the
-// block is one coarse op, Ops::gpt2_block_forward / backward (with a W stash: the split
-// backward's B) / backward_weights (its W), whose default (ops/fused_block.cpp) is this same
-// composition at TP 1 and which a backend may fuse (CUDA under bf16: bf16 activations
-// inside, la.bf16). The composition stays here for the TP, SP, context-parallel and cached
-// cases the op does not take; the two sequences must stay the same.
+// Training's forward, backward (with a W stash: the split backward's B) and weight pass (its
+// W) are the coarse ops Ops::gpt2_block_forward / backward / backward_weights at any TP, with
+// or without SP (coarse_op(): no context parallelism): their default (ops/fused_block.cpp) is
+// THE block's sequence, the TP mappings passed as its collectives (Block::TpCollectives), and
+// a backend may fuse it (CUDA under bf16: bf16 activations inside, la.bf16). The composition
+// below stays only for what the op does not take: the key-value-cache step (decode) and
+// context parallelism (ring / Ulysses attention); it must stay the op's sequence.
 #include "trident/model/gpt2_block.hpp"
 
 #include "trident/core/error.hpp"
@@ -49,7 +50,7 @@ ops::Ops::BlockWStash coarse(const LayerGradStash& st) { return {st.dfch, st.dqk
 
 void Gpt2Block::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
                         int b, int t) {
-  if (plain()) return ops_.gpt2_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
+  if (coarse_op()) return ops_.gpt2_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
   TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   run(p, x, out, la, b, t, nullptr);
 }
@@ -92,7 +93,7 @@ void Gpt2Block::recompute(LayerActivations& la) {
 
 void Gpt2Block::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                          LayerActivations& la, LayerGradStash* stash) {
-  if (plain()) {
+  if (coarse_op()) {
     const ops::Ops::BlockWStash w = stash ? coarse(*stash) : ops::Ops::BlockWStash{};
     return ops_.gpt2_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres,
                                     coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact},
@@ -142,7 +143,7 @@ void Gpt2Block::backward(const BlockParams& p, const BlockParams& g, const float
 // stashed.
 void Gpt2Block::backward_weights(const BlockParams& p, const BlockParams& g,
                                  const LayerActivations& la, const LayerGradStash& st) {
-  if (plain())
+  if (coarse_op())
     return ops_.gpt2_block_backward_weights(block_shape(B_, T_), coarse(p), coarse(g),
                                             coarse(la), coarse(st));
   TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");

@@ -13,12 +13,13 @@
 // query heads read one: the k/v weights' gradients are then partial on each rank (only its
 // query heads' share) and GptChunk::reduce_param_grads sums them over TP once per step.
 //
-// On one rank's plain case (plain(): TP 1, no context parallelism, no key-value cache) the
-// block is one coarse op, Ops::llama_block_forward / backward (with a W stash: the split
-// backward's B) / backward_weights (its W), whose default (ops/fused_block.cpp) is this same
-// composition at TP 1 and which a backend may fuse (CUDA under bf16: bf16 activations
-// inside, la.bf16). The composition stays here for the other cases; the two sequences must
-// stay the same.
+// Training's forward, backward (with a W stash: the split backward's B) and weight pass (its
+// W) are the coarse ops Ops::llama_block_forward / backward / backward_weights at any TP, with
+// or without SP (coarse_op(): no context parallelism), the TP mappings passed as their
+// collectives: their default (ops/fused_block.cpp) is THE block's sequence, which a backend
+// may fuse (CUDA under bf16 at TP 1: bf16 activations inside, la.bf16). The composition here
+// stays only for decode (the key-value cache) and context parallelism; it must stay the op's
+// sequence.
 #include "trident/model/llama_block.hpp"
 
 #include "trident/core/error.hpp"
@@ -78,7 +79,7 @@ void LlamaBlock::attend(LayerActivations& la, int b, int t) {
   attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_, attention_shape(b, t));
 }
 
-ops::Ops::LlamaBlockShape LlamaBlock::block_shape(int b, int t) const {
+ops::Ops::LlamaBlockShape LlamaBlock::block_shape(int b, int t) {
   ops::Ops::LlamaBlockShape s;
   s.b = b;
   s.t = t;
@@ -88,6 +89,11 @@ ops::Ops::LlamaBlockShape LlamaBlock::block_shape(int b, int t) const {
   s.f = F_;
   s.eps = float(cfg_.norm_eps);
   s.theta = float(cfg_.rope_theta);
+  s.ca = Ca_;
+  s.kv_cols = kv_cols_;
+  s.kv_head0 = kv_head0_;
+  s.nr = int(tpm_.local_rows(std::int64_t(b) * t));
+  s.tp = ctx_.tp_size > 1 ? &collectives_ : nullptr;
   return s;
 }
 
@@ -104,7 +110,7 @@ ops::Ops::BlockWStash coarse(const LayerGradStash& st) { return {st.dfch, st.dqk
 
 void LlamaBlock::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
                          int b, int t) {
-  if (plain()) return ops_.llama_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
+  if (coarse_op()) return ops_.llama_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
   TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   run(p, x, out, la, b, t, nullptr);
 }
@@ -155,7 +161,7 @@ void LlamaBlock::recompute(LayerActivations& la) {
 
 void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                           LayerActivations& la, LayerGradStash* stash) {
-  if (plain()) {
+  if (coarse_op()) {
     const ops::Ops::BlockWStash w = stash ? coarse(*stash) : ops::Ops::BlockWStash{};
     return ops_.llama_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres,
                                      coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact},
@@ -210,7 +216,7 @@ void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const floa
 // stashed.
 void LlamaBlock::backward_weights(const BlockParams& p, const BlockParams& g,
                                   const LayerActivations& la, const LayerGradStash& st) {
-  if (plain())
+  if (coarse_op())
     return ops_.llama_block_backward_weights(block_shape(B_, T_), coarse(p), coarse(g),
                                              coarse(la), coarse(st));
   TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");

@@ -165,7 +165,9 @@ def main():
     # tensor (a layer's GELU output left from another layer) moves the curve 7.4e-3. The
     # zero-bubble split backward unpacks every layer twice (B and W), and sequence
     # parallelism stashes rows of two sizes; Llama's MLP stashes gate | up: each 6 steps
-    # against the CPU in the same layout.
+    # against the CPU in the same layout. TP 2 (alone, with SP, x pp 2, x pp 2 under zb-v with
+    # and without SP) runs GPT-2's fused block with its collectives: against the CPU and the
+    # serial bf16 run.
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
         cpu20, = t.train(1, "cpu-20", sets=twenty)
@@ -187,12 +189,18 @@ def main():
               ("llama-pp2-zb", 2, [*llama, "parallel.pp=2", *zb_h1]),
               ("llama-pp2-zbv", 2, [*llama, "parallel.pp=2", *zb_v]),
               ("llama-pp2-zbv-full", 2, [*llama, "parallel.pp=2", *zb_v,
-                                         'parallel.recompute="full"'])]
+                                         'parallel.recompute="full"']),
+              # GPT-2's fused block under TP (c_projs' partials with the residual and bias
+              # on TP rank 0 only, allreduced; the LayerNorms' input gradients allreduced)
+              # and SP (bf16 LayerNorm rows all-gathered, partials reduce-scattered).
+              ("tp2xpp2-zbv", 4, ["parallel.tp=2", "parallel.pp=2", *zb_v]),
+              ("tp2xpp2-sp-zbv", 4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                     "parallel.pp=2", *zb_v])]
         for lname, np_, sets in zb:
             cpu_curves[lname], = t.train(np_, f"cpu-{lname}", sets=sets)
         bf16_curves = {}
         for lname, np_, sets in [("serial", 1, [])] + \
-                [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp")] + \
+                [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp", "tp2", "tp2xpp2")] + \
                 [("llama", 1, llama)] + zb + tc:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
             bf16_curves[lname] = got
@@ -206,7 +214,10 @@ def main():
         # stash moves the curve far more (the fp32 CPU check above fails it at 1e-3).
         for lname, serial in (("pp2-zb", "serial"), ("pp2-zbv", "serial"),
                               ("pp2-zb-full", "serial"), ("llama-pp2-zb", "llama"),
-                              ("llama-pp2-zbv", "llama"), ("llama-pp2-zbv-full", "llama")):
+                              ("llama-pp2-zbv", "llama"), ("llama-pp2-zbv-full", "llama"),
+                              ("tp2", "serial"), ("tp2xpp2", "serial"),
+                              ("tp2xpp2-zbv", "serial"), ("tp2-sp", "serial"),
+                              ("tp2xpp2-sp-zbv", "serial")):
             ref = bf16_curves[serial]
             rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
             t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
@@ -231,7 +242,10 @@ def main():
                                      ("llama-", 1, [*gpipe, 'model.arch="llama"',
                                                     "model.n_kv_head=2"]),
                                      ("zbv-", 2, ["parallel.pp=2", "parallel.vpp=2",
-                                                  'parallel.schedule="zb-v"'])):
+                                                  'parallel.schedule="zb-v"']),
+                                     ("tp2-", 2, [*gpipe, "parallel.tp=2"]),
+                                     ("tp2-sp-", 2, [*gpipe, "parallel.tp=2",
+                                                     "parallel.sequence_parallel=true"])):
             mem = {}
             for p in ("fp32", "bf16"):
                 t.train(np_, f"mem-{arch}{p}", sets=[*two, *arch_sets, *device_sets(p)])

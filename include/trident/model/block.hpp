@@ -183,6 +183,19 @@ class Block {
   const ModelConfig& cfg_;
   ops::Ops& ops_;
   parallel::TpMappings& tpm_;
+  // The TP mappings as the coarse block ops take them (over tpm_, SP's scratch full and local),
+  // so that device buffers go through the same communicator paths as the composition's.
+  struct TpCollectives final : ops::Ops::BlockCollectives {
+    explicit TpCollectives(const BlockContext& c) : ctx(c) {}
+    float* local_part(float* full, std::int64_t local_n) override;
+    void enter_forward(float* full, std::int64_t local_n) override;
+    float* partial_of(float* y) override;
+    void leave_forward(float* partial, float* local, std::int64_t local_n) override;
+    const float* enter_backward(float* dfull, std::int64_t local_n) override;
+    const float* leave_backward(const float* dlocal, std::int64_t local_n) override;
+    const BlockContext& ctx;
+  };
+  TpCollectives collectives_{ctx_};
   const ChunkDims d_;
   // Shorthands (the kernels take int).
   const int tp_rank_, B_, T_, C_, NH_, Ca_, C3_, F_, F1_, Nr_;

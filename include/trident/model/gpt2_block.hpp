@@ -36,10 +36,13 @@ class Gpt2Block final : public Block {
   void run(const BlockParams& p, const float* x, float* out, LayerActivations& la, int b, int t,
            const KvCache* cache);
   void attend(LayerActivations& la, int b, int t);  // la.atty, la.lse from la.qkv
-  // The whole block on this rank (TP 1, no context parallelism): Ops::gpt2_block_forward /
-  // backward / backward_weights run it (a backend may fuse it); else the composition below.
-  bool plain() const { return ctx_.tp_size == 1 && !ring_ && !ulysses_; }
-  ops::Ops::Gpt2BlockShape block_shape(int b, int t) const { return {b, t, C_, NH_, F_}; }
+  // No context parallelism (any TP, SP): Ops::gpt2_block_forward / backward /
+  // backward_weights run the block (a backend may fuse it); else the composition below.
+  bool coarse_op() const { return !ring_ && !ulysses_; }
+  ops::Ops::Gpt2BlockShape block_shape(int b, int t) {
+    return {b,   t, C_, NH_, F_, Ca_, tp_rank_, int(tpm_.local_rows(std::int64_t(b) * t)),
+            ctx_.tp_size > 1 ? &collectives_ : nullptr};
+  }
   // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
   void row_parallel(float* y, const float* x, const float* w, const float* bias, int n, int in);
 };

@@ -39,11 +39,11 @@ class LlamaBlock final : public Block {
   // Attention's view of this rank's qkv rows (row stride C3): q at column 0, k and v at the
   // kv head its query heads read first.
   ops::Ops::AttentionShape attention_shape(int b, int t) const;
-  // The whole block on this rank (TP 1, no context parallelism): Ops::llama_block_forward /
-  // backward / backward_weights run it (a backend may fuse it); else the composition in
+  // No context parallelism (any TP, SP): Ops::llama_block_forward / backward /
+  // backward_weights run the block (a backend may fuse it); else the composition in
   // llama_block.cpp.
-  bool plain() const { return ctx_.tp_size == 1 && !ring_ && !ulysses_; }
-  ops::Ops::LlamaBlockShape block_shape(int b, int t) const;
+  bool coarse_op() const { return !ring_ && !ulysses_; }
+  ops::Ops::LlamaBlockShape block_shape(int b, int t);
   // Row-parallel linear y = x @ W^T over n full rows (no bias), summed over TP into y.
   void row_parallel(float* y, const float* x, const float* w, int n, int in);
 

@@ -222,16 +222,47 @@ class Ops {
   // ---- coarse ops: GPT-2's whole block on one rank (ops/fused_block.cpp) ----------------
   //   res2 = x + c_proj(attention(c_attn(ln_1(x))))
   //   out  = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-  // The plain case only: the whole block on this rank (no TP split, no context-parallel
-  // attention, no key-value cache); the model composes the fine ops itself otherwise. The
-  // default runs exactly the fine ops in model::Gpt2Block's order (the CPU backends' results
-  // are the composition's bit for bit); a backend may fuse them (CUDA under bf16: bf16
-  // activations inside, residual adds and LayerNorms fused; cuda_ops.hpp).
+  // Training's block at any TP (below), without context-parallel attention or a key-value
+  // cache (the model composes the fine ops itself there). The default runs exactly the fine
+  // ops in model::Gpt2Block's order (the CPU backends' results are the composition's bit for
+  // bit); a backend may fuse them (CUDA under bf16: bf16 activations inside, residual adds and
+  // LayerNorms fused; cuda_ops.hpp; TP without SP).
+  //
+  // Tensor (and sequence) parallelism: the shape's tp names the collectives the model runs
+  // between the products (BlockCollectives, over its TP group); c_attn and c_fc are then
+  // column-parallel (ca attention columns and f MLP columns here), the c_projs row-parallel
+  // (fp32 partials, their biases added on tp_rank 0 only, summed by leave_forward), and under
+  // SP the residual stream holds nr of the n rows. The default composition is then THE
+  // sequence for TP and SP too (model::Gpt2Block composes only decode and context
+  // parallelism itself).
+  struct BlockCollectives {
+    virtual ~BlockCollectives() = default;
+    // Where a LayerNorm writes its local rows inside the full [N,C] buffer (full itself
+    // without SP), and the full rows from every rank's local rows (SP: all-gather; else none).
+    virtual float* local_part(float* full, std::int64_t local_n) = 0;
+    virtual void enter_forward(float* full, std::int64_t local_n) = 0;
+    // Where a row-parallel product's partial of y goes (y itself without SP), and the sum of
+    // every rank's partial into this rank's local rows of y (allreduce / reduce-scatter).
+    virtual float* partial_of(float* y) = 0;
+    virtual void leave_forward(float* partial, float* local, std::int64_t local_n) = 0;
+    // The adjoints: the local rows' gradient from the partial full-row gradients (dfull
+    // itself, reduced in place, without SP) and the full rows' gradient from the local rows'.
+    virtual const float* enter_backward(float* dfull, std::int64_t local_n) = 0;
+    virtual const float* leave_backward(const float* dlocal, std::int64_t local_n) = 0;
+  };
   struct Gpt2BlockShape {
     int b = 0, t = 0;
     int c = 0;   // channels
-    int nh = 0;  // heads (hs = c / nh)
-    int f = 0;   // MLP columns
+    int nh = 0;  // heads here (hs = ca / nh)
+    int f = 0;   // MLP columns here
+    // TP: this rank's attention columns (0: c), rank, local residual rows (0: b * t) and
+    // collectives (null: one rank, TP 1).
+    int ca = 0;
+    int tp_rank = 0;
+    int nr = 0;
+    BlockCollectives* tp = nullptr;
+    int attn_c() const { return ca ? ca : c; }
+    int rows() const { return nr ? nr : b * t; }
   };
   // The block's parameters (weights), or their gradients (ACCUMULATED, as linear_backward).
   struct Gpt2BlockParams {
@@ -285,8 +316,9 @@ class Ops {
   // ---- coarse ops: Llama's whole block on one rank (ops/fused_block.cpp) ----------------
   //   res2 = x + o(attention(rope([q k v](rmsnorm(x)))))     grouped-query attention
   //   out  = res2 + down(swiglu([gate up](rmsnorm(res2))))
-  // The same contract as the GPT-2 block's (the plain case only; the default runs exactly
-  // model::LlamaBlock's fine ops at TP 1). Weights are [out, in] (y = x @ W^T), no biases.
+  // The same contract as the GPT-2 block's (any TP and SP through the shape's collectives; the
+  // default runs exactly model::LlamaBlock's fine ops). Weights are [out, in] (y = x @ W^T),
+  // no biases. CUDA's bf16 Llama block: TP 1 only (stores_fused_block).
   // gpt2_block_stash_bf16() says whether the backend keeps this block's stash as bf16 too.
   struct LlamaBlockShape {
     int b = 0, t = 0;
@@ -296,6 +328,15 @@ class Ops {
     int f = 0;         // MLP columns (gate | up: 2f)
     float eps = 0.0f;  // RMSNorm's
     float theta = 0.0f;  // RoPE's base
+    // TP (as Gpt2BlockShape's): this rank's query columns (0: c), its k (and v) columns of
+    // [q k v] (0: nkv heads'; more where every kv head is replicated here, n_kv_head < tp),
+    // the first of them its query heads read, local residual rows (0: b * t), collectives
+    // (null: TP 1).
+    int ca = 0;
+    int kv_cols = 0;
+    int kv_head0 = 0;
+    int nr = 0;
+    BlockCollectives* tp = nullptr;
   };
   struct LlamaBlockParams {
     // [C] [C+2kv, C] [C, C] [C] [2F, C] [C, F]
@@ -489,9 +530,11 @@ inline Ops::AttentionShape attention_shape_llama(const Ops::LlamaBlockShape& b) 
   s.t = b.t;
   s.nh = b.nh;
   s.nkv = b.nkv;
-  s.hs = b.nh > 0 ? b.c / b.nh : 0;
-  s.ld_q = s.ld_k = s.ld_v = b.c + 2 * std::int64_t(b.nkv) * s.hs;
-  s.ld_o = b.c;
+  const int ca = b.ca ? b.ca : b.c;  // TP: this rank's query columns
+  s.hs = b.nh > 0 ? ca / b.nh : 0;
+  const std::int64_t kv_cols = b.kv_cols ? b.kv_cols : std::int64_t(b.nkv) * s.hs;
+  s.ld_q = s.ld_k = s.ld_v = ca + 2 * kv_cols;
+  s.ld_o = ca;
   return s;
 }
 

@@ -161,34 +161,63 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   if (!la.bf16) return Ops::gpt2_block_forward(s, p, x, out, la);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_forward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  const int n = s.b * s.t, C = s.c, F = s.f;
+  const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f, nr = s.rows();
+  const bool sp = nr != n;
+  const std::int64_t local_n = std::int64_t(nr) * C;  // the residual stream's floats here
+  TRIDENT_CHECK(!sp || (s.tp && local_n % 2 == 0), "gpt2_block_forward: the bf16 block under "
+                "sequence parallelism needs its collectives and an even rows x channels");
   if (n <= 0) return;
+  // TP: without SP the c_projs' partials hold the residual and the bias on rank 0 only (beta 0
+  // elsewhere), so that the sum over TP (leave_forward: an allreduce) adds them once. Under SP
+  // the partial (full rows, the bias on rank 0) is reduce-scattered into the local rows, then
+  // the residual added.
+  const bool rank0 = s.tp_rank == 0;
+  auto row_parallel = [&](float* y, const float* residual, const void* in16, const float* w,
+                          const float* bias, int in) {
+    float* partial = s.tp ? s.tp->partial_of(y) : y;  // y itself without SP
+    block_linear(partial, false, rank0 && !sp ? residual : nullptr, in16, w,
+                 rank0 ? bias : nullptr, n, in, C);
+    return partial;
+  };
+  auto leave = [&](float* partial, float* y, const float* residual) {  // outside the op's timer
+    if (!s.tp) return;
+    s.tp->leave_forward(partial, y, local_n);
+    if (sp) add(y, y, residual, local_n);
+  };
+  // A LayerNorm's bf16 output: this rank's rows, then under SP every rank's, all-gathered as
+  // bytes (bf16 pairs moved as floats: a gather does no arithmetic).
+  auto norm_rows = [&](float* full) {
+    return bf(s.tp ? s.tp->local_part(full, local_n / 2) : full);
+  };
+  auto gather = [&](float* full) { if (sp) s.tp->enter_forward(full, local_n / 2); };
   std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
+  float* partial = nullptr;
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, ln1, la.ln1_mean, la.ln1_rstd, x, p.ln1_w, p.ln1_b, n,
-                                  C);
+    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln1), la.ln1_mean, la.ln1_rstd, x,
+                                  p.ln1_w, p.ln1_b, nr, C);
   }
+  gather(la.ln1);
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
-                                                 " out=", 3 * C); }, 0);
-    block_linear(qkv, true, nullptr, ln1, p.qkv_w, p.qkv_b, n, C,
-                 3 * C);
+                                                 " out=", 3 * Ca); }, 0);
+    block_linear(qkv, true, nullptr, ln1, p.qkv_w, p.qkv_b, n, C, 3 * Ca);
   }
-  const AttentionShape att = attention_shape_qkv(s.b, s.t, C, s.nh);
-  attention_forward_bf16(atty, la.lse, qkv, qkv + C, qkv + 2 * C, att);
+  const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
+  attention_forward_bf16(atty, la.lse, qkv, qkv + Ca, qkv + 2 * Ca, att);
   {  // res2 = x + atty @ w + b: the residual as the product's C (x is not read after it)
-    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", C,
-                                                 " out=", C); }, 0);
-    block_linear(la.res2, false, x, atty, p.attproj_w, p.attproj_b, n, C,
-                 C);
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=",
+                                                 Ca, " out=", C); }, 0);
+    partial = row_parallel(la.res2, x, atty, p.attproj_w, p.attproj_b, Ca);
   }
+  leave(partial, la.res2, x);
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, ln2, la.ln2_mean, la.ln2_rstd, la.res2, p.ln2_w,
-                                  p.ln2_b, n, C);
+    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln2), la.ln2_mean, la.ln2_rstd, la.res2,
+                                  p.ln2_w, p.ln2_b, nr, C);
   }
+  gather(la.ln2);
   // c_fc and GELU: one product with GELU in cuBLASLt's epilogue (fch its pre-GELU aux), else
   // the product with the bias epilogue and the GELU kernel.
   bool gelu_fused = false;
@@ -214,9 +243,9 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", F,
                                                  " out=", C); }, 0);
-    block_linear(out, false, la.res2, gelu, p.fcproj_w, p.fcproj_b, n, F,
-                 C);
+    partial = row_parallel(out, la.res2, gelu, p.fcproj_w, p.fcproj_b, F);
   }
+  leave(partial, out, la.res2);
 }
 
 void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
@@ -226,8 +255,17 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   if (!la.bf16) return Ops::gpt2_block_backward(s, p, g, x, dres, la, scratch_in, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  const int n = s.b * s.t, C = s.c, F = s.f;
+  const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f, nr = s.rows();
+  TRIDENT_CHECK(nr == n || s.tp, "gpt2_block_backward: sequence parallelism without collectives");
   if (n <= 0) return;
+  // TP: the residual gradient of every row (leave_backward: dres itself without SP, else
+  // all-gathered); the LayerNorms' input gradients are fp32 partials of every row, summed by
+  // enter_backward (an allreduce, or under SP a reduce-scatter into the local rows).
+  const std::int64_t local_n = std::int64_t(nr) * C;
+  auto summed = [&](float* partial) {
+    return s.tp ? s.tp->enter_backward(partial, local_n) : partial;
+  };
+  auto whole = [&](const float* d) { return s.tp ? s.tp->leave_backward(d, local_n) : d; };
   const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   const std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
   // The model's scratch, as bf16 where a product reads it: dres16 [N,C] in dbuf until the
@@ -245,8 +283,9 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   };
   // c_proj of the MLP: dres16 (+ its bias gradient), d gelu16, its weight gradient
   {
+    const float* dall = whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
-    launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dres, n, C);
+    launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dall, n, C);
   }
   // d gelu and GELU's backward: one product with cuBLASLt's DGELU_BGRAD epilogue (reading fch,
   // writing dfch16 and c_fc's bias gradient, which it overwrites: into scratch, then added;
@@ -306,38 +345,41 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   }
   // fch is read for the last time above: w->dfch may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dfch, dfch16, std::int64_t(n) * F);
-  layernorm_backward(dres, g.ln2_w, g.ln2_b, dln, la.res2, p.ln2_w, la.ln2_mean, la.ln2_rstd, n,
-                     C);
+  layernorm_backward(dres, g.ln2_w, g.ln2_b, summed(dln), la.res2, p.ln2_w, la.ln2_mean,
+                     la.ln2_rstd, nr, C);
   // Attention's c_proj, attention, c_attn
   {
+    const float* dall = whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
-    launch_to_bf16_colsum(stream_, dres16, g.attproj_b, partial(C), dres, n, C);
+    launch_to_bf16_colsum(stream_, dres16, g.attproj_b, partial(C), dall, n, C);
   }
   std::uint16_t* datty16 = dact16;
   {
-    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", Ca,
                                                  " out=", C); }, 0);
-    gemm_rm16_to16(false, true, n, C, C, dres16, C, block_weight16(p.attproj_w, C, C), C,
-                   datty16, C);
-    gemm_rm16(true, false, C, C, n, 1.0f, atty, C, dres16, C, 1.0f, g.attproj_w, C);
+    gemm_rm16_to16(false, true, n, Ca, C, dres16, C, block_weight16(p.attproj_w, Ca, C), C,
+                   datty16, Ca);
+    gemm_rm16(true, false, Ca, C, n, 1.0f, atty, Ca, dres16, C, 1.0f, g.attproj_w, C);
   }
-  const AttentionShape att = attention_shape_qkv(s.b, s.t, C, s.nh);
-  attention_backward_bf16(dqkv16, dqkv16 + C, dqkv16 + 2 * C, datty16, atty, la.lse, qkv,
-                          qkv + C, qkv + 2 * C, att);
+  const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
+  attention_backward_bf16(dqkv16, dqkv16 + Ca, dqkv16 + 2 * Ca, datty16, atty, la.lse, qkv,
+                          qkv + Ca, qkv + 2 * Ca, att);
+  const int C3 = 3 * Ca;
   {
     OpScope timed(timer_.get(), "block_backward colsum_bf16");
-    launch_colsum_bf16(stream_, g.qkv_b, partial(3 * C), dqkv16, n, 3 * C);
+    launch_colsum_bf16(stream_, g.qkv_b, partial(C3), dqkv16, n, C3);
   }
   {
     OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
-                                                 " out=", 3 * C); }, 0);
-    gemm_rm16(false, true, n, C, 3 * C, 1.0f, dqkv16, 3 * C, block_weight16(p.qkv_w, C, 3 * C),
-              3 * C, 0.0f, dln, C);
-    if (!w) gemm_rm16(true, false, C, 3 * C, n, 1.0f, ln1, C, dqkv16, 3 * C, 1.0f, g.qkv_w, 3 * C);
+                                                 " out=", C3); }, 0);
+    gemm_rm16(false, true, n, C, C3, 1.0f, dqkv16, C3, block_weight16(p.qkv_w, C, C3), C3, 0.0f,
+              dln, C);
+    if (!w) gemm_rm16(true, false, C, C3, n, 1.0f, ln1, C, dqkv16, C3, 1.0f, g.qkv_w, C3);
   }
   // qkv is read for the last time by attention's backward: w->dqkv may be it.
-  if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * 3 * C);
-  layernorm_backward(dres, g.ln1_w, g.ln1_b, dln, x, p.ln1_w, la.ln1_mean, la.ln1_rstd, n, C);
+  if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * C3);
+  layernorm_backward(dres, g.ln1_w, g.ln1_b, summed(dln), x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
+                     nr, C);
 }
 
 void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
@@ -346,7 +388,7 @@ void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2Blo
   if (!la.bf16) return Ops::gpt2_block_backward_weights(s, p, g, la, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_backward_weights: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  const int n = s.b * s.t, C = s.c, F = s.f;
+  const int n = s.b * s.t, C = s.c, C3 = 3 * s.attn_c(), F = s.f;
   if (n <= 0) return;
   {
     OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
@@ -354,9 +396,8 @@ void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2Blo
     gemm_rm16(true, false, C, F, n, 1.0f, bf(la.ln2), C, bf(w.dfch), F, 1.0f, g.fc_w, F);
   }
   OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
-                                               " in=", C, " out=", 3 * C); }, 0);
-  gemm_rm16(true, false, C, 3 * C, n, 1.0f, bf(la.ln1), C, bf(w.dqkv), 3 * C, 1.0f, g.qkv_w,
-            3 * C);
+                                               " in=", C, " out=", C3); }, 0);
+  gemm_rm16(true, false, C, C3, n, 1.0f, bf(la.ln1), C, bf(w.dqkv), C3, 1.0f, g.qkv_w, C3);
 }
 
 void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,
@@ -364,6 +405,7 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
   if (!la.bf16) return Ops::llama_block_forward(s, p, x, out, la);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_forward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  TRIDENT_CHECK(!s.tp, "llama_block_forward: the bf16 Llama block under TP");
   const int n = s.b * s.t, C = s.c, F = s.f;
   if (n <= 0) return;
   const AttentionShape att = attention_shape_llama(s);
@@ -416,6 +458,7 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
   if (!la.bf16) return Ops::llama_block_backward(s, p, g, x, dres, la, scratch_in, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  TRIDENT_CHECK(!s.tp, "llama_block_backward: the bf16 Llama block under TP");
   const int n = s.b * s.t, C = s.c, F = s.f;
   if (n <= 0) return;
   const AttentionShape att = attention_shape_llama(s);

@@ -75,8 +75,17 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_EQ(count.used, (rows * 14 * 32) / 2 + rows * 32 + stats);
   EXPECT_TRUE(la.bf16);
   EXPECT_LT(fused.peak(), packed.peak());
+  // TP 2, with and without SP: GPT-2's fused block takes it, below the packed stash with its
+  // working copy.
+  for (bool sp : {false, true}) {
+    MemoryLayout tp2 = lay, tp2_packed = lay;
+    tp2.tp = tp2_packed.tp = 2;
+    tp2.sequence_parallel = tp2_packed.sequence_parallel = sp;
+    tp2_packed.block_stash_bf16 = false;
+    EXPECT_LT(predict_memory(cfg, tp2).peak(), predict_memory(cfg, tp2_packed).peak()) << sp;
+  }
   // The layouts the fused block does not take: as before.
-  for (auto change : {+[](MemoryLayout& l) { l.tp = 2; }, +[](MemoryLayout& l) { l.cp = 2; }}) {
+  for (auto change : {+[](MemoryLayout& l) { l.cp = 2; }}) {
     MemoryLayout other = lay;
     change(other);
     MemoryLayout unfused = other;
@@ -119,6 +128,9 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1));
   // Llama's block too (Ops::llama_block_*), on the same plain case only.
   EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1, 1));
+  // GPT-2's bf16 block under TP (and SP: its collectives), not under context parallelism.
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 2, 1));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::gpt2, 1, 2));
   EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2, 1));
   EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 2));
   EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1, 1));
