@@ -56,7 +56,6 @@ namespace {
 cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 std::uint16_t* bf(float* p) { return reinterpret_cast<std::uint16_t*>(p); }
-const std::uint16_t* bf(const float* p) { return reinterpret_cast<const std::uint16_t*>(p); }
 
 // The split backward's B: n bf16 output gradients into the W stash (stream-ordered after their
 // producer and after the last read of what the stash may be, the layer's fch or qkv).

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attention_bf16_access.hpp"
+#include "device_copy.hpp"
 #include "trident/core/error.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
@@ -74,27 +75,6 @@ double maxabs(const V& x) {
   for (float f : x) m = std::max(m, double(std::fabs(f)));
   return m;
 }
-
-// Device copies through the backend's memory (the stand-in checks every pointer a kernel
-// gets is device memory).
-template <typename T>
-struct Dev {
-  Ops& o;
-  T* p;
-  std::size_t n;
-  Dev(Ops& ops, const std::vector<T>& h) : o(ops), n(h.size()) {
-    p = static_cast<T*>(o.memory()->allocate(n * sizeof(T)));
-    o.memory()->to_device(p, h.data(), n * sizeof(T));
-  }
-  ~Dev() { o.memory()->release(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    o.memory()->to_host(h.data(), p, n * sizeof(T));
-    return h;
-  }
-};
 
 struct Case {
   int b, t, nh, nkv, hs;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cuda_ops.hpp"
+#include "device_copy.hpp"
 #include "lt_tune.hpp"
 #include "trident/ops/ops.hpp"
 
@@ -91,25 +92,6 @@ float widen(std::uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-
-template <typename T>
-struct Dev {
-  Ops& o;
-  T* p;
-  std::size_t n;
-  Dev(Ops& ops, const std::vector<T>& h) : o(ops), n(h.size()) {
-    p = static_cast<T*>(o.memory()->allocate(n * sizeof(T)));
-    o.memory()->to_device(p, h.data(), n * sizeof(T));
-  }
-  ~Dev() { o.memory()->release(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    o.memory()->to_host(h.data(), p, n * sizeof(T));
-    return h;
-  }
-};
 
 constexpr int N = 24, IN = 40, OUT = 16;  // OUT: aux's leading dimension, a multiple of 8
 
