@@ -55,6 +55,7 @@ def memory_report(stdout):
 class LayoutTest:
     """A scratch folder $TRIDENT_TEST_OUT/<name> with deck.toml, batch.h5 (gbs x T random
     ids), tokens.h5 (a noisy counter, so training learns) and the serial weights w.h5."""
+    run_timeout = 120  # seconds a run() may take
 
     def __init__(self, name, deck, V, T, gbs, seed):
         self.name = name
@@ -86,11 +87,12 @@ class LayoutTest:
             cmd += ["--set", kv]
         if np_ > 1:
             cmd = ["mpirun", "-np", str(np_), "--oversubscribe", *cmd]
-        p = subprocess.run(cmd, cwd=self.out, capture_output=True, text=True, timeout=120)
+        p = subprocess.run(cmd, cwd=self.out, capture_output=True, text=True,
+                           timeout=self.run_timeout)
         if p.returncode != 0:
             print(p.stdout[-2000:], p.stderr[-2000:])
             sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}")
-        self.last_stdout = p.stdout
+        self.last_stdout, self.last_stderr = p.stdout, p.stderr
 
     def check(self, cond, what):
         print(("ok   " if cond else "FAIL ") + what)

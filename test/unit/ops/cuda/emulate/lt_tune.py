@@ -16,7 +16,6 @@ usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 lt_tune.py (emulate/train.sh)
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -34,17 +33,7 @@ SUMMARY = re.compile(r"cuBLASLt tuning \(TRIDENT_CUDA_LT_TUNE\): (\d+) shape\(s\
 
 
 class Test(lc.LayoutTest):
-    def run(self, np_, *args, sets=()):  # layout_common's, keeping stderr
-        cmd = [lc.TRIDENT, *args]
-        for kv in sets:
-            cmd += ["--set", kv]
-        if np_ > 1:
-            cmd = ["mpirun", "-np", str(np_), "--oversubscribe", *cmd]
-        p = subprocess.run(cmd, cwd=self.out, capture_output=True, text=True, timeout=300)
-        if p.returncode != 0:
-            print(p.stdout[-2000:], p.stderr[-2000:])
-            sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}")
-        self.last_stdout, self.last_stderr = p.stdout, p.stderr
+    run_timeout = 300  # the shim's slow candidates sleep while tuning
 
 
 def train(t, np_, name, env, sets=()):
