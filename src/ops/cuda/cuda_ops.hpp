@@ -336,6 +336,8 @@ class CudaOps final : public Ops {
   // algorithm from the file, else the fastest of the heuristic's `found` candidates, timed on
   // the call's operands (matmul.cpp: lt_choose; beta != 0 times into a scratch D).
   std::unique_ptr<LtTuner> lt_tune_;
+  int lt_heuristic(LtPlan& plan, std::int64_t align_a, std::int64_t align_b,
+                   std::int64_t align_cd, cublasLtMatmulHeuristicResult_t* results);
   void lt_choose(const std::array<std::int64_t, 5>& key, LtPlan& plan, bool d16,
                  const cublasLtMatmulHeuristicResult_t* results, int found, const void* x16,
                  const void* w16, float alpha, float beta, const void* c, void* d,

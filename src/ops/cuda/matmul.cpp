@@ -235,37 +235,12 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
                                                     std::uint64_t(n), in));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d16 ? CUDA_R_16BF : CUDA_R_32F,
                                                     std::uint64_t(out), std::uint64_t(n), out));
-    cublasLtMatmulPreference_t pref = nullptr;
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t workspace = kCublasWorkspaceBytes;
-    const std::uint32_t al_a = std::uint32_t(alignment_of(w16)),
-                        al_b = std::uint32_t(alignment_of(x16)), al_d = std::uint32_t(al_cd);
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                &workspace, sizeof(workspace));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                &al_a, sizeof(al_a));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                &al_b, sizeof(al_b));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                &al_d, sizeof(al_d));
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                &al_d, sizeof(al_d));
     // the heuristic's first, or (TRIDENT_CUDA_LT_TUNE) its candidates for lt_choose
     std::array<cublasLtMatmulHeuristicResult_t, LtTuner::kCandidates> results{};
-    int found = 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
-                                          lt_tune_ ? LtTuner::kCandidates : 1, results.data(),
-                                          &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
-    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
-    plan.algo = results[0].algo;
+    const int found = st == CUBLAS_STATUS_SUCCESS
+                          ? lt_heuristic(plan, alignment_of(w16), alignment_of(x16), al_cd,
+                                         results.data())
+                          : 0;
     it = lt_plans_.emplace(key, plan).first;
     if (plan.ok && lt_tune_)
       lt_choose(key, it->second, d16, results.data(), found, x16, w16, 1.0f, residual ? 1.0f : 0.0f,
@@ -325,28 +300,9 @@ bool CudaOps::gemm_lt16(const ColMajor& g, float alpha, const void* p1, const vo
         std::uint64_t(g.trans2 ? g.k : g.n), g.ld2));
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, std::uint64_t(g.m),
                                                     std::uint64_t(g.n), ldc));
-    cublasLtMatmulPreference_t pref = nullptr;
-    TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t workspace = kCublasWorkspaceBytes;
-    const std::uint32_t al[3] = {std::uint32_t(alignment_of(p1)), std::uint32_t(alignment_of(p2)),
-                                 std::uint32_t(alignment_of(c))};
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-    const cublasLtMatmulPreferenceAttributes_t which[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[std::min(i, 2)],
-                                                sizeof(al[0]));
     std::array<cublasLtMatmulHeuristicResult_t, LtTuner::kCandidates> results{};
-    int found = 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
-                                          LtTuner::kCandidates, results.data(), &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
-    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
-    plan.algo = results[0].algo;
+    const int found =
+        lt_heuristic(plan, alignment_of(p1), alignment_of(p2), alignment_of(c), results.data());
     it = lt_plans_.emplace(key, plan).first;
     if (plan.ok)
       lt_choose(key, it->second, false, results.data(), found, p2, p1, alpha, beta, c, c,
@@ -363,6 +319,34 @@ bool CudaOps::gemm_lt16(const ColMajor& g, float alpha, const void* p1, const vo
   }
   TRIDENT_CUBLAS_CHECK(st);
   return true;
+}
+
+// A new plan's algorithm: the heuristic asked with the workspace and the operands' alignments
+// (C is D's), for its first or (TRIDENT_CUDA_LT_TUNE) up to LtTuner::kCandidates for lt_choose.
+// plan.ok stays false where cuBLASLt declines; any other failure throws. Returns how many it found.
+int CudaOps::lt_heuristic(LtPlan& plan, std::int64_t align_a, std::int64_t align_b,
+                          std::int64_t align_cd, cublasLtMatmulHeuristicResult_t* results) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  TRIDENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t workspace = kCublasWorkspaceBytes;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  const std::uint32_t al[4] = {std::uint32_t(align_a), std::uint32_t(align_b),
+                               std::uint32_t(align_cd), std::uint32_t(align_cd)};
+  const cublasLtMatmulPreferenceAttributes_t which[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof(al[i]));
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
+                                        lt_tune_ ? LtTuner::kCandidates : 1, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS && !lt_declined(st)) TRIDENT_CUBLAS_CHECK(st);
+  plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
+  plan.algo = results[0].algo;
+  return plan.ok ? found : 0;
 }
 
 // TRIDENT_CUDA_LT_TUNE: the plan's algorithm from the tuner's file, else the fastest candidate
