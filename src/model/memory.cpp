@@ -128,6 +128,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   }
   const bool head = std::any_of(chunks.begin(), chunks.end(),
                                 [](const StageLayout& c) { return c.has_head; });
+  const bool embedding = std::any_of(chunks.begin(), chunks.end(),
+                                     [](const StageLayout& c) { return c.has_embedding; });
   int L = 0;  // the largest chunk's layers: the activation slots are sized for it
   for (const StageLayout& c : chunks) L = std::max(L, c.last_layer - c.first_layer);
 
@@ -189,6 +191,9 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       else if (head)
         linear(C, Vl);
     }
+    // The token embedding's backward groups the tokens by row in ints (CudaOps::
+    // embedding_backward: counts, starts and fill per row, two position lists).
+    if (embedding) need = std::max(need, (3 * Vl + 1 + 2 * N) * std::int64_t(sizeof(int)));
     // Attention through a library (cuDNN): the backend's exact bytes for the rank's shape, its
     // heads (key/value heads as ring_floats counts them); Ulysses runs attention over the
     // whole sequence with NH / cp heads.

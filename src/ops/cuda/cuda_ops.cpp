@@ -341,7 +341,13 @@ void CudaOps::embedding_forward(float* x, const std::int32_t* tokens, const floa
 void CudaOps::embedding_backward(float* dwte, const float* dx, const std::int32_t* tokens, int n,
                                  int c, int vocab_start, int v) {
   OpScope timed(timer_.get(), "embedding_backward");
-  launch_embedding_backward(stream_, dwte, dx, tokens, n, c, vocab_start, v);
+  // Grouped by row in scratch (deterministic); the baseline keeps the atomicAdd scatter.
+  int* sort = nullptr;
+  if (!baseline_ && n > 0 && v > 0) {
+    const std::size_t bytes = std::size_t(embedding_backward_scratch_ints(n, v)) * sizeof(int);
+    sort = static_cast<int*>(scratch(aligned_bytes(bytes)).alloc(bytes));
+  }
+  launch_embedding_backward(stream_, dwte, dx, tokens, n, c, vocab_start, v, sort);
 }
 
 void CudaOps::position_forward(float* x, const float* wpe, int b, int t, int c) {

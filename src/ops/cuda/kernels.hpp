@@ -128,9 +128,14 @@ void launch_xent_rescale_sumexp(cudaStream_t s, float* sumexp, const float* shar
 // ---- embedding.cu -----------------------------------------------------------------------
 void launch_embedding_forward(cudaStream_t s, float* x, const std::int32_t* tokens,
                               const float* wte, int n, int c, int vocab_start, int v);
-// atomicAdd scatter: the order of additions into a repeated token's row is not fixed.
+// dwte[tokens[i] - vocab_start] += dx[i] for the tokens in range. With scratch (at least
+// embedding_backward_scratch_ints(n, v) ints of device memory) grouped by row and added in
+// token order: the CPU's bits, run to run. Without (TRIDENT_CUDA_BASELINE): an atomicAdd
+// scatter, whose order of additions into a repeated token's row is not fixed.
 void launch_embedding_backward(cudaStream_t s, float* dwte, const float* dx,
-                               const std::int32_t* tokens, int n, int c, int vocab_start, int v);
+                               const std::int32_t* tokens, int n, int c, int vocab_start, int v,
+                               int* scratch);
+std::int64_t embedding_backward_scratch_ints(int n, int v);
 void launch_position_forward(cudaStream_t s, float* x, const float* wpe, int b, int t, int c);
 // One thread per (t, c), batch walked in order: the CPU's order of additions exactly.
 void launch_position_backward(cudaStream_t s, float* dwpe, const float* dx, int b, int t, int c);

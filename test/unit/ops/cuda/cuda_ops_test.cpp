@@ -515,7 +515,10 @@ void check_embedding(Ops& g, double tol, int n, int c, int vocab_start, int v) {
   FVec got = gdwte.host();
   for (std::size_t j = dwte0.size(); j < got.size(); j++) ASSERT_EQ(got[j], 5.0f) << "wrote past row v";
   got.resize(dwte0.size());
-  EXPECT_TRUE(near(got, dwte, tol)) << "dwte (+=, atomic: order of a repeated row's adds varies)";
+  // Grouped by row, each row's adds in token order: the CPU's bits. The baseline's atomicAdd
+  // scatter adds a repeated row's gradients in no fixed order.
+  const bool atomic = std::getenv("TRIDENT_CUDA_BASELINE") != nullptr;
+  EXPECT_TRUE(near(got, dwte, atomic ? tol : 0.0)) << "dwte (+=)";
 }
 
 void check_position(Ops& g, double, int b, int t, int c) {
@@ -794,7 +797,9 @@ std::vector<CudaCase> cases() {
   for (std::int64_t n : {1, 1000, 3000017})
     cs.push_back({name_of("sum_squares_n%lld", (long long)n), false, false,
                   [=](Ops& g, double tol) { check_sum_squares(g, tol, n); }});
-  const int emb_shapes[][4] = {{9, 5, 10, 6}, {7, 12, 0, 20}, {300, 130, 1000, 57}};
+  // the last: 4100 tokens on 3 rows and out of range (long rows, many blocks)
+  const int emb_shapes[][4] = {
+      {9, 5, 10, 6}, {7, 12, 0, 20}, {300, 130, 1000, 57}, {4100, 40, 5, 3}};
   for (auto& s : emb_shapes)
     cs.push_back({name_of("embedding_n%d_c%d_vs%d_v%d", s[0], s[1], s[2], s[3]), false, false,
                   [=](Ops& g, double tol) { check_embedding(g, tol, s[0], s[1], s[2], s[3]); }});

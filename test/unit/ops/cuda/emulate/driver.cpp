@@ -530,8 +530,20 @@ int main() {
     std::vector<std::int32_t> tok(n); for (auto& t : tok) t = vs - 3 + int(g() % (v + 6)); tok[1] = tok[2] = vs + 1;
     V x(size_t(n) * c), x2(x.size(), 7), dw = dw0, dw2 = dw0;
     cpu->embedding_forward(x.data(), tok.data(), wte.data(), n, c, vs, v); cpu->embedding_backward(dw.data(), dx.data(), tok.data(), n, c, vs, v);
-    launch_embedding_forward(nullptr, x2.data(), tok.data(), wte.data(), n, c, vs, v); launch_embedding_backward(nullptr, dw2.data(), dx.data(), tok.data(), n, c, vs, v);
-    cmp("embedding x", x2, x, 0); cmp("  dwte", dw2, dw, 1e-5);
+    launch_embedding_forward(nullptr, x2.data(), tok.data(), wte.data(), n, c, vs, v); launch_embedding_backward(nullptr, dw2.data(), dx.data(), tok.data(), n, c, vs, v, nullptr);
+    cmp("embedding x", x2, x, 0); cmp("  dwte (atomicAdd, the baseline)", dw2, dw, 1e-5);
+    // Grouped by row: the CPU's order of additions, so its bits. Tokens: the mix above (out of
+    // range too), one row hit by a third of them, every token one row, and n > 4 blocks.
+    for (int mix = 0; mix < 3; mix++) {
+      const int nn = mix == 2 ? 1100 : n;
+      std::vector<std::int32_t> tk(nn);
+      for (int i = 0; i < nn; i++) tk[i] = mix == 0 ? tok[i] : mix == 1 ? (i % 3 ? tok[i] : vs + 5) : vs + 2;
+      V dxx = rnd(size_t(nn) * c), dwa = dw0, dwb = dw0;
+      std::vector<int> sort(size_t(embedding_backward_scratch_ints(nn, v)), -7);
+      cpu->embedding_backward(dwa.data(), dxx.data(), tk.data(), nn, c, vs, v);
+      launch_embedding_backward(nullptr, dwb.data(), dxx.data(), tk.data(), nn, c, vs, v, sort.data());
+      cmp(mix == 0 ? "  dwte by row (mixed tokens)" : mix == 1 ? "  dwte by row (a hot row)" : "  dwte by row (one row only)", dwb, dwa, 0);
+    }
     int b = 4, t = 65; c = 130; V x0 = rnd(size_t(b) * t * c), wpe = rnd(size_t(t) * c), d = rnd(x0.size()), dp0 = rnd(wpe.size());
     V xa = x0, xb = x0, dpa = dp0, dpb = dp0;
     cpu->position_forward(xa.data(), wpe.data(), b, t, c); cpu->position_backward(dpa.data(), d.data(), b, t, c);

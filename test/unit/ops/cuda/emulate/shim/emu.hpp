@@ -121,6 +121,11 @@ inline float atomicAdd(float* p, float v) {  // one OS thread: no other thread c
   *p = old + v;
   return old;
 }
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
 
 template <class K, class... A>
 void emu_launch(K kernel, const char* name, dim3 grid, dim3 block, A... args) {
