@@ -453,7 +453,7 @@ else
     skip racecheck "time budget spent"
   else
     step racecheck timeout "$t" "$sanitizer" --tool racecheck --error-exitcode 99 \
-         "$tests" --gtest_filter="Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*:$tc_flash:CudaOps.LmHead*:CudaFusedBlock.*"
+         "$tests" --gtest_filter="Fp32/*layernorm*:Fp32/*xent*:Fp32/*sum_squares*:Fp32/*embedding*:$tc_flash:CudaOps.LmHead*:CudaFusedBlock.*"
   fi
   t=$(bounded "${SYNCCHECK_TIMEOUT:-30}")
   if [ "$t" -eq 0 ]; then
