@@ -82,4 +82,16 @@ bool reset_peak_resident() {
   return std::fclose(f) == 0 && ok;
 }
 
+std::string format_bytes(std::int64_t bytes) {
+  const double b = double(bytes);
+  char s[32];
+  if (b >= 1024.0 * 1048576.0)
+    std::snprintf(s, sizeof s, "%.2f GiB", b / (1024.0 * 1048576.0));
+  else if (b >= 1048576.0)
+    std::snprintf(s, sizeof s, "%.1f MiB", b / 1048576.0);
+  else
+    std::snprintf(s, sizeof s, "%.1f KiB", b / 1024.0);
+  return s;
+}
+
 }  // namespace trident

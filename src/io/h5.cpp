@@ -18,6 +18,7 @@
 
 #include "trident/core/error.hpp"
 #include "trident/core/fault.hpp"
+#include "trident/core/memory_usage.hpp"
 #include "trident/parallel/agree.hpp"
 #include "trident/parallel/comm.hpp"
 
@@ -493,17 +494,6 @@ void make_parent_dir(const std::string& path, MPI_Comm comm) {
   parallel::agree_on_root_error(err, comm);  // also the barrier: nobody opens before the directory exists
 }
 
-namespace {
-std::string human(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  for (; b >= 1024 && u < 4; ++u) b /= 1024;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return std::string(buf);
-}
-}  // namespace
-
 void reserve_room(const std::string& path, std::int64_t end, int injected_errno) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) fail(path, ": cannot open it to reserve room for the next write: ",
@@ -524,7 +514,7 @@ void reserve_room(const std::string& path, std::int64_t end, int injected_errno)
   }
   ::close(fd);
   if (err == 0 || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) return;
-  fail(path, ": cannot reserve ", human(double(bytes)), " for its next write: ", std::strerror(err),
+  fail(path, ": cannot reserve ", format_bytes(bytes), " for its next write: ", std::strerror(err),
        err == ENOSPC || err == EDQUOT || err == EFBIG ? " (disk full?)" : "");
 }
 
@@ -535,16 +525,16 @@ void check_room(const std::string& path, std::int64_t bytes, MPI_Comm comm) {
     // tests only (TRIDENT_FAULT): the write meets the full disk itself
   } else if (getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
       rlim_t(bytes) > limit.rlim_cur)
-    err = str(path, ": needs about ", human(double(bytes)), ", more than the file size limit of ",
-              human(double(limit.rlim_cur)), " (ulimit -f)");
+    err = str(path, ": needs about ", format_bytes(bytes), ", more than the file size limit of ",
+              format_bytes(std::int64_t(limit.rlim_cur)), " (ulimit -f)");
   if (err.empty() && rank_of(comm) == 0 && !fault::armed(fault::Kind::no_room_check)) {
     fs::path dir = fs::path(path).parent_path();
     struct statvfs st;
     if (statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0) {
       const double avail = double(st.f_bavail) * double(st.f_frsize);
       if (avail < double(bytes))
-        err = str(path, ": needs about ", human(double(bytes)), ", but its file system has ",
-                  human(avail), " free (disk full?)");
+        err = str(path, ": needs about ", format_bytes(bytes), ", but its file system has ",
+                  format_bytes(std::int64_t(avail)), " free (disk full?)");
     }
   }
   parallel::agree_on_errors(err, comm);

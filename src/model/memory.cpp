@@ -4,7 +4,6 @@
 #include "trident/model/memory.hpp"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "trident/parallel/tp_grid2d.hpp"
 
@@ -17,19 +16,6 @@ constexpr std::int64_t kFloat = sizeof(float);
 std::int64_t MemoryEstimate::peak() const {
   return weights + gradients + optimizer + scratch + std::max(activations, staging) + collectives +
          messages + files + ring + libraries;
-}
-
-std::string format_bytes(std::int64_t bytes) {
-  // A unit per size, so that a tiny model's report does not read "0.0 MiB".
-  const double b = double(bytes);
-  char s[32];
-  if (b >= 1024.0 * 1048576.0)
-    std::snprintf(s, sizeof s, "%.2f GiB", b / (1024.0 * 1048576.0));
-  else if (b >= 1048576.0)
-    std::snprintf(s, sizeof s, "%.1f MiB", b / 1048576.0);
-  else
-    std::snprintf(s, sizeof s, "%.1f KiB", b / 1024.0);
-  return s;
 }
 
 std::string MemoryEstimate::describe() const {

@@ -1,10 +1,11 @@
 // trident/core/memory_usage.hpp — this process's resident memory, as the kernel counts it
 // (/proc/self/status; getrusage's ru_maxrss where that file is missing).
 // defines: trident::resident_bytes, peak_resident_bytes, reset_peak_resident,
-//          available_memory_bytes
+//          available_memory_bytes, format_bytes
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace trident {
 
@@ -17,5 +18,9 @@ bool reset_peak_resident();
 // the cgroup's limit less its usage (v2 memory.max, v1 memory.limit_in_bytes) where there
 // is one, as under Slurm's --mem; -1 where none of them can be read.
 std::int64_t available_memory_bytes();
+
+// "812.0 MiB": a unit per size (KiB, MiB, GiB), so that a tiny model's report does not
+// read "0.0 MiB".
+std::string format_bytes(std::int64_t bytes);
 
 }  // namespace trident

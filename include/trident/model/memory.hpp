@@ -31,6 +31,7 @@
 #include <functional>
 #include <string>
 
+#include "trident/core/memory_usage.hpp"
 #include "trident/model/gpt.hpp"
 #include "trident/model/spec.hpp"
 
@@ -164,7 +165,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& layout
 // (Llama with n_kv_head < tp: one).
 std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d);
 
-// "812.0 MiB"
-std::string format_bytes(std::int64_t bytes);
+// "812.0 MiB" (trident/core/memory_usage.hpp)
+using trident::format_bytes;
 
 }  // namespace trident::model
