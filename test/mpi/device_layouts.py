@@ -167,7 +167,7 @@ def main():
     # parallelism stashes rows of two sizes; Llama's MLP stashes gate | up: each 6 steps
     # against the CPU in the same layout. TP 2 (alone, with SP, x pp 2, x pp 2 under zb-v with
     # and without SP) runs GPT-2's fused block with its collectives: against the CPU and the
-    # serial bf16 run.
+    # serial bf16 run. Llama's the same (llama_tp below).
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
         cpu20, = t.train(1, "cpu-20", sets=twenty)
@@ -205,6 +205,9 @@ def main():
                     ("llama-tp2-sp", 2, [*llama, "parallel.tp=2",
                                          "parallel.sequence_parallel=true"]),
                     ("llama-tp2-kv1", 2, [*llama_kv1, "parallel.tp=2"]),
+                    # 2 kv heads replicated over tp 4: each rank's query head reads the
+                    # second on ranks 2, 3 (kv_head0), the other's gradient zero there.
+                    ("llama-tp4", 4, [*llama, "parallel.tp=4"]),
                     ("llama-tp2xpp2-zbv", 4, [*llama, "parallel.tp=2", "parallel.pp=2", *zb_v])]
         for lname, np_, sets in zb + llama_tp:
             cpu_curves[lname], = t.train(np_, f"cpu-{lname}", sets=sets)
@@ -229,7 +232,7 @@ def main():
                               ("tp2xpp2-zbv", "serial"), ("tp2-sp", "serial"),
                               ("tp2xpp2-sp-zbv", "serial"), ("llama-tp2", "llama"),
                               ("llama-tp2-sp", "llama"), ("llama-tp2-kv1", "llama-kv1"),
-                              ("llama-tp2xpp2-zbv", "llama")):
+                              ("llama-tp4", "llama"), ("llama-tp2xpp2-zbv", "llama")):
             ref = bf16_curves[serial]
             rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
             t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
