@@ -216,21 +216,15 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                  tp.bias_in_product(bias), n, in, C);
     return partial;
   };
-  // The collectives stay outside the op's timer.
-  auto leave = [&](float* partial, float* y, const float* residual) {
-    tp.leave(*this, partial, y, residual);
-  };
-  auto norm_rows = [&](float* full) { return tp.norm_rows(full); };
-  auto gather = [&](float* full) { tp.gather(full); };
   std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
   float* partial = nullptr;
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln1), la.ln1_mean, la.ln1_rstd, x,
+    launch_layernorm_forward_bf16(stream_, tp.norm_rows(la.ln1), la.ln1_mean, la.ln1_rstd, x,
                                   p.ln1_w, p.ln1_b, nr, C);
   }
-  gather(la.ln1);
+  tp.gather(la.ln1);
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
                                                  " out=", 3 * Ca); }, 0);
@@ -243,13 +237,13 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                                                  Ca, " out=", C); }, 0);
     partial = row_parallel(la.res2, x, atty, p.attproj_w, p.attproj_b, Ca);
   }
-  leave(partial, la.res2, x);
+  tp.leave(*this, partial, la.res2, x);  // the collectives outside the op's timer
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln2), la.ln2_mean, la.ln2_rstd, la.res2,
-                                  p.ln2_w, p.ln2_b, nr, C);
+    launch_layernorm_forward_bf16(stream_, tp.norm_rows(la.ln2), la.ln2_mean, la.ln2_rstd,
+                                  la.res2, p.ln2_w, p.ln2_b, nr, C);
   }
-  gather(la.ln2);
+  tp.gather(la.ln2);
   // c_fc and GELU: one product with GELU in cuBLASLt's epilogue (fch its pre-GELU aux), else
   // the product with the bias epilogue and the GELU kernel.
   bool gelu_fused = false;
@@ -277,7 +271,7 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                                                  " out=", C); }, 0);
     partial = row_parallel(out, la.res2, gelu, p.fcproj_w, p.fcproj_b, F);
   }
-  leave(partial, out, la.res2);
+  tp.leave(*this, partial, out, la.res2);
 }
 
 void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
@@ -290,9 +284,8 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f, nr = s.rows();
   const BlockTp tp = block_tp("gpt2_block_backward", s.tp, s.tp_rank, n, nr, C);
   if (n <= 0) return;
-  // TP (BlockTp): the residual gradient of every row; the LayerNorms' input gradients summed.
-  auto summed = [&](float* partial) { return tp.summed(partial); };
-  auto whole = [&](const float* d) { return tp.whole(d); };
+  // TP (BlockTp): the residual gradient of every row (whole, outside the op's timer); the
+  // LayerNorms' input gradients summed.
   const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   const std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
   // The model's scratch, as bf16 where a product reads it: dres16 [N,C] in dbuf until the
@@ -310,7 +303,7 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   };
   // c_proj of the MLP: dres16 (+ its bias gradient), d gelu16, its weight gradient
   {
-    const float* dall = whole(dres);  // every row's (outside the op's timer)
+    const float* dall = tp.whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
     launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dall, n, C);
   }
@@ -372,11 +365,11 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   }
   // fch is read for the last time above: w->dfch may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dfch, dfch16, std::int64_t(n) * F);
-  layernorm_backward(dres, g.ln2_w, g.ln2_b, summed(dln), la.res2, p.ln2_w, la.ln2_mean,
+  layernorm_backward(dres, g.ln2_w, g.ln2_b, tp.summed(dln), la.res2, p.ln2_w, la.ln2_mean,
                      la.ln2_rstd, nr, C);
   // Attention's c_proj, attention, c_attn
   {
-    const float* dall = whole(dres);  // every row's (outside the op's timer)
+    const float* dall = tp.whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
     launch_to_bf16_colsum(stream_, dres16, g.attproj_b, partial(C), dall, n, C);
   }
@@ -405,8 +398,8 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   }
   // qkv is read for the last time by attention's backward: w->dqkv may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * C3);
-  layernorm_backward(dres, g.ln1_w, g.ln1_b, summed(dln), x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
-                     nr, C);
+  layernorm_backward(dres, g.ln1_w, g.ln1_b, tp.summed(dln), x, p.ln1_w, la.ln1_mean,
+                     la.ln1_rstd, nr, C);
 }
 
 void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
