@@ -312,11 +312,10 @@ std::int64_t fused_layer_floats(const ChunkDims& d) {
 }
 
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
-                        Arch arch, int tp, int cp) {
-  // GPT-2's bf16 block takes TP, with or without SP (its collectives); Llama's TP 1 only.
-  const bool tp_ok = tp == 1 || arch == Arch::gpt2;
+                        Arch arch, int /*tp: any*/, int cp) {
+  // GPT-2's and Llama's bf16 blocks take TP, with or without SP (their collectives).
   return bf16_products && recompute != Recompute::selective && backend_bf16_block &&
-         (arch == Arch::gpt2 || arch == Arch::llama) && tp_ok && cp == 1;
+         (arch == Arch::gpt2 || arch == Arch::llama) && cp == 1;
 }
 
 std::int64_t packed_layer_floats(const ChunkDims& d) {

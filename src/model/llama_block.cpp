@@ -17,7 +17,7 @@
 // W) are the coarse ops Ops::llama_block_forward / backward / backward_weights at any TP, with
 // or without SP (coarse_op(): no context parallelism), the TP mappings passed as their
 // collectives: their default (ops/fused_block.cpp) is THE block's sequence, which a backend
-// may fuse (CUDA under bf16 at TP 1: bf16 activations inside, la.bf16). The composition here
+// may fuse (CUDA under bf16: bf16 activations inside, la.bf16). The composition here
 // stays only for decode (the key-value cache) and context parallelism; it must stay the op's
 // sequence.
 #include "trident/model/llama_block.hpp"
@@ -92,6 +92,7 @@ ops::Ops::LlamaBlockShape LlamaBlock::block_shape(int b, int t) {
   s.ca = Ca_;
   s.kv_cols = kv_cols_;
   s.kv_head0 = kv_head0_;
+  s.tp_rank = tp_rank_;
   s.nr = int(tpm_.local_rows(std::int64_t(b) * t));
   s.tp = ctx_.tp_size > 1 ? &collectives_ : nullptr;
   return s;

@@ -167,7 +167,7 @@ def main():
     # parallelism stashes rows of two sizes; Llama's MLP stashes gate | up: each 6 steps
     # against the CPU in the same layout. TP 2 (alone, with SP, x pp 2, x pp 2 under zb-v with
     # and without SP) runs GPT-2's fused block with its collectives: against the CPU and the
-    # serial bf16 run.
+    # serial bf16 run. Llama's the same (llama_tp below).
     if DEVICE == "cuda":
         twenty = ["train.steps=20", "io.checkpoint_every=0", "train.eval_every=0"]
         cpu20, = t.train(1, "cpu-20", sets=twenty)
@@ -196,12 +196,25 @@ def main():
               ("tp2xpp2-zbv", 4, ["parallel.tp=2", "parallel.pp=2", *zb_v]),
               ("tp2xpp2-sp-zbv", 4, ["parallel.tp=2", "parallel.sequence_parallel=true",
                                      "parallel.pp=2", *zb_v])]
-        for lname, np_, sets in zb:
+        # Llama's fused block under TP the same way: kv heads split (2 on tp 2) or replicated
+        # (n_kv_head 1 < tp 2: each rank computes the one, its k/v weights' gradients summed
+        # over TP), SP, and x pp 2 under zb-v.
+        llama_kv1 = ['model.arch="llama"', "model.n_kv_head=1"]
+        llama_tp = [("llama-kv1", 1, llama_kv1),
+                    ("llama-tp2", 2, [*llama, "parallel.tp=2"]),
+                    ("llama-tp2-sp", 2, [*llama, "parallel.tp=2",
+                                         "parallel.sequence_parallel=true"]),
+                    ("llama-tp2-kv1", 2, [*llama_kv1, "parallel.tp=2"]),
+                    # 2 kv heads replicated over tp 4: each rank's query head reads the
+                    # second on ranks 2, 3 (kv_head0), the other's gradient zero there.
+                    ("llama-tp4", 4, [*llama, "parallel.tp=4"]),
+                    ("llama-tp2xpp2-zbv", 4, [*llama, "parallel.tp=2", "parallel.pp=2", *zb_v])]
+        for lname, np_, sets in zb + llama_tp:
             cpu_curves[lname], = t.train(np_, f"cpu-{lname}", sets=sets)
         bf16_curves = {}
         for lname, np_, sets in [("serial", 1, [])] + \
                 [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp", "tp2", "tp2xpp2")] + \
-                [("llama", 1, llama)] + zb + tc:
+                [("llama", 1, llama)] + zb + tc + llama_tp:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
             bf16_curves[lname] = got
             rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))
@@ -217,7 +230,9 @@ def main():
                               ("llama-pp2-zbv", "llama"), ("llama-pp2-zbv-full", "llama"),
                               ("tp2", "serial"), ("tp2xpp2", "serial"),
                               ("tp2xpp2-zbv", "serial"), ("tp2-sp", "serial"),
-                              ("tp2xpp2-sp-zbv", "serial")):
+                              ("tp2xpp2-sp-zbv", "serial"), ("llama-tp2", "llama"),
+                              ("llama-tp2-sp", "llama"), ("llama-tp2-kv1", "llama-kv1"),
+                              ("llama-tp4", "llama"), ("llama-tp2xpp2-zbv", "llama")):
             ref = bf16_curves[serial]
             rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
             t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
@@ -245,7 +260,12 @@ def main():
                                                   'parallel.schedule="zb-v"']),
                                      ("tp2-", 2, [*gpipe, "parallel.tp=2"]),
                                      ("tp2-sp-", 2, [*gpipe, "parallel.tp=2",
-                                                     "parallel.sequence_parallel=true"])):
+                                                     "parallel.sequence_parallel=true"]),
+                                     ("llama-tp2-", 2, [*gpipe, 'model.arch="llama"',
+                                                        "model.n_kv_head=2", "parallel.tp=2"]),
+                                     ("llama-tp2-sp-", 2, [*gpipe, 'model.arch="llama"',
+                                                           "model.n_kv_head=2", "parallel.tp=2",
+                                                           "parallel.sequence_parallel=true"])):
             mem = {}
             for p in ("fp32", "bf16"):
                 t.train(np_, f"mem-{arch}{p}", sets=[*two, *arch_sets, *device_sets(p)])

@@ -107,8 +107,8 @@ void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
 void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la);
 std::int64_t fused_layer_floats(const ChunkDims& d);
 // Whether a chunk's layers use that stash (or, with full recompute, its one recomputed layer):
-// bf16 products, a backend whose coarse block op keeps it, GPT-2's block at any TP (with or
-// without sequence parallelism) or Llama's at TP 1, no context parallelism, no selective
+// bf16 products, a backend whose coarse block op keeps it, GPT-2's or Llama's block at any TP
+// (with or without sequence parallelism), no context parallelism, no selective
 // recompute (its shared fp32 views). The split backward too (the coarse ops' W stash, bf16).
 // One rule for the chunk and for predict_memory.
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,

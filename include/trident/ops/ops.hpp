@@ -318,7 +318,7 @@ class Ops {
   //   out  = res2 + down(swiglu([gate up](rmsnorm(res2))))
   // The same contract as the GPT-2 block's (any TP and SP through the shape's collectives; the
   // default runs exactly model::LlamaBlock's fine ops). Weights are [out, in] (y = x @ W^T),
-  // no biases. CUDA's bf16 Llama block: TP 1 only (stores_fused_block).
+  // no biases. CUDA's bf16 Llama block: any TP and SP, as GPT-2's (stores_fused_block).
   // gpt2_block_stash_bf16() says whether the backend keeps this block's stash as bf16 too.
   struct LlamaBlockShape {
     int b = 0, t = 0;
@@ -330,11 +330,13 @@ class Ops {
     float theta = 0.0f;  // RoPE's base
     // TP (as Gpt2BlockShape's): this rank's query columns (0: c), its k (and v) columns of
     // [q k v] (0: nkv heads'; more where every kv head is replicated here, n_kv_head < tp),
-    // the first of them its query heads read, local residual rows (0: b * t), collectives
+    // the first of them its query heads read, its TP rank (a fused block adds the residual
+    // in a row-parallel product on rank 0 only), local residual rows (0: b * t), collectives
     // (null: TP 1).
     int ca = 0;
     int kv_cols = 0;
     int kv_head0 = 0;
+    int tp_rank = 0;
     int nr = 0;
     BlockCollectives* tp = nullptr;
   };

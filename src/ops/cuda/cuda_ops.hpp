@@ -192,7 +192,8 @@ class CudaOps final : public Ops {
                                    const Gpt2BlockParams& g, const Gpt2BlockStash& la,
                                    const BlockWStash& w) override;
   // The coarse Llama block, the same way (fused_block.cpp): RMSNorms write bf16, RoPE and
-  // SwiGLU on bf16, grouped-query attention_forward_bf16, o and down add the residual.
+  // SwiGLU on bf16, grouped-query attention_forward_bf16, o and down add the residual; TP and
+  // SP as GPT-2's (kv heads split or replicated).
   void llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p, const float* x,
                            float* out, const LlamaBlockStash& la) override;
   void llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,

@@ -27,7 +27,9 @@
 // bf16 q and k in place (fused_block.cu; its backward the bf16 dq and dk), attention_forward_bf16
 // takes the grouped-query shape, SwiGLU reads and writes bf16, o and down add the residual as
 // C. The backward converts each residual gradient once (no bias gradients) and runs the RMSNorm
-// backward on the fp32 residual stream.
+// backward on the fp32 residual stream. Both blocks take TP and SP the same way (BlockTp);
+// Llama's with its kv heads split over TP or replicated (n_kv_head < tp: every rank computes
+// them all, its query heads read one, the others' gradients are zero here).
 //
 // The split backward (zero-bubble B and W; Ops::BlockWStash): B computes everything but c_fc's
 // and c_attn's ([gate up]'s, [q k v]'s) weight gradients and copies their bf16 output
@@ -64,6 +66,48 @@ void keep_bf16(cudaStream_t stream, OpTimer* timer, float* dst, const std::uint1
   OpScope timed(timer, "block_backward copy_bf16");
   TRIDENT_CUDA_CHECK(cudaMemcpyAsync(dst, src, std::size_t(n) * 2, cudaMemcpyDeviceToDevice,
                                      stream));
+}
+
+// The bf16 blocks' tensor (and sequence) parallelism, GPT-2's and Llama's alike: the shape's
+// collectives between the products (tp null: TP 1, each step the identity). Forward: a norm
+// writes this rank's bf16 rows (norm_rows), under SP every rank's all-gathered as bytes (bf16
+// pairs moved as floats: a gather does no arithmetic). A row-parallel product writes an fp32
+// partial (partial_of): without SP it holds the residual (cuBLASLt's C) and the bias on TP
+// rank 0 only (beta 0 elsewhere), so that the sum over TP (leave: an allreduce) adds them
+// once; under SP the partial (full rows, the bias on rank 0) is reduce-scattered into the
+// local rows, then the residual added. Backward: the residual gradient of every row (whole:
+// dres itself without SP, else all-gathered); the norms' input gradients are fp32 partials of
+// every row, summed (an allreduce, or under SP a reduce-scatter into the local rows).
+struct BlockTp {
+  Ops::BlockCollectives* tp;
+  bool rank0, sp;
+  std::int64_t local_n;  // the residual stream's floats here (local rows x C)
+
+  float* partial_of(float* y) const { return tp ? tp->partial_of(y) : y; }
+  const float* residual_in_product(const float* r) const { return rank0 && !sp ? r : nullptr; }
+  const float* bias_in_product(const float* b) const { return rank0 ? b : nullptr; }
+  void leave(Ops& ops, float* partial, float* y, const float* residual) const {
+    if (!tp) return;
+    tp->leave_forward(partial, y, local_n);
+    if (sp) ops.add(y, y, residual, local_n);
+  }
+  std::uint16_t* norm_rows(float* full) const {
+    return bf(tp ? tp->local_part(full, local_n / 2) : full);
+  }
+  void gather(float* full) const { if (sp) tp->enter_forward(full, local_n / 2); }
+  const float* summed(float* partial) const {
+    return tp ? tp->enter_backward(partial, local_n) : partial;
+  }
+  const float* whole(const float* d) const { return tp ? tp->leave_backward(d, local_n) : d; }
+};
+
+// op: the caller's name; n rows of which nr here; c channels.
+BlockTp block_tp(const char* op, Ops::BlockCollectives* tp, int tp_rank, int n, int nr, int c) {
+  const bool sp = nr != n;
+  const std::int64_t local_n = std::int64_t(nr) * c;
+  TRIDENT_CHECK(!sp || (tp && local_n % 2 == 0), op, ": the bf16 block under sequence "
+                "parallelism needs its collectives and an even rows x channels");
+  return {tp, tp_rank == 0, sp, local_n};
 }
 
 }  // namespace
@@ -161,43 +205,26 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_forward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
   const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f, nr = s.rows();
-  const bool sp = nr != n;
-  const std::int64_t local_n = std::int64_t(nr) * C;  // the residual stream's floats here
-  TRIDENT_CHECK(!sp || (s.tp && local_n % 2 == 0), "gpt2_block_forward: the bf16 block under "
-                "sequence parallelism needs its collectives and an even rows x channels");
+  const BlockTp tp = block_tp("gpt2_block_forward", s.tp, s.tp_rank, n, nr, C);
   if (n <= 0) return;
-  // TP: without SP the c_projs' partials hold the residual and the bias on rank 0 only (beta 0
-  // elsewhere), so that the sum over TP (leave_forward: an allreduce) adds them once. Under SP
-  // the partial (full rows, the bias on rank 0) is reduce-scattered into the local rows, then
-  // the residual added.
-  const bool rank0 = s.tp_rank == 0;
+  // TP (BlockTp): c_attn and c_fc read every row's bf16 LayerNorm output, the c_projs write
+  // fp32 partials.
   auto row_parallel = [&](float* y, const float* residual, const void* in16, const float* w,
                           const float* bias, int in) {
-    float* partial = s.tp ? s.tp->partial_of(y) : y;  // y itself without SP
-    block_linear(partial, false, rank0 && !sp ? residual : nullptr, in16, w,
-                 rank0 ? bias : nullptr, n, in, C);
+    float* partial = tp.partial_of(y);
+    block_linear(partial, false, tp.residual_in_product(residual), in16, w,
+                 tp.bias_in_product(bias), n, in, C);
     return partial;
   };
-  auto leave = [&](float* partial, float* y, const float* residual) {  // outside the op's timer
-    if (!s.tp) return;
-    s.tp->leave_forward(partial, y, local_n);
-    if (sp) add(y, y, residual, local_n);
-  };
-  // A LayerNorm's bf16 output: this rank's rows, then under SP every rank's, all-gathered as
-  // bytes (bf16 pairs moved as floats: a gather does no arithmetic).
-  auto norm_rows = [&](float* full) {
-    return bf(s.tp ? s.tp->local_part(full, local_n / 2) : full);
-  };
-  auto gather = [&](float* full) { if (sp) s.tp->enter_forward(full, local_n / 2); };
   std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
   float* partial = nullptr;
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln1), la.ln1_mean, la.ln1_rstd, x,
+    launch_layernorm_forward_bf16(stream_, tp.norm_rows(la.ln1), la.ln1_mean, la.ln1_rstd, x,
                                   p.ln1_w, p.ln1_b, nr, C);
   }
-  gather(la.ln1);
+  tp.gather(la.ln1);
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
                                                  " out=", 3 * Ca); }, 0);
@@ -210,13 +237,13 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                                                  Ca, " out=", C); }, 0);
     partial = row_parallel(la.res2, x, atty, p.attproj_w, p.attproj_b, Ca);
   }
-  leave(partial, la.res2, x);
+  tp.leave(*this, partial, la.res2, x);  // the collectives outside the op's timer
   {
     OpScope timed(timer_.get(), "block_forward layernorm_bf16");
-    launch_layernorm_forward_bf16(stream_, norm_rows(la.ln2), la.ln2_mean, la.ln2_rstd, la.res2,
-                                  p.ln2_w, p.ln2_b, nr, C);
+    launch_layernorm_forward_bf16(stream_, tp.norm_rows(la.ln2), la.ln2_mean, la.ln2_rstd,
+                                  la.res2, p.ln2_w, p.ln2_b, nr, C);
   }
-  gather(la.ln2);
+  tp.gather(la.ln2);
   // c_fc and GELU: one product with GELU in cuBLASLt's epilogue (fch its pre-GELU aux), else
   // the product with the bias epilogue and the GELU kernel.
   bool gelu_fused = false;
@@ -244,7 +271,7 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                                                  " out=", C); }, 0);
     partial = row_parallel(out, la.res2, gelu, p.fcproj_w, p.fcproj_b, F);
   }
-  leave(partial, out, la.res2);
+  tp.leave(*this, partial, out, la.res2);
 }
 
 void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
@@ -255,16 +282,10 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
   const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f, nr = s.rows();
-  TRIDENT_CHECK(nr == n || s.tp, "gpt2_block_backward: sequence parallelism without collectives");
+  const BlockTp tp = block_tp("gpt2_block_backward", s.tp, s.tp_rank, n, nr, C);
   if (n <= 0) return;
-  // TP: the residual gradient of every row (leave_backward: dres itself without SP, else
-  // all-gathered); the LayerNorms' input gradients are fp32 partials of every row, summed by
-  // enter_backward (an allreduce, or under SP a reduce-scatter into the local rows).
-  const std::int64_t local_n = std::int64_t(nr) * C;
-  auto summed = [&](float* partial) {
-    return s.tp ? s.tp->enter_backward(partial, local_n) : partial;
-  };
-  auto whole = [&](const float* d) { return s.tp ? s.tp->leave_backward(d, local_n) : d; };
+  // TP (BlockTp): the residual gradient of every row (whole, outside the op's timer); the
+  // LayerNorms' input gradients summed.
   const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   const std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *gelu = bf(la.fch_gelu);
   // The model's scratch, as bf16 where a product reads it: dres16 [N,C] in dbuf until the
@@ -282,7 +303,7 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   };
   // c_proj of the MLP: dres16 (+ its bias gradient), d gelu16, its weight gradient
   {
-    const float* dall = whole(dres);  // every row's (outside the op's timer)
+    const float* dall = tp.whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
     launch_to_bf16_colsum(stream_, dres16, g.fcproj_b, partial(C), dall, n, C);
   }
@@ -344,11 +365,11 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   }
   // fch is read for the last time above: w->dfch may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dfch, dfch16, std::int64_t(n) * F);
-  layernorm_backward(dres, g.ln2_w, g.ln2_b, summed(dln), la.res2, p.ln2_w, la.ln2_mean,
+  layernorm_backward(dres, g.ln2_w, g.ln2_b, tp.summed(dln), la.res2, p.ln2_w, la.ln2_mean,
                      la.ln2_rstd, nr, C);
   // Attention's c_proj, attention, c_attn
   {
-    const float* dall = whole(dres);  // every row's (outside the op's timer)
+    const float* dall = tp.whole(dres);  // every row's (outside the op's timer)
     OpScope timed(timer_.get(), "block_backward to_bf16_colsum");
     launch_to_bf16_colsum(stream_, dres16, g.attproj_b, partial(C), dall, n, C);
   }
@@ -377,8 +398,8 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
   }
   // qkv is read for the last time by attention's backward: w->dqkv may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * C3);
-  layernorm_backward(dres, g.ln1_w, g.ln1_b, summed(dln), x, p.ln1_w, la.ln1_mean, la.ln1_rstd,
-                     nr, C);
+  layernorm_backward(dres, g.ln1_w, g.ln1_b, tp.summed(dln), x, p.ln1_w, la.ln1_mean,
+                     la.ln1_rstd, nr, C);
 }
 
 void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
@@ -404,17 +425,32 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
   if (!la.bf16) return Ops::llama_block_forward(s, p, x, out, la);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_forward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  TRIDENT_CHECK(!s.tp, "llama_block_forward: the bf16 Llama block under TP");
-  const int n = s.b * s.t, C = s.c, F = s.f;
+  const int n = s.b * s.t, C = s.c, Ca = s.ca ? s.ca : C, F = s.f, nr = s.nr ? s.nr : n;
+  const BlockTp tp = block_tp("llama_block_forward", s.tp, s.tp_rank, n, nr, C);
   if (n <= 0) return;
   const AttentionShape att = attention_shape_llama(s);
-  const int C3 = int(att.ld_q), kv = s.nkv * att.hs;
+  // This rank's k (and v) columns, and the first its query heads read (kv heads split over TP,
+  // or all of them here: replicated, n_kv_head < tp).
+  const int C3 = int(att.ld_q), kv = (C3 - Ca) / 2;
+  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
+  // TP (BlockTp, as GPT-2's): [q k v] and [gate up] read every row's bf16 RMSNorm output, o
+  // and down write fp32 partials (the residual on rank 0 only; no biases).
+  auto row_parallel = [&](float* y, const float* residual, const void* in16, const float* w,
+                          int in) {
+    float* partial = tp.partial_of(y);
+    block_linear(partial, false, tp.residual_in_product(residual), in16, w, nullptr, n, in, C,
+                 true);
+    return partial;
+  };
   std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *act = bf(la.fch_gelu);
+  float* partial = nullptr;
   {
     OpScope timed(timer_.get(), "block_forward rmsnorm_bf16");
-    launch_rmsnorm_forward_bf16(stream_, ln1, la.ln1_rstd, x, p.ln1_w, n, C, s.eps);
+    launch_rmsnorm_forward_bf16(stream_, tp.norm_rows(la.ln1), la.ln1_rstd, x, p.ln1_w, nr, C,
+                                s.eps);
   }
+  tp.gather(la.ln1);
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
                                                  " out=", C3); }, 0);
@@ -422,18 +458,22 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
   }
   {
     OpScope timed(timer_.get(), "block_forward rope_bf16");
-    launch_rope_bf16(stream_, qkv, s.b, s.t, C3, s.nh + s.nkv, att.hs, 0, s.theta, 1.0f);
+    launch_rope_bf16(stream_, qkv, s.b, s.t, C3, s.nh + kv / att.hs, att.hs, 0, s.theta,
+                     1.0f);
   }
-  attention_forward_bf16(atty, la.lse, qkv, qkv + C, qkv + C + kv, att);
+  attention_forward_bf16(atty, la.lse, qkv, qkv + k0, qkv + k0 + kv, att);
   {  // res2 = x + atty @ o^T: the residual as the product's C (x is not read after it)
-    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", C,
-                                                 " out=", C); }, 0);
-    block_linear(la.res2, false, x, atty, p.o_w, nullptr, n, C, C, true);
+    OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=",
+                                                 Ca, " out=", C); }, 0);
+    partial = row_parallel(la.res2, x, atty, p.o_w, Ca);
   }
+  tp.leave(*this, partial, la.res2, x);  // the collectives outside the op's timer
   {
     OpScope timed(timer_.get(), "block_forward rmsnorm_bf16");
-    launch_rmsnorm_forward_bf16(stream_, ln2, la.ln2_rstd, la.res2, p.ln2_w, n, C, s.eps);
+    launch_rmsnorm_forward_bf16(stream_, tp.norm_rows(la.ln2), la.ln2_rstd, la.res2, p.ln2_w,
+                                nr, C, s.eps);
   }
+  tp.gather(la.ln2);
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_bf16 n=", n, " in=", C,
                                                  " out=", 2 * F); }, 0);
@@ -446,8 +486,9 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
   {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=", F,
                                                  " out=", C); }, 0);
-    block_linear(out, false, la.res2, act, p.down_w, nullptr, n, F, C, true);
+    partial = row_parallel(out, la.res2, act, p.down_w, F);
   }
+  tp.leave(*this, partial, out, la.res2);
 }
 
 void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams& p,
@@ -457,11 +498,14 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
   if (!la.bf16) return Ops::llama_block_backward(s, p, g, x, dres, la, scratch_in, w);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_backward: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  TRIDENT_CHECK(!s.tp, "llama_block_backward: the bf16 Llama block under TP");
-  const int n = s.b * s.t, C = s.c, F = s.f;
+  const int n = s.b * s.t, C = s.c, Ca = s.ca ? s.ca : C, F = s.f, nr = s.nr ? s.nr : n;
+  const BlockTp tp = block_tp("llama_block_backward", s.tp, s.tp_rank, n, nr, C);
   if (n <= 0) return;
   const AttentionShape att = attention_shape_llama(s);
-  const int C3 = int(att.ld_q), kv = s.nkv * att.hs;
+  const int C3 = int(att.ld_q), kv = (C3 - Ca) / 2;
+  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
+  // TP (BlockTp, as GPT-2's): the residual gradient of every row (whole, outside the op's
+  // timer); the RMSNorms' input gradients summed.
   const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
   const std::uint16_t *ln2 = bf(la.ln2), *fch = bf(la.fch), *act = bf(la.fch_gelu);
   // The scratch as gpt2_block_backward's: dres16 in dbuf until its products are queued, then
@@ -474,8 +518,9 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
   std::uint16_t* dqkv16 = bf(scratch_in.dqkv);
   // MLP: down (weight [C, F]), SwiGLU, [gate up] (weight [2F, C]), RMSNorm
   {
+    const float* dall = tp.whole(dres);
     OpScope timed(timer_.get(), "block_backward to_bf16");
-    launch_to_bf16(stream_, dres16, dres, n, C, C);
+    launch_to_bf16(stream_, dres16, dall, n, C, C);
   }
   {
     OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", F,
@@ -497,25 +542,35 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
   }
   // fch is read for the last time by SwiGLU's backward: w->dfch may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dfch, dfch16, std::int64_t(n) * 2 * F);
-  rmsnorm_backward(dres, g.ln2_w, dln, la.res2, p.ln2_w, la.ln2_rstd, n, C);
-  // Attention: o (weight [C, C]), attention, RoPE, [q k v] (weight [C3, C]), RMSNorm
+  rmsnorm_backward(dres, g.ln2_w, tp.summed(dln), la.res2, p.ln2_w, la.ln2_rstd, nr, C);
+  // Attention: o (weight [C, Ca]), attention, RoPE, [q k v] (weight [C3, C]), RMSNorm
   {
+    const float* dall = tp.whole(dres);
     OpScope timed(timer_.get(), "block_backward to_bf16");
-    launch_to_bf16(stream_, dres16, dres, n, C, C);
+    launch_to_bf16(stream_, dres16, dall, n, C, C);
   }
   std::uint16_t* datty16 = dact16;
   {
-    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
+    OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", Ca,
                                                  " out=", C); }, 0);
-    gemm_rm16_to16(false, false, n, C, C, dres16, C, block_weight16(p.o_w, C, C), C, datty16,
-                   C);
-    gemm_rm16(true, false, C, C, n, 1.0f, dres16, C, atty, C, 1.0f, g.o_w, C);
+    gemm_rm16_to16(false, false, n, Ca, C, dres16, C, block_weight16(p.o_w, C, Ca), Ca, datty16,
+                   Ca);
+    gemm_rm16(true, false, C, Ca, n, 1.0f, dres16, C, atty, Ca, 1.0f, g.o_w, Ca);
   }
-  attention_backward_bf16(dqkv16, dqkv16 + C, dqkv16 + C + kv, datty16, atty, la.lse, qkv,
-                          qkv + C, qkv + C + kv, att);
+  // Replicated kv heads (n_kv_head < tp): attention writes the gradients of the one its heads
+  // read, the others' are zero (their k/v weight gradients partial here, summed over TP by the
+  // model as the composition's).
+  if (std::int64_t(s.nkv) * att.hs != kv) {
+    OpScope timed(timer_.get(), "block_backward zero_bf16");
+    TRIDENT_CUDA_CHECK(cudaMemsetAsync(dqkv16, 0, std::size_t(n) * std::size_t(C3) * 2,
+                                       stream_));
+  }
+  attention_backward_bf16(dqkv16, dqkv16 + k0, dqkv16 + k0 + kv, datty16, atty, la.lse, qkv,
+                          qkv + k0, qkv + k0 + kv, att);
   {
     OpScope timed(timer_.get(), "block_backward rope_bf16");
-    launch_rope_bf16(stream_, dqkv16, s.b, s.t, C3, s.nh + s.nkv, att.hs, 0, s.theta, -1.0f);
+    launch_rope_bf16(stream_, dqkv16, s.b, s.t, C3, s.nh + kv / att.hs, att.hs, 0, s.theta,
+                     -1.0f);
   }
   {
     OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
@@ -526,7 +581,7 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
   }
   // qkv is read for the last time by attention's backward: w->dqkv may be it.
   if (w) keep_bf16(stream_, timer_.get(), w->dqkv, dqkv16, std::int64_t(n) * C3);
-  rmsnorm_backward(dres, g.ln1_w, dln, x, p.ln1_w, la.ln1_rstd, n, C);
+  rmsnorm_backward(dres, g.ln1_w, tp.summed(dln), x, p.ln1_w, la.ln1_rstd, nr, C);
 }
 
 void CudaOps::llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBlockParams& p,

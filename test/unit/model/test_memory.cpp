@@ -128,10 +128,11 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1));
   // Llama's block too (Ops::llama_block_*), on the same plain case only.
   EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1, 1));
-  // GPT-2's bf16 block under TP (and SP: its collectives), not under context parallelism.
+  // GPT-2's and Llama's bf16 blocks under TP (and SP: their collectives), not under context
+  // parallelism.
   EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 2, 1));
   EXPECT_FALSE(stores_fused_block(true, none, true, Arch::gpt2, 1, 2));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2, 1));
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 2, 1));
   EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 2));
   EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1, 1));
   EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1, 1));
