@@ -1180,7 +1180,7 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
   const float scale = 1.0f / float(n);
   FVec loss(n), dlnf(lnf.size()), dw = dw0, logits(std::size_t(n) * v), mx(n), st(2 * n);
   cpu().lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(),
-                lnf.data(), wte.data(), tg.data(), n, c, v, v_valid, scale, backward);
+                lnf.data(), wte.data(), tg.data(), n, c, v, v_valid, scale, backward, 0, nullptr);
   const double total = cpu().take_loss();
   DevVec<float> gl(g, FVec(logits.size(), 7.0f)), gloss(g, FVec(n, 7.0f)), glnf(g, lnf),
       gwte(g, wte), gdlnf(g, FVec(lnf.size(), 7.0f)), gdw(g, dw0), gmx(g, FVec(n)),
@@ -1189,7 +1189,7 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
   if (cached) g.set_weights(gwte.get(), std::int64_t(wte.size()));
   g.take_loss();
   g.lm_head(gloss.get(), gdlnf.get(), gdw.get(), gl.get(), gmx.get(), gst.get(), glnf.get(),
-            gwte.get(), gtg.get(), n, c, v, v_valid, scale, backward);
+            gwte.get(), gtg.get(), n, c, v, v_valid, scale, backward, 0, nullptr);
   const double got_total = g.take_loss();
   if (cached) g.set_weights(nullptr, 0);
   EXPECT_TRUE(near(gloss.host(), loss, 1e-2)) << "loss";

@@ -726,7 +726,7 @@ int main() {
       std::vector<std::int32_t> tg(h.n); for (auto& t : tg) t = int(g() % h.vv);
       const float scale = 1.0f / float(h.n);
       V loss(h.n), dlnf(lnf.size()), dw = dw0, logits(size_t(h.n) * h.v), mx(h.n), st(2 * h.n);
-      cpu->lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(), lnf.data(), wte.data(), tg.data(), h.n, h.c, h.v, h.vv, scale, backward != 0);
+      cpu->lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(), lnf.data(), wte.data(), tg.data(), h.n, h.c, h.v, h.vv, scale, backward != 0, 0, nullptr);
       const double want_total = cpu->take_loss();
       void *dl16, *dlnf16, *dwte16; float *dloss, *ddlnf, *ddw; std::int32_t* dtg;
       cudaMalloc(&dl16, size_t(h.n) * h.v * 4); cudaMalloc(&dlnf16, lnf16.size() * 2); cudaMalloc(&dwte16, wte16.size() * 2);
@@ -734,7 +734,7 @@ int main() {
       cudaMalloc(reinterpret_cast<void**>(&ddw), wte.size() * 4); cudaMalloc(reinterpret_cast<void**>(&dtg), size_t(h.n) * 4);
       cudaMemcpy(dlnf16, lnf16.data(), lnf16.size() * 2, cudaMemcpyHostToDevice); cudaMemcpy(dwte16, wte16.data(), wte16.size() * 2, cudaMemcpyHostToDevice);
       cudaMemcpy(ddw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice); cudaMemcpy(dtg, tg.data(), size_t(h.n) * 4, cudaMemcpyHostToDevice);
-      fused_head(cb, nullptr, nullptr, dloss, ddlnf, ddw, dl16, dlnf16, dwte16, dtg, h.n, h.c, h.v, h.vv, scale, backward != 0);
+      fused_head(cb, nullptr, nullptr, dloss, ddlnf, ddw, dl16, dlnf16, dwte16, dtg, h.n, h.c, h.v, h.vv, scale, backward != 0, 0, nullptr);
       V loss2(h.n), dlnf2(dlnf.size()), dw2(dw.size());
       cudaMemcpy(loss2.data(), dloss, loss2.size() * 4, cudaMemcpyDeviceToHost); cudaMemcpy(dlnf2.data(), ddlnf, dlnf2.size() * 4, cudaMemcpyDeviceToHost);
       cudaMemcpy(dw2.data(), ddw, dw2.size() * 4, cudaMemcpyDeviceToHost);
