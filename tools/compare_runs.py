@@ -125,6 +125,10 @@ LAYOUTS = {
     "llama-tp2-pp2-zb-v-full": (LLAMA, 4, ["parallel.tp=2", "parallel.pp=2", "parallel.vpp=2",
                                            "parallel.schedule=zb-v", "parallel.recompute=full"]),
     "llama-tp2-recompute-full": (LLAMA, 2, ["parallel.tp=2", "parallel.recompute=full"]),
+    # The LM head's vocabulary split unevenly (Ops::lm_head at TP 3: 22 + 22 + 20 columns).
+    "gpt2-tp3-vocab-uneven": (GPT2, 3, ["parallel.tp=3", "model.d_model=48", "model.n_head=6"]),
+    "llama-tp3-vocab-uneven": (LLAMA, 3, ["parallel.tp=3", "model.d_model=48", "model.n_head=6",
+                                          "model.n_kv_head=3", "model.ffn_hidden=96"]),
 }
 
 

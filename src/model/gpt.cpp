@@ -108,9 +108,9 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     g_layers_.push_back(layer_params(grads_.data(), l));
   }
   if (any_head(chunks_)) {
-    // The whole vocabulary on this rank and a backend that fuses the head (Ops::lm_head:
-    // bf16 logits): half the floats, at least one row for head_logits (sampling).
-    const bool bf16_logits = ps.tp.size() == 1 && ops_.fused_lm_head();
+    // A backend that fuses the head (Ops::lm_head, at any TP: bf16 logits): half the floats,
+    // at least one row for head_logits (sampling).
+    const bool bf16_logits = ops_.fused_lm_head();
     logits_ = buffer(bf16_logits ? std::max<std::int64_t>((N * Vl_ + 1) / 2, Vl_) : N * Vl_);
     row_max_ = buffer(N);
     lnf_ = buffer(N * C_);
@@ -547,32 +547,20 @@ double GptChunk::head_forward_backward(ChunkActivations& a, const std::int32_t* 
   tpm_.enter_forward(lnf, local_n);
   float* logits = logits_.data();
   float* dlnf_partial = dbuf_.data();  // [N,C] this rank's vocabulary share
-  double loss_sum = 0.0;
-  const float* dlnf = dlnf_partial;
-  if (ps_.tp.size() == 1) {
-    // The whole vocabulary on this rank: the head in one op (the backend may fuse it), which
-    // adds the loss to the backend's total and, with the backward, writes d lnf, adds d wte.
-    ops_.lm_head(token_loss_.data(), dlnf_partial, dwte, logits, row_max_.data(), sumexp_.data(),
-                 lnf, wte, targets, N, C_, Vl_, v_valid_, loss_scale, with_backward);
-    // The sum in the backend (one host loop's order on the CPU); read now, or once a step.
-    loss_sum = loss_on_device_ ? 0.0 : ops_.take_loss();
-    if (!with_backward) return loss_sum;
-  } else {
-    // logits[N,Vl] = lnf @ wte^T (this rank's vocabulary rows)
-    ops_.gemm(false, true, N, Vl_, C_, 1.0f, lnf, C_, wte, C_, 0.0f, logits, Vl_);
-    vocab_parallel_xent_forward(ops_, ps_.tp, token_loss_.data(), row_max_.data(),
-                                sumexp_.data(), logits, targets, N, Vl_, v_valid_, vocab_start_);
-    ops_.add_loss(token_loss_.data(), N);
-    loss_sum = loss_on_device_ ? 0.0 : ops_.take_loss();
-    if (!with_backward) return loss_sum;
-
-    // The head's backward right away: dlogits in place, then d lnf and d wte.
-    ops_.xent_backward(logits, row_max_.data(), sumexp_.data(), targets, N, Vl_, v_valid_,
-                       vocab_start_, loss_scale);
-    ops_.gemm(false, false, N, C_, Vl_, 1.0f, logits, Vl_, wte, C_, 0.0f, dlnf_partial, C_);
-    dlnf = tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
-    ops_.gemm(true, false, Vl_, C_, N, 1.0f, logits, Vl_, lnf, C_, 1.0f, dwte, C_);
-  }
+  // The head in one op (the backend may fuse it), over this rank's vocabulary rows: it adds
+  // the loss to the backend's total and, with the backward, writes this rank's d lnf partial
+  // and adds d wte. The sum in the backend (one host loop's order on the CPU); read now, or
+  // once a step.
+  model::GroupCollectives tp(ps_.tp);
+  ops_.lm_head(token_loss_.data(), dlnf_partial, dwte, logits, row_max_.data(), sumexp_.data(),
+               lnf, wte, targets, N, C_, Vl_, v_valid_, loss_scale, with_backward, vocab_start_,
+               tp.or_null());
+  const double loss_sum = loss_on_device_ ? 0.0 : ops_.take_loss();
+  if (!with_backward) return loss_sum;
+  // every rank's vocabulary share of d lnf summed (TP; SP: this rank's rows)
+  const float* dlnf =
+      ps_.tp.size() == 1 ? dlnf_partial
+                         : tpm_.enter_backward(dlnf_partial, local_scratch_.data(), local_n);
   // d loss / d x into dres_ (free: no backward runs, its last input gradient is sent), then
   // a.doutput: its row, or boundary_, which may be x itself (read for the last time above).
   float* dx = dres_.data();

@@ -152,8 +152,9 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   // recomputation's one layer.
   std::int64_t scratch = N * C * 2 + Nr * C + N * C3 + N * F1 + N * F;
   if (lay.sequence_parallel) scratch += N * C + Nr * C;
-  // The fused head keeps bf16 logits: half of N * Vl floats (GptChunk's constructor).
-  const bool bf16_logits = lay.fused_head && lay.tp == 1;
+  // The fused head keeps bf16 logits (at any TP): half of N * Vl floats (GptChunk's
+  // constructor).
+  const bool bf16_logits = lay.fused_head;
   const std::int64_t logits = bf16_logits ? std::max((N * Vl + 1) / 2, Vl) : N * Vl;
   if (head) scratch += N * C + 2 * Nr + logits + 5 * N;
   // one layer in fp32 (the fused block's stash needs no working copy; full recompute's layer

@@ -209,12 +209,15 @@ def main():
                     # second on ranks 2, 3 (kv_head0), the other's gradient zero there.
                     ("llama-tp4", 4, [*llama, "parallel.tp=4"]),
                     ("llama-tp2xpp2-zbv", 4, [*llama, "parallel.tp=2", "parallel.pp=2", *zb_v])]
-        for lname, np_, sets in zb + llama_tp:
+        # The LM head's vocabulary split unevenly over TP 3 (22 + 22 + 20 columns; the fused
+        # head's two-pass classifier on each shard, the statistics combined over the group).
+        uneven = [("tp3-vocab-uneven", 3, ["parallel.tp=3", "model.d_model=48", "model.n_head=6"])]
+        for lname, np_, sets in zb + llama_tp + uneven:
             cpu_curves[lname], = t.train(np_, f"cpu-{lname}", sets=sets)
         bf16_curves = {}
         for lname, np_, sets in [("serial", 1, [])] + \
                 [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp", "tp2", "tp2xpp2")] + \
-                [("llama", 1, llama)] + zb + tc + llama_tp:
+                [("llama", 1, llama)] + zb + tc + llama_tp + uneven:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
             bf16_curves[lname] = got
             rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))

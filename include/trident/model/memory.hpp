@@ -89,9 +89,8 @@ struct MemoryLayout {
   // of the rank's parameters, 2 bytes each): both counted in scratch (the LM head's need is
   // the largest, ~N * Vl).
   bool bf16_products = false;
-  // The backend runs the LM head fused where the TP group is one rank (Ops::fused_lm_head():
-  // CUDA under bf16): bf16 logits, in a logits buffer of half the size, and as the head's
-  // product scratch only a bf16 copy of lnf (2 N C bytes) instead of the bf16 copies of the
+  // The backend runs the LM head fused, at any TP (Ops::fused_lm_head(): CUDA under bf16):
+  // bf16 logits, in a logits buffer of half the size, and as the head's product scratch only a bf16 copy of lnf (2 N C bytes) instead of the bf16 copies of the
   // logits (2 N Vl + 2 N C). set_precision sets it with bf16_products; the trainer asks the
   // backend.
   bool fused_head = false;

@@ -444,7 +444,7 @@ class Ops {
     return total;
   }
 
-  // ---- the LM head of an unsharded vocabulary (a TP group of one), in one call ---------
+  // ---- the LM head, its vocabulary whole or split over a TP group, in one call ------------
   // logits[N,V] = lnf[N,C] @ wte[V,C]^T; the softmax cross-entropy of each row against
   // targets[N] (columns [v_valid, V) are padding: ignored, zero gradient) into loss[N], added
   // to the loss total (add_loss). With with_backward, dlogits = loss_scale * (softmax -
@@ -452,14 +452,33 @@ class Ops {
   // logits: storage of N*V floats, or of N*V bf16 (max(ceil(N*V/2), V) floats) where
   // fused_lm_head() (its contents afterwards are unspecified); row_max[N] and
   // stats[2N]: scratch for the row statistics. The final norm stays outside (the model's
-  // LayerNorm or RMSNorm). Default (ops/lm_head.cpp): gemm, xent_forward, add_loss,
-  // xent_backward and the two gemms, today's calls in today's order, so the CPU backends'
-  // results are theirs exactly. CUDA under bf16 (ops/cuda/lm_head.cpp): bf16 logits and a
-  // fused classifier (fused_lm_head()).
+  // LayerNorm or RMSNorm).
+  // Vocabulary-parallel (Megatron's; tp non-null): wte holds this rank's V rows of the
+  // vocabulary from vocab_start, the rows' statistics are combined over the group
+  // (vocab_parallel_xent_forward), loss is the whole vocabulary's, and dlnf is this rank's
+  // partial (the caller sums it over the group). tp null (a group of one): vocab_start 0.
+  // Default (ops/lm_head.cpp): gemm, vocab_parallel_xent_forward, add_loss, xent_backward
+  // and the two gemms, the model's calls in the model's order before the op existed, so the
+  // CPU backends' results are theirs exactly. CUDA under bf16 (ops/cuda/lm_head.cpp): bf16
+  // logits and a fused classifier (fused_lm_head()), at any TP.
+  struct HeadCollectives {
+    virtual ~HeadCollectives() = default;
+    virtual void allreduce_max(float* x, std::int64_t n) = 0;  // over the TP group, in place
+    virtual void allreduce_sum(float* x, std::int64_t n) = 0;
+  };
   virtual void lm_head(float* loss, float* dlnf, float* dwte, float* logits, float* row_max,
                        float* stats, const float* lnf, const float* wte,
                        const std::int32_t* targets, int n, int c, int v, int v_valid,
-                       float loss_scale, bool with_backward);
+                       float loss_scale, bool with_backward, int vocab_start,
+                       HeadCollectives* tp);
+  // The cross-entropy forward of logits[N,ld] (this rank's shard from vocab_start; stats =
+  // sumexp[N] then target_logit[N]). tp null: xent_forward. Else one read of the shard
+  // (xent_shard_stats, the shard's max held in loss meanwhile), the global max (allreduce
+  // max of a copy), each shard's sum rescaled to it, then sumexp and target_logit summed in
+  // one allreduce, then xent_loss. The one copy of this sequence (lm_head, model::xent2d).
+  void vocab_parallel_xent_forward(float* loss, float* row_max, float* stats,
+                                   const float* logits, const std::int32_t* targets, int n,
+                                   int ld, int v_valid, int vocab_start, HeadCollectives* tp);
   // Whether lm_head runs fused rather than as the composition above: the logits are then
   // bf16 (the model's buffer is half the size) and its backend scratch is a bf16 copy of lnf
   // (2 N C bytes) instead of the products' bf16 copies of the logits (model::predict_memory,

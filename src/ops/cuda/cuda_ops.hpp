@@ -173,7 +173,8 @@ class CudaOps final : public Ops {
   // Ops::lm_head's composition.
   void lm_head(float* loss, float* dlnf, float* dwte, float* logits, float* row_max,
                float* stats, const float* lnf, const float* wte, const std::int32_t* targets,
-               int n, int c, int v, int v_valid, float loss_scale, bool with_backward) override;
+               int n, int c, int v, int v_valid, float loss_scale, bool with_backward,
+               int vocab_start, HeadCollectives* tp) override;
   bool fused_lm_head() const override;
 
   // The coarse GPT-2 block (fused_block.cpp): with a bf16 stash (Gpt2BlockStash::bf16), bf16

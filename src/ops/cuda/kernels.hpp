@@ -232,6 +232,18 @@ void launch_adamw_segments(cudaStream_t s, const AdamWSegmentEntry* segments, in
 void launch_fused_classifier(cudaStream_t s, void* logits16, float* loss,
                              const std::int32_t* targets, int n, int ld, int v_valid, float scale,
                              bool backward);
+// A vocabulary shard (TP: this rank's columns from vocab_start): the classifier in two passes
+// around the collectives. The first: per row of logits16 its max (shard_max), the sum of
+// exponentials at that max (sumexp) and the target logit if this shard holds the target
+// (else 0), as Ops::xent_shard_stats on fp32 logits. The second, once row_max and sumexp are
+// the whole vocabulary's: the row overwritten by the bf16 dlogits as launch_fused_classifier's.
+void launch_classifier_shard_stats(cudaStream_t s, const void* logits16, float* shard_max,
+                                   float* sumexp, float* target_logit,
+                                   const std::int32_t* targets, int n, int ld, int v_valid,
+                                   int vocab_start);
+void launch_classifier_backward(cudaStream_t s, void* logits16, const float* row_max,
+                                const float* sumexp, const std::int32_t* targets, int n, int ld,
+                                int v_valid, int vocab_start, float scale);
 
 // ---- fused_block.cu (CudaOps::gpt2_block_*: bf16 activations, packed, 2 bytes each) -------
 // LayerNorm of fp32 x[n, c] (the layernorm_forward kernel's arithmetic) written as bf16 y,

@@ -1,7 +1,8 @@
 // ops/cuda/lm_head.cpp — CudaOps::lm_head: under bf16 products (not TRIDENT_CUDA_BASELINE,
 // not TRIDENT_CUDA_FUSED_HEAD=0) the head with bf16 logits (fused_head.cpp); otherwise the
 // composition of Ops::lm_head (fp32 logits, the one-pass forward, the backward in place and
-// two products that each convert the logits to bf16).
+// two products that each convert the logits to bf16). At any TP: a vocabulary shard's
+// classifier runs in two passes around the collectives (fused_head.hpp).
 // Bytes moved per logit (N x V): the composition writes fp32 logits (4), reads them for the
 // forward (4), reads and writes them for the backward (8), and each backward product converts
 // them (read 4, write 2, read 2: 16): 32. Fused: the product writes bf16 (2), the classifier
@@ -22,10 +23,11 @@ bool CudaOps::fused_lm_head() const {
 void CudaOps::lm_head(float* loss, float* dlnf, float* dwte, float* logits, float* row_max,
                       float* stats, const float* lnf, const float* wte,
                       const std::int32_t* targets, int n, int c, int v, int v_valid,
-                      float loss_scale, bool with_backward) {
+                      float loss_scale, bool with_backward, int vocab_start,
+                      HeadCollectives* tp) {
   if (!fused_lm_head() || n <= 0 || c <= 0 || v <= 0) {
     Ops::lm_head(loss, dlnf, dwte, logits, row_max, stats, lnf, wte, targets, n, c, v, v_valid,
-                 loss_scale, with_backward);
+                 loss_scale, with_backward, vocab_start, tp);
     return;
   }
   // Scratch: lnf in bf16 (the head's largest conversion now: N x C), and wte unless the weight
@@ -44,8 +46,10 @@ void CudaOps::lm_head(float* loss, float* dlnf, float* dwte, float* logits, floa
       wte16 = packed;
     }
   }
+  // TP: this rank's vocabulary rows, the row statistics combined between the two passes
+  const HeadShard shard{vocab_start, row_max, stats, tp};
   fused_head(cublas_, stream_, timer_.get(), loss, dlnf, dwte, logits, lnf16, wte16, targets, n,
-             c, v, v_valid, loss_scale, with_backward);
+             c, v, v_valid, loss_scale, with_backward, tp ? &shard : nullptr);
   add_loss(loss, n);  // on the device (CudaOps::add_loss), read once a step
 }
 

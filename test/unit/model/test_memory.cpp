@@ -162,10 +162,10 @@ TEST(Memory, Bf16ProductsCountTheBackendsLargestConversion) {
   EXPECT_EQ(predict_memory(cfg, lay).scratch, fp32.scratch - (std::int64_t(1) << 20));
 }
 
-// The fused LM head (Ops::lm_head on CUDA under bf16, a TP group of one) keeps the logits in
+// The fused LM head (Ops::lm_head on CUDA under bf16, at any TP) keeps the logits in
 // bf16 in the model's logits buffer (half its fp32 size) and converts only lnf [N, C]: the
 // largest need is then the MLP's c_fc (x [N, C] and dy [N, 4C]), not the head's
-// 2 (N C + N V). At tp 2 the head is the vocabulary-parallel composition again.
+// 2 (N C + N V); at tp 2 on the rank's vocabulary share.
 TEST(Memory, FusedHeadConvertsOnlyTheFinalNorm) {
   ModelConfig cfg;
   cfg.vocab_size = 50304, cfg.seq_len = 1024, cfg.n_layer = 12, cfg.n_head = 12, cfg.d_model = 768;
@@ -181,10 +181,14 @@ TEST(Memory, FusedHeadConvertsOnlyTheFinalNorm) {
   const std::int64_t head = 2 * (N * C + N * V), fc = 2 * (N * C + N * 4 * C);
   // and the model's logits buffer holds bf16: half of N V floats
   EXPECT_EQ(composed.scratch - fused.scratch, (head + head / 4) - (fc + fc / 4) + 2 * N * V);
+  // At tp 2 the same on the rank's share: Vl = V / 2 columns of logits, 2C MLP columns.
   lay.tp = 2;
-  const MemoryEstimate tp2 = predict_memory(cfg, lay);
+  const MemoryEstimate composed2 = predict_memory(cfg, lay);
   lay.fused_head = true;
-  EXPECT_EQ(predict_memory(cfg, lay).scratch, tp2.scratch);
+  const MemoryEstimate fused2 = predict_memory(cfg, lay);
+  const std::int64_t Vl = V / 2, head2 = 2 * (N * C + N * Vl), fc2 = 2 * (N * C + N * 2 * C);
+  EXPECT_EQ(composed2.scratch - fused2.scratch,
+            (head2 + head2 / 4) - (fc2 + fc2 / 4) + 2 * N * Vl);
 }
 
 // Attention through cuDNN (ops/cuda/cudnn_attention.hpp) takes its bf16 copies and cuDNN's

@@ -1185,7 +1185,7 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
   const float scale = 1.0f / float(n);
   FVec loss(n), dlnf(lnf.size()), dw = dw0, logits(std::size_t(n) * v), mx(n), st(2 * n);
   cpu().lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(),
-                lnf.data(), wte.data(), tg.data(), n, c, v, v_valid, scale, backward);
+                lnf.data(), wte.data(), tg.data(), n, c, v, v_valid, scale, backward, 0, nullptr);
   const double total = cpu().take_loss();
   DevVec<float> gl(g, FVec(logits.size(), 7.0f)), gloss(g, FVec(n, 7.0f)), glnf(g, lnf),
       gwte(g, wte), gdlnf(g, FVec(lnf.size(), 7.0f)), gdw(g, dw0), gmx(g, FVec(n)),
@@ -1194,7 +1194,7 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
   if (cached) g.set_weights(gwte.get(), std::int64_t(wte.size()));
   g.take_loss();
   g.lm_head(gloss.get(), gdlnf.get(), gdw.get(), gl.get(), gmx.get(), gst.get(), glnf.get(),
-            gwte.get(), gtg.get(), n, c, v, v_valid, scale, backward);
+            gwte.get(), gtg.get(), n, c, v, v_valid, scale, backward, 0, nullptr);
   const double got_total = g.take_loss();
   if (cached) g.set_weights(nullptr, 0);
   EXPECT_TRUE(near(gloss.host(), loss, 1e-2)) << "loss";
@@ -1205,6 +1205,88 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
     return;
   }
   EXPECT_TRUE(near(gdlnf.host(), dlnf, 3e-2)) << "dlnf";
+  FVec add(dw.size()), got_add(dw.size());
+  for (std::size_t i = 0; i < dw.size(); i++)
+    add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
+  EXPECT_TRUE(near(got_add, add, 3e-2)) << "what was added to dwte";
+  const std::size_t pad = std::size_t(v_valid) * c;
+  EXPECT_TRUE(near(FVec(got_dw.begin() + std::ptrdiff_t(pad), got_dw.end()),
+                   FVec(dw0.begin() + std::ptrdiff_t(pad), dw0.end()), 0.0))
+      << "dwte's padding rows: zero gradient";
+}
+
+// Ops::lm_head over a vocabulary in two shards (TP 2), both in this process: each shard runs
+// three times with collectives that record what it reduces and hand back what the two
+// records give once known (the max in the 2nd run, the max and the sums in the 3rd; as
+// emulate/driver.cpp on the stand-in), against the CPU's head over the whole (padded)
+// vocabulary on the same bf16-rounded operands: each shard's loss, the shards' dlnf
+// partials summed, dwte's increment (check_lm_head's tolerances), its padding rows unchanged.
+// lnf >= 0 and shard 1's wte rows shifted up: shard 1 holds the larger logits, so sums left
+// at a shard's own max are far off.
+struct ReplayedCollectives final : Ops::HeadCollectives {
+  explicit ReplayedCollectives(Ops& o) : ops(o) {}
+  void allreduce_max(float* x, std::int64_t n) override { io(x, n, max_in, max_out); }
+  void allreduce_sum(float* x, std::int64_t n) override { io(x, n, sum_in, sum_out); }
+  void io(float* x, std::int64_t n, FVec& in, const FVec* out) {
+    in.resize(std::size_t(n));
+    ops.memory()->to_host(in.data(), x, in.size() * sizeof(float));
+    if (out) ops.memory()->to_device(x, out->data(), in.size() * sizeof(float));
+  }
+  Ops& ops;
+  FVec max_in, sum_in;
+  const FVec* max_out = nullptr;
+  const FVec* sum_out = nullptr;
+};
+
+void check_lm_head_shards(Ops& g, int n, int c, int v_valid) {
+  const int vl = (v_valid + 1) / 2, v = 2 * vl;
+  Rng r(4101u + unsigned(n + c + v_valid));
+  FVec lnf = r.uniform(std::size_t(n) * c, 0.0, 2.0), wte = r.normal(std::size_t(v) * c, 0.1),
+       dw0 = r.normal(wte.size(), 0.01);
+  for (std::size_t i = std::size_t(vl) * c; i < wte.size(); i++) wte[i] += 0.05f;
+  std::vector<std::uint16_t> bits(std::max(lnf.size(), wte.size()));
+  for (FVec* x : {&lnf, &wte}) {
+    cpu().to_bf16(bits.data(), x->data(), std::int64_t(x->size()));
+    cpu().from_bf16(x->data(), bits.data(), std::int64_t(x->size()));
+  }
+  IVec tg(n);
+  for (int i = 0; i < n; i++) tg[i] = i % 2 ? r.integer(vl, v_valid - 1) : r.integer(0, vl - 1);
+  const float scale = 1.0f / float(n);
+  FVec loss(n), dlnf(lnf.size()), dw = dw0, logits(std::size_t(n) * v), mx(n), st(2 * n);
+  cpu().lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(),
+                lnf.data(), wte.data(), tg.data(), n, c, v, v_valid, scale, true, 0, nullptr);
+  cpu().take_loss();
+  DevVec<float> gl(g, FVec(std::size_t(n) * vl, 7.0f)), gloss(g, FVec(n)), glnf(g, lnf),
+      gwte(g, wte), gdlnf(g, FVec(lnf.size())), gmx(g, FVec(n)), gst(g, FVec(2 * n));
+  DevVec<std::int32_t> gtg(g, tg);
+  ReplayedCollectives rp[2] = {ReplayedCollectives(g), ReplayedCollectives(g)};
+  FVec gmax(n), gsum(2 * std::size_t(n)), got_loss[2], got_dlnf(lnf.size(), 0.0f), got_dw = dw0;
+  for (int run = 0; run < 3; run++) {
+    for (int i = 0; run == 1 && i < n; i++) gmax[i] = std::max(rp[0].max_in[i], rp[1].max_in[i]);
+    for (std::size_t i = 0; run == 2 && i < gsum.size(); i++)
+      gsum[i] = rp[0].sum_in[i] + rp[1].sum_in[i];
+    for (int s = 0; s < 2; s++) {
+      rp[s].max_out = run >= 1 ? &gmax : nullptr;
+      rp[s].sum_out = run == 2 ? &gsum : nullptr;
+      const int start = s * vl, valid = std::clamp(v_valid - start, 0, vl);
+      const std::size_t rows = std::size_t(start) * c;
+      DevVec<float> gdw(g, dw0);
+      g.lm_head(gloss.get(), gdlnf.get(), gdw.get() + rows, gl.get(), gmx.get(), gst.get(),
+                glnf.get(), gwte.get() + rows, gtg.get(), n, c, vl, valid, scale, true, start,
+                &rp[s]);
+      g.take_loss();
+      if (run < 2) continue;
+      got_loss[s] = gloss.host();
+      const FVec part = gdlnf.host(), w = gdw.host();
+      for (std::size_t i = 0; i < part.size(); i++) got_dlnf[i] += part[i];
+      std::copy(w.begin() + std::ptrdiff_t(rows),
+                w.begin() + std::ptrdiff_t(rows + std::size_t(vl) * c),
+                got_dw.begin() + std::ptrdiff_t(rows));
+    }
+  }
+  EXPECT_TRUE(near(got_loss[0], loss, 1e-2)) << "loss (shard 0)";
+  EXPECT_TRUE(near(got_loss[1], loss, 1e-2)) << "loss (shard 1)";
+  EXPECT_TRUE(near(got_dlnf, dlnf, 3e-2)) << "dlnf: the shards' partials summed";
   FVec add(dw.size()), got_add(dw.size());
   for (std::size_t i = 0; i < dw.size(); i++)
     add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
@@ -1273,6 +1355,19 @@ TEST(CudaOps, LmHeadFusedMatchesTheCpuComposition) {
   unsetenv("TRIDENT_CUDA_FUSED_HEAD");
   EXPECT_FALSE(off->fused_lm_head());
   check_lm_head(*off, 37, 40, 104, 97, true, false);
+}
+
+// The fused head on each of two vocabulary shards (TP 2; fused_head.hpp's two passes), and
+// fp32's composition (Ops::vocab_parallel_xent_forward on the backend's kernels) the same way.
+// Shapes: GPT-2's vocabulary (shards of 25129 columns: the scalar path), 16-byte rows with
+// padding, an odd one.
+TEST(CudaOps, LmHeadOverTwoVocabularyShardsMatchesTheWholeVocabulary) {
+  Ops& g = gpu(Precision::bf16);
+  ASSERT_TRUE(g.fused_lm_head());
+  check_lm_head_shards(g, 64, 96, 50257);
+  check_lm_head_shards(g, 24, 16, 95);
+  check_lm_head_shards(g, 10, 12, 41);
+  check_lm_head_shards(gpu(Precision::fp32), 37, 40, 97);
 }
 
 // TRIDENT_CUDA_LT_TUNE (src/ops/cuda/lt_tune.hpp): tuned products (linear_forward's bias

@@ -738,7 +738,7 @@ int main() {
       std::vector<std::int32_t> tg(h.n); for (auto& t : tg) t = int(g() % h.vv);
       const float scale = 1.0f / float(h.n);
       V loss(h.n), dlnf(lnf.size()), dw = dw0, logits(size_t(h.n) * h.v), mx(h.n), st(2 * h.n);
-      cpu->lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(), lnf.data(), wte.data(), tg.data(), h.n, h.c, h.v, h.vv, scale, backward != 0);
+      cpu->lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(), lnf.data(), wte.data(), tg.data(), h.n, h.c, h.v, h.vv, scale, backward != 0, 0, nullptr);
       const double want_total = cpu->take_loss();
       void *dl16, *dlnf16, *dwte16; float *dloss, *ddlnf, *ddw; std::int32_t* dtg;
       cudaMalloc(&dl16, size_t(h.n) * h.v * 4); cudaMalloc(&dlnf16, lnf16.size() * 2); cudaMalloc(&dwte16, wte16.size() * 2);
@@ -767,6 +767,87 @@ int main() {
         printf("  dwte untouched without the backward        %s\n", kept ? "ok  " : "BAD ");
       }
       for (void* p : {dl16, dlnf16, dwte16, static_cast<void*>(dloss), static_cast<void*>(ddlnf), static_cast<void*>(ddw), static_cast<void*>(dtg)}) cudaFree(p);
+    }
+    cublasDestroy(cb);
+  }
+  // The head over a vocabulary in two shards (TP 2: fused_head with a HeadShard, the
+  // classifier's two passes around the collectives), both shards in this process: each
+  // shard runs three times with collectives that record what it reduces and hand back what
+  // the two shards' records give once both are known (the max in the 2nd run, the max and the
+  // sums in the 3rd; the kernels are deterministic). Against the CPU composition over the
+  // whole (padded) vocabulary on the same bf16-rounded operands: each shard's loss, the sum of
+  // the shards' dlnf partials, dwte's increment, its padding rows unchanged. Shard 1 holds
+  // every row's largest logits (its wte rows shifted), so sums left at the shard's own max
+  // are far off; the targets fall in both shards.
+  { struct H { int n, c, vv; };
+    struct Replay final : ops::Ops::HeadCollectives {
+      int n = 0;
+      V max_in, sum_in;
+      const V* max_out = nullptr; const V* sum_out = nullptr;
+      void allreduce_max(float* x, std::int64_t count) override { io(x, count, max_in, max_out); }
+      void allreduce_sum(float* x, std::int64_t count) override { io(x, count, sum_in, sum_out); }
+      static void io(float* x, std::int64_t count, V& in, const V* out) {
+        in.assign(size_t(count), 0.0f);
+        cudaMemcpy(in.data(), x, size_t(count) * 4, cudaMemcpyDeviceToHost);
+        if (out) cudaMemcpy(x, out->data(), size_t(count) * 4, cudaMemcpyHostToDevice);
+      }
+    };
+    cublasHandle_t cb = nullptr; cublasCreate(&cb);
+    for (H h : {H{24, 16, 96}, H{24, 16, 85}, H{10, 12, 41}}) for (int backward = 0; backward < 2; backward++) {
+      const int vl = (h.vv + 1) / 2, v = 2 * vl;  // each shard's columns; the padded vocabulary
+      V lnf = rnd(size_t(h.n) * h.c), wte = rnd(size_t(v) * h.c, 0.5f), dw0 = rnd(wte.size(), 0.1f);
+      for (size_t i = 0; i < size_t(h.n) * h.c; i++) lnf[i] = std::fabs(lnf[i]);  // lnf >= 0, so
+      for (size_t i = size_t(vl) * h.c; i < wte.size(); i++) wte[i] += 0.4f;      // shard 1's logits are larger
+      std::vector<std::uint16_t> lnf16(lnf.size()), wte16(wte.size());
+      cpu->to_bf16(lnf16.data(), lnf.data(), std::int64_t(lnf.size())); cpu->from_bf16(lnf.data(), lnf16.data(), std::int64_t(lnf.size()));
+      cpu->to_bf16(wte16.data(), wte.data(), std::int64_t(wte.size())); cpu->from_bf16(wte.data(), wte16.data(), std::int64_t(wte.size()));
+      std::vector<std::int32_t> tg(h.n); for (int i = 0; i < h.n; i++) tg[i] = i % 2 ? int(g() % (h.vv - vl)) + vl : int(g() % vl);
+      const float scale = 1.0f / float(h.n);
+      V loss(h.n), dlnf(lnf.size()), dw = dw0, logits(size_t(h.n) * v), mx(h.n), st(2 * h.n);
+      cpu->lm_head(loss.data(), dlnf.data(), dw.data(), logits.data(), mx.data(), st.data(), lnf.data(), wte.data(), tg.data(), h.n, h.c, v, h.vv, scale, backward != 0, 0, nullptr);
+      cpu->take_loss();
+      void *dl16, *dlnf16, *dwte16; float *dloss, *ddlnf, *ddw, *drow, *dst; std::int32_t* dtg;
+      cudaMalloc(&dl16, size_t(h.n) * vl * 2); cudaMalloc(&dlnf16, lnf16.size() * 2); cudaMalloc(&dwte16, wte16.size() * 2);
+      cudaMalloc(reinterpret_cast<void**>(&dloss), size_t(h.n) * 4); cudaMalloc(reinterpret_cast<void**>(&ddlnf), lnf.size() * 4);
+      cudaMalloc(reinterpret_cast<void**>(&ddw), wte.size() * 4); cudaMalloc(reinterpret_cast<void**>(&dtg), size_t(h.n) * 4);
+      cudaMalloc(reinterpret_cast<void**>(&drow), size_t(h.n) * 4); cudaMalloc(reinterpret_cast<void**>(&dst), size_t(h.n) * 8);
+      cudaMemcpy(dlnf16, lnf16.data(), lnf16.size() * 2, cudaMemcpyHostToDevice); cudaMemcpy(dwte16, wte16.data(), wte16.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(dtg, tg.data(), size_t(h.n) * 4, cudaMemcpyHostToDevice);
+      Replay rp[2];
+      V gmax(h.n), gsum(2 * size_t(h.n)), loss2[2], dlnf2(lnf.size(), 0.0f), dw2 = dw0;
+      for (int run = 0; run < 3; run++) {
+        if (run == 1) for (int i = 0; i < h.n; i++) gmax[size_t(i)] = std::max(rp[0].max_in[size_t(i)], rp[1].max_in[size_t(i)]);
+        if (run == 2) for (size_t i = 0; i < gsum.size(); i++) gsum[i] = rp[0].sum_in[i] + rp[1].sum_in[i];
+        for (int s = 0; s < 2; s++) {
+          rp[s].max_out = run >= 1 ? &gmax : nullptr; rp[s].sum_out = run == 2 ? &gsum : nullptr;
+          const int start = s * vl, valid = std::clamp(h.vv - start, 0, vl);
+          const size_t rows = size_t(start) * h.c;
+          cudaMemcpy(ddw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice);
+          const HeadShard shard{start, drow, dst, &rp[s]};
+          fused_head(cb, nullptr, nullptr, dloss, ddlnf, ddw + rows, dl16, dlnf16, static_cast<std::uint16_t*>(dwte16) + rows, dtg, h.n, h.c, vl, valid, scale, backward != 0, &shard);
+          if (run < 2) continue;
+          loss2[s].resize(size_t(h.n)); cudaMemcpy(loss2[s].data(), dloss, size_t(h.n) * 4, cudaMemcpyDeviceToHost);
+          V part(lnf.size()), w(wte.size()); cudaMemcpy(part.data(), ddlnf, part.size() * 4, cudaMemcpyDeviceToHost);
+          cudaMemcpy(w.data(), ddw, w.size() * 4, cudaMemcpyDeviceToHost);
+          if (backward) for (size_t i = 0; i < part.size(); i++) dlnf2[i] += part[i];
+          std::copy(w.begin() + std::ptrdiff_t(rows), w.begin() + std::ptrdiff_t(rows + size_t(vl) * h.c), dw2.begin() + std::ptrdiff_t(rows));
+        }
+      }
+      snprintf(name, sizeof name, "fused_head 2 shards n%d c%d valid %d%s loss", h.n, h.c, h.vv, backward ? " +backward" : "");
+      cmp(name, loss2[0], loss, 1e-2);
+      cmp("  the other shard's loss", loss2[1], loss, 1e-2);
+      if (backward) {
+        cmp("  dlnf (the shards' partials summed)", dlnf2, dlnf, 1e-2);
+        V add(dw.size()), add2(dw.size());
+        for (size_t i = 0; i < dw.size(); i++) { add[i] = dw[i] - dw0[i]; add2[i] = dw2[i] - dw0[i]; }
+        cmp("  dwte (+=)", add2, add, 1e-2);
+        bool kept = std::memcmp(dw2.data() + size_t(h.vv) * h.c, dw0.data() + size_t(h.vv) * h.c, size_t(v - h.vv) * h.c * 4) == 0;
+        bad += !kept; printf("  dwte's padding rows unchanged              %s\n", kept ? "ok  " : "BAD ");
+      } else {
+        bool kept = dw2 == dw0; bad += !kept;
+        printf("  dwte untouched without the backward        %s\n", kept ? "ok  " : "BAD ");
+      }
+      for (void* p : {dl16, dlnf16, dwte16, static_cast<void*>(dloss), static_cast<void*>(ddlnf), static_cast<void*>(ddw), static_cast<void*>(dtg), static_cast<void*>(drow), static_cast<void*>(dst)}) cudaFree(p);
     }
     cublasDestroy(cb);
   }

@@ -7,7 +7,7 @@ adamw_segments and sum_squares_spans once a step (no per-tensor adamw, sum_squar
 one-pass classifier (xent_forward) once per microbatch in a serial run and the three-pass one
 per shard (xent_shard_stats, xent_rescale_sumexp, xent_loss) at tp 2, where the vocabulary is
 sharded; under bf16 the fused LM head's steps once per microbatch (and the one-pass
-classifier again with TRIDENT_CUDA_FUSED_HEAD=0), but at tp 2 the sharded composition; rank 1 writes
+classifier again with TRIDENT_CUDA_FUSED_HEAD=0), at tp 2 its two-pass form on each shard; rank 1 writes
 FILE.rank1 (left out where there is no mpirun). usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 op_timing.py
 """
 import json
@@ -108,14 +108,19 @@ def main():
         t.check(calls(tab, "xent_shard_stats") == micro and calls(tab, "xent_rescale_sumexp") == micro
                 and calls(tab, "xent_forward") == 0 and calls(tab, "xent_row_max") == 0,
                 f"tp 2, {name}: one pass per shard and the rescale, {calls(tab, 'xent_shard_stats')} calls")
-    # bf16 at tp 2: the vocabulary is sharded, so the head is the composition, not the fused op
+    # bf16 at tp 2: the fused head on each vocabulary shard (Ops::lm_head with the TP group's
+    # collectives): the classifier's two passes around them, no fp32 classifier.
     path3 = t.path("ops-tp2-bf16.json")
     os.environ["TRIDENT_OP_TIMING"] = path3
     t.train(2, "tp2-bf16", sets=DEVICE + ["parallel.tp=2", 'runtime.precision="bf16"'])
-    tab = table(path3)
-    t.check(calls(tab, "xent_shard_stats") == micro and calls_of(tab, "lm_head") == 0,
-            f"tp 2 bf16: the vocabulary-parallel composition ({calls(tab, 'xent_shard_stats')} "
-            f"shard passes), no fused head")
+    for p in [path3, path3 + ".rank1"]:
+        tab = table(p)
+        steps = {s: calls_of(tab, f"lm_head {s}")
+                 for s in ("logits", "classifier stats", "classifier backward", "dlnf", "dwte")}
+        t.check(all(n == micro for n in steps.values()) and calls(tab, "xent_shard_stats") == 0
+                and calls(tab, "xent_backward") == 0,
+                f"tp 2 bf16, {os.path.basename(p)}: the fused head's steps on each shard once per "
+                f"microbatch ({steps}), no fp32 classifier")
     os.environ.pop("TRIDENT_OP_TIMING", None)
     t.finish()
 
