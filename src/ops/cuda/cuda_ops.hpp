@@ -191,6 +191,9 @@ class CudaOps final : public Ops {
   void gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                                    const Gpt2BlockParams& g, const Gpt2BlockStash& la,
                                    const BlockWStash& w) override;
+  // Selective recompute on the bf16 stash: attention_forward_bf16 and the GELU kernel, the
+  // calls gpt2_block_forward makes for a stash marked recomputed (no GELU epilogue there).
+  void gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash& la) override;
   // The coarse Llama block, the same way (fused_block.cpp): RMSNorms write bf16, RoPE and
   // SwiGLU on bf16, grouped-query attention_forward_bf16, o and down add the residual.
   void llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p, const float* x,
