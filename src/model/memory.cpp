@@ -199,7 +199,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
       const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
       need = std::max(need, lay.fused_attention_bytes(int(d.B), int(t), int(nh), int(nkv_l),
-                                                      cfg.head_dim()));
+                                                      cfg.head_dim(), fused));
     }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
     // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.

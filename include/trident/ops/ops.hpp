@@ -188,9 +188,10 @@ class Ops {
   // run through a library's fused attention (CUDA under bf16: cuDNN, loaded and its plans
   // made by this call if not yet): the larger of the two, exact; 0 when they do not (the
   // CPU; no cuDNN; a shape it does not take). model::predict_memory counts it
-  // (MemoryLayout::fused_attention_bytes).
-  virtual std::int64_t fused_attention_bytes(const AttentionShape& s) {
-    (void)s;
+  // (MemoryLayout::fused_attention_bytes). bf16_io: the plans of the bf16 entry points the
+  // fused blocks call on their [q k v] rows (CUDA: no copies, cuDNN's workspace only).
+  virtual std::int64_t fused_attention_bytes(const AttentionShape& s, bool bf16_io = false) {
+    (void)s, (void)bf16_io;
     return 0;
   }
 

@@ -132,7 +132,8 @@ class CudaOps final : public Ops {
                           const AttentionShape& s) override;
   void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
                        const AttentionShape& s) override;
-  std::int64_t fused_attention_bytes(const AttentionShape& s) override;  // cudnn_attention.cpp
+  std::int64_t fused_attention_bytes(const AttentionShape& s,
+                                     bool bf16_io = false) override;  // cudnn_attention.cpp
   void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override;
   void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,

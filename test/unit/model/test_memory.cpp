@@ -248,10 +248,10 @@ TEST(Memory, FusedAttentionCountsTheBackendsBytesForTheRanksShape) {
   lay.host_memory = false;
   lay.bf16_products = true;
   const MemoryEstimate kernel = predict_memory(cfg, lay);
-  std::vector<std::array<int, 5>> asked;
+  std::vector<std::array<int, 6>> asked;
   const std::int64_t bytes = 400000000;  // more than any product's conversion here
-  lay.fused_attention_bytes = [&](int b, int t, int nh, int nkv, int hs) {
-    asked.push_back({b, t, nh, nkv, hs});
+  lay.fused_attention_bytes = [&](int b, int t, int nh, int nkv, int hs, bool qkv_rows) {
+    asked.push_back({b, t, nh, nkv, hs, int(qkv_rows)});
     return bytes;
   };
   const MemoryEstimate cudnn = predict_memory(cfg, lay);
@@ -259,16 +259,20 @@ TEST(Memory, FusedAttentionCountsTheBackendsBytesForTheRanksShape) {
   const std::int64_t fc = 2 * 8192 * (768 + 3072);
   EXPECT_EQ(cudnn.scratch - kernel.scratch, (bytes + bytes / 4) - (fc + fc / 4));
   ASSERT_EQ(asked.size(), 1u);
-  EXPECT_EQ(asked[0], (std::array<int, 5>{8, 1024, 12, 12, 64}));
+  EXPECT_EQ(asked[0], (std::array<int, 6>{8, 1024, 12, 12, 64, 0}));
   lay.tp = 2;
   predict_memory(cfg, lay);
-  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 6, 6, 64}));
-  lay.cp = 2, lay.cp_mode = CpMode::ulysses;
+  EXPECT_EQ(asked.back(), (std::array<int, 6>{8, 1024, 6, 6, 64, 0}));
+  // The fused block (stores_fused_block) asks for its bf16 plans on the [q k v] rows.
+  lay.block_stash_bf16 = true;
   predict_memory(cfg, lay);
-  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 3, 3, 64}));
+  EXPECT_EQ(asked.back(), (std::array<int, 6>{8, 1024, 6, 6, 64, 1}));
+  lay.cp = 2, lay.cp_mode = CpMode::ulysses;  // not the fused block's: packed rows
+  predict_memory(cfg, lay);
+  EXPECT_EQ(asked.back(), (std::array<int, 6>{8, 1024, 3, 3, 64, 0}));
   // A backend that takes none (0 bytes): the prediction without it.
-  lay.tp = 1, lay.cp = 1, lay.cp_mode = CpMode::ring;
-  lay.fused_attention_bytes = [](int, int, int, int, int) { return std::int64_t(0); };
+  lay.tp = 1, lay.cp = 1, lay.cp_mode = CpMode::ring, lay.block_stash_bf16 = false;
+  lay.fused_attention_bytes = [](int, int, int, int, int, bool) { return std::int64_t(0); };
   EXPECT_EQ(predict_memory(cfg, lay).scratch, kernel.scratch);
 }
 
