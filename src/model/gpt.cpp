@@ -119,18 +119,16 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
     sumexp_ = buffer(2 * N);  // sumexp then target logit: one allreduce for both
     token_loss_ = buffer(N);
   }
-  if (recompute_ == Recompute::selective) {
-    Carver count;
-    carve_recomputed(dims_, count, selective_);
-    selective_store_ = buffer(count.used);
-    Carver bind{selective_store_.data()};
-    carve_recomputed(dims_, bind, selective_);
-  }
   // runtime.precision = "bf16" on a device: the stash as bf16 (bf16_storage()). Not with
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
   bf16_store_ = stores_bf16(ops_.precision(), recompute_);
   fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16, recompute_,
-                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), tp, cp);
+                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), cp);
+  if (recompute_ == Recompute::selective) {  // the fused block's shared copy in bf16
+    selective_store_ = buffer(recomputed_floats(dims_, fused_block_));
+    Carver bind{selective_store_.data()};
+    carve_recomputed(dims_, bind, selective_, fused_block_);
+  }
   // The gradients each TP rank holds only a part of, packed for one reduction per step: the
   // norms under sequence parallelism, Llama's replicated k/v weights.
   std::int64_t partial = 0;
@@ -243,11 +241,14 @@ std::array<LinearDims, 4> block_linears(const ChunkDims& d) {
   return {{{d.C, d.C3}, {d.Ca, d.C}, {d.C, d.F1}, {d.F, d.C}}};
 }
 
-void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la) {
+void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la, bool bf16) {
+  auto elements = [&](std::int64_t n) { return take(bf16 ? (n + 1) / 2 : n); };
   la = LayerActivations{};
-  la.atty = take(d.N * d.Ca);
+  la.atty = elements(d.N * d.Ca);
   la.lse = take(d.B * d.NH * d.T);
-  la.fch_gelu = take(d.N * d.F);
+  la.fch_gelu = elements(d.N * d.F);
+  la.bf16 = bf16;
+  la.recomputed = true;
 }
 
 void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
@@ -264,6 +265,7 @@ void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
   la.ln2_rstd = take(d.Nr);
   la.fch = take(d.N * d.F1);
   la.fch_gelu = shared ? shared->fch_gelu : take(d.N * d.F);
+  la.recomputed = shared != nullptr;
 }
 
 std::vector<StashedTensor> stashed_tensors(const ChunkDims& d) {
@@ -286,35 +288,39 @@ void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
   packed = reinterpret_cast<std::uint16_t*>(take((bf16 + 1) / 2));  // two per float
 }
 
-void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la) {
+void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
+                       const LayerActivations* shared) {
   auto half = [&take](std::int64_t n) { return take((n + 1) / 2); };  // n bf16
   la = LayerActivations{};
   la.ln1 = half(d.N * d.C);
   la.ln1_mean = take(d.Nr);
   la.ln1_rstd = take(d.Nr);
   la.qkv = half(d.N * d.C3);
-  la.atty = half(d.N * d.Ca);
-  la.lse = take(d.B * d.NH * d.T);
+  la.atty = shared ? shared->atty : half(d.N * d.Ca);
+  la.lse = shared ? shared->lse : take(d.B * d.NH * d.T);
   la.res2 = take(d.Nr * d.C);
   la.ln2 = half(d.N * d.C);
   la.ln2_mean = take(d.Nr);
   la.ln2_rstd = take(d.Nr);
   la.fch = half(d.N * d.F1);
-  la.fch_gelu = half(d.N * d.F);
+  la.fch_gelu = shared ? shared->fch_gelu : half(d.N * d.F);
   la.bf16 = true;
+  la.recomputed = shared != nullptr;
 }
 
-std::int64_t fused_layer_floats(const ChunkDims& d) {
+std::int64_t fused_layer_floats(const ChunkDims& d, bool selective) {
   Carver count;
-  LayerActivations la;
-  carve_fused_layer(d, count, la);
+  LayerActivations la, shared{};
+  carve_fused_layer(d, count, la, selective ? &shared : nullptr);
   return count.used;
 }
 
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
-                        Arch arch, int /*tp: any*/, int cp) {
+                        Arch arch, int cp) {
   // GPT-2's and Llama's bf16 blocks take TP, with or without SP (their collectives).
-  return bf16_products && recompute != Recompute::selective && backend_bf16_block &&
+  // Selective recompute: GPT-2's (Ops::gpt2_block_recompute); Llama's keeps fp32 views.
+  const bool recompute_ok = recompute != Recompute::selective || arch == Arch::gpt2;
+  return bf16_products && recompute_ok && backend_bf16_block &&
          (arch == Arch::gpt2 || arch == Arch::llama) && cp == 1;
 }
 
@@ -343,10 +349,10 @@ std::int64_t layer_floats(const ChunkDims& d, bool selective) {
   return count.used;
 }
 
-std::int64_t recomputed_floats(const ChunkDims& d) {
+std::int64_t recomputed_floats(const ChunkDims& d, bool bf16) {
   Carver count;
   LayerActivations la;
-  carve_recomputed(d, count, la);
+  carve_recomputed(d, count, la, bf16);
   return count.used;
 }
 
@@ -399,9 +405,11 @@ std::unique_ptr<ChunkActivations> GptChunk::make_chunk_activations(int chunk,
   } else if (fused_block_) {
     a->fused = true;
     a->layers.resize(std::size_t(L));
-    a->store = buffer(fused_layer_floats(dims_) * L);
+    // Selective recompute: every layer's atty, lse and fch_gelu are the one bf16 copy.
+    const LayerActivations* shared = recompute_ == Recompute::selective ? &selective_ : nullptr;
+    a->store = buffer(fused_layer_floats(dims_, shared != nullptr) * L);
     Carver take{a->store.data()};
-    for (LayerActivations& la : a->layers) carve_fused_layer(dims_, take, la);
+    for (LayerActivations& la : a->layers) carve_fused_layer(dims_, take, la, shared);
   } else if (bf16_store_) {
     if (bf16_work_store_.empty()) {  // the working copy, once
       Carver count;

@@ -4,8 +4,9 @@
 // TP: c_attn and c_fc are column-parallel (enter), the c_projs row-parallel (leave), their
 // biases added once (TP rank 0, before the reduction).
 //
-// Training's forward, backward (with a W stash: the split backward's B) and weight pass (its
-// W) are the coarse ops Ops::gpt2_block_forward / backward / backward_weights at any TP, with
+// Training's forward, backward (with a W stash: the split backward's B), weight pass (its
+// W) and selective recompute are the coarse ops Ops::gpt2_block_forward / backward /
+// backward_weights / recompute at any TP, with
 // or without SP (coarse_op(): no context parallelism): their default (ops/fused_block.cpp) is
 // THE block's sequence, the TP mappings passed as its collectives (Block::TpCollectives), and
 // a backend may fuse it (CUDA under bf16: bf16 activations inside, la.bf16). The composition
@@ -43,7 +44,7 @@ ops::Ops::Gpt2BlockParams coarse(const BlockParams& p) {
 }
 ops::Ops::Gpt2BlockStash coarse(const LayerActivations& la) {
   return {la.ln1, la.ln1_mean, la.ln1_rstd, la.qkv, la.atty, la.lse, la.res2,
-          la.ln2, la.ln2_mean, la.ln2_rstd, la.fch, la.fch_gelu, la.bf16};
+          la.ln2, la.ln2_mean, la.ln2_rstd, la.fch, la.fch_gelu, la.bf16, la.recomputed};
 }
 ops::Ops::BlockWStash coarse(const LayerGradStash& st) { return {st.dfch, st.dqkv}; }
 }  // namespace
@@ -87,6 +88,8 @@ void Gpt2Block::run(const BlockParams& p, const float* x, float* out, LayerActiv
 }
 
 void Gpt2Block::recompute(LayerActivations& la) {
+  if (coarse_op()) return ops_.gpt2_block_recompute(block_shape(B_, T_), coarse(la));
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   attend(la, B_, T_);
   ops_.gelu_forward(la.fch_gelu, la.fch, std::int64_t(B_) * T_ * F_);
 }

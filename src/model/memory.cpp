@@ -130,15 +130,16 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   const std::int64_t layer_store = layer_floats(d, false);
   std::int64_t per_mb = Nr * C * std::max(1, L);
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
-  const std::int64_t inner = recomputed_floats(d);
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
   const bool fused = stores_fused_block(lay.bf16_products, lay.recompute, lay.block_stash_bf16,
-                                       cfg.arch.get(), lay.tp, lay.cp);
+                                       cfg.arch.get(), lay.cp);
+  const std::int64_t inner = recomputed_floats(d, fused);  // the fused block's in bf16
   if (lay.recompute == Recompute::none)
     per_mb += L * (fused  ? fused_layer_floats(d)
                    : bf16 ? packed_layer_floats(d)
                           : layer_store);
-  if (lay.recompute == Recompute::selective) per_mb += L * layer_floats(d, true);
+  if (lay.recompute == Recompute::selective)
+    per_mb += L * (fused ? fused_layer_floats(d, true) : layer_floats(d, true));
   // The split backward's gradients for W: in the layers' dead qkv and fch, or their own
   // (the fused block's in bf16).
   if (lay.split_backward && grad_stash_separate(bf16 && !fused, lay.recompute))
@@ -190,7 +191,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
       const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
       need = std::max(need, lay.fused_attention_bytes(int(d.B), int(t), int(nh), int(nkv_l),
-                                                      cfg.head_dim()));
+                                                      cfg.head_dim(), fused));
     }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
     // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.

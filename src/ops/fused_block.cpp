@@ -5,7 +5,7 @@
 // the key-value-cache step and context parallelism itself.
 // The same for Llama's block (model::LlamaBlock without context parallelism).
 // defines: Ops::gpt2_block_forward, Ops::gpt2_block_backward, Ops::gpt2_block_backward_weights,
-//          Ops::llama_block_forward, Ops::llama_block_backward,
+//          Ops::gpt2_block_recompute, Ops::llama_block_forward, Ops::llama_block_backward,
 //          Ops::llama_block_backward_weights
 #include "trident/core/error.hpp"
 #include "trident/ops/ops.hpp"
@@ -108,6 +108,14 @@ void Ops::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockPa
   const int n = s.b * s.t, C = s.c, Ca = s.attn_c(), F = s.f;
   linear_backward(nullptr, g.fc_w, g.fc_b, w.dfch, la.ln2, p.fc_w, n, C, F);
   linear_backward(nullptr, g.qkv_w, g.qkv_b, w.dqkv, la.ln1, p.qkv_w, n, C, 3 * Ca);
+}
+
+void Ops::gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash& la) {
+  TRIDENT_CHECK(!la.bf16, "gpt2_block_recompute: ", name(), " keeps no bf16 stash");
+  const int n = s.b * s.t, Ca = s.attn_c();
+  const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
+  attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
+  gelu_forward(la.fch_gelu, la.fch, std::int64_t(n) * s.f);
 }
 
 void Ops::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,

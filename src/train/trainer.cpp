@@ -100,12 +100,14 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.fused_head = lay.bf16_products && ops.fused_lm_head();  // knobs may turn it off
   lay.block_stash_bf16 = ops.gpt2_block_stash_bf16();
   if (!lay.host_memory)  // the backend's exact scratch for attention through cuDNN (or 0)
-    lay.fused_attention_bytes = [&ops](int b, int t, int nh, int nkv, int hs) {
+    lay.fused_attention_bytes = [&ops](int b, int t, int nh, int nkv, int hs, bool qkv_rows) {
       ops::Ops::AttentionShape s;  // packed rows: the bytes do not depend on the strides
       s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
       s.ld_q = s.ld_o = std::int64_t(nh) * hs;
       s.ld_k = s.ld_v = std::int64_t(nkv) * hs;
-      return ops.fused_attention_bytes(s);
+      // The fused block's: bf16 I/O on its [q k v] rows (attention_shape_qkv / _llama)
+      if (qkv_rows) s.ld_q = s.ld_k = s.ld_v = std::int64_t(nh + 2 * nkv) * hs;
+      return ops.fused_attention_bytes(s, qkv_rows);
     };
   const std::int64_t per_step = std::int64_t(cfg.parallel.micro_batch_size) * ps.shape.dp;
   if (cfg.train.global_batch_size > 0 && cfg.train.global_batch_size % per_step == 0) {

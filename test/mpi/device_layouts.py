@@ -14,7 +14,8 @@ TRIDENT_TEST_DEVICE picks the device (default "cpu-guarded"):
 Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with sequence
 parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2) (bf16: also GPT-2 and
 Llama under zb-h1 and zb-v, with and without full recompute, against the serial bf16 run and
-the zb-v arena's peak); dp 2, alone and with ZeRO-1
+the zb-v arena's peak; GPT-2 under selective recompute serial, pp 2 1f1b and zb-v, tp 2, and
+its arena's peak); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """
@@ -196,6 +197,13 @@ def main():
               ("tp2xpp2-zbv", 4, ["parallel.tp=2", "parallel.pp=2", *zb_v]),
               ("tp2xpp2-sp-zbv", 4, ["parallel.tp=2", "parallel.sequence_parallel=true",
                                      "parallel.pp=2", *zb_v])]
+        # Selective recompute on GPT-2's fused block: each layer's bf16 qkv and fch kept, the
+        # one shared bf16 atty, lse, fch_gelu filled again before its backward
+        # (Ops::gpt2_block_recompute); pp 2 under 1f1b and zb-v, tp 2.
+        sel = ['parallel.recompute="selective"']
+        zb += [("sel", 1, sel), ("pp2-1f1b-sel", 2, ["parallel.pp=2", *sel]),
+               ("pp2-zbv-sel", 2, ["parallel.pp=2", *zb_v, *sel]),
+               ("tp2-sel", 2, ["parallel.tp=2", *sel])]
         # Llama's fused block under TP the same way: kv heads split (2 on tp 2) or replicated
         # (n_kv_head 1 < tp 2: each rank computes the one, its k/v weights' gradients summed
         # over TP), SP, and x pp 2 under zb-v.
@@ -235,7 +243,9 @@ def main():
                               ("tp2xpp2-zbv", "serial"), ("tp2-sp", "serial"),
                               ("tp2xpp2-sp-zbv", "serial"), ("llama-tp2", "llama"),
                               ("llama-tp2-sp", "llama"), ("llama-tp2-kv1", "llama-kv1"),
-                              ("llama-tp4", "llama"), ("llama-tp2xpp2-zbv", "llama")):
+                              ("llama-tp4", "llama"), ("llama-tp2xpp2-zbv", "llama"),
+                              ("sel", "serial"), ("pp2-1f1b-sel", "serial"),
+                              ("pp2-zbv-sel", "serial"), ("tp2-sel", "serial")):
             ref = bf16_curves[serial]
             rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
             t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
@@ -268,7 +278,10 @@ def main():
                                                         "model.n_kv_head=2", "parallel.tp=2"]),
                                      ("llama-tp2-sp-", 2, [*gpipe, 'model.arch="llama"',
                                                            "model.n_kv_head=2", "parallel.tp=2",
-                                                           "parallel.sequence_parallel=true"])):
+                                                           "parallel.sequence_parallel=true"]),
+                                     # selective recompute: fp32's layers and shared copy
+                                     # against the fused block's bf16 ones
+                                     ("sel-", 1, [*gpipe, 'parallel.recompute="selective"'])):
             mem = {}
             for p in ("fp32", "bf16"):
                 t.train(np_, f"mem-{arch}{p}", sets=[*two, *arch_sets, *device_sets(p)])

@@ -45,6 +45,9 @@ struct LayerActivations {
   // Carved for the backend's bf16 block stash (carve_fused_layer: ln1, qkv, atty, ln2, fch,
   // fch_gelu at 2 bytes an element, only the backend's coarse block op reads them).
   bool bf16 = false;
+  // Selective recompute: atty, lse and fch_gelu are the one shared copy (carve_layer's,
+  // carve_fused_layer's `shared`), filled again by Block::recompute before the backward.
+  bool recomputed = false;
 };
 
 // What the weight-gradient pass (Block::backward_weights) of one transformer block needs

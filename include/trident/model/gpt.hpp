@@ -87,8 +87,9 @@ struct Carver {
 // recompute) its atty, lse and fch_gelu are shared's, the one copy all layers reuse.
 void carve_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
                  const LayerActivations* shared = nullptr);
-// What selective recompute recomputes, carved: atty, lse and fch_gelu (the rest null).
-void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la);
+// What selective recompute recomputes, carved: atty, lse and fch_gelu (the rest null); bf16:
+// the fused block's (atty and fch_gelu at 2 bytes an element, la.bf16).
+void carve_recomputed(const ChunkDims& d, Carver& take, LayerActivations& la, bool bf16 = false);
 // The split backward's gradient stash of one layer (LayerGradStash) when it has one of its
 // own: where grad_stash_separate (packed: the layers keep the packed bf16 stash, whose qkv
 // and fch are not theirs), else the layer's qkv and fch are it (no floats). bf16: the fused
@@ -103,16 +104,20 @@ void carve_packed_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
                         std::uint16_t*& packed);
 // The coarse block op's bf16 stash (Ops::gpt2_block_stash_bf16, GptChunk::fused_block): a
 // layer carved in LayerActivations' order with ln1, qkv, atty, ln2, fch and fch_gelu at 2
-// bytes an element (half the floats, rounded up) and the rest fp32; la.bf16 set.
-void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la);
-std::int64_t fused_layer_floats(const ChunkDims& d);
+// bytes an element (half the floats, rounded up) and the rest fp32; la.bf16 set. With
+// `shared` (selective recompute) its atty, lse and fch_gelu are shared's (carve_recomputed's
+// bf16 copy).
+void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
+                       const LayerActivations* shared = nullptr);
+std::int64_t fused_layer_floats(const ChunkDims& d, bool selective = false);
 // Whether a chunk's layers use that stash (or, with full recompute, its one recomputed layer):
 // bf16 products, a backend whose coarse block op keeps it, GPT-2's or Llama's block at any TP
-// (with or without sequence parallelism), no context parallelism, no selective
-// recompute (its shared fp32 views). The split backward too (the coarse ops' W stash, bf16).
+// (with or without sequence parallelism), no context parallelism; selective recompute
+// GPT-2's only (Llama's keeps its shared fp32 views). The split backward too (the coarse
+// ops' W stash, bf16).
 // One rule for the chunk and for predict_memory.
 bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
-                        Arch arch, int tp, int cp);
+                        Arch arch, int cp);
 // The large tensors of one layer with their elements, in packing order.
 struct StashedTensor {
   float* LayerActivations::*field;
@@ -122,7 +127,7 @@ std::vector<StashedTensor> stashed_tensors(const ChunkDims& d);
 // The floats of each carving.
 std::int64_t layer_floats(const ChunkDims& d, bool selective);
 std::int64_t packed_layer_floats(const ChunkDims& d);
-std::int64_t recomputed_floats(const ChunkDims& d);
+std::int64_t recomputed_floats(const ChunkDims& d, bool bf16 = false);
 std::int64_t grad_stash_floats(const ChunkDims& d, bool bf16 = false);
 // Whether a chunk keeps its layers' stash as bf16 (GptChunk::bf16_storage): bf16 products
 // (only a device backend computes them) and no recomputation. One rule for the chunk and for

@@ -96,15 +96,18 @@ struct MemoryLayout {
   bool fused_head = false;
   // Ops::gpt2_block_stash_bf16() of the rank's backend (CUDA under bf16 unless
   // TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline; set_precision assumes that default, Trainer
-  // asks its backend): GPT-2 or Llama at TP 1 without context parallelism or selective
-  // recompute then keeps carve_fused_layer's stash and no fp32 working copy, and a split
-  // backward's W stash in bf16 (stores_fused_block).
+  // asks its backend): GPT-2 at any TP or Llama at TP 1 without context parallelism (and
+  // selective recompute GPT-2's only) then keeps carve_fused_layer's stash and no fp32
+  // working copy, and a split backward's W stash in bf16 (stores_fused_block).
   bool block_stash_bf16 = false;
   // The device backend's scratch for one causal attention call of shape (b, t, nh, nkv, hs)
   // when it runs through a library (CUDA under bf16: cuDNN's bf16 copies and workspace;
   // Ops::fused_attention_bytes, exact from the plans it will use), counted with the other
-  // scratch needs. Unset (the CPU, `trident plan`, which has no backend) or 0: none.
-  std::function<std::int64_t(int b, int t, int nh, int nkv, int hs)> fused_attention_bytes;
+  // scratch needs; qkv_rows: the fused block's (stores_fused_block) bf16 attention on its
+  // [q k v] rows (row stride (nh + 2 nkv) hs, no copies). Unset (the CPU, `trident plan`,
+  // which has no backend) or 0: none.
+  std::function<std::int64_t(int b, int t, int nh, int nkv, int hs, bool qkv_rows)>
+      fused_attention_bytes;
   // parallel.tp_mode = "2d": tp = q*q, tp_rank row-major on the grid; the 2D model's buffers
   // (model/gpt2d: [B*T/q, C/q] blocks, wte and wpe by grid column) instead of GptChunk's.
   bool tp_2d = false;

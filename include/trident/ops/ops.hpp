@@ -188,9 +188,10 @@ class Ops {
   // run through a library's fused attention (CUDA under bf16: cuDNN, loaded and its plans
   // made by this call if not yet): the larger of the two, exact; 0 when they do not (the
   // CPU; no cuDNN; a shape it does not take). model::predict_memory counts it
-  // (MemoryLayout::fused_attention_bytes).
-  virtual std::int64_t fused_attention_bytes(const AttentionShape& s) {
-    (void)s;
+  // (MemoryLayout::fused_attention_bytes). bf16_io: the plans of the bf16 entry points the
+  // fused blocks call on their [q k v] rows (CUDA: no copies, cuDNN's workspace only).
+  virtual std::int64_t fused_attention_bytes(const AttentionShape& s, bool bf16_io = false) {
+    (void)s, (void)bf16_io;
     return 0;
   }
 
@@ -279,6 +280,10 @@ class Ops {
     // [N,C] [N] [N] [N,F] [N,F]
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
     bool bf16 = false;
+    // Selective recompute: atty, lse and fch_gelu are one copy shared by every layer, which
+    // gpt2_block_recompute fills again before the layer's backward; the forward then writes
+    // them as the recompute will (bit for bit).
+    bool recomputed = false;
   };
   // The backward's scratch: dbuf [N,C], dqkv [N,3C], dfch [N,F], dact [N,F] floats.
   struct Gpt2BlockScratch {
@@ -312,6 +317,10 @@ class Ops {
   virtual void gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                                            const Gpt2BlockParams& g, const Gpt2BlockStash& la,
                                            const BlockWStash& w);
+  // Selective recompute: la's atty, lse (attention from its qkv) and fch_gelu (GELU of its
+  // fch) as the forward wrote them, before gpt2_block_backward reads them. Default: the
+  // composition's attention_forward and gelu_forward.
+  virtual void gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash& la);
 
   // ---- coarse ops: Llama's whole block on one rank (ops/fused_block.cpp) ----------------
   //   res2 = x + o(attention(rope([q k v](rmsnorm(x)))))     grouped-query attention

@@ -132,7 +132,8 @@ class CudaOps final : public Ops {
                           const AttentionShape& s) override;
   void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
                        const AttentionShape& s) override;
-  std::int64_t fused_attention_bytes(const AttentionShape& s) override;  // cudnn_attention.cpp
+  std::int64_t fused_attention_bytes(const AttentionShape& s,
+                                     bool bf16_io = false) override;  // cudnn_attention.cpp
   void attention_naive_forward(float* out, float* att, const float* qkv, int b, int t, int c,
                          int nh) override;
   void attention_naive_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
@@ -192,6 +193,9 @@ class CudaOps final : public Ops {
   void gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                                    const Gpt2BlockParams& g, const Gpt2BlockStash& la,
                                    const BlockWStash& w) override;
+  // Selective recompute on the bf16 stash: attention_forward_bf16 and the GELU kernel, the
+  // calls gpt2_block_forward makes for a stash marked recomputed (no GELU epilogue there).
+  void gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash& la) override;
   // The coarse Llama block, the same way (fused_block.cpp): RMSNorms write bf16, RoPE and
   // SwiGLU on bf16, grouped-query attention_forward_bf16, o and down add the residual; TP and
   // SP as GPT-2's (kv heads split or replicated).

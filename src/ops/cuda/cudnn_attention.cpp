@@ -987,9 +987,10 @@ std::string CudnnAttention::probe(int, int, int, int) {
 
 // ---- CudaOps's entry points ------------------------------------------------------------
 
-std::int64_t CudaOps::fused_attention_bytes(const AttentionShape& s) {
+std::int64_t CudaOps::fused_attention_bytes(const AttentionShape& s, bool bf16_io) {
   if (!cudnn_ || CudnnAttention::decline(s) || !cudnn_->available()) return 0;
-  return std::max<std::int64_t>({0, cudnn_->prepare(s, false), cudnn_->prepare(s, true)});
+  return std::max<std::int64_t>(
+      {0, cudnn_->prepare(s, false, bf16_io), cudnn_->prepare(s, true, bf16_io)});
 }
 
 bool CudaOps::attention_cudnn_forward(float* out, float* lse, const float* q, const float* k,

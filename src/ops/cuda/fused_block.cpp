@@ -2,7 +2,7 @@
 // bf16 activations: under bf16 products, not the baseline, TRIDENT_CUDA_FUSED_BLOCK not 0, and
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
-//          gpt2_block_backward_weights, fused_block_from_environment,
+//          gpt2_block_backward_weights, gpt2_block_recompute, fused_block_from_environment,
 //          gelu_epilogue_from_environment, say_lt_refusal, bias_lt_bf16_bias, block_linear,
 //          block_weight16, gemm_rm16_to16, llama_block_forward, llama_block_backward,
 //          llama_block_backward_weights
@@ -40,6 +40,13 @@
 // DGELU_BGRAD epilogue, the column sums). W runs the two weight-gradient products the whole
 // backward would have run, on the same bf16 operands: the split's gradients are the whole
 // backward's.
+//
+// Selective recompute (Gpt2BlockStash::recomputed): atty, lse and fch_gelu are one bf16 copy
+// (lse fp32) shared by the layers; gpt2_block_recompute writes them again from the layer's
+// bf16 qkv and fch before its backward, with the forward's own calls: attention_forward_bf16
+// (the same plan on the same operands) and the GELU kernel on the bf16 fch. cuBLASLt's GELU
+// epilogue takes GELU of the fp32 accumulator, not of the rounded fch, so a recomputed stash's
+// forward runs c_fc with the bias epilogue and the GELU kernel: the recompute is bit-equal.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -247,7 +254,7 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
   // c_fc and GELU: one product with GELU in cuBLASLt's epilogue (fch its pre-GELU aux), else
   // the product with the bias epilogue and the GELU kernel.
   bool gelu_fused = false;
-  if (gelu_epilogue_) {
+  if (gelu_epilogue_ && !la.recomputed) {
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_gelu_bf16 n=", n,
                                                  " in=", C, " out=", F); }, 0);
     const void* fc_w16 = block_weight16(p.fc_w, C, F);
@@ -418,6 +425,21 @@ void CudaOps::gpt2_block_backward_weights(const Gpt2BlockShape& s, const Gpt2Blo
   OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
                                                " in=", C, " out=", C3); }, 0);
   gemm_rm16(true, false, C, C3, n, 1.0f, bf(la.ln1), C, bf(w.dqkv), C3, 1.0f, g.qkv_w, C3);
+}
+
+void CudaOps::gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash& la) {
+  if (!la.bf16) return Ops::gpt2_block_recompute(s, la);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "gpt2_block_recompute: a bf16 stash on ", name(),
+                " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  TRIDENT_CHECK(la.recomputed, "internal: gpt2_block_recompute on a stash its forward did not "
+                "mark recomputed (its GELU may be cuBLASLt's epilogue's)");
+  const int n = s.b * s.t, Ca = s.attn_c();
+  if (n <= 0) return;
+  const std::uint16_t* qkv = bf(la.qkv);
+  const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
+  attention_forward_bf16(bf(la.atty), la.lse, qkv, qkv + Ca, qkv + 2 * Ca, att);
+  OpScope timed(timer_.get(), "block_recompute gelu_bf16");
+  launch_gelu_forward_bf16(stream_, bf(la.fch_gelu), bf(la.fch), std::int64_t(n) * s.f);
 }
 
 void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& p,

@@ -123,19 +123,64 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_EQ(w16.used, rows * 7 * 32 / 2);
   EXPECT_EQ(grad_stash_floats(d, true), w16.used);
   const Recompute none = Recompute::none;
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1, 1));
-  EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1, 1));
-  EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1, 1));
-  // Llama's block too (Ops::llama_block_*), on the same plain case only.
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1, 1));
-  // GPT-2's and Llama's bf16 blocks under TP (and SP: their collectives), not under context
-  // parallelism.
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 2, 1));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::gpt2, 1, 2));
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 2, 1));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 1, 2));
-  EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1, 1));
-  EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1, 1));
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1));
+  EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1));
+  EXPECT_TRUE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1));
+  EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::llama, 1));
+  // Llama's block too (Ops::llama_block_*). Both at any TP and SP (their collectives; no
+  // argument), not under context parallelism.
+  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::gpt2, 2));
+  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2));
+  EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1));
+  EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1));
+}
+
+// Selective recompute on the fused block (Ops::gpt2_block_recompute): each layer keeps ln1,
+// qkv, ln2, fch at 2 bytes, res2 and the LayerNorm statistics at 4; atty, fch_gelu (2 bytes)
+// and lse (4) are one shared copy, counted once in the scratch.
+TEST(Memory, FusedBlockUnderSelectiveRecomputeSharesItsBf16Core) {
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
+  MemoryLayout lay;
+  lay.micro_batch = 2;
+  lay.peak_stash = 3;
+  lay.host_memory = false;
+  lay.recompute = Recompute::selective;
+  lay.bf16_products = true;  // set_precision's rule: no packed bf16 storage with recompute
+  const MemoryEstimate fp32 = predict_memory(cfg, lay);
+  lay.block_stash_bf16 = true;
+  const MemoryEstimate fused = predict_memory(cfg, lay);
+  // N = 32 rows, C = 32. A layer: fp32 ln1 qkv ln2 fch (9C) res2 (C) and 4 statistics a row;
+  // the fused block's 9C at 2 bytes. Shared: atty and fch_gelu (5C) and 128 log-sum-exps.
+  const std::int64_t layers = 4, rows = 32, C = 32;
+  const std::int64_t layer = rows * 9 * C / 2 + rows * C + 4 * rows;
+  const ChunkDims d = chunk_dims(cfg, 1, lay.micro_batch, false, 1);
+  EXPECT_EQ(fused_layer_floats(d, true), layer);
+  EXPECT_EQ(recomputed_floats(d, true), rows * 5 * C / 2 + 128);
+  EXPECT_EQ(fp32.activations_per_microbatch - fused.activations_per_microbatch,
+            layers * rows * 9 * C / 2 * 4);
+  EXPECT_EQ(fp32.scratch - fused.scratch, rows * 5 * C / 2 * 4);
+  Carver count;
+  LayerActivations shared, la;
+  carve_recomputed(d, count, shared, true);
+  EXPECT_TRUE(shared.bf16 && shared.recomputed);
+  carve_fused_layer(d, count, la, &shared);
+  EXPECT_EQ(la.atty, shared.atty);
+  EXPECT_EQ(la.lse, shared.lse);
+  EXPECT_EQ(la.fch_gelu, shared.fch_gelu);
+  EXPECT_TRUE(la.bf16 && la.recomputed);
+  // The split backward's W stash: the layers' own dead bf16 qkv and fch, as without recompute.
+  MemoryLayout split = lay;
+  split.split_backward = true;
+  EXPECT_EQ(predict_memory(cfg, split).activations_per_microbatch,
+            fused.activations_per_microbatch);
+  // Llama under selective keeps its fp32 views.
+  ModelConfig llama = cfg;
+  llama.arch = "llama";
+  MemoryLayout unfused = lay;
+  unfused.block_stash_bf16 = false;
+  EXPECT_EQ(predict_memory(llama, lay).peak(), predict_memory(llama, unfused).peak());
 }
 
 // bf16 products on a device: the backend converts each product's activation inputs in its
@@ -204,10 +249,10 @@ TEST(Memory, FusedAttentionCountsTheBackendsBytesForTheRanksShape) {
   lay.host_memory = false;
   lay.bf16_products = true;
   const MemoryEstimate kernel = predict_memory(cfg, lay);
-  std::vector<std::array<int, 5>> asked;
+  std::vector<std::array<int, 6>> asked;
   const std::int64_t bytes = 400000000;  // more than any product's conversion here
-  lay.fused_attention_bytes = [&](int b, int t, int nh, int nkv, int hs) {
-    asked.push_back({b, t, nh, nkv, hs});
+  lay.fused_attention_bytes = [&](int b, int t, int nh, int nkv, int hs, bool qkv_rows) {
+    asked.push_back({b, t, nh, nkv, hs, int(qkv_rows)});
     return bytes;
   };
   const MemoryEstimate cudnn = predict_memory(cfg, lay);
@@ -215,16 +260,20 @@ TEST(Memory, FusedAttentionCountsTheBackendsBytesForTheRanksShape) {
   const std::int64_t fc = 2 * 8192 * (768 + 3072);
   EXPECT_EQ(cudnn.scratch - kernel.scratch, (bytes + bytes / 4) - (fc + fc / 4));
   ASSERT_EQ(asked.size(), 1u);
-  EXPECT_EQ(asked[0], (std::array<int, 5>{8, 1024, 12, 12, 64}));
+  EXPECT_EQ(asked[0], (std::array<int, 6>{8, 1024, 12, 12, 64, 0}));
   lay.tp = 2;
   predict_memory(cfg, lay);
-  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 6, 6, 64}));
-  lay.cp = 2, lay.cp_mode = CpMode::ulysses;
+  EXPECT_EQ(asked.back(), (std::array<int, 6>{8, 1024, 6, 6, 64, 0}));
+  // The fused block (stores_fused_block) asks for its bf16 plans on the [q k v] rows.
+  lay.block_stash_bf16 = true;
   predict_memory(cfg, lay);
-  EXPECT_EQ(asked.back(), (std::array<int, 5>{8, 1024, 3, 3, 64}));
+  EXPECT_EQ(asked.back(), (std::array<int, 6>{8, 1024, 6, 6, 64, 1}));
+  lay.cp = 2, lay.cp_mode = CpMode::ulysses;  // not the fused block's: packed rows
+  predict_memory(cfg, lay);
+  EXPECT_EQ(asked.back(), (std::array<int, 6>{8, 1024, 3, 3, 64, 0}));
   // A backend that takes none (0 bytes): the prediction without it.
-  lay.tp = 1, lay.cp = 1, lay.cp_mode = CpMode::ring;
-  lay.fused_attention_bytes = [](int, int, int, int, int) { return std::int64_t(0); };
+  lay.tp = 1, lay.cp = 1, lay.cp_mode = CpMode::ring, lay.block_stash_bf16 = false;
+  lay.fused_attention_bytes = [](int, int, int, int, int, bool) { return std::int64_t(0); };
   EXPECT_EQ(predict_memory(cfg, lay).scratch, kernel.scratch);
 }
 

@@ -3,8 +3,10 @@
 // (ops/fused_block.cpp, fp32): output, input gradient and every parameter gradient, each
 // max |got - want| / max |want|. Shared by the stand-in's program (emulate/fused_block.cpp)
 // and the GPU test (fused_block_test.cpp). Also the split backward (Split: B with a W stash,
-// then the weight pass; Ops::BlockWStash).
-// defines: trident::test::fused_block::Shape, Split, Result, run, compare, random_case,
+// then the weight pass; Ops::BlockWStash) and selective recompute (Recompute:
+// Ops::gpt2_block_recompute between them).
+// defines: trident::test::fused_block::Shape, Split, Recompute, Result, run, compare,
+//          random_case,
 //          same_bits
 #pragma once
 
@@ -115,6 +117,13 @@ inline bool same_bits(const Result& a, const Result& b) {
 // may leave them.
 enum class Split { none, in_place, separate, broken };
 
+// Selective recompute (Gpt2BlockStash::recomputed): between the forward and the backward the
+// shared atty, lse and fch_gelu are overwritten by the next layer's forward (the block again,
+// on this one's output, into a stash sharing them), then gpt2_block_recompute fills them
+// again; kept: the stash marked recomputed, nothing overwritten (the forward's own values);
+// skipped: overwritten and not refilled (the next layer's values), which a check must catch.
+enum class Recompute { none, selective, kept, skipped };
+
 // The split's poison: n floats of NaN at p on `ops`.
 inline void poison(Ops& ops, float* p, std::int64_t n) {
   ops.fill(p, std::numeric_limits<float>::quiet_NaN(), n);
@@ -127,7 +136,8 @@ inline void poison(Ops& ops, float* p, std::int64_t n) {
 // gradients returned divided by it (exact for powers of two): a gradient written rather than
 // added shows. split: the backward split into B and W (Split).
 inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break_stash = false,
-                  float dres_scale = 1.0f, int microbatches = 1, Split split = Split::none) {
+                  float dres_scale = 1.0f, int microbatches = 1, Split split = Split::none,
+                  Recompute recompute = Recompute::none) {
   DeviceMemory* mem = ops.memory();
   const std::int64_t P = s.param_count();
   const std::size_t nc = std::size_t(s.n()) * std::size_t(s.c);
@@ -135,6 +145,8 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   FloatBuffer params(std::size_t(P), mem), grads(std::size_t(P), mem);
   FloatBuffer xb(nc, mem), out(nc, mem), dres(nc, mem);
   FloatBuffer stash(std::size_t(s.stash_floats()), mem);
+  const bool next_layer = recompute == Recompute::selective || recompute == Recompute::skipped;
+  FloatBuffer next_stash(next_layer ? std::size_t(s.stash_floats()) : 0, mem);
   FloatBuffer dbuf(nc, mem), dqkv(3 * nc, mem), dfch(nf, mem), dact(nf, mem);
   FloatBuffer w_own(split == Split::separate ? nf + 3 * nc : 0, mem);  // fp32's (the larger)
   copy_to_device(mem, params.data(), k.w.data(), k.w.size() * 4);
@@ -144,7 +156,8 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   ops.fill(grads.data(), 0.0f, P);
   ops.set_weights(params.data(), P);
   const Ops::Gpt2BlockShape shape{s.b, s.t, s.c, s.nh, s.f()};
-  const Ops::Gpt2BlockStash la = carve(s, stash.data(), bf16);
+  Ops::Gpt2BlockStash la = carve(s, stash.data(), bf16);
+  la.recomputed = recompute != Recompute::none;
   Ops::BlockWStash w{la.fch, la.qkv};
   if (split == Split::separate) w = {w_own.data(), w_own.data() + nf};
   const std::int64_t big = bf16 ? 2 : 1;  // elements a float holds
@@ -152,6 +165,13 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
     copy_to_device(mem, dres.data(), d.data(), d.size() * 4);
     ops.gpt2_block_forward(shape, views(s, params.data()), xb.data(), out.data(), la);
     if (break_stash) ops.copy(la.fch, xb.data(), std::int64_t(nc));
+    if (recompute == Recompute::selective || recompute == Recompute::skipped) {
+      Ops::Gpt2BlockStash next = carve(s, next_stash.data(), bf16);
+      next.atty = la.atty, next.lse = la.lse, next.fch_gelu = la.fch_gelu;
+      next.recomputed = true;
+      ops.gpt2_block_forward(shape, views(s, params.data()), out.data(), dbuf.data(), next);
+      if (recompute == Recompute::selective) ops.gpt2_block_recompute(shape, la);
+    }
     ops.gpt2_block_backward(shape, views(s, params.data()), views(s, grads.data()), xb.data(),
                             dres.data(), la, {dbuf.data(), dqkv.data(), dfch.data(), dact.data()},
                             split == Split::none ? nullptr : &w);

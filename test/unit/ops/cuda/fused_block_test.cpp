@@ -2,7 +2,8 @@
 // activations inside; src/ops/cuda/fused_block.cpp) against the CPU backend's composition, on
 // the GPU: GPT-2's head size (64: cuDNN or the tensor-core kernels), every gradient within
 // the bf16 product tolerance of cuda_ops_test.cpp (3e-2 of the tensor's largest value), and a
-// broken stash that must fail it; the split backward (B with a W stash, then W) the same way.
+// broken stash that must fail it; the split backward (B with a W stash, then W) and selective
+// recompute (gpt2_block_recompute) the same way.
 // The stand-in runs the same check (emulate/fused_block.cpp).
 // The same for the fused Llama block (llama_block_check.hpp, emulate/llama_block.cpp).
 // main() is cuda_ops_test.cpp's (skips without a GPU).
@@ -44,6 +45,32 @@ TEST(CudaFusedBlock, MatchesTheCpuCompositionAndCatchesAStaleStash) {
                       run(*gpu, s, true, k, false, 1.0f, 1, Split::broken), want, kTol, true),
               kTol);
   }
+}
+
+// Selective recompute (Ops::gpt2_block_recompute): the shared atty, lse, fch_gelu overwritten
+// by the next layer's forward, then recomputed: the run that kept them (to 1e-6: bit for bit
+// where the backward is deterministic, as on the stand-in), the CPU within the bf16 tolerance;
+// the recompute skipped must fail.
+TEST(CudaFusedBlock, SelectiveRecomputeGivesTheKeptStashsGradients) {
+  using namespace fused_block;
+  constexpr double kTol = 3e-2;
+  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
+  if (!gpu->gpt2_block_stash_bf16())
+    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
+  auto cpu = ops::make_cpu_ops(2);
+  const Shape s{2, 128, 256, 4};
+  const Case k = random_case(s, 33);
+  const Result want = run(*cpu, s, false, k);
+  const Result kept = run(*gpu, s, true, k, false, 1.0f, 2, Split::none, Recompute::kept);
+  const Result sel = run(*gpu, s, true, k, false, 1.0f, 2, Split::none, Recompute::selective);
+  EXPECT_LE(compare("fused, selective recompute vs CPU", s, sel, want, kTol), kTol);
+  EXPECT_LE(compare("fused, selective recompute vs the kept stash", s, sel, kept, 1e-6), 1e-6);
+  EXPECT_LE(compare("fused, selective split B + W vs the kept stash", s,
+                    run(*gpu, s, true, k, false, 1.0f, 2, Split::in_place, Recompute::selective),
+                    kept, 1e-6), 1e-6);
+  EXPECT_GT(compare("broken: the recompute skipped", s,
+                    run(*gpu, s, true, k, false, 1.0f, 1, Split::none, Recompute::skipped), want,
+                    kTol, true), kTol);
 }
 
 // The fused block with GELU in cuBLASLt's epilogues (the default) against the GELU kernels

@@ -12,7 +12,8 @@
 // shape whose epilogue cuBLASLt refuses falls back to the kernels. The split backward
 // (zero-bubble B with a W stash, then W): bit for bit the whole fused backward, the W stash in
 // the layer's dead fch and qkv or its own; the CPU's split against its whole backward; a W
-// stash overwritten between B and W must fail.
+// stash overwritten between B and W must fail. Selective recompute (gpt2_block_recompute
+// between forward and backward): bit for bit the GELU-kernel run; skipped must fail.
 // usage: fused_block  (exit 0: all agree)
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +57,46 @@ bool split_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, const Shape& 
               run(cuda, s, true, k, false, 1.0f, 1, Split::broken), want, tol, true) <= tol) {
     std::printf("fused block: the split run with a broken W stash passed: the check cannot "
                 "fail\n");
+    ok = false;
+  }
+  return ok;
+}
+// Selective recompute: the shared atty, lse, fch_gelu overwritten by the next layer's forward
+// and refilled by gpt2_block_recompute: bit for bit the run that kept the forward's own values
+// (whole and split backward), whose forward ran GELU in the kernel (what the recompute runs;
+// its output bit for bit the GELU-kernel run's); the CPU's composition bit for bit its whole
+// backward; the recompute skipped must fail.
+bool selective_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, const Shape& s,
+                      const Case& k, const Result& want, double tol) {
+  bool ok = true;
+  setenv("TRIDENT_CUDA_GELU_EPILOGUE", "0", 1);
+  auto kernels = trident::ops::make_ops("cuda", 1, trident::ops::Precision::bf16);
+  unsetenv("TRIDENT_CUDA_GELU_EPILOGUE");
+  const Result by_kernels = run(*kernels, s, true, k, false, 1.0f, 2);
+  const Result kept = run(cuda, s, true, k, false, 1.0f, 2, Split::none, Recompute::kept);
+  const Result sel = run(cuda, s, true, k, false, 1.0f, 2, Split::none, Recompute::selective);
+  ok = compare("fused, selective recompute vs CPU fp32", s, sel, want, tol) <= tol && ok;
+  if (!same(sel, kept) || sel.out != by_kernels.out) {
+    std::printf("fused block: selective recompute is not the kept stash's run bit for bit, or "
+                "its forward not the GELU kernel's\n");
+    ok = false;
+  }
+  const Result sel_split = run(cuda, s, true, k, false, 1.0f, 2, Split::in_place,
+                               Recompute::selective);
+  if (!same(sel_split, kept)) {
+    std::printf("fused block: selective recompute's split backward is not the kept stash's "
+                "whole backward bit for bit\n");
+    ok = false;
+  }
+  if (!same(run(cpu, s, false, k, false, 1.0f, 1, Split::none, Recompute::selective), want)) {
+    std::printf("fused block: the CPU's selective recompute is not its whole backward bit for "
+                "bit\n");
+    ok = false;
+  }
+  if (compare("broken on purpose: selective recompute skipped (the next layer's atty, lse, fch_gelu)", s,
+              run(cuda, s, true, k, false, 1.0f, 1, Split::none, Recompute::skipped), want, tol,
+              false) <= tol) {
+    std::printf("fused block: the run without its recompute passed: the check cannot fail\n");
     ok = false;
   }
   return ok;
@@ -159,6 +200,7 @@ int main() {
   // default (CPU; CUDA's fp32 stash) against the CPU's whole backward; W's stash overwritten
   // must fail.
   ok = split_checks(*cpu, *cuda, s, k, want, fused, kTol) && ok;
+  ok = selective_checks(*cpu, *cuda, s, k, want, kTol) && ok;
   // The tolerance must catch a wrong step: a stale stash tensor, a wrong residual gradient.
   const bool stale = compare("broken on purpose: la.fch overwritten before the backward", s,
                              run(*cuda, s, true, k, true), want, kTol, true) <= kTol;
