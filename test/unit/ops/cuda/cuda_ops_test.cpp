@@ -1163,6 +1163,20 @@ TEST(CudaMemory, ScratchGrowsInsideTheArena) {
   ops::cuda_synchronize(*o);
 }
 
+// The LM head's weight gradient against the CPU's: what was added to dwte (bf16's tolerance),
+// and the padding rows past v_valid untouched (a zero gradient).
+void expect_head_weight_gradient(const FVec& got_dw, const FVec& dw, const FVec& dw0, int v_valid,
+                                 int c) {
+  FVec add(dw.size()), got_add(dw.size());
+  for (std::size_t i = 0; i < dw.size(); i++)
+    add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
+  EXPECT_TRUE(near(got_add, add, 3e-2)) << "what was added to dwte";
+  const std::size_t pad = std::size_t(v_valid) * c;
+  EXPECT_TRUE(near(FVec(got_dw.begin() + std::ptrdiff_t(pad), got_dw.end()),
+                   FVec(dw0.begin() + std::ptrdiff_t(pad), dw0.end()), 0.0))
+      << "dwte's padding rows: zero gradient";
+}
+
 // The LM head under bf16 (Ops::lm_head: bf16 logits from the product, the fused classifier,
 // the two products on the bf16 dlogits) against the CPU's composition on the same
 // bf16-rounded lnf and wte: loss within 1e-2 of its scale (the logits' one bf16 rounding);
@@ -1205,14 +1219,7 @@ void check_lm_head(Ops& g, int n, int c, int v, int v_valid, bool backward, bool
     return;
   }
   EXPECT_TRUE(near(gdlnf.host(), dlnf, 3e-2)) << "dlnf";
-  FVec add(dw.size()), got_add(dw.size());
-  for (std::size_t i = 0; i < dw.size(); i++)
-    add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
-  EXPECT_TRUE(near(got_add, add, 3e-2)) << "what was added to dwte";
-  const std::size_t pad = std::size_t(v_valid) * c;
-  EXPECT_TRUE(near(FVec(got_dw.begin() + std::ptrdiff_t(pad), got_dw.end()),
-                   FVec(dw0.begin() + std::ptrdiff_t(pad), dw0.end()), 0.0))
-      << "dwte's padding rows: zero gradient";
+  expect_head_weight_gradient(got_dw, dw, dw0, v_valid, c);
 }
 
 // Ops::lm_head over a vocabulary in two shards (TP 2), both in this process: each shard runs
@@ -1287,14 +1294,7 @@ void check_lm_head_shards(Ops& g, int n, int c, int v_valid) {
   EXPECT_TRUE(near(got_loss[0], loss, 1e-2)) << "loss (shard 0)";
   EXPECT_TRUE(near(got_loss[1], loss, 1e-2)) << "loss (shard 1)";
   EXPECT_TRUE(near(got_dlnf, dlnf, 3e-2)) << "dlnf: the shards' partials summed";
-  FVec add(dw.size()), got_add(dw.size());
-  for (std::size_t i = 0; i < dw.size(); i++)
-    add[i] = dw[i] - dw0[i], got_add[i] = got_dw[i] - dw0[i];
-  EXPECT_TRUE(near(got_add, add, 3e-2)) << "what was added to dwte";
-  const std::size_t pad = std::size_t(v_valid) * c;
-  EXPECT_TRUE(near(FVec(got_dw.begin() + std::ptrdiff_t(pad), got_dw.end()),
-                   FVec(dw0.begin() + std::ptrdiff_t(pad), dw0.end()), 0.0))
-      << "dwte's padding rows: zero gradient";
+  expect_head_weight_gradient(got_dw, dw, dw0, v_valid, c);
 }
 
 // adamw_segments writes the weight cache's copy of what it updates (CudaOps::set_weights,
