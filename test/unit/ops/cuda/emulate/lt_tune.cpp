@@ -1,5 +1,5 @@
 // test/unit/ops/cuda/emulate/lt_tune.cpp — TRIDENT_CUDA_LT_TUNE (src/ops/cuda/lt_tune.hpp) on
-// the CPU stand-in: CudaOps::bias_lt's plans (through cuda_ops.hpp's friend LtTuneAccess) with
+// the CPU stand-in: CudaOps::bias_lt's plans (through lt_tune_access.hpp's LtTuneAccess) with
 // the shim's three candidate algorithms (identical math; shim/cublasLt.h), one or two of them
 // made slow (TRIDENT_EMU_LT_SLOW_ALGO) so that the fastest is known. Checked, per product kind
 // (bf16 D + bias; fp32 D + bias + residual out of place; the same accumulating in place, D = C;
