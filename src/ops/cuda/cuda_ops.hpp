@@ -348,12 +348,13 @@ class CudaOps final : public Ops {
                  const cublasLtMatmulHeuristicResult_t* results, int found, const void* x16,
                  const void* w16, float alpha, float beta, const void* c, void* d,
                  std::size_t d_bytes);
-  // Under TRIDENT_CUDA_LT_TUNE, gemm_rm16's products (the bf16 products without a bias) through
-  // tuned cuBLASLt plans too (column-major g, P1 = b16, P2 = a16 as cublasGemmEx takes them);
-  // false when cuBLASLt declines (cublasGemmEx then). Off: cublasGemmEx, as before.
+  // Under TRIDENT_CUDA_LT_TUNE, gemm_rm16's products (the bf16 products without a bias) and,
+  // with d16 (bf16 c, beta 0), gemm_rm16_to16's through tuned cuBLASLt plans too (column-major
+  // g, P1 = b16, P2 = a16 as cublasGemmEx takes them); false when cuBLASLt declines
+  // (cublasGemmEx then). Off: cublasGemmEx, as before.
   bool gemm_lt16(const ColMajor& g, float alpha, const void* p1, const void* p2,
-                 float beta, float* c, int ldc);
-  friend struct LtTuneAccess;  // emulate/lt_tune.cpp: bias_lt and the plans' algorithms
+                 float beta, void* c, bool d16, int ldc);
+  friend struct LtTuneAccess;  // lt_tune_access.hpp: the GPU op test, emulate/lt_tune.cpp
 
   // ---- the fused GPT-2 block (fused_block.cpp) ----------------------------------------------
   // TRIDENT_CUDA_FUSED_BLOCK=0 turns it off (the composition on fp32 activations, as before).
@@ -382,7 +383,8 @@ class CudaOps final : public Ops {
   bool bias_lt_bf16_bias(void* d, const void* x16, const void* w16, bool w_t, const float* bias,
                          int n, int in, int out, LtGelu gelu = LtGelu::none,
                          const void* aux = nullptr);
-  // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation).
+  // Row-major C16[m,n] = op(A16) op(B16) with bf16 C (fp32 accumulation); under
+  // TRIDENT_CUDA_LT_TUNE through gemm_lt16's tuned plans (bf16 D).
   void gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
                       const void* b16, int ldb, void* c16, int ldc);
 

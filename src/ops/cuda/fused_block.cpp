@@ -173,6 +173,8 @@ const void* CudaOps::block_weight16(const float* w, int rows, int cols) {
 void CudaOps::gemm_rm16_to16(bool ta, bool tb, int m, int n, int k, const void* a16, int lda,
                              const void* b16, int ldb, void* c16, int ldc) {
   const ColMajor g = col_major(ta, tb, m, n, k, nullptr, lda, 0, nullptr, ldb, 0);
+  // TRIDENT_CUDA_LT_TUNE (null when off and under the baseline): a tuned cuBLASLt plan
+  if (lt_tune_ && gemm_lt16(g, 1.0f, b16, a16, 0.0f, c16, true, ldc)) return;
   const float one = 1.0f, zero = 0.0f;
   TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
                                     &one, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,

@@ -1,7 +1,7 @@
 // ops/cuda/lt_tune.hpp — TRIDENT_CUDA_LT_TUNE: each cuBLASLt plan's algorithm (CudaOps::bias_lt,
-// and under the knob gemm_lt16: gemm_rm16's products) chosen by timing the heuristic's candidates
-// on the plan's first call, instead of taking the heuristic's first; and, for resumed runs to
-// round as the first did, the choices kept in a file.
+// and under the knob gemm_lt16: gemm_rm16's and gemm_rm16_to16's products) chosen by timing the
+// heuristic's candidates on the plan's first call, instead of taking the heuristic's first; and,
+// for resumed runs to round as the first did, the choices kept in a file.
 //   unset, empty, 0   off: the heuristic's first algorithm (and no file)
 //   1                 tune every plan, keep nothing
 //   FILE              read the choices from FILE (rank r > 0: FILE.rankr, as TRIDENT_OP_TIMING)

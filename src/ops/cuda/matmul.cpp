@@ -92,7 +92,7 @@ void CudaOps::gemm_rm16(bool ta, bool tb, int m, int n, int k, float alpha, cons
                         int lda, const void* b16, int ldb, float beta, float* c, int ldc) {
   // the mapping with the bf16 operands' leading dimensions (col_major only swaps them)
   const ColMajor g = col_major(ta, tb, m, n, k, nullptr, lda, 0, nullptr, ldb, 0);
-  if (lt_tune_ && gemm_lt16(g, alpha, b16, a16, beta, c, ldc)) return;
+  if (lt_tune_ && gemm_lt16(g, alpha, b16, a16, beta, c, false, ldc)) return;
   TRIDENT_CUBLAS_CHECK(cublasGemmEx(cublas_, op_of(g.trans1), op_of(g.trans2), g.m, g.n, g.k,
                                     &alpha, b16, CUDA_R_16BF, g.ld1, a16, CUDA_R_16BF, g.ld2,
                                     &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
@@ -269,19 +269,21 @@ bool CudaOps::bias_lt(void* d, bool d16, const float* residual, const void* x16,
 }
 
 // TRIDENT_CUDA_LT_TUNE: gemm_rm16's product (column-major D = alpha op(P1) op(P2) + beta C, C = D,
-// fp32) through a cuBLASLt plan of lt_plans_ with its algorithm tuned, as bias_lt's. The key:
-// {m, n, k, ld1 | ld2 << 21 | ldc << 42, the three alignments (9 bits each) | trans1 << 27 |
-// trans2 << 28 | 1 << 62} (bit 62: not a bias_lt key, whose last word is below 2^17). False when
-// cuBLASLt declines or a leading dimension is 2^21 or more (cublasGemmEx then, as without the
-// knob).
+// fp32) and, with d16, gemm_rm16_to16's (bf16 D, beta 0) through a cuBLASLt plan of lt_plans_
+// with its algorithm tuned, as bias_lt's. The key: {m, n, k, ld1 | ld2 << 21 | ldc << 42, the
+// three alignments (9 bits each) | trans1 << 27 | trans2 << 28 | d16 << 29 | 1 << 62} (bit 62:
+// not a bias_lt key, whose last word is below 2^17; bit 29: an fp32-D plan never serves a bf16 D
+// of the same shape, nor its file entry, whose algorithm is D's type's). False when cuBLASLt
+// declines or a leading dimension is 2^21 or more (cublasGemmEx then, as without the knob).
 bool CudaOps::gemm_lt16(const ColMajor& g, float alpha, const void* p1, const void* p2, float beta,
-                        float* c, int ldc) {
+                        void* c, bool d16, int ldc) {
   constexpr int kLdLimit = 1 << 21;  // the key's 21 bits per leading dimension
   if (g.ld1 >= kLdLimit || g.ld2 >= kLdLimit || ldc >= kLdLimit) return false;
   const std::array<std::int64_t, 5> key{
       g.m, g.n, g.k, std::int64_t(g.ld1) | (std::int64_t(g.ld2) << 21) | (std::int64_t(ldc) << 42),
       alignment_of(p1) | (alignment_of(p2) << 9) | (alignment_of(c) << 18) |
-          (std::int64_t(g.trans1) << 27) | (std::int64_t(g.trans2) << 28) | (std::int64_t(1) << 62)};
+          (std::int64_t(g.trans1) << 27) | (std::int64_t(g.trans2) << 28) |
+          (std::int64_t(d16) << 29) | (std::int64_t(1) << 62)};
   auto it = lt_plans_.find(key);
   if (it == lt_plans_.end()) {
     LtPlan plan;
@@ -298,15 +300,15 @@ bool CudaOps::gemm_lt16(const ColMajor& g, float alpha, const void* p1, const vo
     TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
         &plan.b, CUDA_R_16BF, std::uint64_t(g.trans2 ? g.n : g.k),
         std::uint64_t(g.trans2 ? g.k : g.n), g.ld2));
-    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_32F, std::uint64_t(g.m),
-                                                    std::uint64_t(g.n), ldc));
+    TRIDENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, d16 ? CUDA_R_16BF : CUDA_R_32F,
+                                                    std::uint64_t(g.m), std::uint64_t(g.n), ldc));
     std::array<cublasLtMatmulHeuristicResult_t, LtTuner::kCandidates> results{};
     const int found =
         lt_heuristic(plan, alignment_of(p1), alignment_of(p2), alignment_of(c), results.data());
     it = lt_plans_.emplace(key, plan).first;
     if (plan.ok)
-      lt_choose(key, it->second, false, results.data(), found, p2, p1, alpha, beta, c, c,
-                std::size_t(ldc) * std::size_t(g.n) * sizeof(float));
+      lt_choose(key, it->second, d16, results.data(), found, p2, p1, alpha, beta, c, c,
+                std::size_t(ldc) * std::size_t(g.n) * (d16 ? 2 : sizeof(float)));
   }
   LtPlan& plan = it->second;
   if (!plan.ok) return false;

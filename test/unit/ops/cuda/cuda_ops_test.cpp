@@ -43,6 +43,7 @@
 #include "trident/core/device_memory.hpp"
 #include "trident/ops/cuda.hpp"
 #include "trident/ops/ops.hpp"
+#include "../../../../src/ops/cuda/lt_tune_access.hpp"
 
 #ifndef TRIDENT_SKIP_CODE
 #define TRIDENT_SKIP_CODE 77
@@ -1371,10 +1372,11 @@ TEST(CudaOps, LmHeadOverTwoVocabularyShardsMatchesTheWholeVocabulary) {
 }
 
 // TRIDENT_CUDA_LT_TUNE (src/ops/cuda/lt_tune.hpp): tuned products (linear_forward's bias
-// epilogue; Ops::gemm through gemm_lt16 with beta = 1 in place, dw's accumulation) agree with the
-// untuned ones to fp32 summation order (a tuning run into the accumulating output would add the
-// product again: off by the product's size); a second backend reading the first one's file
-// replays its algorithms, bit for bit the same outputs.
+// epilogue; Ops::gemm through gemm_lt16 with beta = 1 in place, dw's accumulation; the fused
+// blocks' gemm_rm16_to16 with bf16 D, GPT-2's c_proj NT form) agree with the untuned ones to fp32
+// summation order (bf16 D: to a bf16 rounding; a tuning run into the accumulating output would
+// add the product again: off by the product's size); a second backend reading the first one's
+// file replays its algorithms, bit for bit the same outputs.
 TEST(CudaOps, LtTuneAgreesAndReplaysItsFile) {
   const std::string file = ::testing::TempDir() + "lt_tune_choices.txt";
   std::remove(file.c_str());
@@ -1387,26 +1389,41 @@ TEST(CudaOps, LtTuneAgreesAndReplaysItsFile) {
   const FVec x = r.normal(std::size_t(n) * in), w = r.normal(std::size_t(in) * out, 0.05),
              b = r.normal(std::size_t(out)), dy = r.normal(std::size_t(n) * out),
              dw0 = r.normal(std::size_t(in) * out);
+  using H16 = std::vector<std::uint16_t>;
+  H16 dy16(dy.size()), w16(w.size());
+  cpu().to_bf16(dy16.data(), dy.data(), std::int64_t(dy.size()));
+  cpu().to_bf16(w16.data(), w.data(), std::int64_t(w.size()));
+  struct Outs {
+    FVec y, dw, dx;  // dx: gemm_rm16_to16's bf16 D, widened
+  };
   const auto run = [&] {
     auto o = ops::make_cuda_ops(Precision::bf16, 256 * kMiB);
     DevVec<float> dx(*o, x), dwt(*o, w), db(*o, b), ddy(*o, dy), ddw(*o, dw0),
         dyv(*o, FVec(std::size_t(n) * out, 0.0f));
     o->linear_forward(dyv.get(), dx.get(), dwt.get(), db.get(), n, in, out);
     o->gemm(true, false, in, out, n, 1.0f, dx.get(), in, ddy.get(), out, 1.0f, ddw.get(), out);
-    return std::make_pair(dyv.host(), ddw.host());
+    // dx16[n, in] = dy16[n, out] w16[in, out]^T, bf16 D (the fused block's c_proj backward)
+    DevVec<std::uint16_t> gdy16(*o, dy16), gw16(*o, w16),
+        gdx16(*o, H16(std::size_t(n) * in, 0x7fc0));
+    ops::cuda::LtTuneAccess::gemm_rm16_to16(*o, false, true, n, in, out, gdy16.get(), out,
+                                            gw16.get(), out, gdx16.get(), in);
+    FVec dx_wide(std::size_t(n) * in);
+    cpu().from_bf16(dx_wide.data(), gdx16.host().data(), std::int64_t(dx_wide.size()));
+    return Outs{dyv.host(), ddw.host(), dx_wide};
   };
-  const auto plain = run();
+  const Outs plain = run();
   setenv("TRIDENT_CUDA_LT_TUNE", file.c_str(), 1);
-  const auto tuned = run();
-  const auto replay = run();
-  EXPECT_TRUE(near(tuned.first, plain.first, 1e-3)) << "linear_forward, tuned vs not";
-  EXPECT_TRUE(near(tuned.second, plain.second, 1e-3)) << "dw += x^T dy in place, tuned vs not";
-  EXPECT_TRUE(tuned.first == replay.first && tuned.second == replay.second)
+  const Outs tuned = run();
+  const Outs replay = run();
+  EXPECT_TRUE(near(tuned.y, plain.y, 1e-3)) << "linear_forward, tuned vs not";
+  EXPECT_TRUE(near(tuned.dw, plain.dw, 1e-3)) << "dw += x^T dy in place, tuned vs not";
+  EXPECT_TRUE(near(tuned.dx, plain.dx, 1e-2)) << "gemm_rm16_to16 (bf16 D), tuned vs not";
+  EXPECT_TRUE(tuned.y == replay.y && tuned.dw == replay.dw && tuned.dx == replay.dx)
       << "the file's algorithms replayed bit for bit";
   std::ifstream f(file);
   int entries = 0;
   for (std::string line; std::getline(f, line);) entries += !line.empty() && line[0] != '#';
-  EXPECT_EQ(entries, 2) << "one entry per plan in " << file;
+  EXPECT_EQ(entries, 3) << "one entry per plan in " << file;
 }
 
 TEST(CudaOps, CopiesRefuseTheCpuBackend) {

@@ -1,5 +1,5 @@
 // test/unit/ops/cuda/emulate/lt_tune.cpp — TRIDENT_CUDA_LT_TUNE (src/ops/cuda/lt_tune.hpp) on
-// the CPU stand-in: CudaOps::bias_lt's plans (through cuda_ops.hpp's friend LtTuneAccess) with
+// the CPU stand-in: CudaOps::bias_lt's plans (through lt_tune_access.hpp's LtTuneAccess) with
 // the shim's three candidate algorithms (identical math; shim/cublasLt.h), one or two of them
 // made slow (TRIDENT_EMU_LT_SLOW_ALGO) so that the fastest is known. Checked, per product kind
 // (bf16 D + bias; fp32 D + bias + residual out of place; the same accumulating in place, D = C;
@@ -13,6 +13,10 @@
 //     another device, or unreadable lines: those shapes tuned again, the results unchanged.
 // And Ops::gemm under bf16 (gemm_rm16's products without a bias, cuBLASLt plans when tuned):
 // transposes, padding, alpha, beta 1 in place, bit for bit with cublasGemmEx and against double.
+// And gemm_rm16_to16 (the fused blocks' bf16-output products; bf16-D plans when tuned): the
+// blocks' NT and NN and a TN, padded, each after a gemm_rm16 of the same shape, operands and
+// alignments into fp32 D (the plan key's D bit keeps them apart: plans, file entries), bit for
+// bit with cublasGemmEx, against double, D's padding untouched, and the file round trip.
 // train.sh builds it with the backend's objects and runs it (a few seconds).
 #include <algorithm>
 #include <cmath>
@@ -30,37 +34,13 @@
 #include "cuda_ops.hpp"
 #include "device_copy.hpp"
 #include "lt_tune.hpp"
+#include "lt_tune_access.hpp"
 #include "trident/ops/ops.hpp"
 
 namespace emu {
 int lt_last_algo();
 std::uint64_t lt_matmuls_with(int algo_id);
 }  // namespace emu
-
-namespace trident::ops::cuda {
-struct LtTuneAccess {
-  static bool bias_lt(Ops& o, void* d, bool d16, const float* residual, const void* x16,
-                      const void* w16, const void* bias, int n, int in, int out, int gelu,
-                      const void* aux, void* bias_grad) {
-    return dynamic_cast<CudaOps&>(o).bias_lt(d, d16, residual, x16, w16, false, bias, n, in, out,
-                                             static_cast<CudaOps::LtGelu>(gelu), aux, bias_grad);
-  }
-  // CUBLASLT_ALGO_CONFIG_ID of each plan's algorithm (0 for a declined plan)
-  static std::vector<int> algos(Ops& o) {
-    std::vector<int> ids;
-    for (const auto& [key, plan] : dynamic_cast<CudaOps&>(o).lt_plans_) {
-      (void)key;
-      std::int32_t id = 0;
-      std::size_t written = 0;
-      if (plan.ok)
-        cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id),
-                                             &written);
-      ids.push_back(id);
-    }
-    return ids;
-  }
-};
-}  // namespace trident::ops::cuda
 
 namespace {
 
@@ -239,6 +219,116 @@ std::vector<V> run_gemms(double& worst) {
   return out;
 }
 
+// gemm_rm16_to16 in the shapes the fused blocks give it: NT (GPT-2's c_proj backward, dres16
+// [n, C] @ w[Ca, C]^T), NN (Llama's o and down, dres16 @ w[C, F]), and TN; pad: added to each
+// leading dimension. With fp32_first each runs after a gemm_rm16 (fp32 D, beta 0) of the same
+// shape on the same operands with an fp32 D as aligned as the bf16 one: a plan key without the
+// D bit would hand that fp32-D plan to the bf16 D. Returns every bf16 D whole (padding
+// included, which must keep its fill), the worst relative error against double, and whether
+// the two Ds' alignments (256-byte) matched so that such a collision was possible.
+struct To16Case {
+  bool ta, tb;
+  int m, n, k, pad;
+};
+const To16Case kTo16[] = {{false, true, 24, 32, 40, 0}, {false, true, 24, 32, 40, 8},
+                          {false, false, 24, 48, 32, 0}, {false, false, 24, 48, 32, 5},
+                          {true, false, 16, 24, 40, 3}};
+constexpr int kTo16Cases = int(sizeof(kTo16) / sizeof(kTo16[0]));
+constexpr std::uint16_t kFill = 0x40e0;  // 7.0 in bf16: D's padding before and after
+struct To16Run {
+  std::vector<H> d;
+  std::vector<int> algos;
+  double worst = 0;
+  bool aligned_alike = true;
+  bool threw = false;
+};
+To16Run run_to16(bool fp32_first) {
+  auto o = trident::ops::make_ops("cuda", 1, Precision::bf16);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  To16Run r;
+  for (const To16Case& g : kTo16) {
+    const int ar = g.ta ? g.k : g.m, ac = g.ta ? g.m : g.k, br = g.tb ? g.n : g.k,
+              bc = g.tb ? g.k : g.n;
+    const int lda = ac + g.pad, ldb = bc + g.pad, ldc = g.n + g.pad;
+    H a(std::size_t(ar) * lda), b(std::size_t(br) * ldb);
+    for (auto& x : a) x = bits(nd(rng));
+    for (auto& x : b) x = bits(0.3f * nd(rng));
+    Dev<std::uint16_t> da(*o, a), db(*o, b), dc(*o, H(std::size_t(g.m) * ldc, kFill));
+    Dev<float> d32(*o, V(std::size_t(g.m) * ldc, 0.0f));
+    const auto at = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 256; };
+    r.aligned_alike = r.aligned_alike && at(d32.p) == 0 && at(dc.p) == 0;
+    try {
+      if (fp32_first)
+        Access::gemm_rm16(*o, g.ta, g.tb, g.m, g.n, g.k, 1.0f, da.p, lda, db.p, ldb, 0.0f, d32.p,
+                          ldc);
+      Access::gemm_rm16_to16(*o, g.ta, g.tb, g.m, g.n, g.k, da.p, lda, db.p, ldb, dc.p, ldc);
+    } catch (const std::exception& e) {
+      std::printf("     threw: %s\n", e.what());
+      r.threw = true;
+    }
+    r.d.push_back(dc.host());
+    const H& d = r.d.back();
+    for (int i = 0; i < g.m; i++)
+      for (int j = 0; j < ldc; j++) {
+        const std::uint16_t got = d[std::size_t(i) * ldc + j];
+        if (j >= g.n) {  // padding
+          if (got != kFill) r.worst = std::max(r.worst, 1e9);
+          continue;
+        }
+        double p = 0;
+        for (int l = 0; l < g.k; l++)
+          p += double(widen(g.ta ? a[std::size_t(l) * lda + i] : a[std::size_t(i) * lda + l])) *
+               widen(g.tb ? b[std::size_t(j) * ldb + l] : b[std::size_t(l) * ldb + j]);
+        const double err = std::fabs(double(widen(got)) - p) / std::max(std::fabs(p), 1e-3);
+        r.worst = std::max(r.worst, std::isnan(err) ? 1e9 : err);
+      }
+  }
+  r.algos = Access::algos(*o);
+  return r;
+}
+bool same_to16(const To16Run& a, const To16Run& b) {
+  if (a.d.size() != b.d.size()) return false;
+  for (std::size_t i = 0; i < a.d.size(); i++)
+    if (a.d[i] != b.d[i]) return false;
+  return true;
+}
+// The largest bf16 ulp-distance between two runs' Ds (how far a broken variant lands).
+int to16_ulps(const To16Run& a, const To16Run& b) {
+  int worst = 0;
+  for (std::size_t i = 0; i < a.d.size() && i < b.d.size(); i++)
+    for (std::size_t j = 0; j < a.d[i].size() && j < b.d[i].size(); j++)
+      worst = std::max(worst, std::abs(int(std::int16_t(a.d[i][j])) - int(std::int16_t(b.d[i][j]))));
+  return worst;
+}
+bool all_ids(const std::vector<int>& algos, std::size_t count, int id) {
+  if (algos.size() != count) return false;
+  for (int a : algos)
+    if (a != id) return false;
+  return true;
+}
+std::string ids(const std::vector<int>& algos) {
+  std::string s;
+  for (int a : algos) s += std::to_string(a) + " ";
+  return s;
+}
+// The file's entries whose key (fields 3..7) is a gemm_lt16 one (bit 62) with bf16 D (bit 29).
+int count_to16_entries(const std::string& file) {
+  std::ifstream f(file);
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string device;
+    long long version = 0, key[5] = {};
+    fields >> device >> version;
+    for (auto& k : key) fields >> k;
+    n += (key[4] >> 62 & 1) && (key[4] >> 29 & 1);
+  }
+  return n;
+}
+
 int count_entries(const std::string& file) {
   std::ifstream f(file);
   std::string line;
@@ -290,6 +380,53 @@ int main() {
   check(worst_plain < 1e-4 && worst_tuned < 1e-4,
         "gemm against double, the in-place product added once (" + sci(worst_plain) +
             ", " + sci(worst_tuned) + ")");
+
+  // gemm_rm16_to16: cublasGemmEx untuned, bf16-D cuBLASLt plans of their own when tuned
+  unsetenv("TRIDENT_CUDA_LT_TUNE");
+  const std::uint64_t lt_before16 = candidate_runs(11) + candidate_runs(12) + candidate_runs(13);
+  const To16Run to16_plain = run_to16(false);
+  check(candidate_runs(11) + candidate_runs(12) + candidate_runs(13) == lt_before16 &&
+            to16_plain.algos.empty() && !to16_plain.threw,
+        "to16 untuned: cublasGemmEx (no cuBLASLt plan or matmul)");
+  check(to16_plain.worst < 1.0 / 256,
+        "to16 untuned against double: within bf16's rounding, padding kept (" +
+            sci(to16_plain.worst) + ")");
+  setenv("TRIDENT_CUDA_LT_TUNE", "1", 1);
+  const std::uint64_t fast16 = candidate_runs(13);
+  const To16Run to16_tuned = run_to16(true);
+  check(to16_tuned.aligned_alike, "to16 tuned: the fp32 and bf16 Ds equally aligned (the keys "
+                                  "differ by the D bit only)");
+  check(all_ids(to16_tuned.algos, 2 * kTo16Cases, 13),
+        "to16 tuned: an fp32-D and a bf16-D plan per shape (" +
+            std::to_string(to16_tuned.algos.size()) + " of " + std::to_string(2 * kTo16Cases) +
+            "), each on 13: " + ids(to16_tuned.algos));
+  check(candidate_runs(13) == fast16 + 2 * kTo16Cases * (1 + trident::ops::cuda::LtTuner::kRuns + 1),
+        "to16 tuned: every plan timed 13 and then ran it");
+  check(!to16_tuned.threw && same_to16(to16_tuned, to16_plain),
+        "to16 tuned (NT, NN, TN; padded): equal to cublasGemmEx's bit for bit (" +
+            std::to_string(to16_ulps(to16_tuned, to16_plain)) + " bf16 ulps apart)");
+  check(to16_tuned.worst < 1.0 / 256,
+        "to16 tuned against double, padding kept (" + sci(to16_tuned.worst) + ")");
+  {
+    const std::string file16 = "lt_tune_to16.txt";
+    std::remove(file16.c_str());
+    setenv("TRIDENT_CUDA_LT_TUNE", file16.c_str(), 1);
+    const To16Run first16 = run_to16(true);
+    check(same_to16(first16, to16_plain) && count_entries(file16) == 2 * kTo16Cases &&
+              count_to16_entries(file16) == kTo16Cases,
+          "to16 file: same outputs, " + std::to_string(count_entries(file16)) + " entries, " +
+              std::to_string(count_to16_entries(file16)) + " with bf16 D (of " +
+              std::to_string(2 * kTo16Cases) + ", " + std::to_string(kTo16Cases) + ")");
+    setenv("TRIDENT_EMU_LT_SLOW_ALGO", "11,13", 1);  // tuning would now keep 12
+    const std::uint64_t runs12_16 = candidate_runs(12);
+    const To16Run again16 = run_to16(true);
+    check(all_ids(again16.algos, 2 * kTo16Cases, 13) && same_to16(again16, to16_plain) &&
+              candidate_runs(12) == runs12_16,
+          "to16 file read back: every plan on 13, none timed, outputs unchanged (" +
+              ids(again16.algos) + ")");
+    setenv("TRIDENT_EMU_LT_SLOW_ALGO", "11,12", 1);
+    std::remove(file16.c_str());
+  }
 
   // the file round trip
   const std::string file = "lt_tune_choices.txt";

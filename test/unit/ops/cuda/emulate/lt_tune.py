@@ -11,6 +11,11 @@ moves every plan off it. Checked:
                reads every shape from FILE (the plan keys, pointer alignments included, are
                the same after a resume) and times none; the curve is the untuned resume's
   dp2          each rank keeps its own file (FILE, FILE.rank1), same curve as untuned dp2
+  llama        Llama (grouped-query) the same way: tuned = untuned bit for bit, the file's second
+               run reads every shape and times none
+Both models' files hold bf16-D gemm plans (the fused blocks' gemm_rm16_to16: GPT-2's attention
+c_proj backward, Llama's o and down) beside the fp32-D gemm and bias_lt plans; each file check
+says the three counts.
 usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 lt_tune.py (emulate/train.sh)
 """
 import os
@@ -58,6 +63,16 @@ def entries(path):
         return [l for l in f if l.strip() and not l.startswith("#")]
 
 
+def kinds(path):
+    """The file's plans by kind (matmul.cpp's keys): bias_lt, gemm_lt16 with fp32 D (key word 5
+    bit 62), with bf16 D (bits 62 and 29: gemm_rm16_to16)."""
+    n = {"bias_lt": 0, "gemm fp32 D": 0, "gemm bf16 D": 0}
+    for line in entries(path):
+        word = int(line.split()[6])
+        n["bias_lt" if not word >> 62 & 1 else "gemm bf16 D" if word >> 29 & 1 else "gemm fp32 D"] += 1
+    return n
+
+
 def main():
     t = Test("cuda.lt_tune", lc.deck_text(V, T, L, H, C, MBS, GBS, STEPS, 1), V, T, GBS, 17)
     off = {"TRIDENT_CUDA_LT_TUNE": None, "TRIDENT_EMU_LT_SLOW_ALGO": None}
@@ -76,6 +91,8 @@ def main():
     t.check(np.array_equal(first, plain), "file, first run: same curve")
     t.check(len(lines) == 1 and n > 0 and lines[0][0] + lines[0][1] == n,
             f"file, first run: one entry per tuned plan ({n} entries, {lines})")
+    k = kinds(path)
+    t.check(min(k.values()) > 0, f"file, first run: every kind of plan tuned ({k})")
     second, lines, _ = train(t, 1, "file2", {"TRIDENT_CUDA_LT_TUNE": path,
                                              "TRIDENT_EMU_LT_SLOW_ALGO": "12,13"})
     t.check(np.array_equal(second, plain), "file, second run: same curve")
@@ -121,6 +138,21 @@ def main():
         t.check(np.array_equal(tuned2, plain2), "dp2: tuned curve equals the untuned")
         t.check(len(lines) == 2 and os.path.exists(path2) and os.path.exists(path2 + ".rank1"),
                 f"dp2: one line per rank, FILE and FILE.rank1 written ({lines})")
+    # Llama (grouped-query): its fused block's products, [q k v] and [gate up] without a bias
+    llama = ['model.arch="llama"', "model.n_kv_head=2"]
+    plain_l, _, _ = train(t, 1, "plain-llama", off, llama)
+    path_l = t.path("choices-llama.txt")
+    tuned_l, lines, _ = train(t, 1, "tuned-llama", {"TRIDENT_CUDA_LT_TUNE": path_l,
+                                                    "TRIDENT_EMU_LT_SLOW_ALGO": "11"}, llama)
+    n_l = len(entries(path_l)) if os.path.exists(path_l) else 0
+    k = kinds(path_l) if n_l else {}
+    t.check(np.array_equal(tuned_l, plain_l), f"llama: {len(plain_l)} losses equal the untuned bit for bit")
+    t.check(len(lines) == 1 and n_l > 0 and lines[0][0] + lines[0][1] == n_l and
+            min(k.values()) > 0, f"llama: one entry per tuned plan, every kind ({k}, {lines})")
+    again_l, lines, _ = train(t, 1, "again-llama", {"TRIDENT_CUDA_LT_TUNE": path_l,
+                                                    "TRIDENT_EMU_LT_SLOW_ALGO": "12,13"}, llama)
+    t.check(np.array_equal(again_l, plain_l) and lines == [(0, 0, n_l)],
+            f"llama, file's second run: same curve, all {n_l} read, nothing timed ({lines})")
     t.finish()
 
 

@@ -12,7 +12,7 @@
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 #   emulate/cudnn_fallback.py   cuDNN attention's loader and fallback line (~10 s)
 #   emulate/attention_bf16.cpp  the bf16 attention entry points against the CPU (~1 s)
-#   emulate/lt_tune.py          TRIDENT_CUDA_LT_TUNE in training: bit for bit, its file (~30 s)
+#   emulate/lt_tune.py          TRIDENT_CUDA_LT_TUNE in training: bit for bit, its file (~60 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
 # First shim/selftest.cpp checks the shim itself, and fused_block.cpp the fused GPT-2 block
 # (CudaOps::gpt2_block_*, bf16 activations) against the CPU composition, llama_block.cpp
