@@ -16,10 +16,10 @@
 // Training's forward, backward (with a W stash: the split backward's B), weight pass (its
 // W) and selective recompute are the coarse ops Ops::llama_block_forward / backward /
 // backward_weights / recompute at any TP, with or without SP (coarse_op(): no context
-// parallelism), the TP mappings passed as their collectives: their default (ops/fused_block.cpp) is THE block's sequence, which a backend
-// may fuse (CUDA under bf16: bf16 activations inside, la.bf16). The composition here
-// stays only for decode (the key-value cache) and context parallelism; it must stay the op's
-// sequence.
+// parallelism), the TP mappings passed as their collectives: their default
+// (ops/fused_block.cpp) is THE block's sequence, which a backend may fuse (CUDA under bf16:
+// bf16 activations inside, la.bf16). The composition here stays only for decode (the
+// key-value cache) and context parallelism; it must stay the op's sequence.
 #include "trident/model/llama_block.hpp"
 
 #include "trident/core/error.hpp"
