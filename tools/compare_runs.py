@@ -129,6 +129,15 @@ LAYOUTS = {
     "gpt2-tp3-vocab-uneven": (GPT2, 3, ["parallel.tp=3", "model.d_model=48", "model.n_head=6"]),
     "llama-tp3-vocab-uneven": (LLAMA, 3, ["parallel.tp=3", "model.d_model=48", "model.n_head=6",
                                           "model.n_kv_head=3", "model.ffn_hidden=96"]),
+    # Llama's selective recompute through the coarse ops (Ops::llama_block_recompute).
+    "llama-serial-selective": (LLAMA, 1, ["parallel.recompute=selective"]),
+    "llama-tp2-selective": (LLAMA, 2, ["parallel.tp=2", "parallel.recompute=selective"]),
+    "llama-tp2-sp-kv2-selective": (LLAMA, 2, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                              "model.n_kv_head=2",
+                                              "parallel.recompute=selective"]),
+    "llama-pp2-zb-v-selective": (LLAMA, 2, ["parallel.pp=2", "parallel.vpp=2",
+                                            "parallel.schedule=zb-v",
+                                            "parallel.recompute=selective"]),
 }
 
 

@@ -122,7 +122,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   // runtime.precision = "bf16" on a device: the stash as bf16 (bf16_storage()). Not with
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
   bf16_store_ = stores_bf16(ops_.precision(), recompute_);
-  fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16, recompute_,
+  fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16,
                                     ops_.gpt2_block_stash_bf16(), cfg.arch.get(), cp);
   if (recompute_ == Recompute::selective) {  // the fused block's shared copy in bf16
     selective_store_ = buffer(recomputed_floats(dims_, fused_block_));
@@ -315,13 +315,11 @@ std::int64_t fused_layer_floats(const ChunkDims& d, bool selective) {
   return count.used;
 }
 
-bool stores_fused_block(bool bf16_products, Recompute recompute, bool backend_bf16_block,
-                        Arch arch, int cp) {
-  // GPT-2's and Llama's bf16 blocks take TP, with or without SP (their collectives).
-  // Selective recompute: GPT-2's (Ops::gpt2_block_recompute); Llama's keeps fp32 views.
-  const bool recompute_ok = recompute != Recompute::selective || arch == Arch::gpt2;
-  return bf16_products && recompute_ok && backend_bf16_block &&
-         (arch == Arch::gpt2 || arch == Arch::llama) && cp == 1;
+bool stores_fused_block(bool bf16_products, bool backend_bf16_block, Arch arch, int cp) {
+  // GPT-2's and Llama's bf16 blocks take TP, with or without SP (their collectives), and
+  // any recompute (selective: Ops::gpt2_block_recompute, llama_block_recompute).
+  return bf16_products && backend_bf16_block && (arch == Arch::gpt2 || arch == Arch::llama) &&
+         cp == 1;
 }
 
 std::int64_t packed_layer_floats(const ChunkDims& d) {

@@ -13,13 +13,13 @@
 // query heads read one: the k/v weights' gradients are then partial on each rank (only its
 // query heads' share) and GptChunk::reduce_param_grads sums them over TP once per step.
 //
-// Training's forward, backward (with a W stash: the split backward's B) and weight pass (its
-// W) are the coarse ops Ops::llama_block_forward / backward / backward_weights at any TP, with
-// or without SP (coarse_op(): no context parallelism), the TP mappings passed as their
-// collectives: their default (ops/fused_block.cpp) is THE block's sequence, which a backend
-// may fuse (CUDA under bf16: bf16 activations inside, la.bf16). The composition here
-// stays only for decode (the key-value cache) and context parallelism; it must stay the op's
-// sequence.
+// Training's forward, backward (with a W stash: the split backward's B), weight pass (its
+// W) and selective recompute are the coarse ops Ops::llama_block_forward / backward /
+// backward_weights / recompute at any TP, with or without SP (coarse_op(): no context
+// parallelism), the TP mappings passed as their collectives: their default
+// (ops/fused_block.cpp) is THE block's sequence, which a backend may fuse (CUDA under bf16:
+// bf16 activations inside, la.bf16). The composition here stays only for decode (the
+// key-value cache) and context parallelism; it must stay the op's sequence.
 #include "trident/model/llama_block.hpp"
 
 #include "trident/core/error.hpp"
@@ -156,6 +156,8 @@ void LlamaBlock::run(const BlockParams& p, const float* x, float* out, LayerActi
 
 // From the kept qkv, already rotated, and [gate up] output.
 void LlamaBlock::recompute(LayerActivations& la) {
+  if (coarse_op()) return ops_.llama_block_recompute(block_shape(B_, T_), coarse(la));
+  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
   attend(la, B_, T_);
   ops_.swiglu_forward(la.fch_gelu, la.fch, B_ * T_, F_);
 }

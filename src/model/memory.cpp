@@ -131,8 +131,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t per_mb = Nr * C * std::max(1, L);
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
-  const bool fused = stores_fused_block(lay.bf16_products, lay.recompute, lay.block_stash_bf16,
-                                       cfg.arch.get(), lay.cp);
+  const bool fused = stores_fused_block(lay.bf16_products, lay.block_stash_bf16, cfg.arch.get(),
+                                       lay.cp);
   const std::int64_t inner = recomputed_floats(d, fused);  // the fused block's in bf16
   if (lay.recompute == Recompute::none)
     per_mb += L * (fused  ? fused_layer_floats(d)

@@ -6,7 +6,7 @@
 // The same for Llama's block (model::LlamaBlock without context parallelism).
 // defines: Ops::gpt2_block_forward, Ops::gpt2_block_backward, Ops::gpt2_block_backward_weights,
 //          Ops::gpt2_block_recompute, Ops::llama_block_forward, Ops::llama_block_backward,
-//          Ops::llama_block_backward_weights
+//          Ops::llama_block_backward_weights, Ops::llama_block_recompute
 #include "trident/core/error.hpp"
 #include "trident/ops/ops.hpp"
 
@@ -207,6 +207,16 @@ void Ops::llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBloc
   };
   weight(g.gateup_w, w.dfch, la.ln2, C, 2 * F);
   weight(g.qkv_w, w.dqkv, la.ln1, C, C3);
+}
+
+void Ops::llama_block_recompute(const LlamaBlockShape& s, const LlamaBlockStash& la) {
+  TRIDENT_CHECK(!la.bf16, "llama_block_recompute: ", name(), " keeps no bf16 stash");
+  const int n = s.b * s.t, Ca = s.ca ? s.ca : s.c;
+  const AttentionShape att = attention_shape_llama(s);
+  const int kv = (int(att.ld_q) - Ca) / 2;
+  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
+  attention_forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att);
+  swiglu_forward(la.fch_gelu, la.fch, n, s.f);
 }
 
 }  // namespace trident::ops

@@ -15,7 +15,8 @@ Cases: serial training with eval, a checkpoint and a resume; tp 2; tp 2 with seq
 parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2) (bf16: also GPT-2 and
 Llama under zb-h1 and zb-v, with and without full recompute, against the serial bf16 run and
 the zb-v arena's peak; GPT-2 under selective recompute serial, pp 2 1f1b and zb-v, tp 2, and
-its arena's peak); dp 2, alone and with ZeRO-1
+its arena's peak; Llama's serial, pp 2 zb-v, tp 2 with and without SP, tp 4, and its arena's
+peak); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """
@@ -217,6 +218,15 @@ def main():
                     # second on ranks 2, 3 (kv_head0), the other's gradient zero there.
                     ("llama-tp4", 4, [*llama, "parallel.tp=4"]),
                     ("llama-tp2xpp2-zbv", 4, [*llama, "parallel.tp=2", "parallel.pp=2", *zb_v])]
+        # Selective recompute on Llama's fused block (Ops::llama_block_recompute: attention on
+        # the kept rotated bf16 [q k v], SwiGLU on the kept [gate up]); under TP on this rank's
+        # heads and columns (tp 4: ranks 2, 3 read the second kv head, kv_head0).
+        llama_tp += [("llama-sel", 1, [*llama, *sel]),
+                     ("llama-pp2-zbv-sel", 2, [*llama, "parallel.pp=2", *zb_v, *sel]),
+                     ("llama-tp2-sel", 2, [*llama, "parallel.tp=2", *sel]),
+                     ("llama-tp2-sp-sel", 2, [*llama, "parallel.tp=2",
+                                              "parallel.sequence_parallel=true", *sel]),
+                     ("llama-tp4-sel", 4, [*llama, "parallel.tp=4", *sel])]
         # The LM head's vocabulary split unevenly over TP 3 (22 + 22 + 20 columns; the fused
         # head's two-pass classifier on each shard, the statistics combined over the group).
         uneven = [("tp3-vocab-uneven", 3, ["parallel.tp=3", "model.d_model=48", "model.n_head=6"])]
@@ -245,7 +255,10 @@ def main():
                               ("llama-tp2-sp", "llama"), ("llama-tp2-kv1", "llama-kv1"),
                               ("llama-tp4", "llama"), ("llama-tp2xpp2-zbv", "llama"),
                               ("sel", "serial"), ("pp2-1f1b-sel", "serial"),
-                              ("pp2-zbv-sel", "serial"), ("tp2-sel", "serial")):
+                              ("pp2-zbv-sel", "serial"), ("tp2-sel", "serial"),
+                              ("llama-sel", "llama"), ("llama-pp2-zbv-sel", "llama"),
+                              ("llama-tp2-sel", "llama"), ("llama-tp2-sp-sel", "llama"),
+                              ("llama-tp4-sel", "llama")):
             ref = bf16_curves[serial]
             rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
             t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
@@ -281,7 +294,10 @@ def main():
                                                            "parallel.sequence_parallel=true"]),
                                      # selective recompute: fp32's layers and shared copy
                                      # against the fused block's bf16 ones
-                                     ("sel-", 1, [*gpipe, 'parallel.recompute="selective"'])):
+                                     ("sel-", 1, [*gpipe, 'parallel.recompute="selective"']),
+                                     ("llama-sel-", 1, [*gpipe, 'model.arch="llama"',
+                                                        "model.n_kv_head=2",
+                                                        'parallel.recompute="selective"'])):
             mem = {}
             for p in ("fp32", "bf16"):
                 t.train(np_, f"mem-{arch}{p}", sets=[*two, *arch_sets, *device_sets(p)])

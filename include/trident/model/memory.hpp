@@ -96,9 +96,9 @@ struct MemoryLayout {
   bool fused_head = false;
   // Ops::gpt2_block_stash_bf16() of the rank's backend (CUDA under bf16 unless
   // TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline; set_precision assumes that default, Trainer
-  // asks its backend): GPT-2 at any TP or Llama at TP 1 without context parallelism (and
-  // selective recompute GPT-2's only) then keeps carve_fused_layer's stash and no fp32
-  // working copy, and a split backward's W stash in bf16 (stores_fused_block).
+  // asks its backend): GPT-2 or Llama at any TP without context parallelism (any recompute)
+  // then keeps carve_fused_layer's stash and no fp32 working copy, and a split backward's W
+  // stash in bf16 (stores_fused_block).
   bool block_stash_bf16 = false;
   // The device backend's scratch for one causal attention call of shape (b, t, nh, nkv, hs)
   // when it runs through a library (CUDA under bf16: cuDNN's bf16 copies and workspace;

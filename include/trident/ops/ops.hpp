@@ -371,6 +371,12 @@ class Ops {
   virtual void llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBlockParams& p,
                                             const LlamaBlockParams& g, const LlamaBlockStash& la,
                                             const BlockWStash& w);
+  // Selective recompute (the stash's atty, lse and fch_gelu one copy shared by the layers):
+  // la's atty, lse (attention from its rotated qkv) and fch_gelu (SwiGLU of its [gate up]) as
+  // the forward wrote them, before llama_block_backward reads them; local at any TP (this
+  // rank's heads and columns). Default: the composition's attention_forward and
+  // swiglu_forward (model::LlamaBlock's recompute, call for call).
+  virtual void llama_block_recompute(const LlamaBlockShape& s, const LlamaBlockStash& la);
 
   // ---- embeddings -----------------------------------------------------------------
   // Masked (vocab-parallel) lookup: x[N,C] = wte[tok - vocab_start] when

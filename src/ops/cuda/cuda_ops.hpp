@@ -208,6 +208,9 @@ class CudaOps final : public Ops {
   void llama_block_backward_weights(const LlamaBlockShape& s, const LlamaBlockParams& p,
                                     const LlamaBlockParams& g, const LlamaBlockStash& la,
                                     const BlockWStash& w) override;
+  // Selective recompute on the bf16 stash: attention_forward_bf16 and the SwiGLU kernel, the
+  // calls llama_block_forward makes.
+  void llama_block_recompute(const LlamaBlockShape& s, const LlamaBlockStash& la) override;
 
   void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, float bc1, float bc2) override;

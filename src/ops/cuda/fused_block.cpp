@@ -5,7 +5,7 @@
 //          gpt2_block_backward_weights, gpt2_block_recompute, fused_block_from_environment,
 //          gelu_epilogue_from_environment, say_lt_refusal, bias_lt_bf16_bias, block_linear,
 //          block_weight16, gemm_rm16_to16, llama_block_forward, llama_block_backward,
-//          llama_block_backward_weights
+//          llama_block_backward_weights, llama_block_recompute
 //
 // Inside the block, every activation a product or attention reads is bf16, written so by its
 // producer: the LayerNorms write bf16 (fused_block.cu), c_attn and c_fc write bf16 through
@@ -47,6 +47,10 @@
 // (the same plan on the same operands) and the GELU kernel on the bf16 fch. cuBLASLt's GELU
 // epilogue takes GELU of the fp32 accumulator, not of the rounded fch, so a recomputed stash's
 // forward runs c_fc with the bias epilogue and the GELU kernel: the recompute is bit-equal.
+// Llama's (llama_block_recompute) the same way: attention_forward_bf16 on the layer's rotated
+// bf16 qkv (the forward's shape and pointers: this rank's heads, kv columns and kv_head0 at any
+// TP; no collectives) and the SwiGLU kernel on its bf16 [gate up]. SwiGLU has no epilogue form
+// (the forward runs the same kernel), so a recomputed stash's forward is the usual one.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -626,6 +630,22 @@ void CudaOps::llama_block_backward_weights(const LlamaBlockShape& s, const Llama
   OpScope timed(timer_.get(), [&] { return str("block_backward linear_weights_bf16 n=", n,
                                                " in=", C, " out=", C3); }, 0);
   gemm_rm16(true, false, C3, C, n, 1.0f, bf(w.dqkv), C3, bf(la.ln1), C, 1.0f, g.qkv_w, C);
+}
+
+void CudaOps::llama_block_recompute(const LlamaBlockShape& s, const LlamaBlockStash& la) {
+  if (!la.bf16) return Ops::llama_block_recompute(s, la);
+  TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_recompute: a bf16 stash on ", name(),
+                " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
+  const int n = s.b * s.t, Ca = s.ca ? s.ca : s.c;
+  if (n <= 0) return;
+  // llama_block_forward's attention call: the same shape, plan and operands
+  const AttentionShape att = attention_shape_llama(s);
+  const int kv = (int(att.ld_q) - Ca) / 2;
+  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
+  const std::uint16_t* qkv = bf(la.qkv);
+  attention_forward_bf16(bf(la.atty), la.lse, qkv, qkv + k0, qkv + k0 + kv, att);
+  OpScope timed(timer_.get(), "block_recompute swiglu_bf16");
+  launch_swiglu_forward_bf16(stream_, bf(la.fch_gelu), bf(la.fch), n, s.f);
 }
 
 }  // namespace trident::ops::cuda

@@ -122,18 +122,15 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   carve_grad_stash(d, w16, g, true);
   EXPECT_EQ(w16.used, rows * 7 * 32 / 2);
   EXPECT_EQ(grad_stash_floats(d, true), w16.used);
-  const Recompute none = Recompute::none;
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::gpt2, 1));
-  EXPECT_TRUE(stores_fused_block(true, Recompute::full, true, Arch::gpt2, 1));
-  EXPECT_TRUE(stores_fused_block(true, Recompute::selective, true, Arch::gpt2, 1));
-  EXPECT_FALSE(stores_fused_block(true, Recompute::selective, true, Arch::llama, 1));
-  // Llama's block too (Ops::llama_block_*). Both at any TP and SP (their collectives; no
-  // argument), not under context parallelism.
-  EXPECT_TRUE(stores_fused_block(true, none, true, Arch::llama, 1));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::gpt2, 2));
-  EXPECT_FALSE(stores_fused_block(true, none, true, Arch::llama, 2));
-  EXPECT_FALSE(stores_fused_block(true, none, false, Arch::llama, 1));
-  EXPECT_FALSE(stores_fused_block(false, none, true, Arch::gpt2, 1));
+  // GPT-2's and Llama's blocks (Ops::gpt2_block_*, llama_block_*) under any recompute (no
+  // argument), at any TP and SP (their collectives; no argument), not under context
+  // parallelism.
+  EXPECT_TRUE(stores_fused_block(true, true, Arch::gpt2, 1));
+  EXPECT_TRUE(stores_fused_block(true, true, Arch::llama, 1));
+  EXPECT_FALSE(stores_fused_block(true, true, Arch::gpt2, 2));
+  EXPECT_FALSE(stores_fused_block(true, true, Arch::llama, 2));
+  EXPECT_FALSE(stores_fused_block(true, false, Arch::llama, 1));
+  EXPECT_FALSE(stores_fused_block(false, true, Arch::gpt2, 1));
 }
 
 // Selective recompute on the fused block (Ops::gpt2_block_recompute): each layer keeps ln1,
@@ -175,12 +172,47 @@ TEST(Memory, FusedBlockUnderSelectiveRecomputeSharesItsBf16Core) {
   split.split_backward = true;
   EXPECT_EQ(predict_memory(cfg, split).activations_per_microbatch,
             fused.activations_per_microbatch);
-  // Llama under selective keeps its fp32 views.
-  ModelConfig llama = cfg;
-  llama.arch = "llama";
-  MemoryLayout unfused = lay;
-  unfused.block_stash_bf16 = false;
-  EXPECT_EQ(predict_memory(llama, lay).peak(), predict_memory(llama, unfused).peak());
+}
+
+// Llama's fused block under selective recompute (Ops::llama_block_recompute), the same way:
+// each layer keeps ln1, [q k v], ln2, [gate up] at 2 bytes (res2 and the statistics at 4);
+// the shared copy is atty and the SwiGLU output at 2 bytes and the log-sum-exps. At TP 1 and
+// at TP 2 with SP (this rank's columns: Ca, kv_cols, F; its residual rows).
+TEST(Memory, LlamaFusedBlockUnderSelectiveRecomputeSharesItsBf16Core) {
+  ModelConfig cfg;
+  cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
+  cfg.arch = "llama", cfg.n_kv_head = 2, cfg.ffn_hidden = 64;
+  for (int tp : {1, 2}) {
+    MemoryLayout lay;
+    lay.micro_batch = 2;
+    lay.peak_stash = 3;
+    lay.host_memory = false;
+    lay.recompute = Recompute::selective;
+    lay.bf16_products = true;
+    lay.tp = tp;
+    lay.sequence_parallel = tp > 1;
+    const MemoryEstimate fp32 = predict_memory(cfg, lay);
+    lay.block_stash_bf16 = true;
+    const MemoryEstimate fused = predict_memory(cfg, lay);
+    const ChunkDims d = chunk_dims(cfg, tp, lay.micro_batch, lay.sequence_parallel, 1);
+    const std::int64_t rows = 32, C = 32, lse = 2 * (4 / tp) * 16;
+    // this rank's query, k (v) and SwiGLU columns: 32/tp, 16/tp, 64/tp
+    EXPECT_EQ(d.Ca, C / tp);
+    EXPECT_EQ(d.C3, (C + 2 * 16) / tp);
+    EXPECT_EQ(d.F, 64 / tp);
+    EXPECT_EQ(d.F1, 2 * d.F);
+    const std::int64_t halves = rows * (C + d.C3 + C + d.F1) / 2;  // ln1 qkv ln2 fch
+    EXPECT_EQ(fused_layer_floats(d, true), halves + d.Nr * C + 4 * d.Nr);
+    EXPECT_EQ(layer_floats(d, true), 2 * halves + d.Nr * C + 4 * d.Nr);
+    EXPECT_EQ(recomputed_floats(d, true), rows * (d.Ca + d.F) / 2 + lse);
+    EXPECT_EQ(fp32.activations_per_microbatch - fused.activations_per_microbatch,
+              4 * halves * 4);
+    EXPECT_EQ(fp32.scratch - fused.scratch, rows * (d.Ca + d.F) / 2 * 4);
+    MemoryLayout split = lay;  // the W stash in the layers' own dead bf16 qkv and fch
+    split.split_backward = true;
+    EXPECT_EQ(predict_memory(cfg, split).activations_per_microbatch,
+              fused.activations_per_microbatch);
+  }
 }
 
 // bf16 products on a device: the backend converts each product's activation inputs in its

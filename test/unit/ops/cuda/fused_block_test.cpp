@@ -5,7 +5,8 @@
 // broken stash that must fail it; the split backward (B with a W stash, then W) and selective
 // recompute (gpt2_block_recompute) the same way.
 // The stand-in runs the same check (emulate/fused_block.cpp).
-// The same for the fused Llama block (llama_block_check.hpp, emulate/llama_block.cpp).
+// The same for the fused Llama block (llama_block_check.hpp, emulate/llama_block.cpp), its
+// selective recompute (llama_block_recompute) included.
 // main() is cuda_ops_test.cpp's (skips without a GPU).
 #include <gtest/gtest.h>
 
@@ -117,6 +118,31 @@ TEST(CudaFusedBlock, LlamaMatchesTheCpuCompositionAndCatchesAStaleStash) {
                       run(*gpu, s, true, k, false, 1.0f, Split::broken), want, kTol, true),
               kTol);
   }
+}
+
+// Llama's selective recompute (Ops::llama_block_recompute) as GPT-2's above: the shared atty,
+// lse, SwiGLU output overwritten by the next layer's forward, then recomputed: the run that
+// kept them to 1e-6, the CPU within the bf16 tolerance; skipped must fail.
+TEST(CudaFusedBlock, LlamaSelectiveRecomputeGivesTheKeptStashsGradients) {
+  using namespace llama_block;
+  constexpr double kTol = 3e-2;
+  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
+  if (!gpu->gpt2_block_stash_bf16())
+    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
+  auto cpu = ops::make_cpu_ops(2);
+  const Shape s{2, 128, 256, 4, 2, 512};
+  const Case k = random_case(s, 35);
+  const Result want = run(*cpu, s, false, k);
+  const Result kept = run(*gpu, s, true, k);
+  const Result sel = run(*gpu, s, true, k, false, 1.0f, Split::none, Recompute::selective);
+  EXPECT_LE(compare("fused, selective recompute vs CPU", s, sel, want, kTol), kTol);
+  EXPECT_LE(compare("fused, selective recompute vs the kept stash", s, sel, kept, 1e-6), 1e-6);
+  EXPECT_LE(compare("fused, selective split B + W vs the kept stash", s,
+                    run(*gpu, s, true, k, false, 1.0f, Split::in_place, Recompute::selective),
+                    kept, 1e-6), 1e-6);
+  EXPECT_GT(compare("broken: the recompute skipped", s,
+                    run(*gpu, s, true, k, false, 1.0f, Split::none, Recompute::skipped), want,
+                    kTol, true), kTol);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // composition (ops/fused_block.cpp, fp32): output, input gradient and every parameter
 // gradient, each max |got - want| / max |want| (fused_block_check.hpp's Case, Result, rel).
 // Run by the stand-in's program (emulate/llama_block.cpp). The split backward as
-// fused_block_check.hpp's (Split).
+// fused_block_check.hpp's (Split), and selective recompute (its Recompute:
+// Ops::llama_block_recompute between the forward and the backward).
 // defines: trident::test::llama_block::Shape, run, compare, random_case
 #pragma once
 
@@ -12,6 +13,7 @@
 namespace trident::test::llama_block {
 
 using fused_block::Case;
+using fused_block::Recompute;
 using fused_block::Result;
 using fused_block::Split;
 using ops::Ops;
@@ -94,9 +96,13 @@ inline Case random_case(const Shape& s, unsigned seed) {
 
 // One forward and backward on `ops`; break_stash overwrites la.fch between them, dres_scale
 // multiplies d loss / d out: the broken runs a check must catch. split: the backward split
-// into B and W (fused_block::Split).
+// into B and W (fused_block::Split). recompute (fused_block::Recompute): selective and skipped
+// run the next layer's forward (the block again on this one's output, into a stash sharing
+// la's atty, lse and fch_gelu) between the forward and the backward, selective then
+// llama_block_recompute; Llama's forward is the same for a recomputed stash, so kept is none.
 inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break_stash = false,
-                  float dres_scale = 1.0f, Split split = Split::none) {
+                  float dres_scale = 1.0f, Split split = Split::none,
+                  Recompute recompute = Recompute::none) {
   DeviceMemory* mem = ops.memory();
   const std::int64_t P = s.param_count();
   const std::size_t nc = std::size_t(s.n()) * std::size_t(s.c);
@@ -104,6 +110,8 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   FloatBuffer params(std::size_t(P), mem), grads(std::size_t(P), mem);
   FloatBuffer xb(nc, mem), out(nc, mem), dres(nc, mem);
   FloatBuffer stash(std::size_t(s.stash_floats()), mem);
+  const bool next_layer = recompute == Recompute::selective || recompute == Recompute::skipped;
+  FloatBuffer next_stash(next_layer ? std::size_t(s.stash_floats()) : 0, mem);
   FloatBuffer dbuf(nc, mem), dqkv(std::size_t(s.n()) * std::size_t(s.c3()), mem);
   FloatBuffer dfch(2 * nf, mem), dact(nf, mem);
   const std::size_t nqkv = std::size_t(s.n()) * std::size_t(s.c3());
@@ -118,6 +126,12 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   const Ops::LlamaBlockStash la = carve(s, stash.data(), bf16);
   ops.llama_block_forward(s.shape(), views(s, params.data()), xb.data(), out.data(), la);
   if (break_stash) ops.copy(la.fch, xb.data(), std::int64_t(nc));
+  if (next_layer) {
+    Ops::LlamaBlockStash next = carve(s, next_stash.data(), bf16);
+    next.atty = la.atty, next.lse = la.lse, next.fch_gelu = la.fch_gelu;
+    ops.llama_block_forward(s.shape(), views(s, params.data()), out.data(), dbuf.data(), next);
+    if (recompute == Recompute::selective) ops.llama_block_recompute(s.shape(), la);
+  }
   Ops::BlockWStash w{la.fch, la.qkv};
   if (split == Split::separate) w = {w_own.data(), w_own.data() + 2 * nf};
   ops.llama_block_backward(s.shape(), views(s, params.data()), views(s, grads.data()),

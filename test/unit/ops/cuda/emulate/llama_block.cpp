@@ -8,6 +8,9 @@
 // must fail (a stash tensor overwritten, the residual gradient 5% off). The split backward
 // (zero-bubble B, then W) as fused_block.cpp's: bit for bit the whole fused backward, with the
 // W stash in the layer's dead [gate up] and [q k v] outputs or its own; a broken W stash fails.
+// Selective recompute (llama_block_recompute after the next layer's forward overwrote the
+// shared atty, lse, SwiGLU output): bit for bit the run that kept them, whole and split, on the
+// fused block, the CUDA composition and the CPU; the recompute skipped must fail.
 // usage: llama_block  (exit 0: all agree)
 #include <cstdio>
 #include <memory>
@@ -18,6 +21,38 @@ using namespace trident::test::llama_block;
 
 namespace {
 constexpr double kTol = 1.5e-2;  // fused_block.cpp's: bf16 activations, relative to the largest
+
+// Selective recompute: each run whose shared atty, lse and fch_gelu were overwritten by the
+// next layer's forward and refilled by llama_block_recompute is bit for bit the same backend's
+// run that kept them; skipped (the next layer's values) must fail against the CPU.
+bool selective_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, const Shape& s,
+                      const Case& k, const Result& want, const Result& fused,
+                      const Result& composed) {
+  using trident::test::fused_block::same_bits;
+  bool ok = true;
+  auto bitwise = [&ok](const char* what, const Result& got, const Result& kept) {
+    const bool same = same_bits(got, kept);
+    std::printf("llama block: %s: %s\n", what, same ? "bit for bit the kept run" : "DIFFERENT");
+    ok = ok && same;
+  };
+  const Result sel = run(cuda, s, true, k, false, 1.0f, Split::none, Recompute::selective);
+  ok = compare("fused, selective recompute vs CPU fp32", s, sel, want, kTol) <= kTol && ok;
+  bitwise("fused, selective recompute", sel, fused);
+  bitwise("fused, selective recompute, split B + W",
+          run(cuda, s, true, k, false, 1.0f, Split::in_place, Recompute::selective), fused);
+  bitwise("CUDA composition, selective recompute",
+          run(cuda, s, false, k, false, 1.0f, Split::none, Recompute::selective), composed);
+  bitwise("CPU, selective recompute",
+          run(cpu, s, false, k, false, 1.0f, Split::none, Recompute::selective), want);
+  if (compare("broken on purpose: selective recompute skipped (the next layer's atty, lse, "
+              "SwiGLU output)", s,
+              run(cuda, s, true, k, false, 1.0f, Split::none, Recompute::skipped), want, kTol,
+              false) <= kTol) {
+    std::printf("llama block: the run without its recompute passed: the check cannot fail\n");
+    ok = false;
+  }
+  return ok;
+}
 }  // namespace
 
 int main() {
@@ -47,6 +82,7 @@ int main() {
       ok = false;
     }
   }
+  ok = selective_checks(*cpu, *cuda, s, k, want, fused, composed) && ok;
   ok = compare("CPU split B + W vs CPU whole backward", s,
                run(*cpu, s, false, k, false, 1.0f, Split::in_place), want, 1e-6) <= 1e-6 && ok;
   ok = compare("CUDA composition split B + W vs CPU fp32", s,
