@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "fused_block_check.hpp"
@@ -20,30 +21,38 @@
 namespace trident::test {
 namespace {
 
-TEST(CudaFusedBlock, MatchesTheCpuCompositionAndCatchesAStaleStash) {
+// Every case: a bf16 CUDA backend with the fused block (skipped where it is off) and the CPU's.
+class CudaFusedBlock : public ::testing::Test {
+ protected:
+  static constexpr double kTol = 3e-2;  // the bf16 products' tolerance
+  void SetUp() override {
+    gpu_ = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
+    if (!gpu_->gpt2_block_stash_bf16())
+      GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
+    cpu_ = ops::make_cpu_ops(2);
+  }
+  std::unique_ptr<ops::Ops> gpu_, cpu_;
+};
+
+TEST_F(CudaFusedBlock, MatchesTheCpuCompositionAndCatchesAStaleStash) {
   using namespace fused_block;
-  constexpr double kTol = 3e-2;
-  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
-  if (!gpu->gpt2_block_stash_bf16())
-    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
-  auto cpu = ops::make_cpu_ops(2);
   for (const Shape& s : {Shape{2, 128, 256, 4}, Shape{1, 77, 96, 3}}) {  // hs 64; hs 32, odd T
     const Case k = random_case(s, 27);
-    const Result want = run(*cpu, s, false, k);
+    const Result want = run(*cpu_, s, false, k);
     // two microbatches into the same gradients: c_fc's bias gradient (cuBLASLt's DGELU_BGRAD
     // writes it) must be added
     EXPECT_LE(compare("fused CUDA bf16 vs CPU, 2 microbatches", s,
-                      run(*gpu, s, true, k, false, 1.0f, 2), want, kTol), kTol);
-    EXPECT_LE(compare("CUDA bf16 composition vs CPU", s, run(*gpu, s, false, k), want, kTol),
+                      run(*gpu_, s, true, k, false, 1.0f, 2), want, kTol), kTol);
+    EXPECT_LE(compare("CUDA bf16 composition vs CPU", s, run(*gpu_, s, false, k), want, kTol),
               kTol);
-    EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu, s, true, k, true), want, kTol, true),
+    EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu_, s, true, k, true), want, kTol, true),
               kTol);
     // The split backward (zero-bubble B, then W; the W stash in the dead bf16 fch and qkv)
     EXPECT_LE(compare("fused split B + W vs CPU", s,
-                      run(*gpu, s, true, k, false, 1.0f, 2, Split::in_place), want, kTol),
+                      run(*gpu_, s, true, k, false, 1.0f, 2, Split::in_place), want, kTol),
               kTol);
     EXPECT_GT(compare("broken: the W stash overwritten", s,
-                      run(*gpu, s, true, k, false, 1.0f, 1, Split::broken), want, kTol, true),
+                      run(*gpu_, s, true, k, false, 1.0f, 1, Split::broken), want, kTol, true),
               kTol);
   }
 }
@@ -52,70 +61,55 @@ TEST(CudaFusedBlock, MatchesTheCpuCompositionAndCatchesAStaleStash) {
 // by the next layer's forward, then recomputed: the run that kept them (to 1e-6: bit for bit
 // where the backward is deterministic, as on the stand-in), the CPU within the bf16 tolerance;
 // the recompute skipped must fail.
-TEST(CudaFusedBlock, SelectiveRecomputeGivesTheKeptStashsGradients) {
+TEST_F(CudaFusedBlock, SelectiveRecomputeGivesTheKeptStashsGradients) {
   using namespace fused_block;
-  constexpr double kTol = 3e-2;
-  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
-  if (!gpu->gpt2_block_stash_bf16())
-    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
-  auto cpu = ops::make_cpu_ops(2);
   const Shape s{2, 128, 256, 4};
   const Case k = random_case(s, 33);
-  const Result want = run(*cpu, s, false, k);
-  const Result kept = run(*gpu, s, true, k, false, 1.0f, 2, Split::none, Recompute::kept);
-  const Result sel = run(*gpu, s, true, k, false, 1.0f, 2, Split::none, Recompute::selective);
+  const Result want = run(*cpu_, s, false, k);
+  const Result kept = run(*gpu_, s, true, k, false, 1.0f, 2, Split::none, Recompute::kept);
+  const Result sel = run(*gpu_, s, true, k, false, 1.0f, 2, Split::none, Recompute::selective);
   EXPECT_LE(compare("fused, selective recompute vs CPU", s, sel, want, kTol), kTol);
   EXPECT_LE(compare("fused, selective recompute vs the kept stash", s, sel, kept, 1e-6), 1e-6);
   EXPECT_LE(compare("fused, selective split B + W vs the kept stash", s,
-                    run(*gpu, s, true, k, false, 1.0f, 2, Split::in_place, Recompute::selective),
+                    run(*gpu_, s, true, k, false, 1.0f, 2, Split::in_place, Recompute::selective),
                     kept, 1e-6), 1e-6);
   EXPECT_GT(compare("broken: the recompute skipped", s,
-                    run(*gpu, s, true, k, false, 1.0f, 1, Split::none, Recompute::skipped), want,
+                    run(*gpu_, s, true, k, false, 1.0f, 1, Split::none, Recompute::skipped), want,
                     kTol, true), kTol);
 }
 
 // The fused block with GELU in cuBLASLt's epilogues (the default) against the GELU kernels
 // (TRIDENT_CUDA_GELU_EPILOGUE=0): both against the CPU; a refused epilogue says so on stderr.
-TEST(CudaFusedBlock, GeluEpilogueAndGeluKernelsBothMatchTheCpu) {
+TEST_F(CudaFusedBlock, GeluEpilogueAndGeluKernelsBothMatchTheCpu) {
   using namespace fused_block;
-  constexpr double kTol = 3e-2;
-  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
-  if (!gpu->gpt2_block_stash_bf16())
-    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
   const char* was = std::getenv("TRIDENT_CUDA_GELU_EPILOGUE");
   const std::string saved = was ? was : "";
   setenv("TRIDENT_CUDA_GELU_EPILOGUE", "0", 1);
   auto kernels = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
   if (was) setenv("TRIDENT_CUDA_GELU_EPILOGUE", saved.c_str(), 1);
   else unsetenv("TRIDENT_CUDA_GELU_EPILOGUE");
-  auto cpu = ops::make_cpu_ops(2);
   const Shape s{2, 128, 256, 4};
   const Case k = random_case(s, 31);
-  const Result want = run(*cpu, s, false, k);
-  EXPECT_LE(compare("fused, GELU epilogues", s, run(*gpu, s, true, k, false, 1.0f, 2), want,
+  const Result want = run(*cpu_, s, false, k);
+  EXPECT_LE(compare("fused, GELU epilogues", s, run(*gpu_, s, true, k, false, 1.0f, 2), want,
                     kTol), kTol);
   EXPECT_LE(compare("fused, GELU kernels", s, run(*kernels, s, true, k, false, 1.0f, 2), want,
                     kTol), kTol);
 }
 
-TEST(CudaFusedBlock, LlamaMatchesTheCpuCompositionAndCatchesAStaleStash) {
+TEST_F(CudaFusedBlock, LlamaMatchesTheCpuCompositionAndCatchesAStaleStash) {
   using namespace llama_block;
-  constexpr double kTol = 3e-2;
-  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
-  if (!gpu->gpt2_block_stash_bf16())
-    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
-  auto cpu = ops::make_cpu_ops(2);
   // hs 64 with 4 query heads on 2 kv heads; hs 32, 3 query heads on 1, odd T
   for (const Shape& s : {Shape{2, 128, 256, 4, 2, 512}, Shape{1, 77, 96, 3, 1, 160}}) {
     const Case k = random_case(s, 29);
-    const Result want = run(*cpu, s, false, k);
-    EXPECT_LE(compare("fused CUDA bf16 vs CPU", s, run(*gpu, s, true, k), want, kTol), kTol);
-    EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu, s, true, k, true), want, kTol, true),
+    const Result want = run(*cpu_, s, false, k);
+    EXPECT_LE(compare("fused CUDA bf16 vs CPU", s, run(*gpu_, s, true, k), want, kTol), kTol);
+    EXPECT_GT(compare("broken: stale la.fch", s, run(*gpu_, s, true, k, true), want, kTol, true),
               kTol);
     EXPECT_LE(compare("fused split B + W vs CPU", s,
-                      run(*gpu, s, true, k, false, 1.0f, Split::in_place), want, kTol), kTol);
+                      run(*gpu_, s, true, k, false, 1.0f, Split::in_place), want, kTol), kTol);
     EXPECT_GT(compare("broken: the W stash overwritten", s,
-                      run(*gpu, s, true, k, false, 1.0f, Split::broken), want, kTol, true),
+                      run(*gpu_, s, true, k, false, 1.0f, Split::broken), want, kTol, true),
               kTol);
   }
 }
@@ -123,25 +117,20 @@ TEST(CudaFusedBlock, LlamaMatchesTheCpuCompositionAndCatchesAStaleStash) {
 // Llama's selective recompute (Ops::llama_block_recompute) as GPT-2's above: the shared atty,
 // lse, SwiGLU output overwritten by the next layer's forward, then recomputed: the run that
 // kept them to 1e-6, the CPU within the bf16 tolerance; skipped must fail.
-TEST(CudaFusedBlock, LlamaSelectiveRecomputeGivesTheKeptStashsGradients) {
+TEST_F(CudaFusedBlock, LlamaSelectiveRecomputeGivesTheKeptStashsGradients) {
   using namespace llama_block;
-  constexpr double kTol = 3e-2;
-  auto gpu = ops::make_cuda_ops(ops::Precision::bf16, std::size_t(512) << 20);
-  if (!gpu->gpt2_block_stash_bf16())
-    GTEST_SKIP() << "TRIDENT_CUDA_FUSED_BLOCK=0 or TRIDENT_CUDA_BASELINE=1: no fused block";
-  auto cpu = ops::make_cpu_ops(2);
   const Shape s{2, 128, 256, 4, 2, 512};
   const Case k = random_case(s, 35);
-  const Result want = run(*cpu, s, false, k);
-  const Result kept = run(*gpu, s, true, k);
-  const Result sel = run(*gpu, s, true, k, false, 1.0f, Split::none, Recompute::selective);
+  const Result want = run(*cpu_, s, false, k);
+  const Result kept = run(*gpu_, s, true, k);
+  const Result sel = run(*gpu_, s, true, k, false, 1.0f, Split::none, Recompute::selective);
   EXPECT_LE(compare("fused, selective recompute vs CPU", s, sel, want, kTol), kTol);
   EXPECT_LE(compare("fused, selective recompute vs the kept stash", s, sel, kept, 1e-6), 1e-6);
   EXPECT_LE(compare("fused, selective split B + W vs the kept stash", s,
-                    run(*gpu, s, true, k, false, 1.0f, Split::in_place, Recompute::selective),
+                    run(*gpu_, s, true, k, false, 1.0f, Split::in_place, Recompute::selective),
                     kept, 1e-6), 1e-6);
   EXPECT_GT(compare("broken: the recompute skipped", s,
-                    run(*gpu, s, true, k, false, 1.0f, Split::none, Recompute::skipped), want,
+                    run(*gpu_, s, true, k, false, 1.0f, Split::none, Recompute::skipped), want,
                     kTol, true), kTol);
 }
 
