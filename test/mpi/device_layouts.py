@@ -97,6 +97,10 @@ def main():
         ("dp2", 2, ["parallel.dp=2", "parallel.grad_bucket_mb=0.02"]),
         ("dp2-zero", 2, ["parallel.dp=2", "parallel.zero_stage=1", "parallel.grad_bucket_mb=0.02"]),
         ("tp2xpp2", 4, ["parallel.tp=2", "parallel.pp=2"]),
+        # Context parallelism: the ring (key/value blocks between the ranks' device buffers)
+        # and Ulysses (all-to-all over heads).
+        ("cp2", 2, ["parallel.cp=2"]),
+        ("cp2-ulysses", 2, ["parallel.cp=2", 'parallel.cp_mode="ulysses"']),
     ]
     # Each layout on the CPU and on the device (reductions are ordered by the layout, so the
     # reference is the CPU in the same layout).
@@ -217,7 +221,9 @@ def main():
                     # 2 kv heads replicated over tp 4: each rank's query head reads the
                     # second on ranks 2, 3 (kv_head0), the other's gradient zero there.
                     ("llama-tp4", 4, [*llama, "parallel.tp=4"]),
-                    ("llama-tp2xpp2-zbv", 4, [*llama, "parallel.tp=2", "parallel.pp=2", *zb_v])]
+                    ("llama-tp2xpp2-zbv", 4, [*llama, "parallel.tp=2", "parallel.pp=2", *zb_v]),
+                    # context parallelism's ring: RoPE at each rank's two chunks' positions
+                    ("llama-cp2", 2, [*llama, "parallel.cp=2"])]
         # Selective recompute on Llama's fused block (Ops::llama_block_recompute: attention on
         # the kept rotated bf16 [q k v], SwiGLU on the kept [gate up]); under TP on this rank's
         # heads and columns (tp 4: ranks 2, 3 read the second kv head, kv_head0).
@@ -234,7 +240,8 @@ def main():
             cpu_curves[lname], = t.train(np_, f"cpu-{lname}", sets=sets)
         bf16_curves = {}
         for lname, np_, sets in [("serial", 1, [])] + \
-                [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp", "tp2", "tp2xpp2")] + \
+                [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp", "tp2", "tp2xpp2", "cp2",
+                                                "cp2-ulysses")] + \
                 [("llama", 1, llama)] + zb + tc + llama_tp + uneven:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
             bf16_curves[lname] = got
