@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh — everything trident's CUDA backend needs checked on a real GPU, in one
-# run sized for one H200 (a few minutes; under 10: the steps after the build share a time
+# run sized for one H100 or H200 (a few minutes; under 10: the steps after the build share a time
 # budget, BUDGET_S, and each is bounded by what is left of it):
 #   0. the machine: bench/gpu_probe.py (GPU, driver, CUDA runtime, cuBLASLt, every libcudnn and
 #      its cudnnGetVersion, PyTorch's CUDA and cuDNN), env_probe.json;

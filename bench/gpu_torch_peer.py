@@ -7,8 +7,8 @@ F.scaled_dot_product_attention (is_causal: PyTorch picks its flash / cuDNN kerne
 AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1 on matrices), clip_grad_norm_ 1.0. Random
 tokens (the ids do not change the work). Times each optimizer step with CUDA events (after a
 synchronize), leaves out the first WARMUP, keeps the median; tokens/s and MFU with
-gpu_train_bench.py's FLOP count (6 N + 12 L T C per token) over the assumed peak (H200 dense
-bf16, 989.4 TFLOP/s, unless --peak-tflops). --compile adds a torch.compile'd run of each model.
+gpu_train_bench.py's FLOP count (6 N + 12 L T C per token) over the assumed peak (the GPU's
+data-sheet dense bf16 peak by its name, gpu_train_bench.assumed_peak, unless --peak-tflops). --compile adds a torch.compile'd run of each model.
 --cpu-smoke: a tiny model on the CPU for a few steps (proves the script; its MFU means nothing).
 Prints a table; writes --out (JSON).
 usage: gpu_torch_peer.py [--models small,medium] [--steps 12] [--warmup 3] [--compile]
@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_train_bench import H200_BF16_DENSE_TFLOPS, MODELS, SEQ, SMOKE, VOCAB, flops_per_token  # noqa: E402
+from gpu_train_bench import MODELS, SEQ, SMOKE, VOCAB, assumed_peak, flops_per_token  # noqa: E402
 
 
 def build(torch, n_layer, d_model, n_head, vocab, seq, device):
@@ -155,10 +155,12 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the GPU's peak (default: its data sheet's dense bf16, by name)")
     ap.add_argument("--out", default="")
     ap.add_argument("--cpu-smoke", action="store_true")
     a = ap.parse_args()
+    a.peak_tflops, peak_label = assumed_peak(a.peak_tflops)
     import torch
     if not a.cpu_smoke and not torch.cuda.is_available():
         print("gpu_torch_peer: no GPU visible to PyTorch", file=sys.stderr)
@@ -174,8 +176,7 @@ def main():
             results.append({"model": name, "error": f"{type(e).__name__}: {str(e)[:400]}"})
         if not a.cpu_smoke:
             torch.cuda.empty_cache()
-    peak = f"{a.peak_tflops:g} TFLOP/s" + (" (H200 dense bf16, assumed)"
-                                         if a.peak_tflops == H200_BF16_DENSE_TFLOPS else "")
+    peak = f"{a.peak_tflops:g} TFLOP/s ({peak_label})"
     print(f"PyTorch {torch.__version__} peer, bf16 autocast, SDPA, fused AdamW; MFU vs {peak}"
           + ("  [CPU SMOKE: the MFU means nothing]" if a.cpu_smoke else ""))
     print(f"  {'model':<16} {'ms/step':>9} {'tok/s':>10} {'TFLOP/s':>8} {'MFU':>7}")

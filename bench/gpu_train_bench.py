@@ -16,9 +16,9 @@ For each model:
      (N = every parameter, embeddings included, vocabulary padded to 50304; forward + backward
      products, 2 FLOPs per multiply-add; attention counted over the full T x T, as llm.c and
      PaLM's MFU do; LayerNorm, GELU, softmax, AdamW left out);
-  5. MFU = FLOPs/s over (a) the H200's dense bf16 tensor-core peak, 989.4 TFLOP/s (NVIDIA's
-     data sheet for the SXM part, without sparsity: an ASSUMPTION of this script, printed with
-     the results; --peak-tflops changes it) and (b) the rate cuBLAS reaches in the same run
+  5. MFU = FLOPs/s over (a) the GPU's dense bf16 tensor-core peak from NVIDIA's data sheet by
+     its name (H100/H200 SXM 989.4 TFLOP/s, H100 PCIe 756.5, NVL parts 835.5; without
+     sparsity: an ASSUMPTION of this script, printed with the results; --peak-tflops changes it) and (b) the rate cuBLAS reaches in the same run
      on the model's largest product, the LM head logits = x @ wte^T
      [MICRO*1024, d_model] x [d_model, 50304], bf16 inputs, fp32 output and accumulation (what
      the backend's bf16 products run), measured by build's trident_bench_cublas.
@@ -50,6 +50,34 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
 
 H200_BF16_DENSE_TFLOPS = 989.4  # assumption: NVIDIA H200 SXM data sheet, dense (no sparsity)
+# Dense bf16 tensor-core peaks (TFLOP/s, NVIDIA's data sheets: half the "with sparsity" figure)
+# by the GPU's name as nvidia-smi gives it; the device tool lends H100s as well as H200s, and
+# an H100 PCIe's peak is a quarter below an SXM's. First match wins: the variants first.
+GPU_BF16_DENSE_TFLOPS = [("H200 NVL", 835.5), ("H200", 989.4), ("GH200", 989.4),
+                         ("H100 NVL", 835.5), ("H100 PCIe", 756.5), ("H100", 989.4),
+                         ("A100", 312.0)]
+
+
+def gpu_name():
+    """The first GPU's name (nvidia-smi), or "" where there is none."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return p.stdout.strip().splitlines()[0].strip() if p.returncode == 0 and p.stdout.strip() else ""
+
+
+def assumed_peak(given=None, name=None):
+    """(TFLOP/s, what it is): the --peak-tflops given, else the data sheet's dense bf16 peak of
+    this GPU (by name), else the H200's, labelled as a guess."""
+    if given:
+        return given, "given with --peak-tflops"
+    name = gpu_name() if name is None else name
+    for key, tflops in GPU_BF16_DENSE_TFLOPS:
+        if key in name:
+            return tflops, f"{name}: dense bf16, data sheet, assumed"
+    return H200_BF16_DENSE_TFLOPS, f"H200 dense bf16 assumed (GPU {name or 'unknown'} not in the table)"
 VOCAB = 50304                   # GPT-2's 50257 padded to a multiple of 128
 SEQ = 1024
 
@@ -229,8 +257,7 @@ def run_model(args, name, spec, work, data):
 
 def table(results, args):
     lines = []
-    peak = f"{args.peak_tflops:g} TFLOP/s" + (" (H200 dense bf16, assumed)"
-                                             if args.peak_tflops == H200_BF16_DENSE_TFLOPS else "")
+    peak = f"{args.peak_tflops:g} TFLOP/s ({args.peak_label})"
     lines.append(f"trident train, one GPU, runtime.precision = bf16 — MFU vs peak {peak} and vs "
                  "cuBLAS bf16 on the model's LM head GEMM (same run)"
                  if not args.cpu_smoke else
@@ -272,10 +299,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=5, help="leading steps left out of the median")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per `trident train`")
     ap.add_argument("--threads", type=int, default=0, help="runtime.threads (host side)")
-    ap.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the GPU's peak (default: its data sheet's dense bf16, by name)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny model on device cpu: checks the script without a GPU")
     args = ap.parse_args()
+    args.peak_tflops, args.peak_label = assumed_peak(args.peak_tflops)
     if args.cpu_smoke:
         args.steps = min(args.steps, 6)
         args.warmup = min(args.warmup, 2)
@@ -306,8 +335,7 @@ def main():
     text = table(results, args)
     summary = {"bench": "gpu_train_bench", "cpu_smoke": args.cpu_smoke,
                "peak_tflops": args.peak_tflops,
-               "peak_assumption": "NVIDIA H200 SXM dense bf16 tensor-core peak, no sparsity "
-                                  "(data sheet), not measured",
+               "peak_assumption": args.peak_label + " (tensor-core peak, no sparsity, not measured)",
                "flops_per_token": "6*N + 12*n_layer*seq_len*d_model, N = all parameters",
                "trident": args.trident, "results": results}
     with open(os.path.join(args.out, "gpu_train_bench.json"), "w") as f:
