@@ -421,11 +421,24 @@ cublasLtMatmulAlgo_t lt_algo(int id) {
   return a;
 }
 
+// The matrix types an algorithm was made for (the heuristic's problem, AlgoInit's arguments),
+// kept in the upper half of word 0 beside its id (CONFIG_ID reads the lower four bytes).
+std::uint64_t lt_types(int a, int b, int c, int d) {
+  return (std::uint64_t(a & 0xff) << 32) | (std::uint64_t(b & 0xff) << 40) |
+         (std::uint64_t(c & 0xff) << 48) | (std::uint64_t(d & 0xff) << 56);
+}
+std::uint64_t lt_types(cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d) {
+  return lt_types(a->type, b->type, (c ? c : d)->type, d->type);
+}
+
 // NOT_SUPPORTED for an algorithm this "cuBLASLt" lacks, INVALID_VALUE for a configuration
-// its id does not have (a mis-restored algorithm).
-cublasStatus_t lt_algo_valid(const cublasLtMatmulAlgo_t& a) {
-  const int id = int(a.data[0]);
-  if (!lt_algo_exists(id)) return CUBLAS_STATUS_INVALID_VALUE;
+// its id does not have (a mis-restored algorithm) or one made for other matrix types (cuBLASLt:
+// "descriptors do not match algo").
+cublasStatus_t lt_algo_valid(const cublasLtMatmulAlgo_t& a, std::uint64_t types) {
+  const int id = int(a.data[0] & 0xffffffffu);
+  if (!lt_algo_exists(id) || (a.data[0] & ~0xffffffffull) != types)
+    return CUBLAS_STATUS_INVALID_VALUE;
   if (!lt_algo_offered(id)) return CUBLAS_STATUS_NOT_SUPPORTED;
   const cublasLtMatmulAlgo_t want = lt_algo(id);
   for (int i : {3, 4, 5, 6, 7})
@@ -443,12 +456,13 @@ std::uint64_t emu::lt_matmuls_with(int id) {
 std::size_t cublasLtGetVersion() { return 1; }
 
 cublasStatus_t cublasLtMatmulAlgoInit(cublasLtHandle_t h, cublasComputeType_t, cudaDataType_t,
-                                      cudaDataType_t, cudaDataType_t, cudaDataType_t,
-                                      cudaDataType_t, int algo_id, cublasLtMatmulAlgo_t* algo) {
+                                      cudaDataType_t a_type, cudaDataType_t b_type,
+                                      cudaDataType_t c_type, cudaDataType_t d_type, int algo_id,
+                                      cublasLtMatmulAlgo_t* algo) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!algo || !lt_algo_exists(algo_id)) return CUBLAS_STATUS_INVALID_VALUE;
   *algo = cublasLtMatmulAlgo_t{};
-  algo->data[0] = std::uint64_t(algo_id);
+  algo->data[0] = std::uint64_t(algo_id) | lt_types(a_type, b_type, c_type, d_type);
   algo->data[5] = 1;  // split-K's default; tile and stages "undefined" (0)
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -592,6 +606,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtMatmulHeuristicResult_t& r = results[*returned];
     r = cublasLtMatmulHeuristicResult_t{};
     r.algo = lt_algo(id);
+    r.algo.data[0] |= lt_types(a, b, c, d);
     r.algo.data[1] = lt_bias_alignment(desc->bias);
     r.algo.data[2] = lt_bias_alignment(desc->aux);  // the same rule for aux
     r.state = CUBLAS_STATUS_SUCCESS;
@@ -609,7 +624,7 @@ cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t 
   if (!algo || !result) return CUBLAS_STATUS_INVALID_VALUE;
   int m, n, k;
   cublasStatus_t s = lt_problem(desc, a, b, c, d, m, n, k);
-  if (s == CUBLAS_STATUS_SUCCESS) s = lt_algo_valid(*algo);
+  if (s == CUBLAS_STATUS_SUCCESS) s = lt_algo_valid(*algo, lt_types(a, b, c, d));
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   result->workspaceSize = 0;  // result->algo is left alone, as cuBLASLt's
   result->state = CUBLAS_STATUS_SUCCESS;
@@ -628,7 +643,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   if (algo) {
-    const cublasStatus_t valid = lt_algo_valid(*algo);
+    const cublasStatus_t valid = lt_algo_valid(*algo, lt_types(adesc, bdesc, cdesc, ddesc));
     if (valid != CUBLAS_STATUS_SUCCESS) return valid;
   }
   if (workspace_bytes && !emu::is_device(workspace, workspace_bytes)) return not_device("cublasLtMatmul", "workspace");
@@ -676,7 +691,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
       return CUBLAS_STATUS_EXECUTION_FAILED;
     }
   }
-  const int id = algo ? int(algo->data[0]) : kLtFirstAlgo;  // none given: the heuristic's first
+  const int id = algo ? int(algo->data[0] & 0xffffffffu) : kLtFirstAlgo;  // none given: the heuristic's first
   if (lt_listed("TRIDENT_EMU_LT_SLOW_ALGO", id))
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   g_lt_last_algo = id;

@@ -16,7 +16,9 @@
 // their own CUBLASLT_ALGO_CONFIG_TILE_ID (100 + id) and STAGES_ID (200 + id). An algorithm
 // rebuilt with cublasLtMatmulAlgoInit + cublasLtMatmulAlgoConfigSetAttribute is valid
 // (cublasLtMatmulAlgoCheck, cublasLtMatmul) when its tile and stages are its id's, split-K 1,
-// the other attributes 0; it carries no bias or aux alignment (runs with any). Knobs, read at
+// the other attributes 0; it carries no bias or aux alignment (runs with any). Every algorithm
+// carries the A, B, C, D types it was made for (the heuristic's layouts, AlgoInit's arguments):
+// AlgoCheck and the matmul refuse one made for other types (INVALID_VALUE). Knobs, read at
 // each call: TRIDENT_EMU_LT_SLOW_ALGO=ID[,ID...]: a matmul with such an algorithm sleeps 20 ms
 // first (a slow candidate, so that a test sees the fastest chosen); TRIDENT_EMU_LT_INVALID_ALGO=ID:
 // that algorithm does not exist (the heuristic omits it; AlgoCheck and matmul: NOT_SUPPORTED),

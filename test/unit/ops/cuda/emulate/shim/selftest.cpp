@@ -234,6 +234,17 @@ int main() {
                                nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS &&
                 emu::lt_last_algo() == 13,
             "  with its tile and stages set: AlgoCheck accepts, the matmul runs it");
+      cublasLtMatmulAlgo_t bf16_d{};  // the same configuration, made for bf16 C and D
+      cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F,
+                             CUDA_R_16BF, CUDA_R_16BF, 13, &bf16_d);
+      cublasLtMatmulAlgoConfigSetAttribute(&bf16_d, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+      cublasLtMatmulAlgoConfigSetAttribute(&bf16_d, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                           sizeof(stages));
+      check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &bf16_d, &checked) ==
+                    CUBLAS_STATUS_INVALID_VALUE &&
+                cublasLtMatmul(lt, desc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &bf16_d,
+                               nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE,
+            "  made for another D type (AlgoInit's): AlgoCheck and the matmul refuse it");
       setenv("TRIDENT_EMU_LT_INVALID_ALGO", "13", 1);
       check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &rebuilt, &checked) ==
                     CUBLAS_STATUS_NOT_SUPPORTED &&
