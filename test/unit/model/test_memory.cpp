@@ -123,14 +123,12 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_EQ(w16.used, rows * 7 * 32 / 2);
   EXPECT_EQ(grad_stash_floats(d, true), w16.used);
   // GPT-2's and Llama's blocks (Ops::gpt2_block_*, llama_block_*) under any recompute (no
-  // argument), at any TP and SP (their collectives; no argument), not under context
-  // parallelism.
-  EXPECT_TRUE(stores_fused_block(true, true, Arch::gpt2, 1));
-  EXPECT_TRUE(stores_fused_block(true, true, Arch::llama, 1));
-  EXPECT_FALSE(stores_fused_block(true, true, Arch::gpt2, 2));
-  EXPECT_FALSE(stores_fused_block(true, true, Arch::llama, 2));
-  EXPECT_FALSE(stores_fused_block(true, false, Arch::llama, 1));
-  EXPECT_FALSE(stores_fused_block(false, true, Arch::gpt2, 1));
+  // argument), at any TP and SP (their collectives; no argument) and CP (the attention hook;
+  // no argument).
+  EXPECT_TRUE(stores_fused_block(true, true, Arch::gpt2));
+  EXPECT_TRUE(stores_fused_block(true, true, Arch::llama));
+  EXPECT_FALSE(stores_fused_block(true, false, Arch::llama));
+  EXPECT_FALSE(stores_fused_block(false, true, Arch::gpt2));
 }
 
 // Selective recompute on the fused block (Ops::gpt2_block_recompute): each layer keeps ln1,
