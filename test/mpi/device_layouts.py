@@ -16,7 +16,9 @@ parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2) (bf16: al
 Llama under zb-h1 and zb-v, with and without full recompute, against the serial bf16 run and
 the zb-v arena's peak; GPT-2 under selective recompute serial, pp 2 1f1b and zb-v, tp 2, and
 its arena's peak; Llama's serial, pp 2 zb-v, tp 2 with and without SP, tp 4, and its arena's
-peak); dp 2, alone and with ZeRO-1
+peak; context parallelism on the fused blocks: GPT-2 cp 2 ring, Ulysses, x tp 2, selective,
+x pp 2 zb-v, Llama cp 2 ring, Ulysses, x tp 2 selective, against the fp32 CPU and the serial bf16
+run, and GPT-2's and Llama's cp 2 arena peaks); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """

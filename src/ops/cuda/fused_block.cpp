@@ -22,6 +22,12 @@
 // TRIDENT_CUDA_GELU_EPILOGUE=0: the GELU kernels (docs/gpu.md, step 5).
 // Bytes per layer, GPT-2 small (N = 8192, C = 768): docs/gpu.md, "The fused GPT-2 block".
 //
+// Context parallelism (the shape's attention, Ops::BlockAttention: the model's ring or
+// Ulysses): block_attention_forward / backward, which every attention call of both blocks goes
+// through, widen this rank's bf16 [q k v] (rotated, for Llama; RoPE per run of the shape's
+// slice), atty and datty to fp32 copies in hook_block_, call the hook, and narrow its fp32 out
+// (dq dk dv) to the bf16 atty (dqkv) the products read.
+//
 // Llama's block the same way (same knob, same stash rule): the RMSNorms write bf16, [q k v] and
 // [gate up] write bf16 (no bias: no epilogue; weights [out, in]: A transposed), RoPE rotates the
 // bf16 q and k in place (fused_block.cu; its backward the bf16 dq and dk), attention_forward_bf16
