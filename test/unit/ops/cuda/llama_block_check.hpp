@@ -13,6 +13,7 @@
 namespace trident::test::llama_block {
 
 using fused_block::Case;
+using fused_block::OwnAttention;
 using fused_block::Recompute;
 using fused_block::Result;
 using fused_block::Split;
@@ -52,20 +53,6 @@ struct Shape {
   }
 };
 
-// The attention hook of Shape::hook: the backend's own fp32 attention.
-struct OwnAttention final : Ops::BlockAttention {
-  explicit OwnAttention(Ops& o) : ops(o) {}
-  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
-               const Ops::AttentionShape& a) override {
-    ops.attention_forward(out, lse, q, k, v, a);
-  }
-  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                const float* lse, const float* q, const float* k, const float* v,
-                const Ops::AttentionShape& a) override {
-    ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, a);
-  }
-  Ops& ops;
-};
 
 inline Ops::LlamaBlockParams views(const Shape& s, float* base) {
   float* v[6];
