@@ -85,6 +85,20 @@ LAYOUTS = {
     "gpt2-cp2-ring": (GPT2, 2, ["parallel.cp=2"]),
     "gpt2-cp2-ulysses": (GPT2, 2, ["parallel.cp=2", "parallel.cp_mode=ulysses"]),
     "llama-cp2-ring": (LLAMA, 2, ["parallel.cp=2"]),
+    # Context parallelism through the coarse block ops (the ring / Ulysses as their attention
+    # hook; Llama's RoPE at each run of positions) with TP, recompute and the split backward.
+    "gpt2-cp2-tp2": (GPT2, 4, ["parallel.cp=2", "parallel.tp=2"]),
+    "gpt2-cp2-selective": (GPT2, 2, ["parallel.cp=2", "parallel.recompute=selective"]),
+    "gpt2-cp2-pp2-zb-v": (GPT2, 4, ["parallel.cp=2", "parallel.pp=2", "parallel.vpp=2",
+                                    "parallel.schedule=zb-v"]),
+    "gpt2-cp2-ulysses-full": (GPT2, 2, ["parallel.cp=2", "parallel.cp_mode=ulysses",
+                                        "parallel.recompute=full"]),
+    "llama-cp2-ulysses-kv2": (LLAMA, 2, ["parallel.cp=2", "parallel.cp_mode=ulysses",
+                                         "model.n_kv_head=2"]),
+    "llama-cp2-tp2-selective": (LLAMA, 4, ["parallel.cp=2", "parallel.tp=2",
+                                           "parallel.recompute=selective"]),
+    "llama-cp2-pp2-zb-h1": (LLAMA, 4, ["parallel.cp=2", "parallel.pp=2",
+                                       "parallel.schedule=zb-h1"]),
     # Schedules whose head chunk's output gradient waits for a later B (a row of its own)
     # and uneven splits (chunks of different sizes in one activation pool).
     "gpt2-pp2-gpipe": (GPT2, 2, ["parallel.pp=2", "parallel.schedule=gpipe"]),

@@ -54,25 +54,24 @@ void Block::make_ring(const ops::Ops::AttentionShape& local) {
 
 // The ring is made for the microbatch's shape; other shapes (inference) are refused where
 // cp > 1 before they reach here (GptChunk: "the whole model on one rank").
-void Block::attention_forward(float* out, float* lse, const float* q, const float* k,
-                              const float* v, const ops::Ops::AttentionShape& shape) {
-  if (!ring_ && !ulysses_) return ops_.attention_forward(out, lse, q, k, v, shape);
-  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: CP attention over ", shape.b, " x ",
-                shape.t, " rows, made for the microbatch's ", B_, " x ", T_);
-  if (ulysses_) return ulysses_->forward(out, lse, q, k, v);
-  ring_->forward(out, lse, q, k, v);
+void Block::CpAttention::forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, const ops::Ops::AttentionShape& shape) {
+  TRIDENT_CHECK(shape.b == block.B_ && shape.t == block.T_, "internal: CP attention over ",
+                shape.b, " x ", shape.t, " rows, made for the microbatch's ", block.B_, " x ",
+                block.T_);
+  if (block.ulysses_) return block.ulysses_->forward(out, lse, q, k, v);
+  block.ring_->forward(out, lse, q, k, v);
 }
 
-void Block::attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                               const float* out, const float* lse, const float* q,
-                               const float* k, const float* v,
-                               const ops::Ops::AttentionShape& shape) {
-  if (!ring_ && !ulysses_)
-    return ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, shape);
-  TRIDENT_CHECK(shape.b == B_ && shape.t == T_, "internal: CP attention backward over ",
-                shape.b, " x ", shape.t, " rows, made for the microbatch's ", B_, " x ", T_);
-  if (ulysses_) return ulysses_->backward(dq, dk, dv, dout, out, lse, q, k, v);
-  ring_->backward(dq, dk, dv, dout, out, lse, q, k, v);
+void Block::CpAttention::backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* out, const float* lse, const float* q,
+                                  const float* k, const float* v,
+                                  const ops::Ops::AttentionShape& shape) {
+  TRIDENT_CHECK(shape.b == block.B_ && shape.t == block.T_, "internal: CP attention backward "
+                "over ", shape.b, " x ", shape.t, " rows, made for the microbatch's ", block.B_,
+                " x ", block.T_);
+  if (block.ulysses_) return block.ulysses_->backward(dq, dk, dv, dout, out, lse, q, k, v);
+  block.ring_->backward(dq, dk, dv, dout, out, lse, q, k, v);
 }
 
 void Block::check_layer(const std::function<const ShardSpec*(Role)>&) const {}

@@ -123,7 +123,7 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
   // recomputation: full keeps no stash, selective's would need its shared views unpacked.
   bf16_store_ = stores_bf16(ops_.precision(), recompute_);
   fused_block_ = stores_fused_block(ops_.precision() == ops::Precision::bf16,
-                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get(), cp);
+                                    ops_.gpt2_block_stash_bf16(), cfg.arch.get());
   if (recompute_ == Recompute::selective) {  // the fused block's shared copy in bf16
     selective_store_ = buffer(recomputed_floats(dims_, fused_block_));
     Carver bind{selective_store_.data()};
@@ -315,11 +315,11 @@ std::int64_t fused_layer_floats(const ChunkDims& d, bool selective) {
   return count.used;
 }
 
-bool stores_fused_block(bool bf16_products, bool backend_bf16_block, Arch arch, int cp) {
-  // GPT-2's and Llama's bf16 blocks take TP, with or without SP (their collectives), and
-  // any recompute (selective: Ops::gpt2_block_recompute, llama_block_recompute).
-  return bf16_products && backend_bf16_block && (arch == Arch::gpt2 || arch == Arch::llama) &&
-         cp == 1;
+bool stores_fused_block(bool bf16_products, bool backend_bf16_block, Arch arch) {
+  // GPT-2's and Llama's bf16 blocks take TP, with or without SP (their collectives), CP (the
+  // ring or Ulysses through their attention hook) and any recompute (selective:
+  // Ops::gpt2_block_recompute, llama_block_recompute).
+  return bf16_products && backend_bf16_block && (arch == Arch::gpt2 || arch == Arch::llama);
 }
 
 std::int64_t packed_layer_floats(const ChunkDims& d) {

@@ -15,11 +15,12 @@
 //
 // Training's forward, backward (with a W stash: the split backward's B), weight pass (its
 // W) and selective recompute are the coarse ops Ops::llama_block_forward / backward /
-// backward_weights / recompute at any TP, with or without SP (coarse_op(): no context
-// parallelism), the TP mappings passed as their collectives: their default
+// backward_weights / recompute at any TP, with or without SP, the TP mappings passed as their
+// collectives, and under context parallelism (the ring or Ulysses as the shape's attention,
+// Block::CpAttention; RoPE at the positions of the shape's slice): their default
 // (ops/fused_block.cpp) is THE block's sequence, which a backend may fuse (CUDA under bf16:
 // bf16 activations inside, la.bf16). The composition here stays only for decode (the
-// key-value cache) and context parallelism; it must stay the op's sequence.
+// key-value cache); it must stay the op's sequence.
 #include "trident/model/llama_block.hpp"
 
 #include "trident/core/error.hpp"
@@ -74,11 +75,6 @@ void LlamaBlock::row_parallel(float* y, const float* x, const float* w, int n, i
   leave(partial, y, n, C_);
 }
 
-void LlamaBlock::attend(LayerActivations& la, int b, int t) {
-  const float* k = la.qkv + Ca_ + std::int64_t(kv_head0_) * hd_;
-  attention_forward(la.atty, la.lse, la.qkv, k, k + kv_cols_, attention_shape(b, t));
-}
-
 ops::Ops::LlamaBlockShape LlamaBlock::block_shape(int b, int t) {
   ops::Ops::LlamaBlockShape s;
   s.b = b;
@@ -95,6 +91,8 @@ ops::Ops::LlamaBlockShape LlamaBlock::block_shape(int b, int t) {
   s.tp_rank = tp_rank_;
   s.nr = int(tpm_.local_rows(std::int64_t(b) * t));
   s.tp = ctx_.tp_size > 1 ? &collectives_ : nullptr;
+  s.attention = cp_attention();
+  s.slice = slice_;
   return s;
 }
 
@@ -111,37 +109,23 @@ ops::Ops::BlockWStash coarse(const LayerGradStash& st) { return {st.dfch, st.dqk
 
 void LlamaBlock::forward(const BlockParams& p, const float* x, float* out, LayerActivations& la,
                          int b, int t) {
-  if (coarse_op()) return ops_.llama_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
-  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
-  run(p, x, out, la, b, t, nullptr);
+  ops_.llama_block_forward(block_shape(b, t), coarse(p), x, out, coarse(la));
 }
 
+// One token (b = t = 1) at cache.pos whose keys and values join the cache (one rank, TP 1).
 void LlamaBlock::decode(const BlockParams& p, float* x, const KvCache& cache) {
   LayerActivations la = decode_views();
-  run(p, x, x, la, 1, 1, &cache);
-}
-
-void LlamaBlock::run(const BlockParams& p, const float* x, float* out, LayerActivations& la,
-                     int b, int t, const KvCache* cache) {
-  const int n = b * t;
+  const int n = 1;
   const int nr = int(tpm_.local_rows(n));
   const std::int64_t local_n = std::int64_t(nr) * C_;
   const float eps = float(cfg_.norm_eps), theta = float(cfg_.rope_theta);
-  // attention: res2 = x + o(attention(rope([q k v](rmsnorm(x)))))  (x is not read after it:
-  // out may be x)
+  // attention: res2 = x + o(attention(rope([q k v](rmsnorm(x)))))
   ops_.rmsnorm_forward(tpm_.local_part(la.ln1, local_n), la.ln1_rstd, x, p.ln1_w, nr, C_, eps);
   tpm_.enter_forward(la.ln1, local_n);
   ops_.gemm(false, true, n, C3_, C_, 1.0f, la.ln1, C_, p.qkv_w, C_, 0.0f, la.qkv, C3_);
-  // q and k heads, at the positions of the rows (a cached token: at its own)
-  slice_.for_each_run(b, t, cache ? cache->pos : 0,
-                      [&](std::int64_t row, int seqs, int rows, int pos0) {
-                        ops_.rope_forward(la.qkv + row * C3_, seqs, rows, C3_, NH_ + kv_cols_ / hd_,
-                                          hd_, pos0, theta);
-                      });
-  if (cache)
-    attend_cached(la, *cache, kv_heads_, Ca_ + std::int64_t(kv_head0_) * hd_);
-  else
-    attend(la, b, t);
+  // q and k heads, at the token's position
+  ops_.rope_forward(la.qkv, 1, 1, C3_, NH_ + kv_cols_ / hd_, hd_, cache.pos, theta);
+  attend_cached(la, cache, kv_heads_, Ca_ + std::int64_t(kv_head0_) * hd_);
   row_parallel(la.res2, la.atty, p.attproj_w, n, Ca_);
   ops_.add(la.res2, la.res2, x, local_n);
   // MLP: out = res2 + down(swiglu([gate up](rmsnorm(res2))))
@@ -150,85 +134,28 @@ void LlamaBlock::run(const BlockParams& p, const float* x, float* out, LayerActi
   tpm_.enter_forward(la.ln2, local_n);
   ops_.gemm(false, true, n, F1_, C_, 1.0f, la.ln2, C_, p.fc_w, C_, 0.0f, la.fch, F1_);
   ops_.swiglu_forward(la.fch_gelu, la.fch, n, F_);
-  row_parallel(out, la.fch_gelu, p.fcproj_w, n, F_);
-  ops_.add(out, out, la.res2, local_n);
+  row_parallel(x, la.fch_gelu, p.fcproj_w, n, F_);
+  ops_.add(x, x, la.res2, local_n);
 }
 
 // From the kept qkv, already rotated, and [gate up] output.
 void LlamaBlock::recompute(LayerActivations& la) {
-  if (coarse_op()) return ops_.llama_block_recompute(block_shape(B_, T_), coarse(la));
-  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
-  attend(la, B_, T_);
-  ops_.swiglu_forward(la.fch_gelu, la.fch, B_ * T_, F_);
+  ops_.llama_block_recompute(block_shape(B_, T_), coarse(la));
 }
 
 void LlamaBlock::backward(const BlockParams& p, const BlockParams& g, const float* x, float* dres,
                           LayerActivations& la, LayerGradStash* stash) {
-  if (coarse_op()) {
-    const ops::Ops::BlockWStash w = stash ? coarse(*stash) : ops::Ops::BlockWStash{};
-    return ops_.llama_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres,
-                                     coarse(la), {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact},
-                                     stash ? &w : nullptr);
-  }
-  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
-  const int n = B_ * T_;
-  const std::int64_t local_n = std::int64_t(Nr_) * C_;
-  float* dbuf = ctx_.dbuf;      // [N,C] partial input gradients of column-parallel layers
-  float* dfull = ctx_.full;     // SP: the gathered [N,C] residual gradient
-  float* dlocal = ctx_.local;   // SP: [Nr,C] reduce-scattered norm gradient
-  // A linear y = x @ W^T: dx = dy @ W, and dW += dy^T x now (no stash) or, for [gate up] and
-  // [q k v] under a stash (the zero-bubble B), in the weight pass (the stash keeps dy). The
-  // down and o projections and the norms always take both here.
-  auto linear = [&](float* dx, float* dw, const float* dy, const float* in_x, const float* w,
-                    int in, int out, float* keep) {
-    ops_.gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
-    if (keep)
-      ops_.copy(keep, dy, std::int64_t(n) * out);
-    else
-      ops_.gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
-  };
-  // MLP
-  const float* dout = tpm_.leave_backward(dres, dfull, local_n);
-  linear(ctx_.dact, g.fcproj_w, dout, la.fch_gelu, p.fcproj_w, F_, C_, nullptr);
-  ops_.swiglu_backward(ctx_.dfch, la.fch, ctx_.dact, n, F_);
-  // la.fch is read for the last time above: the stash may be it.
-  linear(dbuf, g.fc_w, ctx_.dfch, la.ln2, p.fc_w, C_, F1_, stash ? stash->dfch : nullptr);
-  ops_.rmsnorm_backward(dres, g.ln2_w, tpm_.enter_backward(dbuf, dlocal, local_n), la.res2,
-                        p.ln2_w, la.ln2_rstd, Nr_, C_);
-  // attention
-  const float* dres2 = tpm_.leave_backward(dres, dfull, local_n);
-  float* datty = dbuf;  // [N, Ca], free again once attention_backward has read it
-  linear(datty, g.attproj_w, dres2, la.atty, p.attproj_w, Ca_, C_, nullptr);
-  float* dqkv = ctx_.dqkv;
-  // Replicated kv heads: attention writes the gradients of the one its heads read.
-  if (kv_heads_ * hd_ != kv_cols_) ops_.fill(dqkv, 0.0f, std::int64_t(n) * C3_);
-  const std::int64_t kv0 = Ca_ + std::int64_t(kv_head0_) * hd_;
-  attention_backward(dqkv, dqkv + kv0, dqkv + kv0 + kv_cols_, datty, la.atty, la.lse,
-                          la.qkv, la.qkv + kv0, la.qkv + kv0 + kv_cols_, attention_shape(B_, T_));
-  slice_.for_each_run(B_, T_, 0, [&](std::int64_t row, int seqs, int rows, int pos0) {
-    ops_.rope_backward(dqkv + row * C3_, seqs, rows, C3_, NH_ + kv_cols_ / hd_, hd_, pos0,
-                       float(cfg_.rope_theta));
-  });
-  // la.qkv is read for the last time above: the stash may be it.
-  linear(dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C_, C3_, stash ? stash->dqkv : nullptr);
-  ops_.rmsnorm_backward(dres, g.ln1_w, tpm_.enter_backward(dbuf, dlocal, local_n), x, p.ln1_w,
-                        la.ln1_rstd, Nr_, C_);
+  const ops::Ops::BlockWStash w = stash ? coarse(*stash) : ops::Ops::BlockWStash{};
+  ops_.llama_block_backward(block_shape(B_, T_), coarse(p), coarse(g), x, dres, coarse(la),
+                            {ctx_.dbuf, ctx_.dqkv, ctx_.dfch, ctx_.dact}, stash ? &w : nullptr);
 }
 
 // The weight gradients backward left to the weight pass, from the output gradients it
 // stashed.
 void LlamaBlock::backward_weights(const BlockParams& p, const BlockParams& g,
                                   const LayerActivations& la, const LayerGradStash& st) {
-  if (coarse_op())
-    return ops_.llama_block_backward_weights(block_shape(B_, T_), coarse(p), coarse(g),
-                                             coarse(la), coarse(st));
-  TRIDENT_CHECK(!la.bf16, "internal: a bf16 block stash outside the coarse block op");
-  const int n = B_ * T_;
-  auto weight = [&](float* dw, const float* dy, const float* in_x, int in, int out) {
-    ops_.gemm(true, false, out, in, n, 1.0f, dy, out, in_x, in, 1.0f, dw, in);
-  };
-  weight(g.fc_w, st.dfch, la.ln2, C_, F1_);
-  weight(g.qkv_w, st.dqkv, la.ln1, C_, C3_);
+  ops_.llama_block_backward_weights(block_shape(B_, T_), coarse(p), coarse(g), coarse(la),
+                                    coarse(st));
 }
 
 void LlamaBlock::norm_forward(float* y, float*, float* rstd, const float* x, const float* w,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "trident/core/arena.hpp"
 #include "trident/parallel/tp_grid2d.hpp"
 
 namespace trident::model {
@@ -131,8 +132,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   std::int64_t per_mb = Nr * C * std::max(1, L);
   // Selective recompute keeps one layer's attention output, LSE and GELU output, shared.
   const bool bf16 = lay.bf16_activations && lay.recompute == Recompute::none;
-  const bool fused = stores_fused_block(lay.bf16_products, lay.block_stash_bf16, cfg.arch.get(),
-                                       lay.cp);
+  const bool fused = stores_fused_block(lay.bf16_products, lay.block_stash_bf16, cfg.arch.get());
   const std::int64_t inner = recomputed_floats(d, fused);  // the fused block's in bf16
   if (lay.recompute == Recompute::none)
     per_mb += L * (fused  ? fused_layer_floats(d)
@@ -190,10 +190,20 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
       const std::int64_t nkv = rank_kv_heads(cfg, lay.tp);
       const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
       const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
+      // (the fused block's bf16 entry points at cp 1; under CP its hook's fp32 attention)
       need = std::max(need, lay.fused_attention_bytes(int(d.B), int(t), int(nh), int(nkv_l),
-                                                      cfg.head_dim(), fused));
+                                                      cfg.head_dim(), fused && lay.cp == 1));
     }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
+    // The fused block under CP: its attention hook's fp32 copies (CudaOps::hook_scratch: qkv
+    // and dqkv [N, C3], atty and datty [N, Ca], each rounded to the arena's alignment).
+    if (fused && lay.cp > 1) {
+      auto aligned = [](std::int64_t bytes) {
+        const std::int64_t a = std::int64_t(ArenaAllocator::kAlign);
+        return (bytes + a - 1) / a * a;
+      };
+      e.scratch += 2 * aligned(N * C3 * kFloat) + 2 * aligned(N * d.Ca * kFloat);
+    }
     // The weight cache (CudaOps::set_weights): a bf16 copy of every parameter of the rank.
     if (lay.bf16_products) e.scratch += 2 * params;
   }

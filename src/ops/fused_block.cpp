@@ -1,9 +1,10 @@
 // The coarse GPT-2 block ops' default (see trident/ops/ops.hpp): THE sequence of GPT-2's block
 // for one rank and for TP / SP (the collectives the shape names between the products; TP 1:
 // the identity), so that a backend without a fused block gives the model's results bit for
-// bit, the split backward's B and W (a W stash) included. model/gpt2_block.cpp composes only
-// the key-value-cache step and context parallelism itself.
-// The same for Llama's block (model::LlamaBlock without context parallelism).
+// bit, the split backward's B and W (a W stash) included. Context parallelism: attention
+// through the shape's hook (the model's ring or Ulysses attention). model/gpt2_block.cpp
+// composes only the key-value-cache step itself.
+// The same for Llama's block (model::LlamaBlock), RoPE at the positions of the shape's slice.
 // defines: Ops::gpt2_block_forward, Ops::gpt2_block_backward, Ops::gpt2_block_backward_weights,
 //          Ops::gpt2_block_recompute, Ops::llama_block_forward, Ops::llama_block_backward,
 //          Ops::llama_block_backward_weights, Ops::llama_block_recompute
@@ -26,6 +27,20 @@ Ops::BlockCollectives& collectives_of(Ops::BlockCollectives* tp) {
   static OneRank one_rank;
   return tp ? *tp : one_rank;
 }
+// No context parallelism: the backend's own attention.
+struct OwnAttention final : Ops::BlockAttention {
+  explicit OwnAttention(Ops& o) : ops(o) {}
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+               const Ops::AttentionShape& s) override {
+    ops.attention_forward(out, lse, q, k, v, s);
+  }
+  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                const float* lse, const float* q, const float* k, const float* v,
+                const Ops::AttentionShape& s) override {
+    ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+  }
+  Ops& ops;
+};
 }  // namespace
 
 void Ops::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, const float* x,
@@ -48,7 +63,9 @@ void Ops::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, 
   tp.enter_forward(la.ln1, local_n);
   linear_forward(la.qkv, la.ln1, p.qkv_w, p.qkv_b, n, C, 3 * Ca);
   const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
-  attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
+  OwnAttention own(*this);
+  BlockAttention& attention = s.attention ? *s.attention : own;
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
   row_parallel(la.res2, la.atty, p.attproj_w, p.attproj_b, Ca);
   add(la.res2, la.res2, x, local_n);
   // MLP
@@ -93,7 +110,9 @@ void Ops::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
   linear_backward(datty, g.attproj_w, g.attproj_b, dres2, la.atty, p.attproj_w, n, Ca, C);
   const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
   float* dqkv = scratch.dqkv;
-  attention_backward(dqkv, dqkv + Ca, dqkv + 2 * Ca, datty, la.atty, la.lse, la.qkv,
+  OwnAttention own(*this);
+  BlockAttention& attention = s.attention ? *s.attention : own;
+  attention.backward(dqkv, dqkv + Ca, dqkv + 2 * Ca, datty, la.atty, la.lse, la.qkv,
                      la.qkv + Ca, la.qkv + 2 * Ca, att);
   // la.qkv is read for the last time above: w->dqkv may be it.
   linear(dbuf, g.qkv_w, g.qkv_b, dqkv, la.ln1, p.qkv_w, C, 3 * Ca, w ? w->dqkv : nullptr);
@@ -114,7 +133,9 @@ void Ops::gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash& la
   TRIDENT_CHECK(!la.bf16, "gpt2_block_recompute: ", name(), " keeps no bf16 stash");
   const int n = s.b * s.t, Ca = s.attn_c();
   const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
-  attention_forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
+  OwnAttention own(*this);
+  BlockAttention& attention = s.attention ? *s.attention : own;
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
   gelu_forward(la.fch_gelu, la.fch, std::int64_t(n) * s.f);
 }
 
@@ -137,8 +158,13 @@ void Ops::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& 
   rmsnorm_forward(tp.local_part(la.ln1, local_n), la.ln1_rstd, x, p.ln1_w, nr, C, s.eps);
   tp.enter_forward(la.ln1, local_n);
   gemm(false, true, n, C3, C, 1.0f, la.ln1, C, p.qkv_w, C, 0.0f, la.qkv, C3);
-  rope_forward(la.qkv, s.b, s.t, C3, s.nh + kv / att.hs, att.hs, 0, s.theta);
-  attention_forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att);
+  // q and k heads, at the positions of the rows (cp 1: one call over every sequence)
+  s.slice.for_each_run(s.b, s.t, 0, [&](std::int64_t row, int seqs, int rows, int pos0) {
+    rope_forward(la.qkv + row * C3, seqs, rows, C3, s.nh + kv / att.hs, att.hs, pos0, s.theta);
+  });
+  OwnAttention own(*this);
+  BlockAttention& attention = s.attention ? *s.attention : own;
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att);
   row_parallel(la.res2, la.atty, p.o_w, Ca);
   add(la.res2, la.res2, x, local_n);
   // MLP
@@ -187,9 +213,13 @@ void Ops::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams&
   float* dqkv = scratch.dqkv;
   // Replicated kv heads: attention writes the gradients of the one its heads read.
   if (std::int64_t(s.nkv) * att.hs != kv) fill(dqkv, 0.0f, std::int64_t(n) * C3);
-  attention_backward(dqkv, dqkv + k0, dqkv + k0 + kv, datty, la.atty, la.lse, la.qkv,
+  OwnAttention own(*this);
+  BlockAttention& attention = s.attention ? *s.attention : own;
+  attention.backward(dqkv, dqkv + k0, dqkv + k0 + kv, datty, la.atty, la.lse, la.qkv,
                      la.qkv + k0, la.qkv + k0 + kv, att);
-  rope_backward(dqkv, s.b, s.t, C3, s.nh + kv / att.hs, att.hs, 0, s.theta);
+  s.slice.for_each_run(s.b, s.t, 0, [&](std::int64_t row, int seqs, int rows, int pos0) {
+    rope_backward(dqkv + row * C3, seqs, rows, C3, s.nh + kv / att.hs, att.hs, pos0, s.theta);
+  });
   // la.qkv is read for the last time above: w->dqkv may be it.
   linear(scratch.dbuf, g.qkv_w, dqkv, la.ln1, p.qkv_w, C, C3, w ? w->dqkv : nullptr);
   rmsnorm_backward(dres, g.ln1_w, tp.enter_backward(scratch.dbuf, local_n), x, p.ln1_w,
@@ -215,7 +245,9 @@ void Ops::llama_block_recompute(const LlamaBlockShape& s, const LlamaBlockStash&
   const AttentionShape att = attention_shape_llama(s);
   const int kv = (int(att.ld_q) - Ca) / 2;
   const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
-  attention_forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att);
+  OwnAttention own(*this);
+  BlockAttention& attention = s.attention ? *s.attention : own;
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att);
   swiglu_forward(la.fch_gelu, la.fch, n, s.f);
 }
 

@@ -16,7 +16,9 @@ parallelism; pp 2 under 1f1b, zb-h1, interleaved-1f1b and zb-v (vpp 2) (bf16: al
 Llama under zb-h1 and zb-v, with and without full recompute, against the serial bf16 run and
 the zb-v arena's peak; GPT-2 under selective recompute serial, pp 2 1f1b and zb-v, tp 2, and
 its arena's peak; Llama's serial, pp 2 zb-v, tp 2 with and without SP, tp 4, and its arena's
-peak); dp 2, alone and with ZeRO-1
+peak; context parallelism on the fused blocks: GPT-2 cp 2 ring, Ulysses, x tp 2, selective,
+x pp 2 zb-v, Llama cp 2 ring, Ulysses, x tp 2 selective, against the fp32 CPU and the serial bf16
+run, and GPT-2's and Llama's cp 2 arena peaks); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """
@@ -224,6 +226,15 @@ def main():
                     ("llama-tp2xpp2-zbv", 4, [*llama, "parallel.tp=2", "parallel.pp=2", *zb_v]),
                     # context parallelism's ring: RoPE at each rank's two chunks' positions
                     ("llama-cp2", 2, [*llama, "parallel.cp=2"])]
+        # The fused blocks under context parallelism (the ring or Ulysses as their attention
+        # hook on fp32 copies of the bf16 [q k v]; Llama's bf16 RoPE per run of positions),
+        # with TP, selective recompute, and pp 2 under zb-v.
+        cp_fused = [("cp2-tp2", 4, ["parallel.cp=2", "parallel.tp=2"]),
+                    ("cp2-sel", 2, ["parallel.cp=2", *sel]),
+                    ("cp2-pp2-zbv", 4, ["parallel.cp=2", "parallel.pp=2", *zb_v]),
+                    ("llama-cp2-ulysses", 2, [*llama, "parallel.cp=2",
+                                              'parallel.cp_mode="ulysses"']),
+                    ("llama-cp2-tp2-sel", 4, [*llama, "parallel.cp=2", "parallel.tp=2", *sel])]
         # Selective recompute on Llama's fused block (Ops::llama_block_recompute: attention on
         # the kept rotated bf16 [q k v], SwiGLU on the kept [gate up]); under TP on this rank's
         # heads and columns (tp 4: ranks 2, 3 read the second kv head, kv_head0).
@@ -236,13 +247,13 @@ def main():
         # The LM head's vocabulary split unevenly over TP 3 (22 + 22 + 20 columns; the fused
         # head's two-pass classifier on each shard, the statistics combined over the group).
         uneven = [("tp3-vocab-uneven", 3, ["parallel.tp=3", "model.d_model=48", "model.n_head=6"])]
-        for lname, np_, sets in zb + llama_tp + uneven:
+        for lname, np_, sets in zb + llama_tp + uneven + cp_fused:
             cpu_curves[lname], = t.train(np_, f"cpu-{lname}", sets=sets)
         bf16_curves = {}
         for lname, np_, sets in [("serial", 1, [])] + \
                 [l for l in layouts if l[0] in ("pp2-zb", "pp2-zbv", "tp2-sp", "tp2", "tp2xpp2", "cp2",
                                                 "cp2-ulysses")] + \
-                [("llama", 1, llama)] + zb + tc + llama_tp + uneven:
+                [("llama", 1, llama)] + zb + tc + llama_tp + uneven + cp_fused:
             got, = t.train(np_, f"bf16-{lname}", sets=[*sets, *device_sets("bf16")])
             bf16_curves[lname] = got
             rel = float(np.max(np.abs(got - cpu_curves[lname]) / np.abs(cpu_curves[lname])))
@@ -265,7 +276,11 @@ def main():
                               ("pp2-zbv-sel", "serial"), ("tp2-sel", "serial"),
                               ("llama-sel", "llama"), ("llama-pp2-zbv-sel", "llama"),
                               ("llama-tp2-sel", "llama"), ("llama-tp2-sp-sel", "llama"),
-                              ("llama-tp4-sel", "llama")):
+                              ("llama-tp4-sel", "llama"), ("cp2", "serial"),
+                              ("cp2-ulysses", "serial"), ("cp2-tp2", "serial"),
+                              ("cp2-sel", "serial"), ("cp2-pp2-zbv", "serial"),
+                              ("llama-cp2", "llama"), ("llama-cp2-ulysses", "llama"),
+                              ("llama-cp2-tp2-sel", "llama")):
             ref = bf16_curves[serial]
             rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
             t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
@@ -304,7 +319,12 @@ def main():
                                      ("sel-", 1, [*gpipe, 'parallel.recompute="selective"']),
                                      ("llama-sel-", 1, [*gpipe, 'model.arch="llama"',
                                                         "model.n_kv_head=2",
-                                                        'parallel.recompute="selective"'])):
+                                                        'parallel.recompute="selective"']),
+                                     # context parallelism: the fused block's stash with its
+                                     # hook's fp32 copies against fp32's composition
+                                     ("cp2-", 2, [*gpipe, "parallel.cp=2"]),
+                                     ("llama-cp2-", 2, [*gpipe, 'model.arch="llama"',
+                                                        "model.n_kv_head=2", "parallel.cp=2"])):
             mem = {}
             for p in ("fp32", "bf16"):
                 t.train(np_, f"mem-{arch}{p}", sets=[*two, *arch_sets, *device_sets(p)])

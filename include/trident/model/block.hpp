@@ -165,13 +165,21 @@ class Block {
   // One token's activations for decode: views into the decode scratch (lse null).
   LayerActivations decode_views() const;
 
-  // The attention core over the microbatch: the flash kernels, or under context parallelism
-  // the ring or Ulysses over the CP group (then only the microbatch's own shape, B x T).
-  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                         const ops::Ops::AttentionShape& shape);
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const float* lse, const float* q, const float* k, const float* v,
-                          const ops::Ops::AttentionShape& shape);
+  // Context parallelism's attention core as the coarse block ops take it (their shape's
+  // attention): the ring or Ulysses over the CP group, only for the microbatch's own shape
+  // (B x T); null without a CP group of more than one rank (the ops' own attention).
+  struct CpAttention final : ops::Ops::BlockAttention {
+    explicit CpAttention(const Block& b) : block(b) {}
+    void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                 const ops::Ops::AttentionShape& shape) override;
+    void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                  const float* lse, const float* q, const float* k, const float* v,
+                  const ops::Ops::AttentionShape& shape) override;
+    const Block& block;
+  };
+  ops::Ops::BlockAttention* cp_attention() {
+    return ring_ || ulysses_ ? &cp_attention_ : nullptr;
+  }
   // Makes the ring (or Ulysses, ctx.cp_mode) for the microbatch's attention shape when there
   // is a CP group of more than one rank (the subclass's constructor: the shape is the
   // architecture's).
@@ -207,6 +215,7 @@ class Block {
   const CpSlice slice_;
   std::unique_ptr<RingAttention> ring_;
   std::unique_ptr<UlyssesAttention> ulysses_;
+  CpAttention cp_attention_{*this};
 };
 
 // An architecture's block: how it sizes a chunk's q|k|v and MLP columns (C3, F1, kv_cols of

@@ -112,11 +112,11 @@ void carve_fused_layer(const ChunkDims& d, Carver& take, LayerActivations& la,
 std::int64_t fused_layer_floats(const ChunkDims& d, bool selective = false);
 // Whether a chunk's layers use that stash (or, with full recompute, its one recomputed layer):
 // bf16 products, a backend whose coarse block op keeps it, GPT-2's or Llama's block at any TP
-// (with or without sequence parallelism), no context parallelism, any recompute (selective:
+// (with or without sequence parallelism), any context parallelism, any recompute (selective:
 // the coarse ops' recompute into the shared bf16 copy). The split backward too (the coarse
 // ops' W stash, bf16).
 // One rule for the chunk and for predict_memory.
-bool stores_fused_block(bool bf16_products, bool backend_bf16_block, Arch arch, int cp);
+bool stores_fused_block(bool bf16_products, bool backend_bf16_block, Arch arch);
 // The large tensors of one layer with their elements, in packing order.
 struct StashedTensor {
   float* LayerActivations::*field;

@@ -31,17 +31,11 @@ class Gpt2Block final : public Block {
                      const float* w, const float* mean, const float* rstd, int rows) override;
 
  private:
-  // The forward of both: cache null, attention over the b*t rows; else one token (b = t = 1)
-  // whose keys and values join the cache.
-  void run(const BlockParams& p, const float* x, float* out, LayerActivations& la, int b, int t,
-           const KvCache* cache);
-  void attend(LayerActivations& la, int b, int t);  // la.atty, la.lse from la.qkv
-  // No context parallelism (any TP, SP): Ops::gpt2_block_forward / backward /
-  // backward_weights run the block (a backend may fuse it); else the composition below.
-  bool coarse_op() const { return !ring_ && !ulysses_; }
+  // The coarse ops' shape: any TP and SP (collectives), CP through the ring / Ulysses
+  // (cp_attention()).
   ops::Ops::Gpt2BlockShape block_shape(int b, int t) {
     return {b,   t, C_, NH_, F_, Ca_, tp_rank_, int(tpm_.local_rows(std::int64_t(b) * t)),
-            ctx_.tp_size > 1 ? &collectives_ : nullptr};
+            ctx_.tp_size > 1 ? &collectives_ : nullptr, cp_attention()};
   }
   // Row-parallel linear over n full rows: y[local rows] = leave(x @ w + bias on TP rank 0).
   void row_parallel(float* y, const float* x, const float* w, const float* bias, int n, int in);

@@ -31,18 +31,11 @@ class LlamaBlock final : public Block {
   void check_layer(const std::function<const ShardSpec*(Role)>& spec) const override;
 
  private:
-  // The forward of both: cache null, attention over the b*t rows; else one token (b = t = 1)
-  // at cache->pos whose keys and values join the cache.
-  void run(const BlockParams& p, const float* x, float* out, LayerActivations& la, int b, int t,
-           const KvCache* cache);
-  void attend(LayerActivations& la, int b, int t);  // la.atty, la.lse from la.qkv (rotated)
   // Attention's view of this rank's qkv rows (row stride C3): q at column 0, k and v at the
   // kv head its query heads read first.
   ops::Ops::AttentionShape attention_shape(int b, int t) const;
-  // No context parallelism (any TP, SP): Ops::llama_block_forward / backward /
-  // backward_weights run the block (a backend may fuse it); else the composition in
-  // llama_block.cpp.
-  bool coarse_op() const { return !ring_ && !ulysses_; }
+  // The coarse ops' shape: any TP and SP (collectives), CP through the ring / Ulysses
+  // (cp_attention()) and the rows' positions (slice_).
   ops::Ops::LlamaBlockShape block_shape(int b, int t);
   // Row-parallel linear y = x @ W^T over n full rows (no bias), summed over TP into y.
   void row_parallel(float* y, const float* x, const float* w, int n, int in);

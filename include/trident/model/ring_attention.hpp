@@ -8,8 +8,8 @@
 // Every ring counts, always (a clock read around each wait), the time its calls take, the
 // part of it blocked waiting for the ring's messages, and the bytes it sends: per ring and
 // summed over the process (RingAttention::Stats), which the end-of-run report prints.
-// defines: trident::model::cp_chunk, cp_local_positions, check_cp_attention_shape, CpSlice,
-//          RingAttention
+// defines: trident::model::cp_local_positions, check_cp_attention_shape, RingAttention
+//          (and uses ops::cp_chunk, ops::CpSlice here)
 #pragma once
 
 #include <cstdint>
@@ -17,13 +17,15 @@
 #include <vector>
 
 #include "trident/core/buffer.hpp"
+#include "trident/ops/cp_slice.hpp"
 #include "trident/ops/ops.hpp"
 #include "trident/parallel/comm.hpp"
 
 namespace trident::model {
 
-// The global chunk index of local chunk `which` (0 or 1) of CP rank `rank` among 2·cp.
-inline int cp_chunk(int cp, int rank, int which) { return which == 0 ? rank : 2 * cp - 1 - rank; }
+// cp_chunk and CpSlice live in the ops layer (the coarse Llama block's RoPE takes a CpSlice).
+using ops::cp_chunk;
+using ops::CpSlice;
 
 // The global positions (0..t-1) of CP rank `rank`'s t/cp local tokens, in local order (for
 // position embeddings, RoPE angles and the data loader). t must be divisible by 2·cp.
@@ -33,26 +35,6 @@ std::vector<int> cp_local_positions(int t, int cp, int rank);
 // not accumulating, an even t (two chunks), lse packed, heads that group. `who` names the
 // caller in the error.
 void check_cp_attention_shape(const ops::Ops::AttentionShape& s, const char* who);
-
-// Which global positions a rank's local rows hold: runs of consecutive positions, each
-// (row offset within the local sequence, rows, first position). cp == 1: one run of all t
-// rows from pos0 over all b sequences at once; cp > 1: the two chunks of every sequence.
-struct CpSlice {
-  int cp = 1, rank = 0;
-  // fn(first local row among the b*t, sequences it spans, rows per sequence, first position)
-  template <class Fn>
-  void for_each_run(int b, int t, int pos0, Fn&& fn) const {
-    if (cp == 1) {
-      fn(std::int64_t(0), b, t, pos0);
-      return;
-    }
-    const int chunk = t / 2;  // t = T/cp local rows: two chunks of T/(2·cp)
-    for (int s = 0; s < b; s++)
-      for (int which = 0; which < 2; which++)
-        fn(std::int64_t(s) * t + std::int64_t(which) * chunk, 1, chunk,
-           pos0 + cp_chunk(cp, rank, which) * chunk);
-  }
-};
 
 class RingAttention {
  public:

@@ -22,6 +22,7 @@
 
 #include "trident/core/buffer.hpp"
 #include "trident/core/device_memory.hpp"
+#include "trident/ops/cp_slice.hpp"
 
 namespace trident::ops {
 
@@ -223,8 +224,8 @@ class Ops {
   // ---- coarse ops: GPT-2's whole block on one rank (ops/fused_block.cpp) ----------------
   //   res2 = x + c_proj(attention(c_attn(ln_1(x))))
   //   out  = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-  // Training's block at any TP (below), without context-parallel attention or a key-value
-  // cache (the model composes the fine ops itself there). The default runs exactly the fine
+  // Training's block at any TP (below) and context parallelism (the shape's attention hook),
+  // without a key-value cache (the model composes the fine ops itself for decode). The default runs exactly the fine
   // ops in model::Gpt2Block's order (the CPU backends' results are the composition's bit for
   // bit); a backend may fuse them (CUDA under bf16: bf16 activations inside, residual adds and
   // LayerNorms fused; cuda_ops.hpp; TP without SP).
@@ -234,8 +235,7 @@ class Ops {
   // column-parallel (ca attention columns and f MLP columns here), the c_projs row-parallel
   // (fp32 partials, their biases added on tp_rank 0 only, summed by leave_forward), and under
   // SP the residual stream holds nr of the n rows. The default composition is then THE
-  // sequence for TP and SP too (model::Gpt2Block composes only decode and context
-  // parallelism itself).
+  // sequence for TP and SP too (model::Gpt2Block composes only decode itself).
   struct BlockCollectives {
     virtual ~BlockCollectives() = default;
     // Where a LayerNorm writes its local rows inside the full [N,C] buffer (full itself
@@ -251,6 +251,18 @@ class Ops {
     virtual const float* enter_backward(float* dfull, std::int64_t local_n) = 0;
     virtual const float* leave_backward(const float* dlocal, std::int64_t local_n) = 0;
   };
+  // Context parallelism: the attention core over the CP group (model::Block's ring or Ulysses
+  // attention), which the coarse ops call in place of attention_forward / attention_backward
+  // (the same signatures, fp32 operands: a bf16 block converts around it). Null: this rank
+  // holds every row of its sequences and the ops' own attention runs.
+  struct BlockAttention {
+    virtual ~BlockAttention() = default;
+    virtual void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const AttentionShape& s) = 0;
+    virtual void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const AttentionShape& s) = 0;
+  };
   struct Gpt2BlockShape {
     int b = 0, t = 0;
     int c = 0;   // channels
@@ -262,6 +274,7 @@ class Ops {
     int tp_rank = 0;
     int nr = 0;
     BlockCollectives* tp = nullptr;
+    BlockAttention* attention = nullptr;  // context parallelism (null: attention_forward)
     int attn_c() const { return ca ? ca : c; }
     int rows() const { return nr ? nr : b * t; }
   };
@@ -325,8 +338,8 @@ class Ops {
   // ---- coarse ops: Llama's whole block on one rank (ops/fused_block.cpp) ----------------
   //   res2 = x + o(attention(rope([q k v](rmsnorm(x)))))     grouped-query attention
   //   out  = res2 + down(swiglu([gate up](rmsnorm(res2))))
-  // The same contract as the GPT-2 block's (any TP and SP through the shape's collectives; the
-  // default runs exactly model::LlamaBlock's fine ops). Weights are [out, in] (y = x @ W^T),
+  // The same contract as the GPT-2 block's (any TP and SP through the shape's collectives, CP
+  // through its attention and slice; the default runs exactly model::LlamaBlock's fine ops). Weights are [out, in] (y = x @ W^T),
   // no biases. CUDA's bf16 Llama block: any TP and SP, as GPT-2's (stores_fused_block).
   // gpt2_block_stash_bf16() says whether the backend keeps this block's stash as bf16 too.
   struct LlamaBlockShape {
@@ -348,6 +361,10 @@ class Ops {
     int tp_rank = 0;
     int nr = 0;
     BlockCollectives* tp = nullptr;
+    // Context parallelism: the attention core over the CP group (null: attention_forward) and
+    // the positions of the rows (RoPE per run; cp 1: positions 0..t-1 of every sequence).
+    BlockAttention* attention = nullptr;
+    CpSlice slice;
   };
   struct LlamaBlockParams {
     // [C] [C+2kv, C] [C, C] [C] [2F, C] [C, F]

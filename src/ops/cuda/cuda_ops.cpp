@@ -129,6 +129,7 @@ void CudaOps::release() noexcept {
   cublas_ = nullptr;
   host_result_ = nullptr;
   scratch_ = BumpBlock();
+  hook_block_ = BumpBlock();
   cublas_workspace_ = nullptr;
   sum_partial_ = sum_result_ = loss_total_ = nullptr;
   memory_.reset();  // cudaFree of the whole arena (Buffers made from it must be gone by now)

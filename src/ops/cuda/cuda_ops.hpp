@@ -411,6 +411,26 @@ class CudaOps final : public Ops {
                                const float* lse, const std::uint16_t* q, const std::uint16_t* k,
                                const std::uint16_t* v, const AttentionShape& s);
   friend struct AttentionBf16Access;
+  // The bf16 blocks' attention core (fused_block.cpp: GPT-2's and Llama's forward, recompute
+  // and backward) on the [q k v] rows qkv (q at column 0, k at k0, v at v0; att's strides):
+  // attention_forward_bf16 / attention_backward_bf16, or under context parallelism (hook: the
+  // shape's BlockAttention, the ring or Ulysses) the hook on fp32 copies in hook_block_ (the
+  // bf16 rows widened, its fp32 results narrowed to the bf16 the products read). The
+  // backward writes every column of dqkv (zero where no head of this rank reads: replicated
+  // kv heads).
+  void block_attention_forward(BlockAttention* hook, const AttentionShape& att, std::int64_t k0,
+                               std::int64_t v0, std::uint16_t* atty, float* lse,
+                               const std::uint16_t* qkv);
+  void block_attention_backward(BlockAttention* hook, const AttentionShape& att,
+                                std::int64_t k0, std::int64_t v0, std::uint16_t* dqkv,
+                                const std::uint16_t* datty, const std::uint16_t* atty,
+                                const float* lse, const std::uint16_t* qkv);
+  // The hook's fp32 copies: qkv and dqkv [N, ld_q], atty and datty [N, ld_o] (the backward's;
+  // the forward takes the first and the third), in a block of the arena of exactly that size,
+  // made at the first call (the scratch block cannot hold them: the hook's own ops empty it).
+  // model::predict_memory counts the same bytes.
+  BumpBlock& hook_scratch(const AttentionShape& att);
+  BumpBlock hook_block_;
 
   // TRIDENT_CUDA_FUSED_HEAD=0 turns the fused LM head off (lm_head.cpp; off under the
   // baseline too): the head then runs Ops::lm_head's composition.

@@ -22,6 +22,12 @@
 // TRIDENT_CUDA_GELU_EPILOGUE=0: the GELU kernels (docs/gpu.md, step 5).
 // Bytes per layer, GPT-2 small (N = 8192, C = 768): docs/gpu.md, "The fused GPT-2 block".
 //
+// Context parallelism (the shape's attention, Ops::BlockAttention: the model's ring or
+// Ulysses): block_attention_forward / backward, which every attention call of both blocks goes
+// through, widen this rank's bf16 [q k v] (rotated, for Llama; RoPE per run of the shape's
+// slice), atty and datty to fp32 copies in hook_block_, call the hook, and narrow its fp32 out
+// (dq dk dv) to the bf16 atty (dqkv) the products read.
+//
 // Llama's block the same way (same knob, same stash rule): the RMSNorms write bf16, [q k v] and
 // [gate up] write bf16 (no bias: no epilogue; weights [out, in]: A transposed), RoPE rotates the
 // bf16 q and k in place (fused_block.cu; its backward the bf16 dq and dk), attention_forward_bf16
@@ -121,7 +127,101 @@ BlockTp block_tp(const char* op, Ops::BlockCollectives* tp, int tp_rank, int n, 
   return {tp, tp_rank == 0, sp, local_n};
 }
 
+// Where attention finds q, k and v in a block's [q k v] rows: the shape (row stride ld_q), k
+// at column k0, v at v0. GPT-2: q | k | v of Ca columns each. Llama: this rank's k (and v)
+// columns after its Ca query columns, its heads reading from kv head kv_head0 on (kv heads
+// split over TP, or all of them here: replicated, n_kv_head < tp).
+struct QkvView {
+  Ops::AttentionShape att;
+  std::int64_t k0, v0;
+};
+QkvView qkv_view(const Ops::Gpt2BlockShape& s) {
+  const int Ca = s.attn_c();
+  return {attention_shape_qkv(s.b, s.t, Ca, s.nh), Ca, 2 * std::int64_t(Ca)};
+}
+QkvView qkv_view(const Ops::LlamaBlockShape& s) {
+  const Ops::AttentionShape att = attention_shape_llama(s);
+  const std::int64_t Ca = att.ld_o, kv = (att.ld_q - Ca) / 2;
+  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
+  return {att, k0, k0 + kv};
+}
+
 }  // namespace
+
+BumpBlock& CudaOps::hook_scratch(const AttentionShape& att) {
+  const std::size_t rows = std::size_t(att.b) * std::size_t(att.t);
+  const std::size_t bytes = 2 * aligned_bytes(rows * std::size_t(att.ld_q) * sizeof(float)) +
+                            2 * aligned_bytes(rows * std::size_t(att.ld_o) * sizeof(float));
+  if (bytes > hook_block_.capacity()) {
+    // Ops queued earlier may still read the old block: wait for them before releasing it.
+    TRIDENT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (hook_block_.base()) memory_->release(hook_block_.base());
+    hook_block_ = BumpBlock();
+    void* p = nullptr;
+    try {
+      p = memory_->allocate(bytes);
+    } catch (const Error& e) {
+      fail("cuda: the fp32 copies of the bf16 block's attention under context parallelism "
+           "need ", bytes, " bytes: ", e.what(),
+           " (runtime's device arena must hold them besides the model's buffers)");
+    }
+    hook_block_ = BumpBlock(p, bytes);
+  }
+  hook_block_.reset();
+  return hook_block_;
+}
+
+void CudaOps::block_attention_forward(BlockAttention* hook, const AttentionShape& att,
+                                      std::int64_t k0, std::int64_t v0, std::uint16_t* atty,
+                                      float* lse, const std::uint16_t* qkv) {
+  if (!hook) return attention_forward_bf16(atty, lse, qkv, qkv + k0, qkv + v0, att);
+  const std::int64_t n = std::int64_t(att.b) * att.t;
+  BumpBlock& block = hook_scratch(att);
+  float* qkv32 = block.alloc_n<float>(std::size_t(n * att.ld_q));
+  block.alloc_n<float>(std::size_t(n * att.ld_q));  // the backward's dqkv
+  float* out32 = block.alloc_n<float>(std::size_t(n * att.ld_o));
+  {
+    OpScope timed(timer_.get(), "block_forward attention_hook from_bf16");
+    launch_from_bf16(stream_, qkv32, qkv, n * att.ld_q);
+  }
+  hook->forward(out32, lse, qkv32, qkv32 + k0, qkv32 + v0, att);
+  OpScope timed(timer_.get(), "block_forward attention_hook to_bf16");
+  launch_to_bf16(stream_, atty, out32, n, att.ld_o, att.ld_o);
+}
+
+void CudaOps::block_attention_backward(BlockAttention* hook, const AttentionShape& att,
+                                       std::int64_t k0, std::int64_t v0, std::uint16_t* dqkv,
+                                       const std::uint16_t* datty, const std::uint16_t* atty,
+                                       const float* lse, const std::uint16_t* qkv) {
+  const std::int64_t n = std::int64_t(att.b) * att.t;
+  // Columns no head of this rank reads (replicated kv heads, n_kv_head < tp): their gradients
+  // are zero here (the k/v weights' gradients partial, summed over TP by the model).
+  const bool unread = att.ld_q != std::int64_t(att.nh + 2 * att.nkv) * att.hs;
+  if (!hook) {
+    if (unread) {
+      OpScope timed(timer_.get(), "block_backward zero_bf16");
+      TRIDENT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, std::size_t(n * att.ld_q) * 2, stream_));
+    }
+    return attention_backward_bf16(dqkv, dqkv + k0, dqkv + v0, datty, atty, lse, qkv, qkv + k0,
+                                   qkv + v0, att);
+  }
+  BumpBlock& block = hook_scratch(att);
+  float* qkv32 = block.alloc_n<float>(std::size_t(n * att.ld_q));
+  float* dqkv32 = block.alloc_n<float>(std::size_t(n * att.ld_q));
+  float* atty32 = block.alloc_n<float>(std::size_t(n * att.ld_o));
+  float* datty32 = block.alloc_n<float>(std::size_t(n * att.ld_o));
+  {
+    OpScope timed(timer_.get(), "block_backward attention_hook from_bf16");
+    launch_from_bf16(stream_, qkv32, qkv, n * att.ld_q);
+    launch_from_bf16(stream_, atty32, atty, n * att.ld_o);
+    launch_from_bf16(stream_, datty32, datty, n * att.ld_o);
+    if (unread) launch_fill(stream_, dqkv32, 0.0f, n * att.ld_q);
+  }
+  hook->backward(dqkv32, dqkv32 + k0, dqkv32 + v0, datty32, atty32, lse, qkv32, qkv32 + k0,
+                 qkv32 + v0, att);
+  OpScope timed(timer_.get(), "block_backward attention_hook to_bf16");
+  launch_to_bf16(stream_, dqkv, dqkv32, n, att.ld_q, att.ld_q);
+}
 
 bool CudaOps::fused_block_from_environment() {
   const char* v = std::getenv("TRIDENT_CUDA_FUSED_BLOCK");
@@ -243,8 +343,8 @@ void CudaOps::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams&
                                                  " out=", 3 * Ca); }, 0);
     block_linear(qkv, true, nullptr, ln1, p.qkv_w, p.qkv_b, n, C, 3 * Ca);
   }
-  const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
-  attention_forward_bf16(atty, la.lse, qkv, qkv + Ca, qkv + 2 * Ca, att);
+  const QkvView view = qkv_view(s);
+  block_attention_forward(s.attention, view.att, view.k0, view.v0, atty, la.lse, qkv);
   {  // res2 = x + atty @ w + b: the residual as the product's C (x is not read after it)
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=",
                                                  Ca, " out=", C); }, 0);
@@ -394,9 +494,9 @@ void CudaOps::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams
                    datty16, Ca);
     gemm_rm16(true, false, Ca, C, n, 1.0f, atty, Ca, dres16, C, 1.0f, g.attproj_w, C);
   }
-  const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
-  attention_backward_bf16(dqkv16, dqkv16 + Ca, dqkv16 + 2 * Ca, datty16, atty, la.lse, qkv,
-                          qkv + Ca, qkv + 2 * Ca, att);
+  const QkvView view = qkv_view(s);
+  block_attention_backward(s.attention, view.att, view.k0, view.v0, dqkv16, datty16, atty,
+                           la.lse, qkv);
   const int C3 = 3 * Ca;
   {
     OpScope timed(timer_.get(), "block_backward colsum_bf16");
@@ -439,11 +539,11 @@ void CudaOps::gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
   TRIDENT_CHECK(la.recomputed, "internal: gpt2_block_recompute on a stash its forward did not "
                 "mark recomputed (its GELU may be cuBLASLt's epilogue's)");
-  const int n = s.b * s.t, Ca = s.attn_c();
+  const int n = s.b * s.t;
   if (n <= 0) return;
-  const std::uint16_t* qkv = bf(la.qkv);
-  const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
-  attention_forward_bf16(bf(la.atty), la.lse, qkv, qkv + Ca, qkv + 2 * Ca, att);
+  const QkvView view = qkv_view(s);
+  block_attention_forward(s.attention, view.att, view.k0, view.v0, bf(la.atty), la.lse,
+                          bf(la.qkv));
   OpScope timed(timer_.get(), "block_recompute gelu_bf16");
   launch_gelu_forward_bf16(stream_, bf(la.fch_gelu), bf(la.fch), std::int64_t(n) * s.f);
 }
@@ -456,11 +556,9 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
   const int n = s.b * s.t, C = s.c, Ca = s.ca ? s.ca : C, F = s.f, nr = s.nr ? s.nr : n;
   const BlockTp tp = block_tp("llama_block_forward", s.tp, s.tp_rank, n, nr, C);
   if (n <= 0) return;
-  const AttentionShape att = attention_shape_llama(s);
-  // This rank's k (and v) columns, and the first its query heads read (kv heads split over TP,
-  // or all of them here: replicated, n_kv_head < tp).
-  const int C3 = int(att.ld_q), kv = (C3 - Ca) / 2;
-  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
+  const QkvView view = qkv_view(s);
+  const AttentionShape& att = view.att;
+  const int C3 = int(att.ld_q), kv = int(view.v0 - view.k0);  // this rank's k (and v) columns
   // TP (BlockTp, as GPT-2's): [q k v] and [gate up] read every row's bf16 RMSNorm output, o
   // and down write fp32 partials (the residual on rank 0 only; no biases).
   auto row_parallel = [&](float* y, const float* residual, const void* in16, const float* w,
@@ -484,12 +582,14 @@ void CudaOps::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockPara
                                                  " out=", C3); }, 0);
     block_linear(qkv, true, nullptr, ln1, p.qkv_w, nullptr, n, C, C3, true);
   }
-  {
+  {  // q and k heads at the positions of the rows (cp 1: one launch over every sequence)
     OpScope timed(timer_.get(), "block_forward rope_bf16");
-    launch_rope_bf16(stream_, qkv, s.b, s.t, C3, s.nh + kv / att.hs, att.hs, 0, s.theta,
-                     1.0f);
+    s.slice.for_each_run(s.b, s.t, 0, [&](std::int64_t row, int seqs, int rows, int pos0) {
+      launch_rope_bf16(stream_, qkv + row * C3, seqs, rows, C3, s.nh + kv / att.hs, att.hs, pos0,
+                       s.theta, 1.0f);
+    });
   }
-  attention_forward_bf16(atty, la.lse, qkv, qkv + k0, qkv + k0 + kv, att);
+  block_attention_forward(s.attention, att, view.k0, view.v0, atty, la.lse, qkv);
   {  // res2 = x + atty @ o^T: the residual as the product's C (x is not read after it)
     OpScope timed(timer_.get(), [&] { return str("block_forward linear_residual n=", n, " in=",
                                                  Ca, " out=", C); }, 0);
@@ -529,9 +629,9 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
   const int n = s.b * s.t, C = s.c, Ca = s.ca ? s.ca : C, F = s.f, nr = s.nr ? s.nr : n;
   const BlockTp tp = block_tp("llama_block_backward", s.tp, s.tp_rank, n, nr, C);
   if (n <= 0) return;
-  const AttentionShape att = attention_shape_llama(s);
-  const int C3 = int(att.ld_q), kv = (C3 - Ca) / 2;
-  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
+  const QkvView view = qkv_view(s);
+  const AttentionShape& att = view.att;
+  const int C3 = int(att.ld_q), kv = int(view.v0 - view.k0);
   // TP (BlockTp, as GPT-2's): the residual gradient of every row (whole, outside the op's
   // timer); the RMSNorms' input gradients summed.
   const std::uint16_t *ln1 = bf(la.ln1), *qkv = bf(la.qkv), *atty = bf(la.atty);
@@ -585,20 +685,17 @@ void CudaOps::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockPar
                    Ca);
     gemm_rm16(true, false, C, Ca, n, 1.0f, dres16, C, atty, Ca, 1.0f, g.o_w, Ca);
   }
-  // Replicated kv heads (n_kv_head < tp): attention writes the gradients of the one its heads
-  // read, the others' are zero (their k/v weight gradients partial here, summed over TP by the
-  // model as the composition's).
-  if (std::int64_t(s.nkv) * att.hs != kv) {
-    OpScope timed(timer_.get(), "block_backward zero_bf16");
-    TRIDENT_CUDA_CHECK(cudaMemsetAsync(dqkv16, 0, std::size_t(n) * std::size_t(C3) * 2,
-                                       stream_));
-  }
-  attention_backward_bf16(dqkv16, dqkv16 + k0, dqkv16 + k0 + kv, datty16, atty, la.lse, qkv,
-                          qkv + k0, qkv + k0 + kv, att);
+  // Replicated kv heads (n_kv_head < tp): the gradients of the ones no query head here reads
+  // are zero (block_attention_backward; their k/v weight gradients partial here, summed over
+  // TP by the model as the composition's).
+  block_attention_backward(s.attention, att, view.k0, view.v0, dqkv16, datty16, atty, la.lse,
+                           qkv);
   {
     OpScope timed(timer_.get(), "block_backward rope_bf16");
-    launch_rope_bf16(stream_, dqkv16, s.b, s.t, C3, s.nh + kv / att.hs, att.hs, 0, s.theta,
-                     -1.0f);
+    s.slice.for_each_run(s.b, s.t, 0, [&](std::int64_t row, int seqs, int rows, int pos0) {
+      launch_rope_bf16(stream_, dqkv16 + row * C3, seqs, rows, C3, s.nh + kv / att.hs, att.hs,
+                       pos0, s.theta, -1.0f);
+    });
   }
   {
     OpScope timed(timer_.get(), [&] { return str("block_backward linear_bf16 n=", n, " in=", C,
@@ -636,14 +733,12 @@ void CudaOps::llama_block_recompute(const LlamaBlockShape& s, const LlamaBlockSt
   if (!la.bf16) return Ops::llama_block_recompute(s, la);
   TRIDENT_CHECK(gpt2_block_stash_bf16(), "llama_block_recompute: a bf16 stash on ", name(),
                 " without the fused block (TRIDENT_CUDA_FUSED_BLOCK=0 or the baseline)");
-  const int n = s.b * s.t, Ca = s.ca ? s.ca : s.c;
+  const int n = s.b * s.t;
   if (n <= 0) return;
   // llama_block_forward's attention call: the same shape, plan and operands
-  const AttentionShape att = attention_shape_llama(s);
-  const int kv = (int(att.ld_q) - Ca) / 2;
-  const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
-  const std::uint16_t* qkv = bf(la.qkv);
-  attention_forward_bf16(bf(la.atty), la.lse, qkv, qkv + k0, qkv + k0 + kv, att);
+  const QkvView view = qkv_view(s);
+  block_attention_forward(s.attention, view.att, view.k0, view.v0, bf(la.atty), la.lse,
+                          bf(la.qkv));
   OpScope timed(timer_.get(), "block_recompute swiglu_bf16");
   launch_swiglu_forward_bf16(stream_, bf(la.fch_gelu), bf(la.fch), n, s.f);
 }

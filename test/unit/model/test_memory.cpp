@@ -48,8 +48,9 @@ TEST(Memory, Bf16StorageCountsTheStashAtTwoBytes) {
 
 // The CUDA backend's fused GPT-2 block (Ops::gpt2_block_stash_bf16; Llama's too): its stash
 // keeps ln1, qkv, atty, ln2, fch, fch_gelu at 2 bytes and res2 at 4, carved as such
-// (carve_fused_layer), and needs no fp32 working copy; not at TP 2 or with context
-// parallelism. Under the split backward its W stash is bf16.
+// (carve_fused_layer), and needs no fp32 working copy; at TP 2 and under context parallelism
+// too (there with its attention hook's fp32 copies). Under the split backward its W stash is
+// bf16.
 TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   ModelConfig cfg;
   cfg.vocab_size = 64, cfg.seq_len = 16, cfg.n_layer = 4, cfg.n_head = 4, cfg.d_model = 32;
@@ -84,13 +85,21 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
     tp2_packed.block_stash_bf16 = false;
     EXPECT_LT(predict_memory(cfg, tp2).peak(), predict_memory(cfg, tp2_packed).peak()) << sp;
   }
-  // The layouts the fused block does not take: as before.
-  for (auto change : {+[](MemoryLayout& l) { l.cp = 2; }}) {
-    MemoryLayout other = lay;
-    change(other);
-    MemoryLayout unfused = other;
-    unfused.block_stash_bf16 = false;
-    EXPECT_EQ(predict_memory(cfg, other).peak(), predict_memory(cfg, unfused).peak());
+  // CP 2: the fused block takes it too (the ring as its attention hook), with the hook's fp32
+  // copies (CudaOps::hook_scratch: qkv and dqkv [N, 3C], atty and datty [N, C]; N = 16 rows
+  // here, each a multiple of the arena's 256 bytes) in place of the packed stash's working copy.
+  {
+    MemoryLayout cp2 = lay, cp2_packed = lay;
+    cp2.cp = cp2_packed.cp = 2;
+    cp2_packed.block_stash_bf16 = false;
+    const MemoryEstimate f = predict_memory(cfg, cp2), p = predict_memory(cfg, cp2_packed);
+    const ChunkDims d2 = chunk_dims(cfg, 1, lay.micro_batch, false, 2);
+    const std::int64_t hook = (2 * d2.N * 3 * 32 + 2 * d2.N * 32) * 4;
+    EXPECT_EQ(d2.N, 16);
+    EXPECT_EQ(f.activations_per_microbatch - p.activations_per_microbatch,
+              layers * d2.N * 32 * 2);
+    EXPECT_EQ(p.scratch - f.scratch, layer_floats(d2, false) * 4 - hook);
+    EXPECT_LT(f.peak(), p.peak());
   }
   // Full recompute: its one recomputed layer is the fused stash instead of fp32.
   MemoryLayout full = lay;
@@ -123,14 +132,12 @@ TEST(Memory, FusedBlockCountsItsBf16StashAndNoWorkingCopy) {
   EXPECT_EQ(w16.used, rows * 7 * 32 / 2);
   EXPECT_EQ(grad_stash_floats(d, true), w16.used);
   // GPT-2's and Llama's blocks (Ops::gpt2_block_*, llama_block_*) under any recompute (no
-  // argument), at any TP and SP (their collectives; no argument), not under context
-  // parallelism.
-  EXPECT_TRUE(stores_fused_block(true, true, Arch::gpt2, 1));
-  EXPECT_TRUE(stores_fused_block(true, true, Arch::llama, 1));
-  EXPECT_FALSE(stores_fused_block(true, true, Arch::gpt2, 2));
-  EXPECT_FALSE(stores_fused_block(true, true, Arch::llama, 2));
-  EXPECT_FALSE(stores_fused_block(true, false, Arch::llama, 1));
-  EXPECT_FALSE(stores_fused_block(false, true, Arch::gpt2, 1));
+  // argument), at any TP and SP (their collectives; no argument) and CP (the attention hook;
+  // no argument).
+  EXPECT_TRUE(stores_fused_block(true, true, Arch::gpt2));
+  EXPECT_TRUE(stores_fused_block(true, true, Arch::llama));
+  EXPECT_FALSE(stores_fused_block(true, false, Arch::llama));
+  EXPECT_FALSE(stores_fused_block(false, true, Arch::gpt2));
 }
 
 // Selective recompute on the fused block (Ops::gpt2_block_recompute): each layer keeps ln1,

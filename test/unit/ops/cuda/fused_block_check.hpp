@@ -7,7 +7,7 @@
 // Ops::gpt2_block_recompute between them).
 // defines: trident::test::fused_block::Shape, Split, Recompute, Result, run, compare,
 //          random_case,
-//          same_bits
+//          same_bits, OwnAttention
 #pragma once
 
 #include <cmath>
@@ -25,8 +25,26 @@ namespace trident::test::fused_block {
 
 using ops::Ops;
 
+// An attention hook (Ops::BlockAttention, context parallelism's) that is the backend's own fp32
+// attention: a one-rank stand-in for the ring, so that a block runs its hook path (CUDA: the
+// fp32 copies around it) on one process.
+struct OwnAttention final : Ops::BlockAttention {
+  explicit OwnAttention(Ops& o) : ops(o) {}
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+               const Ops::AttentionShape& a) override {
+    ops.attention_forward(out, lse, q, k, v, a);
+  }
+  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                const float* lse, const float* q, const float* k, const float* v,
+                const Ops::AttentionShape& a) override {
+    ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, a);
+  }
+  Ops& ops;
+};
+
 struct Shape {
   int b, t, c, nh;
+  bool hook = false;  // attention through the shape's hook (OwnAttention)
   int f() const { return 4 * c; }
   int n() const { return b * t; }
   // the parameters' sizes in Gpt2BlockParams' order
@@ -155,7 +173,9 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   for (float& v : d) v *= dres_scale;
   ops.fill(grads.data(), 0.0f, P);
   ops.set_weights(params.data(), P);
-  const Ops::Gpt2BlockShape shape{s.b, s.t, s.c, s.nh, s.f()};
+  OwnAttention own(ops);
+  Ops::Gpt2BlockShape shape{s.b, s.t, s.c, s.nh, s.f()};
+  if (s.hook) shape.attention = &own;
   Ops::Gpt2BlockStash la = carve(s, stash.data(), bf16);
   la.recomputed = recompute != Recompute::none;
   Ops::BlockWStash w{la.fch, la.qkv};

@@ -6,7 +6,8 @@
 // recompute (gpt2_block_recompute) the same way.
 // The stand-in runs the same check (emulate/fused_block.cpp).
 // The same for the fused Llama block (llama_block_check.hpp, emulate/llama_block.cpp), its
-// selective recompute (llama_block_recompute) included.
+// selective recompute (llama_block_recompute) included; both under context parallelism's
+// attention hook (and Llama's CP slice).
 // main() is cuda_ops_test.cpp's (skips without a GPU).
 #include <gtest/gtest.h>
 
@@ -132,6 +133,33 @@ TEST_F(CudaFusedBlock, LlamaSelectiveRecomputeGivesTheKeptStashsGradients) {
   EXPECT_GT(compare("broken: the recompute skipped", s,
                     run(*gpu_, s, true, k, false, 1.0f, Split::none, Recompute::skipped), want,
                     kTol, true), kTol);
+}
+
+// Context parallelism: the shapes' attention hook (here the backend's own fp32 attention, as
+// a one-rank ring: the fused blocks' fp32 copies around it) and Llama's slice (rank 0 of cp 2:
+// RoPE at positions 0..63 and 192..255) against the CPU's; RoPE at 0..t-1 must fail.
+TEST_F(CudaFusedBlock, AttentionHookAndCpSliceMatchTheCpu) {
+  {
+    using namespace fused_block;
+    Shape s{2, 128, 256, 4};
+    s.hook = true;
+    const Case k = random_case(s, 37);
+    EXPECT_LE(compare("attention hook: fused CUDA bf16 vs CPU", s,
+                      run(*gpu_, s, true, k, false, 1.0f, 2), run(*cpu_, s, false, k), kTol),
+              kTol);
+  }
+  using namespace llama_block;
+  Shape s{2, 128, 256, 4, 2, 512};
+  s.slice = {2, 0};
+  s.hook = true;
+  const Case k = random_case(s, 39);
+  const Result want = run(*cpu_, s, false, k);
+  EXPECT_LE(compare("cp 2 rank 0: fused CUDA bf16 vs CPU", s, run(*gpu_, s, true, k), want, kTol),
+            kTol);
+  Shape wrong = s;
+  wrong.slice = {};
+  EXPECT_GT(compare("broken: RoPE at positions 0..t-1", s, run(*gpu_, wrong, true, k), want, kTol,
+                    true), kTol);
 }
 
 }  // namespace

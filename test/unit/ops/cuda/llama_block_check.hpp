@@ -13,6 +13,7 @@
 namespace trident::test::llama_block {
 
 using fused_block::Case;
+using fused_block::OwnAttention;
 using fused_block::Recompute;
 using fused_block::Result;
 using fused_block::Split;
@@ -20,6 +21,11 @@ using ops::Ops;
 
 struct Shape {
   int b, t, c, nh, nkv, f;
+  // Context parallelism: the rows' positions (RoPE per run) and, with hook, attention through
+  // the shape's BlockAttention (OwnAttention: the backend's own fp32 attention_forward /
+  // backward, as a one-rank stand-in for the ring).
+  ops::CpSlice slice{};
+  bool hook = false;
   int n() const { return b * t; }
   int hs() const { return c / nh; }
   std::int64_t c3() const { return c + 2LL * nkv * hs(); }
@@ -42,9 +48,11 @@ struct Shape {
     Ops::LlamaBlockShape s;
     s.b = b, s.t = t, s.c = c, s.nh = nh, s.nkv = nkv, s.f = f;
     s.eps = 1e-5f, s.theta = 10000.0f;
+    s.slice = slice;
     return s;
   }
 };
+
 
 inline Ops::LlamaBlockParams views(const Shape& s, float* base) {
   float* v[6];
@@ -104,6 +112,9 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
                   float dres_scale = 1.0f, Split split = Split::none,
                   Recompute recompute = Recompute::none) {
   DeviceMemory* mem = ops.memory();
+  OwnAttention own(ops);
+  Ops::LlamaBlockShape shape = s.shape();
+  if (s.hook) shape.attention = &own;
   const std::int64_t P = s.param_count();
   const std::size_t nc = std::size_t(s.n()) * std::size_t(s.c);
   const std::size_t nf = std::size_t(s.n()) * std::size_t(s.f);
@@ -124,17 +135,17 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
   ops.fill(grads.data(), 0.0f, P);
   ops.set_weights(params.data(), P);
   const Ops::LlamaBlockStash la = carve(s, stash.data(), bf16);
-  ops.llama_block_forward(s.shape(), views(s, params.data()), xb.data(), out.data(), la);
+  ops.llama_block_forward(shape, views(s, params.data()), xb.data(), out.data(), la);
   if (break_stash) ops.copy(la.fch, xb.data(), std::int64_t(nc));
   if (next_layer) {
     Ops::LlamaBlockStash next = carve(s, next_stash.data(), bf16);
     next.atty = la.atty, next.lse = la.lse, next.fch_gelu = la.fch_gelu;
-    ops.llama_block_forward(s.shape(), views(s, params.data()), out.data(), dbuf.data(), next);
-    if (recompute == Recompute::selective) ops.llama_block_recompute(s.shape(), la);
+    ops.llama_block_forward(shape, views(s, params.data()), out.data(), dbuf.data(), next);
+    if (recompute == Recompute::selective) ops.llama_block_recompute(shape, la);
   }
   Ops::BlockWStash w{la.fch, la.qkv};
   if (split == Split::separate) w = {w_own.data(), w_own.data() + 2 * nf};
-  ops.llama_block_backward(s.shape(), views(s, params.data()), views(s, grads.data()),
+  ops.llama_block_backward(shape, views(s, params.data()), views(s, grads.data()),
                            xb.data(), dres.data(), la,
                            {dbuf.data(), dqkv.data(), dfch.data(), dact.data()},
                            split == Split::none ? nullptr : &w);
@@ -146,7 +157,7 @@ inline Result run(Ops& ops, const Shape& s, bool bf16, const Case& k, bool break
     fused_block::poison(ops, la.fch_gelu, std::int64_t(nf) / big);
     fused_block::poison(ops, la.res2, std::int64_t(nc));
     if (split == Split::broken) ops.copy(w.dqkv, xb.data(), std::int64_t(nc) / 4);  // fits bf16
-    ops.llama_block_backward_weights(s.shape(), views(s, params.data()), views(s, grads.data()),
+    ops.llama_block_backward_weights(shape, views(s, params.data()), views(s, grads.data()),
                                      la, w);
   }
   Result r;

@@ -61,7 +61,7 @@ Outcome run(const model::ModelConfig& cfg, model::Recompute rc, const std::strin
   lay.micro_batch = kB, lay.recompute = rc, lay.host_memory = false;
   lay.set_precision(ops->precision());
   lay.block_stash_bf16 = ops->gpt2_block_stash_bf16();
-  out.fused = model::stores_fused_block(true, lay.block_stash_bf16, cfg.arch.get(), 1);
+  out.fused = model::stores_fused_block(true, lay.block_stash_bf16, cfg.arch.get());
   pipeline::set_schedule_memory(lay, ex.schedule(), 0);
   out.predicted = model::predict_memory(cfg, lay).activations;
   // Full recompute's one layer is made with the first activations (predict_memory counts it

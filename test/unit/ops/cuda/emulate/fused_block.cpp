@@ -13,7 +13,8 @@
 // (zero-bubble B with a W stash, then W): bit for bit the whole fused backward, the W stash in
 // the layer's dead fch and qkv or its own; the CPU's split against its whole backward; a W
 // stash overwritten between B and W must fail. Selective recompute (gpt2_block_recompute
-// between forward and backward): bit for bit the GELU-kernel run; skipped must fail.
+// between forward and backward): bit for bit the GELU-kernel run; skipped must fail. Context
+// parallelism's attention hook (hook_checks): against the CPU, split and recompute bit for bit.
 // usage: fused_block  (exit 0: all agree)
 #include <cstdio>
 #include <cstdlib>
@@ -100,6 +101,27 @@ bool selective_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, const Sha
     ok = false;
   }
   return ok;
+}
+// Context parallelism's attention hook (the shape's BlockAttention; here OwnAttention, the
+// backend's own fp32 attention): the CPU through it bit for bit without it; the fused block
+// (its bf16 [q k v] widened to fp32 copies around the hook, out and dqkv narrowed) against
+// the CPU; its split backward and selective recompute bit for bit its whole, kept run.
+bool hook_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, Shape s, const Case& k,
+                 const Result& want, double tol) {
+  s.hook = true;
+  bool ok = same(run(cpu, s, false, k), want);
+  std::printf("fused block: the CPU through the attention hook vs without it: %s\n",
+              ok ? "bit for bit" : "DIFFERENT");
+  const Result fused = run(cuda, s, true, k, false, 1.0f, 2);
+  ok = compare("attention hook: fused CUDA bf16 (fp32 copies around it) vs CPU fp32", s, fused,
+               want, tol) <= tol && ok;
+  const bool split = same(run(cuda, s, true, k, false, 1.0f, 2, Split::in_place), fused);
+  const bool sel = same(run(cuda, s, true, k, false, 1.0f, 2, Split::none, Recompute::selective),
+                        run(cuda, s, true, k, false, 1.0f, 2, Split::none, Recompute::kept));
+  std::printf("fused block: attention hook: split B + W %s, selective recompute %s\n",
+              split ? "bit for bit the whole backward" : "DIFFERENT",
+              sel ? "bit for bit the kept run" : "DIFFERENT");
+  return ok && split && sel;
 }
 }  // namespace
 
@@ -201,6 +223,7 @@ int main() {
   // must fail.
   ok = split_checks(*cpu, *cuda, s, k, want, fused, kTol) && ok;
   ok = selective_checks(*cpu, *cuda, s, k, want, kTol) && ok;
+  ok = hook_checks(*cpu, *cuda, s, k, want, kTol) && ok;
   // The tolerance must catch a wrong step: a stale stash tensor, a wrong residual gradient.
   const bool stale = compare("broken on purpose: la.fch overwritten before the backward", s,
                              run(*cuda, s, true, k, true), want, kTol, true) <= kTol;

@@ -11,6 +11,9 @@
 // Selective recompute (llama_block_recompute after the next layer's forward overwrote the
 // shared atty, lse, SwiGLU output): bit for bit the run that kept them, whole and split, on the
 // fused block, the CUDA composition and the CPU; the recompute skipped must fail.
+// Context parallelism (cp_checks): rank 0 of cp 2's rows (RoPE at positions 0..15, 48..63) with
+// attention through the shape's hook (CudaOps' fp32 copies around it), against the CPU with
+// the same slice and hook; whole, split and selective; RoPE at positions 0..t-1 must fail.
 // usage: llama_block  (exit 0: all agree)
 #include <cstdio>
 #include <memory>
@@ -53,6 +56,45 @@ bool selective_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, const Sha
   }
   return ok;
 }
+// Context parallelism: the shape's slice (rank 0 of cp 2: RoPE at positions 0..15 and 48..63;
+// rank 1's 16..47 are one run, which a shift of every position leaves the scores the same as
+// at 0..31, so it could not tell a wrong offset) and its attention hook (the backend's own
+// fp32 attention: the fused block's fp32 copies around it).
+bool cp_checks(trident::ops::Ops& cpu, trident::ops::Ops& cuda, Shape s, const Case& k) {
+  using trident::test::fused_block::same_bits;
+  s.slice = {2, 0};
+  Shape no_hook = s;
+  s.hook = true;
+  const Result want = run(cpu, s, false, k);
+  bool ok = same_bits(want, run(cpu, no_hook, false, k));
+  std::printf("llama block: cp 2 rank 0, CPU through the hook vs without it: %s\n",
+              ok ? "bit for bit" : "DIFFERENT");
+  const Result fused = run(cuda, s, true, k);
+  ok = compare("cp 2 rank 0: fused CUDA bf16 (hook on fp32 copies) vs CPU fp32", s, fused, want,
+               kTol) <= kTol && ok;
+  ok = compare("cp 2 rank 0: CUDA bf16 composition vs CPU fp32", s, run(cuda, s, false, k), want,
+               kTol) <= kTol && ok;
+  for (Split how : {Split::in_place, Split::separate}) {
+    const bool same = same_bits(run(cuda, s, true, k, false, 1.0f, how), fused);
+    std::printf("llama block: cp 2 rank 0: fused split B + W (%s): %s\n",
+                how == Split::in_place ? "in place" : "own stash",
+                same ? "bit for bit the whole backward" : "DIFFERENT");
+    ok = ok && same;
+  }
+  const bool sel = same_bits(run(cuda, s, true, k, false, 1.0f, Split::none,
+                                 Recompute::selective), fused);
+  std::printf("llama block: cp 2 rank 0: fused, selective recompute: %s\n",
+              sel ? "bit for bit the kept run" : "DIFFERENT");
+  ok = ok && sel;
+  Shape wrong = s;
+  wrong.slice = {};
+  if (compare("broken on purpose: cp 2 rank 0's rows rotated at positions 0..t-1", s,
+              run(cuda, wrong, true, k), want, kTol, false) <= kTol) {
+    std::printf("llama block: RoPE at the wrong positions passed: the check cannot fail\n");
+    ok = false;
+  }
+  return ok;
+}
 }  // namespace
 
 int main() {
@@ -83,6 +125,7 @@ int main() {
     }
   }
   ok = selective_checks(*cpu, *cuda, s, k, want, fused, composed) && ok;
+  ok = cp_checks(*cpu, *cuda, s, k) && ok;
   ok = compare("CPU split B + W vs CPU whole backward", s,
                run(*cpu, s, false, k, false, 1.0f, Split::in_place), want, 1e-6) <= 1e-6 && ok;
   ok = compare("CUDA composition split B + W vs CPU fp32", s,
