@@ -2,7 +2,8 @@
 // block reductions with full masks in a fixed order (so results do not depend on timing),
 // grid sizes for grid-stride loops, bf16's rounding, 16-byte accesses (Packed128).
 // defines: kFullMask, kBlock, warp_sum, warp_max, block_sum, block_max, grid_for, bf16_bits,
-//          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16, for_row_blocks
+//          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16, for_row_blocks,
+//          layernorm_row_stats, rmsnorm_row_rstd
 #pragma once
 
 #include <cuda_runtime.h>
@@ -118,6 +119,34 @@ __device__ inline float block_max(float v, float* shared) {
   __syncthreads();
   float r = lane < warps ? shared[lane] : -INFINITY;
   return warp_max(r);
+}
+
+// The norms' per-row statistics, taken by one warp (lane: the thread's lane) over xr[0, c):
+// the fp32 kernels' (layernorm.cu) and the bf16-output ones' (fused_block.cu), one place so
+// that both keep the same operations in the same order (the same bits).
+struct RowStats {
+  float mean, rstd;
+};
+
+// LayerNorm: mean, then rstd = 1 / sqrt(mean((x - mean)^2) + eps); every lane gets both.
+__device__ __forceinline__ RowStats layernorm_row_stats(const float* xr, int c, int lane,
+                                                        float eps) {
+  float s = 0.0f;
+  for (int j = lane; j < c; j += 32) s += xr[j];
+  const float m = warp_sum(s) / static_cast<float>(c);
+  float ss = 0.0f;
+  for (int j = lane; j < c; j += 32) {
+    const float d = xr[j] - m;
+    ss += d * d;
+  }
+  return {m, 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps)};
+}
+
+// RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps); every lane gets it.
+__device__ __forceinline__ float rmsnorm_row_rstd(const float* xr, int c, int lane, float eps) {
+  float ss = 0.0f;
+  for (int j = lane; j < c; j += 32) ss += xr[j] * xr[j];
+  return 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
 }
 
 }  // namespace trident::ops::cuda

@@ -41,15 +41,8 @@ __global__ void layernorm_forward_bf16_kernel(unsigned short* y, float* mean, fl
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;  // the whole warp leaves together
   const float* xr = x + row * c;
-  float s = 0.0f;
-  for (int j = lane; j < c; j += 32) s += xr[j];
-  const float m = warp_sum(s) / static_cast<float>(c);
-  float ss = 0.0f;
-  for (int j = lane; j < c; j += 32) {
-    const float d = xr[j] - m;
-    ss += d * d;
-  }
-  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + kEps);
+  const RowStats st = layernorm_row_stats(xr, c, lane, kEps);
+  const float m = st.mean, rs = st.rstd;
   unsigned short* yr = y + row * c;
   if (packed) {  // the same per-element math, 8 columns per lane step (the sums stay scalar)
     for (int j = lane * 8; j < c; j += 32 * 8) {
@@ -189,9 +182,7 @@ __global__ void rmsnorm_forward_bf16_kernel(unsigned short* y, float* rstd, cons
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;
   const float* xr = x + row * c;
-  float ss = 0.0f;
-  for (int j = lane; j < c; j += 32) ss += xr[j] * xr[j];
-  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+  const float rs = rmsnorm_row_rstd(xr, c, lane, eps);
   unsigned short* yr = y + row * c;
   if (packed) {  // as layernorm_forward_bf16_kernel's
     for (int j = lane * 8; j < c; j += 32 * 8) {
