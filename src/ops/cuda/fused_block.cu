@@ -98,29 +98,14 @@ __device__ __forceinline__ float gelu_backward_value(unsigned short xh, unsigned
   return bf16_value(dyh) * sg * (1.0f + 2.0f * xi * e * sg * du);
 }
 
-// dst[0, 8) = sum[0, 8) as two 16-byte stores (dst 16-byte aligned).
-__device__ __forceinline__ void store_sums8(float* dst, const float* sum) {
-  Floatx4 lo, hi;
-  for (int e = 0; e < 4; e++) lo[e] = sum[e], hi[e] = sum[e + 4];
-  lo.store(dst);
-  hi.store(dst + 4);
-}
-
 // One thread per column, row blocks of kColsumRows in row order (to_bf16_colsum's order).
 __global__ void gelu_backward_bf16_colsum_kernel(unsigned short* dx, float* partial,
                                                  const unsigned short* x,
                                                  const unsigned short* dy, int n, int cols) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum = 0.0f;
-    for (int r = r0; r < r1; r++) {
-      const std::int64_t i = std::int64_t(r) * cols + c;
-      const float v = gelu_backward_value(x[i], dy[i]);
-      dx[i] = bf16_bits(v);
-      sum += v;
-    }
-    partial[std::int64_t(rb) * cols + c] = sum;
+  column_sums(partial, n, cols, kColsumRows, [&](std::int64_t i) {
+    const float v = gelu_backward_value(x[i], dy[i]);
+    dx[i] = bf16_bits(v);
+    return v;
   });
 }
 
@@ -130,47 +115,27 @@ __global__ void gelu_backward_bf16_colsum_packed_kernel(unsigned short* dx, floa
                                                         const unsigned short* x,
                                                         const unsigned short* dy, int n,
                                                         int cols) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum[8] = {};
-    for (int r = r0; r < r1; r++) {
-      const std::int64_t i = std::int64_t(r) * cols + c;
-      const Bf16x8 xv = Bf16x8::load(x + i), dyv = Bf16x8::load(dy + i);
-      Bf16x8 out;
-      for (int e = 0; e < 8; e++) {
-        const float v = gelu_backward_value(xv[e], dyv[e]);
-        out[e] = bf16_bits(v);
-        sum[e] += v;
-      }
-      out.store(dx + i);
+  column_sums8(partial, n, cols, kColsumRows, [&](std::int64_t i, float* v) {
+    const Bf16x8 xv = Bf16x8::load(x + i), dyv = Bf16x8::load(dy + i);
+    Bf16x8 out;
+    for (int e = 0; e < 8; e++) {
+      v[e] = gelu_backward_value(xv[e], dyv[e]);
+      out[e] = bf16_bits(v[e]);
     }
-    store_sums8(partial + std::int64_t(rb) * cols + c, sum);
+    out.store(dx + i);
   });
 }
 
 __global__ void colsum_bf16_kernel(float* partial, const unsigned short* src, int n, int cols) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum = 0.0f;
-    for (int r = r0; r < r1; r++) sum += bf16_value(src[std::int64_t(r) * cols + c]);
-    partial[std::int64_t(rb) * cols + c] = sum;
-  });
+  column_sums(partial, n, cols, kColsumRows, [&](std::int64_t i) { return bf16_value(src[i]); });
 }
 
 // The kernel above, 8 columns per thread (as gelu_backward_bf16_colsum_packed_kernel).
 __global__ void colsum_bf16_packed_kernel(float* partial, const unsigned short* src, int n,
                                           int cols) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum[8] = {};
-    for (int r = r0; r < r1; r++) {
-      const Bf16x8 v = Bf16x8::load(src + std::int64_t(r) * cols + c);
-      for (int e = 0; e < 8; e++) sum[e] += bf16_value(v[e]);
-    }
-    store_sums8(partial + std::int64_t(rb) * cols + c, sum);
+  column_sums8(partial, n, cols, kColsumRows, [&](std::int64_t i, float* v) {
+    const Bf16x8 b = Bf16x8::load(src + i);
+    for (int e = 0; e < 8; e++) v[e] = bf16_value(b[e]);
   });
 }
 
