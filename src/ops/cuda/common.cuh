@@ -3,8 +3,7 @@
 // grid sizes for grid-stride loops, bf16's rounding, 16-byte accesses (Packed128).
 // defines: kFullMask, kBlock, warp_sum, warp_max, block_sum, block_max, grid_for, bf16_bits,
 //          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16, for_row_blocks, column_sums,
-//          column_sums8,
-//          layernorm_row_stats, rmsnorm_row_rstd
+//          column_sums8, RowStats, layernorm_row_stats, rmsnorm_row_rstd
 #pragma once
 
 #include <cuda_runtime.h>
