@@ -2,7 +2,8 @@
 // block reductions with full masks in a fixed order (so results do not depend on timing),
 // grid sizes for grid-stride loops, bf16's rounding, 16-byte accesses (Packed128).
 // defines: kFullMask, kBlock, warp_sum, warp_max, block_sum, block_max, grid_for, bf16_bits,
-//          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16, for_row_blocks
+//          bf16_value, Packed128 (Bf16x8, Floatx4), aligned16, for_row_blocks, column_sums,
+//          column_sums8, RowStats, layernorm_row_stats, rmsnorm_row_rstd
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,6 +77,43 @@ __device__ __forceinline__ void for_row_blocks(int n, int rows, Body body) {
   }
 }
 
+// The column sums by row blocks of `rows` rows: thread column c = blockIdx.x * blockDim.x +
+// threadIdx.x (of cols; beyond it the thread has nothing to do) and partial[rb, c] = the sum of
+// value(i), i = r * cols + c the element index, over the block's rows r in row order. value
+// may write its own output of element i (one read for a conversion and the sums).
+template <typename Value>
+__device__ __forceinline__ void column_sums(float* partial, int n, int cols, int rows,
+                                            Value value) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  for_row_blocks(n, rows, [&](int rb, int r0, int r1) {
+    float sum = 0.0f;
+    for (int r = r0; r < r1; r++) sum += value(std::int64_t(r) * cols + c);
+    partial[std::int64_t(rb) * cols + c] = sum;
+  });
+}
+
+// column_sums 8 columns per thread (cols % 8 == 0, partial 16-byte aligned): columns
+// [c, c + 8), c = 8 * (blockIdx.x * blockDim.x + threadIdx.x); values(i, v) sets v[e] to the
+// value of element i + e. Each column's sum in the same row order: the same partials, bit for
+// bit, as column_sums.
+template <typename Values>
+__device__ __forceinline__ void column_sums8(float* partial, int n, int cols, int rows,
+                                             Values values) {
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (c >= cols) return;
+  for_row_blocks(n, rows, [&](int rb, int r0, int r1) {
+    Floatx4 lo{}, hi{};
+    for (int r = r0; r < r1; r++) {
+      float v[8];
+      values(std::int64_t(r) * cols + c, v);
+      for (int e = 0; e < 4; e++) lo[e] += v[e], hi[e] += v[e + 4];
+    }
+    lo.store(partial + std::int64_t(rb) * cols + c);
+    hi.store(partial + std::int64_t(rb) * cols + c + 4);
+  });
+}
+
 constexpr int kBlock = 256;  // threads of a 1-D block unless a kernel says otherwise
 
 // Blocks for a grid-stride loop over n elements, kBlock threads each (capped: each thread
@@ -118,6 +156,34 @@ __device__ inline float block_max(float v, float* shared) {
   __syncthreads();
   float r = lane < warps ? shared[lane] : -INFINITY;
   return warp_max(r);
+}
+
+// The norms' per-row statistics, taken by one warp (lane: the thread's lane) over xr[0, c):
+// the fp32 kernels' (layernorm.cu) and the bf16-output ones' (fused_block.cu), one place so
+// that both keep the same operations in the same order (the same bits).
+struct RowStats {
+  float mean, rstd;
+};
+
+// LayerNorm: mean, then rstd = 1 / sqrt(mean((x - mean)^2) + eps); every lane gets both.
+__device__ __forceinline__ RowStats layernorm_row_stats(const float* xr, int c, int lane,
+                                                        float eps) {
+  float s = 0.0f;
+  for (int j = lane; j < c; j += 32) s += xr[j];
+  const float m = warp_sum(s) / static_cast<float>(c);
+  float ss = 0.0f;
+  for (int j = lane; j < c; j += 32) {
+    const float d = xr[j] - m;
+    ss += d * d;
+  }
+  return {m, 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps)};
+}
+
+// RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps); every lane gets it.
+__device__ __forceinline__ float rmsnorm_row_rstd(const float* xr, int c, int lane, float eps) {
+  float ss = 0.0f;
+  for (int j = lane; j < c; j += 32) ss += xr[j] * xr[j];
+  return 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
 }
 
 }  // namespace trident::ops::cuda

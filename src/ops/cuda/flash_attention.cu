@@ -63,6 +63,24 @@ __device__ __forceinline__ float dot_rows(const float* a, const float* b, int hs
   return s;
 }
 
+// acc[cc] += sum over j < kRows, in order, of w[j] * tile[j][c] for the row's columns c = lane
+// + kLanes * cc below hs: the row of a tile product (P V, dS K, P^T dO, dS^T Q); with
+// kRescale, acc[cc] times corr first (the forward's online softmax).
+template <bool kRescale = false>
+__device__ __forceinline__ void accumulate_row(float (&acc)[kCols], const float* w,
+                                               const float (*tile)[kPad], int lane, int hs,
+                                               float corr = 1.0f) {
+#pragma unroll
+  for (int cc = 0; cc < kCols; cc++) {
+    const int c = lane + kLanes * cc;
+    if (c < hs) {
+      float a = kRescale ? acc[cc] * corr : acc[cc];
+      for (int j = 0; j < kRows; j++) a += w[j] * tile[j][c];
+      acc[cc] = a;
+    }
+  }
+}
+
 __global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k,
                                      const float* v, Dims d) {
   __shared__ float sq[kRows][kPad];
@@ -110,15 +128,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
     l = l * corr + sum;
     m = m_new;
     __syncthreads();  // sp complete
-#pragma unroll
-    for (int cc = 0; cc < kCols; cc++) {
-      const int c = lane + kLanes * cc;
-      if (c < d.hs) {
-        float a = acc[cc] * corr;
-        for (int j = 0; j < kRows; j++) a += sp[r][j] * sv[j][c];
-        acc[cc] = a;
-      }
-    }
+    accumulate_row<true>(acc, sp[r], sv, lane, d.hs, corr);
   }
   if (i < d.t) {
     float* orow = out + b * d.bso + i * d.ldo + (long long)h * d.hs;
@@ -182,15 +192,7 @@ __global__ void flash_backward_dq_kernel(float* dq, const float* dout, const flo
       sds[r][j] = ds;
     }
     __syncthreads();
-#pragma unroll
-    for (int cc = 0; cc < kCols; cc++) {
-      const int c = lane + kLanes * cc;
-      if (c < d.hs) {
-        float a = acc[cc];
-        for (int j = 0; j < kRows; j++) a += sds[r][j] * sk[j][c];
-        acc[cc] = a;
-      }
-    }
+    accumulate_row(acc, sds[r], sk, lane, d.hs);
   }
   if (i < d.t) {
     float* dqr = dq + b * d.bsq + i * d.ldq + (long long)h * d.hs;
@@ -247,19 +249,8 @@ __global__ void flash_backward_dkv_kernel(float* dk, float* dv, const float* dou
         sds[r][qi] = ds;
       }
       __syncthreads();
-#pragma unroll
-      for (int cc = 0; cc < kCols; cc++) {
-        const int c = lane + kLanes * cc;
-        if (c < d.hs) {
-          float a = dv_acc[cc], e = dk_acc[cc];
-          for (int qi = 0; qi < kRows; qi++) {
-            a += sp[r][qi] * sdo[qi][c];
-            e += sds[r][qi] * sq[qi][c];
-          }
-          dv_acc[cc] = a;
-          dk_acc[cc] = e;
-        }
-      }
+      accumulate_row(dv_acc, sp[r], sdo, lane, d.hs);
+      accumulate_row(dk_acc, sds[r], sq, lane, d.hs);
     }
   }
   if (j < d.t) {

@@ -113,6 +113,18 @@ __device__ __forceinline__ void accumulate_product(FragAcc* acc, const bf16* a, 
   }
 }
 
+// f[n] = columns [16n, 16n + 16) of the warp's 16 rows at `rows` (bf16, row-major, ld) for
+// the slices n below hs: its query rows (q, dout) as the A operand of S = Q K^T, dP = dO V^T.
+template <int D>
+__device__ __forceinline__ void load_row_fragments(FragA (&f)[D / 16], const bf16* rows, int ld,
+                                                   int hs) {
+#pragma unroll
+  for (int n = 0; n < D / 16; n++) {
+    if (n * 16 >= hs) break;
+    wmma::load_matrix_sync(f[n], rows + n * 16, ld);
+  }
+}
+
 // The lane's row of its warp's 16, and which half of a row's columns it handles.
 __device__ __forceinline__ int lane_row() { return (threadIdx.x % 32) >> 1; }
 __device__ __forceinline__ int lane_half() { return threadIdx.x & 1; }
@@ -186,13 +198,10 @@ __global__ void __launch_bounds__(kRowThreads)
   stage_bf16<D>(sq, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t, d.hs);
   __syncthreads();
   FragA qf[D / 16];
+  load_row_fragments<D>(qf, sq + warp * kRowsPerWarp * L::kLdH, L::kLdH, d.hs);
   FragAcc of[D / 16];
 #pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    if (n * 16 >= d.hs) break;
-    wmma::load_matrix_sync(qf[n], sq + warp * kRowsPerWarp * L::kLdH + n * 16, L::kLdH);
-    wmma::fill_fragment(of[n], 0.0f);
-  }
+  for (int n = 0; n < D / 16; n++) wmma::fill_fragment(of[n], 0.0f);
   float* sw = ss + warp * kRowsPerWarp * L::kLdS;  // this warp's rows of the scores
   bf16* pw = sp + warp * kRowsPerWarp * L::kLdP;
   float m = -INFINITY, l = 0.0f;
@@ -313,20 +322,12 @@ __global__ void __launch_bounds__(kRowThreads)
   stage_bf16<D>(stage, L::kLdH, q + b * d.bsq + (long long)h * d.hs, d.ldq, i0, kQueryRows, d.t,
              d.hs);
   __syncthreads();
-#pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    if (n * 16 >= d.hs) break;
-    wmma::load_matrix_sync(qf[n], stage + warp * kRowsPerWarp * L::kLdH + n * 16, L::kLdH);
-  }
+  load_row_fragments<D>(qf, stage + warp * kRowsPerWarp * L::kLdH, L::kLdH, d.hs);
   __syncthreads();
   stage_bf16<D>(stage, L::kLdH, dout + b * d.bso + (long long)h * d.hs, d.ldo, i0, kQueryRows, d.t,
              d.hs);
   __syncthreads();
-#pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    if (n * 16 >= d.hs) break;
-    wmma::load_matrix_sync(dof[n], stage + warp * kRowsPerWarp * L::kLdH + n * 16, L::kLdH);
-  }
+  load_row_fragments<D>(dof, stage + warp * kRowsPerWarp * L::kLdH, L::kLdH, d.hs);
   const float delta = row_delta(dout, out, d, b, h, i, half, 2);
   const float lse_i = i < d.t ? lse[(long long)bh * d.bslse + i] : 0.0f;
   FragAcc acc[D / 16];

@@ -41,15 +41,8 @@ __global__ void layernorm_forward_bf16_kernel(unsigned short* y, float* mean, fl
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;  // the whole warp leaves together
   const float* xr = x + row * c;
-  float s = 0.0f;
-  for (int j = lane; j < c; j += 32) s += xr[j];
-  const float m = warp_sum(s) / static_cast<float>(c);
-  float ss = 0.0f;
-  for (int j = lane; j < c; j += 32) {
-    const float d = xr[j] - m;
-    ss += d * d;
-  }
-  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + kEps);
+  const RowStats st = layernorm_row_stats(xr, c, lane, kEps);
+  const float m = st.mean, rs = st.rstd;
   unsigned short* yr = y + row * c;
   if (packed) {  // the same per-element math, 8 columns per lane step (the sums stay scalar)
     for (int j = lane * 8; j < c; j += 32 * 8) {
@@ -105,29 +98,14 @@ __device__ __forceinline__ float gelu_backward_value(unsigned short xh, unsigned
   return bf16_value(dyh) * sg * (1.0f + 2.0f * xi * e * sg * du);
 }
 
-// dst[0, 8) = sum[0, 8) as two 16-byte stores (dst 16-byte aligned).
-__device__ __forceinline__ void store_sums8(float* dst, const float* sum) {
-  Floatx4 lo, hi;
-  for (int e = 0; e < 4; e++) lo[e] = sum[e], hi[e] = sum[e + 4];
-  lo.store(dst);
-  hi.store(dst + 4);
-}
-
 // One thread per column, row blocks of kColsumRows in row order (to_bf16_colsum's order).
 __global__ void gelu_backward_bf16_colsum_kernel(unsigned short* dx, float* partial,
                                                  const unsigned short* x,
                                                  const unsigned short* dy, int n, int cols) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum = 0.0f;
-    for (int r = r0; r < r1; r++) {
-      const std::int64_t i = std::int64_t(r) * cols + c;
-      const float v = gelu_backward_value(x[i], dy[i]);
-      dx[i] = bf16_bits(v);
-      sum += v;
-    }
-    partial[std::int64_t(rb) * cols + c] = sum;
+  column_sums(partial, n, cols, kColsumRows, [&](std::int64_t i) {
+    const float v = gelu_backward_value(x[i], dy[i]);
+    dx[i] = bf16_bits(v);
+    return v;
   });
 }
 
@@ -137,47 +115,27 @@ __global__ void gelu_backward_bf16_colsum_packed_kernel(unsigned short* dx, floa
                                                         const unsigned short* x,
                                                         const unsigned short* dy, int n,
                                                         int cols) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum[8] = {};
-    for (int r = r0; r < r1; r++) {
-      const std::int64_t i = std::int64_t(r) * cols + c;
-      const Bf16x8 xv = Bf16x8::load(x + i), dyv = Bf16x8::load(dy + i);
-      Bf16x8 out;
-      for (int e = 0; e < 8; e++) {
-        const float v = gelu_backward_value(xv[e], dyv[e]);
-        out[e] = bf16_bits(v);
-        sum[e] += v;
-      }
-      out.store(dx + i);
+  column_sums8(partial, n, cols, kColsumRows, [&](std::int64_t i, float* v) {
+    const Bf16x8 xv = Bf16x8::load(x + i), dyv = Bf16x8::load(dy + i);
+    Bf16x8 out;
+    for (int e = 0; e < 8; e++) {
+      v[e] = gelu_backward_value(xv[e], dyv[e]);
+      out[e] = bf16_bits(v[e]);
     }
-    store_sums8(partial + std::int64_t(rb) * cols + c, sum);
+    out.store(dx + i);
   });
 }
 
 __global__ void colsum_bf16_kernel(float* partial, const unsigned short* src, int n, int cols) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum = 0.0f;
-    for (int r = r0; r < r1; r++) sum += bf16_value(src[std::int64_t(r) * cols + c]);
-    partial[std::int64_t(rb) * cols + c] = sum;
-  });
+  column_sums(partial, n, cols, kColsumRows, [&](std::int64_t i) { return bf16_value(src[i]); });
 }
 
 // The kernel above, 8 columns per thread (as gelu_backward_bf16_colsum_packed_kernel).
 __global__ void colsum_bf16_packed_kernel(float* partial, const unsigned short* src, int n,
                                           int cols) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum[8] = {};
-    for (int r = r0; r < r1; r++) {
-      const Bf16x8 v = Bf16x8::load(src + std::int64_t(r) * cols + c);
-      for (int e = 0; e < 8; e++) sum[e] += bf16_value(v[e]);
-    }
-    store_sums8(partial + std::int64_t(rb) * cols + c, sum);
+  column_sums8(partial, n, cols, kColsumRows, [&](std::int64_t i, float* v) {
+    const Bf16x8 b = Bf16x8::load(src + i);
+    for (int e = 0; e < 8; e++) v[e] = bf16_value(b[e]);
   });
 }
 
@@ -189,9 +147,7 @@ __global__ void rmsnorm_forward_bf16_kernel(unsigned short* y, float* rstd, cons
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;
   const float* xr = x + row * c;
-  float ss = 0.0f;
-  for (int j = lane; j < c; j += 32) ss += xr[j] * xr[j];
-  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+  const float rs = rmsnorm_row_rstd(xr, c, lane, eps);
   unsigned short* yr = y + row * c;
   if (packed) {  // as layernorm_forward_bf16_kernel's
     for (int j = lane * 8; j < c; j += 32 * 8) {

@@ -24,15 +24,8 @@ __global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, con
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;  // the whole warp leaves together
   const float* xr = x + row * c;
-  float s = 0.0f;
-  for (int j = lane; j < c; j += 32) s += xr[j];
-  const float m = warp_sum(s) / static_cast<float>(c);
-  float ss = 0.0f;
-  for (int j = lane; j < c; j += 32) {
-    const float d = xr[j] - m;
-    ss += d * d;
-  }
-  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + kEps);
+  const RowStats st = layernorm_row_stats(xr, c, lane, kEps);
+  const float m = st.mean, rs = st.rstd;
   float* yr = y + row * c;
   for (int j = lane; j < c; j += 32) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
   if (lane == 0) {
@@ -184,9 +177,7 @@ __global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, co
   const std::int64_t row = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= n) return;
   const float* xr = x + row * c;
-  float ss = 0.0f;
-  for (int j = lane; j < c; j += 32) ss += xr[j] * xr[j];
-  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(c) + eps);
+  const float rs = rmsnorm_row_rstd(xr, c, lane, eps);
   float* yr = y + row * c;
   for (int j = lane; j < c; j += 32) yr[j] = xr[j] * rs * w[j];
   if (lane == 0 && rstd) rstd[row] = rs;

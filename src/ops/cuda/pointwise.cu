@@ -132,17 +132,10 @@ __global__ void to_bf16_packed_kernel(unsigned short* dst, const float* src, std
 // (kColsumRows rows, in row order): one read of src for linear_backward's dy under bf16.
 __global__ void to_bf16_colsum_kernel(unsigned short* dst, float* partial, const float* src,
                                       int n, int cols) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    float sum = 0.0f;
-    for (int r = r0; r < r1; r++) {
-      const std::int64_t i = std::int64_t(r) * cols + c;
-      const float v = src[i];
-      dst[i] = bf16_bits(v);
-      sum += v;
-    }
-    partial[std::int64_t(rb) * cols + c] = sum;
+  column_sums(partial, n, cols, kColsumRows, [&](std::int64_t i) {
+    const float v = src[i];
+    dst[i] = bf16_bits(v);
+    return v;
   });
 }
 
@@ -150,22 +143,14 @@ __global__ void to_bf16_colsum_kernel(unsigned short* dst, float* partial, const
 // each column's sum in the same row order, the same partials bit for bit.
 __global__ void to_bf16_colsum_packed_kernel(unsigned short* dst, float* partial,
                                              const float* src, int n, int cols) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  if (c >= cols) return;
-  for_row_blocks(n, kColsumRows, [&](int rb, int r0, int r1) {
-    Floatx4 sum_lo{}, sum_hi{};
-    for (int r = r0; r < r1; r++) {
-      const std::int64_t i = std::int64_t(r) * cols + c;
-      const Floatx4 lo = Floatx4::load(src + i), hi = Floatx4::load(src + i + 4);
-      Bf16x8 out;
-      for (int e = 0; e < 4; e++) {
-        out[e] = bf16_bits(lo[e]), out[e + 4] = bf16_bits(hi[e]);
-        sum_lo[e] += lo[e], sum_hi[e] += hi[e];
-      }
-      out.store(dst + i);
+  column_sums8(partial, n, cols, kColsumRows, [&](std::int64_t i, float* v) {
+    const Floatx4 lo = Floatx4::load(src + i), hi = Floatx4::load(src + i + 4);
+    Bf16x8 out;
+    for (int e = 0; e < 4; e++) {
+      out[e] = bf16_bits(lo[e]), out[e + 4] = bf16_bits(hi[e]);
+      v[e] = lo[e], v[e + 4] = hi[e];
     }
-    sum_lo.store(partial + std::int64_t(rb) * cols + c);
-    sum_hi.store(partial + std::int64_t(rb) * cols + c + 4);
+    out.store(dst + i);
   });
 }
 
