@@ -27,20 +27,6 @@ Ops::BlockCollectives& collectives_of(Ops::BlockCollectives* tp) {
   static OneRank one_rank;
   return tp ? *tp : one_rank;
 }
-// No context parallelism: the backend's own attention.
-struct OwnAttention final : Ops::BlockAttention {
-  explicit OwnAttention(Ops& o) : ops(o) {}
-  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
-               const Ops::AttentionShape& s) override {
-    ops.attention_forward(out, lse, q, k, v, s);
-  }
-  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                const float* lse, const float* q, const float* k, const float* v,
-                const Ops::AttentionShape& s) override {
-    ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
-  }
-  Ops& ops;
-};
 }  // namespace
 
 void Ops::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, const float* x,

@@ -12,7 +12,7 @@
 // up; activation gradients are WRITTEN (=), except where a comment says "+=" (the
 // residual stream: layernorm_backward adds into dx).
 //
-// defines: trident::ops::Ops, Ops::AttentionShape, attention_shape_qkv, Precision, precision_name, parse_precision, make_cpu_ops, make_ops
+// defines: trident::ops::Ops, Ops::AttentionShape, Ops::OwnAttention, attention_shape_qkv, Precision, precision_name, parse_precision, make_cpu_ops, make_ops
 #pragma once
 
 #include <cstdint>
@@ -262,6 +262,21 @@ class Ops {
     virtual void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
                           const AttentionShape& s) = 0;
+  };
+  // The backend's own attention_forward / attention_backward as a hook: what the coarse ops'
+  // default runs where the shape names none (and, in tests, a one-rank stand-in for the ring).
+  struct OwnAttention final : BlockAttention {
+    explicit OwnAttention(Ops& o) : ops(o) {}
+    void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                 const AttentionShape& s) override {
+      ops.attention_forward(out, lse, q, k, v, s);
+    }
+    void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                  const float* lse, const float* q, const float* k, const float* v,
+                  const AttentionShape& s) override {
+      ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
+    }
+    Ops& ops;
   };
   struct Gpt2BlockShape {
     int b = 0, t = 0;

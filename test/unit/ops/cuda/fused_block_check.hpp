@@ -25,22 +25,10 @@ namespace trident::test::fused_block {
 
 using ops::Ops;
 
-// An attention hook (Ops::BlockAttention, context parallelism's) that is the backend's own fp32
-// attention: a one-rank stand-in for the ring, so that a block runs its hook path (CUDA: the
-// fp32 copies around it) on one process.
-struct OwnAttention final : Ops::BlockAttention {
-  explicit OwnAttention(Ops& o) : ops(o) {}
-  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
-               const Ops::AttentionShape& a) override {
-    ops.attention_forward(out, lse, q, k, v, a);
-  }
-  void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                const float* lse, const float* q, const float* k, const float* v,
-                const Ops::AttentionShape& a) override {
-    ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, a);
-  }
-  Ops& ops;
-};
+// The attention hook of the checks (context parallelism's, Ops::BlockAttention): the backend's
+// own fp32 attention, a one-rank stand-in for the ring, so that a block runs its hook path
+// (CUDA: the fp32 copies around it) on one process.
+using OwnAttention = Ops::OwnAttention;
 
 struct Shape {
   int b, t, c, nh;
