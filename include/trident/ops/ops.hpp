@@ -225,10 +225,10 @@ class Ops {
   //   res2 = x + c_proj(attention(c_attn(ln_1(x))))
   //   out  = res2 + c_proj(gelu(c_fc(ln_2(res2))))
   // Training's block at any TP (below) and context parallelism (the shape's attention hook),
-  // without a key-value cache (the model composes the fine ops itself for decode). The default runs exactly the fine
-  // ops in model::Gpt2Block's order (the CPU backends' results are the composition's bit for
-  // bit); a backend may fuse them (CUDA under bf16: bf16 activations inside, residual adds and
-  // LayerNorms fused; cuda_ops.hpp; TP without SP).
+  // without a key-value cache (the model composes the fine ops itself for decode). The default
+  // runs exactly the fine ops in model::Gpt2Block's order (the CPU backends' results are the
+  // composition's bit for bit); a backend may fuse them (CUDA under bf16: bf16 activations
+  // inside, residual adds and LayerNorms fused; cuda_ops.hpp; any TP, SP and CP).
   //
   // Tensor (and sequence) parallelism: the shape's tp names the collectives the model runs
   // between the products (BlockCollectives, over its TP group); c_attn and c_fc are then
@@ -354,8 +354,9 @@ class Ops {
   //   res2 = x + o(attention(rope([q k v](rmsnorm(x)))))     grouped-query attention
   //   out  = res2 + down(swiglu([gate up](rmsnorm(res2))))
   // The same contract as the GPT-2 block's (any TP and SP through the shape's collectives, CP
-  // through its attention and slice; the default runs exactly model::LlamaBlock's fine ops). Weights are [out, in] (y = x @ W^T),
-  // no biases. CUDA's bf16 Llama block: any TP and SP, as GPT-2's (stores_fused_block).
+  // through its attention and slice; the default runs exactly model::LlamaBlock's fine ops).
+  // Weights are [out, in] (y = x @ W^T), no biases. CUDA's bf16 Llama block: any TP, SP and
+  // CP, as GPT-2's (stores_fused_block).
   // gpt2_block_stash_bf16() says whether the backend keeps this block's stash as bf16 too.
   struct LlamaBlockShape {
     int b = 0, t = 0;
