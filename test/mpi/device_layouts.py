@@ -18,7 +18,8 @@ the zb-v arena's peak; GPT-2 under selective recompute serial, pp 2 1f1b and zb-
 its arena's peak; Llama's serial, pp 2 zb-v, tp 2 with and without SP, tp 4, and its arena's
 peak; context parallelism on the fused blocks: GPT-2 cp 2 ring, Ulysses, x tp 2, selective,
 x pp 2 zb-v, Llama cp 2 ring, Ulysses, x tp 2 selective, against the fp32 CPU and the serial bf16
-run, and GPT-2's and Llama's cp 2 arena peaks); dp 2, alone and with ZeRO-1
+run, and GPT-2's and Llama's cp 2 arena peaks; the CP wire in bf16 against
+TRIDENT_CUDA_CP_BF16_WIRE=0 in seven of them: bit for bit, fewer bytes); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """
