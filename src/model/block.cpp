@@ -55,23 +55,25 @@ void Block::make_ring(const ops::Ops::AttentionShape& local) {
 // The ring is made for the microbatch's shape; other shapes (inference) are refused where
 // cp > 1 before they reach here (GptChunk: "the whole model on one rank").
 void Block::CpAttention::forward(float* out, float* lse, const float* q, const float* k,
-                                 const float* v, const ops::Ops::AttentionShape& shape) {
+                                 const float* v, const ops::Ops::AttentionShape& shape,
+                                 bool bf16_exact) {
   TRIDENT_CHECK(shape.b == block.B_ && shape.t == block.T_, "internal: CP attention over ",
                 shape.b, " x ", shape.t, " rows, made for the microbatch's ", block.B_, " x ",
                 block.T_);
-  if (block.ulysses_) return block.ulysses_->forward(out, lse, q, k, v);
-  block.ring_->forward(out, lse, q, k, v);
+  if (block.ulysses_) return block.ulysses_->forward(out, lse, q, k, v, bf16_exact);
+  block.ring_->forward(out, lse, q, k, v, bf16_exact);
 }
 
 void Block::CpAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                                   const float* out, const float* lse, const float* q,
                                   const float* k, const float* v,
-                                  const ops::Ops::AttentionShape& shape) {
+                                  const ops::Ops::AttentionShape& shape, bool bf16_exact) {
   TRIDENT_CHECK(shape.b == block.B_ && shape.t == block.T_, "internal: CP attention backward "
                 "over ", shape.b, " x ", shape.t, " rows, made for the microbatch's ", block.B_,
                 " x ", block.T_);
-  if (block.ulysses_) return block.ulysses_->backward(dq, dk, dv, dout, out, lse, q, k, v);
-  block.ring_->backward(dq, dk, dv, dout, out, lse, q, k, v);
+  if (block.ulysses_)
+    return block.ulysses_->backward(dq, dk, dv, dout, out, lse, q, k, v, bf16_exact);
+  block.ring_->backward(dq, dk, dv, dout, out, lse, q, k, v, bf16_exact);
 }
 
 void Block::check_layer(const std::function<const ShardSpec*(Role)>&) const {}

@@ -194,7 +194,7 @@ void RingAttention::pack_kv(float* kv, const float* k, const float* v) {
 }
 
 void RingAttention::forward(float* out, float* lse, const float* q, const float* k,
-                            const float* v) {
+                            const float* v, bool bf16_exact) {
   const auto t0 = Clock::now();
   const double cpu0 = thread_cpu_s();
   Stats call;
@@ -202,14 +202,16 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
   const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   ops_.fill(lse, -std::numeric_limits<float>::infinity(), std::int64_t(s_.b) * s_.nh * s_.t);
   pack_kv(kv_[0].data(), k, v);
+  const std::int64_t msg = block_floats(bf16_exact);
+  if (bf16_exact) ops_.to_bf16(bits(travelling(0, true)), kv_[0].data(), kv_floats_);
   for (int step = 0; step < cp_; step++) {
     const int src = (rank_ - step + cp_) % cp_;  // whose keys and values are held now
-    float* cur = kv_[step % 2].data();
+    float* cur = bf16_exact ? kv_[0].data() : kv_[step % 2].data();
     parallel::Request send, recv;
     if (step + 1 < cp_) {  // the next block travels while this one is attended to
-      recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
-      send = group_.isend(cur, kv_floats_, next, kTagKv);
-      count_send(call);
+      recv = group_.irecv(travelling(step + 1, bf16_exact), msg, prev, kTagKv);
+      send = group_.isend(travelling(step, bf16_exact), msg, next, kTagKv);
+      count_send(call, msg);
     }
     for (int qa = 0; qa < 2; qa++)
       for (int kc = 0; kc < 2; kc++) {
@@ -223,9 +225,13 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
         ops_.attention_merge(out + orow, lse + lrow, part_out_.data() + orow,
                              part_lse_.data() + lrow, blk);
       }
-    Waiting waiting(call.forward_wait_s, call.forward_wait_cpu_s);
-    send.wait([&] { return ring_step("forward send", step, group_); });
-    recv.wait([&] { return ring_step("forward receive", step, group_); });
+    {
+      Waiting waiting(call.forward_wait_s, call.forward_wait_cpu_s);
+      send.wait([&] { return ring_step("forward send", step, group_); });
+      recv.wait([&] { return ring_step("forward receive", step, group_); });
+    }
+    if (bf16_exact && step + 1 < cp_)  // the next block, exactly (its values are bf16)
+      ops_.from_bf16(kv_[0].data(), bits(travelling(step + 1, true)), kv_floats_);
   }
   call.forward_s = seconds_since(t0);
   call.forward_cpu_s = thread_cpu_s() - cpu0;
@@ -234,7 +240,7 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
 
 void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                              const float* out, const float* lse, const float* q, const float* k,
-                             const float* v) {
+                             const float* v, bool bf16_exact) {
   const auto t0 = Clock::now();
   const double cpu0 = thread_cpu_s();
   Stats call;
@@ -247,15 +253,17 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
   copy_rows(ops_, q_packed_.data(), width_q, bs_q, q, s_.ld_q, s_.batch_q(), s_.b, s_.t, width_q);
   ops_.fill(dq_acc_.data(), 0.0f, s_.b * bs_q);
   pack_kv(kv_[0].data(), k, v);
+  const std::int64_t msg = block_floats(bf16_exact);
+  if (bf16_exact) ops_.to_bf16(bits(travelling(0, true)), kv_[0].data(), kv_floats_);
   parallel::Request dkv_sent[2];  // the gradient block sent at the last two steps
   for (int step = 0; step < cp_; step++) {
     const int src = (rank_ - step + cp_) % cp_;
-    float* cur = kv_[step % 2].data();
+    float* cur = bf16_exact ? kv_[0].data() : kv_[step % 2].data();
     parallel::Request send, recv, dkv_recv;
     if (step + 1 < cp_) {
-      recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
-      send = group_.isend(cur, kv_floats_, next, kTagKv);
-      count_send(call);
+      recv = group_.irecv(travelling(step + 1, bf16_exact), msg, prev, kTagKv);
+      send = group_.isend(travelling(step, bf16_exact), msg, next, kTagKv);
+      count_send(call, msg);
     }
     // src's gradients so far: finished by the previous rank at its previous step
     if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
@@ -286,21 +294,39 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
       }
       ops_.add(dkv, dkv, dkv_in_.data(), kv_floats_);
     }
-    // on to the next holder of src's block; after the last step that is src itself
-    if (cp_ > 1) {
+    // on to the next holder of src's block; after the last step that is src itself, which
+    // only copies it to dk, dv: bf16_exact rounds it here as the caller would there (the
+    // other half of kv_[1] is free: its block was sent and waited for at the last step)
+    const bool home16 = bf16_exact && step == cp_ - 1;
+    if (cp_ > 1 && home16) {
+      float* wire = travelling(step + 1, true);
+      ops_.to_bf16(bits(wire), dkv, kv_floats_);
+      dkv_sent[step % 2] = group_.isend(wire, kv_floats_ / 2, next, kTagDkv);
+      count_send(call, kv_floats_ / 2);
+    } else if (cp_ > 1) {
       dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
-      count_send(call);
+      count_send(call, kv_floats_);
     }
-    Waiting waiting(wait_s, wait_cpu_s);
-    send.wait([&] { return ring_step("backward send", step, group_); });
-    recv.wait([&] { return ring_step("backward receive", step, group_); });
+    {
+      Waiting waiting(wait_s, wait_cpu_s);
+      send.wait([&] { return ring_step("backward send", step, group_); });
+      recv.wait([&] { return ring_step("backward receive", step, group_); });
+    }
+    if (bf16_exact && step + 1 < cp_)  // the next block, exactly (its values are bf16)
+      ops_.from_bf16(kv_[0].data(), bits(travelling(step + 1, true)), kv_floats_);
   }
   const float* mine = dkv_[(cp_ - 1) % 2].data();  // cp 1: this rank's own, never sent
   if (cp_ > 1) {
-    Waiting waiting(wait_s, wait_cpu_s);
-    group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv)
-        .wait([&] { return ring_step("gradient return", cp_, group_); });
+    {
+      Waiting waiting(wait_s, wait_cpu_s);
+      group_.irecv(dkv_in_.data(), msg, prev, kTagDkv)
+          .wait([&] { return ring_step("gradient return", cp_, group_); });
+    }
     mine = dkv_in_.data();
+    if (bf16_exact) {  // widened into kv_[0], spent after the last step's tiles
+      ops_.from_bf16(kv_[0].data(), bits(dkv_in_.data()), kv_floats_);
+      mine = kv_[0].data();
+    }
   }
   copy_rows(ops_, dq, s_.ld_q, s_.batch_q(), dq_acc_.data(), width_q, bs_q, s_.b, s_.t, width_q);
   const std::int64_t bs_kv = std::int64_t(s_.t) * width_kv_;
@@ -317,13 +343,14 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
 }
 
 // forward()'s messages without its tiles (keep the two in step).
-double RingAttention::forward_messages_alone(double* cpu_s) {
+double RingAttention::forward_messages_alone(double* cpu_s, bool bf16_exact) {
   const auto t0 = Clock::now();
   const double cpu0 = thread_cpu_s();
   const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  const std::int64_t msg = block_floats(bf16_exact);
   for (int step = 0; step + 1 < cp_; step++) {
-    parallel::Request recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
-    parallel::Request send = group_.isend(kv_[step % 2].data(), kv_floats_, next, kTagKv);
+    parallel::Request recv = group_.irecv(travelling(step + 1, bf16_exact), msg, prev, kTagKv);
+    parallel::Request send = group_.isend(travelling(step, bf16_exact), msg, next, kTagKv);
     send.wait([&] { return ring_step("forward send (alone)", step, group_); });
     recv.wait([&] { return ring_step("forward receive (alone)", step, group_); });
   }
@@ -332,26 +359,29 @@ double RingAttention::forward_messages_alone(double* cpu_s) {
 }
 
 // backward()'s messages without its tiles (keep the two in step).
-double RingAttention::backward_messages_alone(double* cpu_s) {
+double RingAttention::backward_messages_alone(double* cpu_s, bool bf16_exact) {
   const auto t0 = Clock::now();
   const double cpu0 = thread_cpu_s();
   if (cp_ > 1) {
     const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+    const std::int64_t msg = block_floats(bf16_exact);
     parallel::Request dkv_sent[2];
     for (int step = 0; step < cp_; step++) {
       parallel::Request send, recv, dkv_recv;
       if (step + 1 < cp_) {
-        recv = group_.irecv(kv_[(step + 1) % 2].data(), kv_floats_, prev, kTagKv);
-        send = group_.isend(kv_[step % 2].data(), kv_floats_, next, kTagKv);
+        recv = group_.irecv(travelling(step + 1, bf16_exact), msg, prev, kTagKv);
+        send = group_.isend(travelling(step, bf16_exact), msg, next, kTagKv);
       }
       if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
       dkv_sent[step % 2].wait([&] { return ring_step("gradient send (alone)", step - 2, group_); });
       dkv_recv.wait([&] { return ring_step("gradient receive (alone)", step, group_); });
-      dkv_sent[step % 2] = group_.isend(dkv_[step % 2].data(), kv_floats_, next, kTagDkv);
+      // the last hop at backward()'s size (bf16_exact: bf16)
+      const std::int64_t dkv_msg = step + 1 < cp_ ? kv_floats_ : msg;
+      dkv_sent[step % 2] = group_.isend(dkv_[step % 2].data(), dkv_msg, next, kTagDkv);
       send.wait([&] { return ring_step("backward send (alone)", step, group_); });
       recv.wait([&] { return ring_step("backward receive (alone)", step, group_); });
     }
-    group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv)
+    group_.irecv(dkv_in_.data(), msg, prev, kTagDkv)
         .wait([&] { return ring_step("gradient return (alone)", cp_, group_); });
     for (auto& r : dkv_sent)
       r.wait([&] { return ring_step("gradient send (alone)", cp_, group_); });

@@ -100,12 +100,17 @@ void UlyssesAttention::pack_full(const float* full, int heads, std::int64_t col)
       }
 }
 
-void UlyssesAttention::exchange() {
+void UlyssesAttention::exchange(bool bf16) {
   if (cp_ == 1) return ops_.copy(recv_.data(), send_.data(), block_);  // device memory too
-  group_.all_to_all(send_.data(), recv_.data(), block_);
+  if (!bf16) return group_.all_to_all(send_.data(), recv_.data(), block_);
+  // block_ is even (t is), so each block's bf16 travels as block_ / 2 floats of bits
+  const std::int64_t n = block_ * cp_;
+  ops_.to_bf16(reinterpret_cast<std::uint16_t*>(recv_.data()), send_.data(), n);
+  group_.all_to_all(recv_.data(), send_.data(), block_ / 2);
+  ops_.from_bf16(recv_.data(), reinterpret_cast<const std::uint16_t*>(send_.data()), n);
 }
 
-void UlyssesAttention::gather_qkv(const float* q, const float* k, const float* v) {
+void UlyssesAttention::gather_qkv(const float* q, const float* k, const float* v, bool bf16) {
   const ops::Ops::AttentionShape f = full_shape();
   const std::int64_t full_rows = std::int64_t(s_.b) * s_.t * cp_;
   // q | k | v of each rank's heads for that rank, each rank's rows in one block
@@ -114,7 +119,7 @@ void UlyssesAttention::gather_qkv(const float* q, const float* k, const float* v
   pack(q, s_.ld_q, s_.batch_q(), s_.nh, 0);
   pack(k, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
   pack(v, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
-  exchange();
+  exchange(bf16);
   float* Q = qkv_full_.data();
   unpack_full(Q, s_.nh, 0);
   unpack_full(Q + full_rows * f.ld_q, s_.nkv, f.ld_q);
@@ -122,10 +127,10 @@ void UlyssesAttention::gather_qkv(const float* q, const float* k, const float* v
 }
 
 void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
-                               const float* v) {
+                               const float* v, bool bf16_exact) {
   const ops::Ops::AttentionShape f = full_shape();
   const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
-  gather_qkv(q, k, v);
+  gather_qkv(q, k, v, bf16_exact);
   float* Q = qkv_full_.data();
   float* K = Q + full_rows * f.ld_q;
   float* V = K + full_rows * f.ld_k;
@@ -134,13 +139,13 @@ void UlyssesAttention::forward(float* out, float* lse, const float* q, const flo
   row_w_ = f.ld_o;
   block_ = rows * row_w_;
   pack_full(od_full_.data(), s_.nh, 0);
-  exchange();
+  exchange(bf16_exact);
   unpack(out, s_.ld_o, s_.batch_o(), s_.nh, 0);
 }
 
 void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                                 const float* out, const float* lse, const float* q,
-                                const float* k, const float* v) {
+                                const float* k, const float* v, bool bf16_exact) {
   const ops::Ops::AttentionShape f = full_shape();
   const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
   // out | dout, then q | k | v, as the forward sent them
@@ -148,12 +153,12 @@ void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* do
   block_ = rows * row_w_;
   pack(out, s_.ld_o, s_.batch_o(), s_.nh, 0);
   pack(dout, s_.ld_o, s_.batch_o(), s_.nh, f.ld_o);
-  exchange();
+  exchange(bf16_exact);
   float* O = od_full_.data();
   float* dO = O + full_rows * f.ld_o;
   unpack_full(O, s_.nh, 0);
   unpack_full(dO, s_.nh, f.ld_o);
-  gather_qkv(q, k, v);
+  gather_qkv(q, k, v, bf16_exact);
   float* Q = qkv_full_.data();
   float* K = Q + full_rows * f.ld_q;
   float* V = K + full_rows * f.ld_k;
@@ -165,7 +170,7 @@ void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* do
   pack_full(dQ, s_.nh, 0);
   pack_full(dK, s_.nkv, f.ld_q);
   pack_full(dV, s_.nkv, f.ld_q + f.ld_k);
-  exchange();
+  exchange(bf16_exact);
   unpack(dq, s_.ld_q, s_.batch_q(), s_.nh, 0);
   unpack(dk, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
   unpack(dv, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);

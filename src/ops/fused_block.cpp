@@ -51,7 +51,7 @@ void Ops::gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, 
   const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
   OwnAttention own(*this);
   BlockAttention& attention = s.attention ? *s.attention : own;
-  attention.forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att, false);
   row_parallel(la.res2, la.atty, p.attproj_w, p.attproj_b, Ca);
   add(la.res2, la.res2, x, local_n);
   // MLP
@@ -99,7 +99,7 @@ void Ops::gpt2_block_backward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
   OwnAttention own(*this);
   BlockAttention& attention = s.attention ? *s.attention : own;
   attention.backward(dqkv, dqkv + Ca, dqkv + 2 * Ca, datty, la.atty, la.lse, la.qkv,
-                     la.qkv + Ca, la.qkv + 2 * Ca, att);
+                     la.qkv + Ca, la.qkv + 2 * Ca, att, false);
   // la.qkv is read for the last time above: w->dqkv may be it.
   linear(dbuf, g.qkv_w, g.qkv_b, dqkv, la.ln1, p.qkv_w, C, 3 * Ca, w ? w->dqkv : nullptr);
   const float* dln1 = tp.enter_backward(dbuf, local_n);
@@ -121,7 +121,7 @@ void Ops::gpt2_block_recompute(const Gpt2BlockShape& s, const Gpt2BlockStash& la
   const AttentionShape att = attention_shape_qkv(s.b, s.t, Ca, s.nh);
   OwnAttention own(*this);
   BlockAttention& attention = s.attention ? *s.attention : own;
-  attention.forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att);
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + Ca, la.qkv + 2 * Ca, att, false);
   gelu_forward(la.fch_gelu, la.fch, std::int64_t(n) * s.f);
 }
 
@@ -150,7 +150,7 @@ void Ops::llama_block_forward(const LlamaBlockShape& s, const LlamaBlockParams& 
   });
   OwnAttention own(*this);
   BlockAttention& attention = s.attention ? *s.attention : own;
-  attention.forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att);
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att, false);
   row_parallel(la.res2, la.atty, p.o_w, Ca);
   add(la.res2, la.res2, x, local_n);
   // MLP
@@ -202,7 +202,7 @@ void Ops::llama_block_backward(const LlamaBlockShape& s, const LlamaBlockParams&
   OwnAttention own(*this);
   BlockAttention& attention = s.attention ? *s.attention : own;
   attention.backward(dqkv, dqkv + k0, dqkv + k0 + kv, datty, la.atty, la.lse, la.qkv,
-                     la.qkv + k0, la.qkv + k0 + kv, att);
+                     la.qkv + k0, la.qkv + k0 + kv, att, false);
   s.slice.for_each_run(s.b, s.t, 0, [&](std::int64_t row, int seqs, int rows, int pos0) {
     rope_backward(dqkv + row * C3, seqs, rows, C3, s.nh + kv / att.hs, att.hs, pos0, s.theta);
   });
@@ -233,7 +233,7 @@ void Ops::llama_block_recompute(const LlamaBlockShape& s, const LlamaBlockStash&
   const std::int64_t k0 = Ca + std::int64_t(s.kv_head0) * att.hs;
   OwnAttention own(*this);
   BlockAttention& attention = s.attention ? *s.attention : own;
-  attention.forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att);
+  attention.forward(la.atty, la.lse, la.qkv, la.qkv + k0, la.qkv + k0 + kv, att, false);
   swiglu_forward(la.fch_gelu, la.fch, n, s.f);
 }
 

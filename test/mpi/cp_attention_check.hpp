@@ -1,13 +1,18 @@
 // test/mpi/cp_attention_check.hpp — what the context-parallel attention tests
 // (ring_attention_test.cpp, ulysses_attention_test.cpp) share: the whole-sequence inputs they
-// draw and the reference's rows at a rank's global positions, and the error measure.
+// draw and the reference's rows at a rank's global positions, the error measure, and the bf16
+// wire's check (Ops::BlockAttention's bf16_exact: the same bits as the fp32 wire).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "trident/ops/ops.hpp"
 
 namespace cp_attention_check {
 
@@ -51,6 +56,47 @@ inline double max_err(const FVec& got, const FVec& want, std::int64_t ld, std::i
     }
   if (scale) *scale = m;
   return e;
+}
+
+// x rounded to bf16 and widened back (ops: the CPU backend), as the CUDA bf16 block rounds.
+inline FVec round_bf16(trident::ops::Ops& ops, const FVec& x) {
+  std::vector<std::uint16_t> h(x.size());
+  FVec r(x.size());
+  ops.to_bf16(h.data(), x.data(), std::int64_t(x.size()));
+  ops.from_bf16(r.data(), h.data(), std::int64_t(x.size()));
+  return r;
+}
+
+// Where a and b differ in their bits ("" if nowhere).
+inline std::string first_difference(const FVec& a, const FVec& b) {
+  if (a.size() != b.size()) return "sizes differ";
+  for (std::size_t i = 0; i < a.size(); i++)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+      return "element " + std::to_string(i) + ": " + std::to_string(a[i]) + " against " +
+             std::to_string(b[i]);
+  return "";
+}
+
+// What the CUDA bf16 block gets from its hook, on host memory: out (rounded), lse, then dq, dk,
+// dv (rounded) from the rounded out, as the block hands them back (q, k, v, dout bf16-exact).
+struct BlockSees {
+  FVec out, lse, dq, dk, dv;
+};
+template <class Attention>
+BlockSees as_the_block_sees(Attention& attention, trident::ops::Ops& host_ops,
+                            const trident::ops::Ops::AttentionShape& s, const FVec& q,
+                            const FVec& k, const FVec& v, const FVec& dout, bool bf16_exact) {
+  BlockSees r;
+  r.out.assign(std::size_t(s.b) * s.t * std::size_t(s.ld_o), 0.0f);
+  r.lse.assign(std::size_t(s.b) * s.nh * s.t, 0.0f);
+  r.dq.assign(q.size(), 0.0f), r.dk.assign(k.size(), 0.0f), r.dv.assign(v.size(), 0.0f);
+  attention.forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), bf16_exact);
+  r.out = round_bf16(host_ops, r.out);
+  attention.backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), r.out.data(),
+                     r.lse.data(), q.data(), k.data(), v.data(), bf16_exact);
+  r.dq = round_bf16(host_ops, r.dq), r.dk = round_bf16(host_ops, r.dk);
+  r.dv = round_bf16(host_ops, r.dv);
+  return r;
 }
 
 }  // namespace cp_attention_check

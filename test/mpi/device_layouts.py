@@ -18,7 +18,8 @@ the zb-v arena's peak; GPT-2 under selective recompute serial, pp 2 1f1b and zb-
 its arena's peak; Llama's serial, pp 2 zb-v, tp 2 with and without SP, tp 4, and its arena's
 peak; context parallelism on the fused blocks: GPT-2 cp 2 ring, Ulysses, x tp 2, selective,
 x pp 2 zb-v, Llama cp 2 ring, Ulysses, x tp 2 selective, against the fp32 CPU and the serial bf16
-run, and GPT-2's and Llama's cp 2 arena peaks); dp 2, alone and with ZeRO-1
+run, and GPT-2's and Llama's cp 2 arena peaks; the CP wire in bf16 against
+TRIDENT_CUDA_CP_BF16_WIRE=0 in seven of them: bit for bit, fewer bytes); dp 2, alone and with ZeRO-1
 (small buckets: several deferred collectives in flight at once);
 tp 2 x pp 2; `trident grad` serial and at tp 2 x dp 2 (ZeRO-1's gradient gather).
 """
@@ -53,6 +54,45 @@ def device_sets(precision=PRECISION):
 def weights_of(path):
     with h5py.File(path, "r") as f:
         return {k: f["model"][k][:] for k in f["model"]}
+
+
+def check_cp_wire(t):
+    """bf16 on a GPU: context parallelism's wire. Under the fused bf16 block the ring and
+    Ulysses move bf16 where that is exact (Ops::BlockAttention's bf16_exact: the ring's key/value
+    blocks and each gradient's last hop, Ulysses' every all-to-all): the losses and the final
+    weights bit for bit those of the fp32 wire (TRIDENT_CUDA_CP_BF16_WIRE=0), with fewer bytes
+    on the cp communicator (rank 0's comm/cp/bytes over the run). A ring that sent its summed
+    dk/dv partials as bf16 fails the bit-for-bit check."""
+    llama = ['model.arch="llama"', "model.n_kv_head=2"]
+    ulysses = 'parallel.cp_mode="ulysses"'
+    zb_v = ["parallel.vpp=2", 'parallel.schedule="zb-v"']
+    cases = [("cp2", 2, ["parallel.cp=2"]), ("cp2-ulysses", 2, ["parallel.cp=2", ulysses]),
+             ("llama-cp2", 2, [*llama, "parallel.cp=2"]),
+             ("llama-cp2-ulysses", 2, [*llama, "parallel.cp=2", ulysses]),
+             ("cp2-tp2", 4, ["parallel.cp=2", "parallel.tp=2"]),
+             ("cp2-sel", 2, ["parallel.cp=2", 'parallel.recompute="selective"']),
+             ("cp2-pp2-zbv", 4, ["parallel.cp=2", "parallel.pp=2", *zb_v])]
+    for lname, np_, sets in cases:
+        runs = {}
+        for wire in ("bf16", "fp32"):
+            if wire == "fp32":
+                os.environ["TRIDENT_CUDA_CP_BF16_WIRE"] = "0"
+            try:
+                loss, sent = t.train(np_, f"wire-{wire}-{lname}",
+                                     sets=[*sets, *device_sets("bf16")],
+                                     columns=("loss", "comm/cp/bytes"))
+            finally:
+                os.environ.pop("TRIDENT_CUDA_CP_BF16_WIRE", None)
+            weights = weights_of(t.path(f"wire-{wire}-{lname}", "checkpoints",
+                                        "step-00000006.h5"))
+            runs[wire] = (loss, float(np.sum(sent)), weights)
+        (loss16, sent16, w16), (loss32, sent32, w32) = runs["bf16"], runs["fp32"]
+        t.check(np.array_equal(loss16, loss32), f"cp wire {lname}: {len(loss32)} losses bit "
+                "for bit with TRIDENT_CUDA_CP_BF16_WIRE=0")
+        t.check(w16.keys() == w32.keys() and all(np.array_equal(w16[k], w32[k]) for k in w32),
+                f"cp wire {lname}: weights after 6 steps bit for bit with the fp32 wire")
+        t.check(0 < sent16 < sent32, f"cp wire {lname}: rank 0 sent {sent16:.0f} B over cp, "
+                f"{sent32:.0f} B with the fp32 wire ({sent16 / sent32:.3f})")
 
 
 def main():
@@ -285,6 +325,9 @@ def main():
             rel = float(np.max(np.abs(bf16_curves[lname] - ref) / np.abs(ref)))
             t.check(rel <= 2e-4, f"bf16 {lname}: 6 losses within 2e-4 of the serial bf16 run "
                     f"({rel:.2e})")
+
+    if DEVICE == "cuda":
+        check_cp_wire(t)
 
     # ---- bf16 on a GPU: the stash at 2 bytes, measured by the arena's high-water mark ------
     # bf16 keeps each layer's large activations as bf16 (GptChunk::bf16_storage). Two steps

@@ -176,3 +176,43 @@ TEST(RingAttention, MatchesWholeSequenceFlashPadded) { check_ring({2, 3, 3, 8, t
 TEST(RingAttention, GroupedQueryHeads) { check_ring({2, 4, 2, 8, false, false}); }
 TEST(RingAttention, GroupedQueryHeadsPadded) { check_ring({1, 4, 2, 8, true, false}); }
 TEST(RingAttention, OnDeviceMemoryStagedMpi) { check_ring({2, 4, 2, 8, true, true}); }
+
+// The bf16 wire (bf16_exact, as the CUDA bf16 block calls the ring): on bf16-exact q, k, v,
+// dout, the block's out and lse, and its dq, dk, dv after its rounding, are the fp32 wire's
+// bits; the key/value blocks and each gradient's last hop travel at 2 bytes a value, the
+// gradient partials summed hop by hop at 4 (the forward's and backward's cp - 1 blocks and
+// cp - 1 partials and a last hop: 2cp - 3/2 blocks of fp32's 3cp - 2).
+TEST(RingAttention, Bf16WireSameBits) {
+  par::Comm world = par::Comm::world();
+  const int cp = world.size(), rank = world.rank();
+  const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
+  Ops::AttentionShape local;
+  local.b = 2, local.t = tl, local.nh = 4, local.nkv = 2, local.hs = 8;
+  const std::int64_t wkv = std::int64_t(local.nkv) * local.hs;
+  local.ld_q = local.nh * local.hs + 3, local.ld_k = wkv + 1, local.ld_v = wkv + 2;
+  local.ld_o = local.nh * local.hs + 5;
+  const std::size_t rows = std::size_t(local.b) * tl;
+  auto ops = trident::ops::make_cpu_ops(1);
+  const unsigned seed = 300u + 10u * unsigned(rank);
+  const FVec q = round_bf16(*ops, normal(rows * local.ld_q, seed)),
+             k = round_bf16(*ops, normal(rows * local.ld_k, seed + 1)),
+             v = round_bf16(*ops, normal(rows * local.ld_v, seed + 2)),
+             dout = round_bf16(*ops, normal(rows * local.ld_o, seed + 3));
+  par::Comm cp_group = world.split(0, rank, "cp");
+  model::RingAttention ring(*ops, cp_group, local);
+  const BlockSees fp32 = as_the_block_sees(ring, *ops, local, q, k, v, dout, false);
+  const double bytes32 = ring.stats().bytes;
+  const BlockSees bf16 = as_the_block_sees(ring, *ops, local, q, k, v, dout, true);
+  const double bytes16 = ring.stats().bytes - bytes32;
+  EXPECT_EQ(first_difference(bf16.out, fp32.out), "") << "out";
+  EXPECT_EQ(first_difference(bf16.lse, fp32.lse), "") << "lse";
+  EXPECT_EQ(first_difference(bf16.dq, fp32.dq), "") << "dq";
+  EXPECT_EQ(first_difference(bf16.dk, fp32.dk), "") << "dk";
+  EXPECT_EQ(first_difference(bf16.dv, fp32.dv), "") << "dv";
+  const double block = double(rows) * 2 * double(wkv) * sizeof(float);
+  EXPECT_EQ(bytes32, cp == 1 ? 0.0 : (3 * cp - 2) * block);
+  EXPECT_EQ(bytes16, cp == 1 ? 0.0 : (2 * cp - 1.5) * block);
+  if (rank == 0)
+    std::printf("ring cp %d: the bf16 wire sent %.0f B, the fp32 wire %.0f B\n", cp, bytes16,
+                bytes32);
+}

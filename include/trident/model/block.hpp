@@ -171,10 +171,10 @@ class Block {
   struct CpAttention final : ops::Ops::BlockAttention {
     explicit CpAttention(const Block& b) : block(b) {}
     void forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                 const ops::Ops::AttentionShape& shape) override;
+                 const ops::Ops::AttentionShape& shape, bool bf16_exact) override;
     void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                   const float* lse, const float* q, const float* k, const float* v,
-                  const ops::Ops::AttentionShape& shape) override;
+                  const ops::Ops::AttentionShape& shape, bool bf16_exact) override;
     const Block& block;
   };
   ops::Ops::BlockAttention* cp_attention() {

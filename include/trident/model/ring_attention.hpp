@@ -5,6 +5,11 @@
 // (rank r sends to r+1) while attending to the block already held, and merges the partial
 // results through their log-sum-exps; the backward passes the same blocks again, their key/value
 // gradients travelling one hop behind and ending at their owner; dq stays local.
+// Under bf16_exact (Ops::BlockAttention: the CUDA bf16 block's hook) the key/value blocks travel
+// as bf16 (its operands are bf16 values) and so does each key/value gradient's last hop (its
+// owner only copies it to dk, dv, which the caller rounds to bf16); the partial gradients,
+// summed hop by hop, stay fp32: the same results, bit for bit, for 5/8 of the bytes at cp 2
+// (towards 2/3 at large cp).
 // Every ring counts, always (a clock read around each wait), the time its calls take, the
 // part of it blocked waiting for the ring's messages, and the bytes it sends: per ring and
 // summed over the process (RingAttention::Stats), which the end-of-run report prints.
@@ -68,18 +73,22 @@ class RingAttention {
   RingAttention& operator=(const RingAttention&) = delete;
 
   // out, lse: causal attention of the local queries against the whole sequence's keys.
-  void forward(float* out, float* lse, const float* q, const float* k, const float* v);
+  // bf16_exact: k, v hold bf16 values and the caller rounds out to bf16 (bf16 on the wire).
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+               bool bf16_exact = false);
   // dq, dk, dv WRITTEN (this rank's rows; each key/value head summing its query heads) from
-  // dout and the forward's out and lse.
+  // dout and the forward's out and lse. bf16_exact: k, v hold bf16 values and the caller
+  // rounds dk, dv to bf16.
   void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                const float* lse, const float* q, const float* k, const float* v);
+                const float* lse, const float* q, const float* k, const float* v,
+                bool bf16_exact = false);
 
   // The messages of one forward() or one backward(), alone: the same sizes to the same peers
   // in the same order, waited for at the same points, with no tiles between them (what they
   // take when nothing hides them; benchmarks). Collective over the CP group. Wall seconds;
   // cpu_s (optional): this thread's CPU seconds. Not counted in stats().
-  double forward_messages_alone(double* cpu_s = nullptr);
-  double backward_messages_alone(double* cpu_s = nullptr);
+  double forward_messages_alone(double* cpu_s = nullptr, bool bf16_exact = false);
+  double backward_messages_alone(double* cpu_s = nullptr, bool bf16_exact = false);
 
   const Stats& stats() const { return stats_; }
   // Every ring of this process (alive or gone) since start-up or the last reset.
@@ -91,9 +100,17 @@ class RingAttention {
   // key/value block, or false when the pair is skipped (key chunk later in the sequence).
   bool block_shape(int qa, int src, int kc, ops::Ops::AttentionShape& blk) const;
   void pack_kv(float* kv, const float* k, const float* v);
-  void count_send(Stats& call) const {
+  // The key/value block travelling at `step`: kv_[step % 2] in fp32; as bf16, half
+  // (step % 2) of kv_[1] (kv_[0] then holds the block attended to, widened), `floats` floats
+  // of wire bits on the wire (a bf16 block fits in half an fp32 one: no buffer more).
+  float* travelling(int step, bool bf16) {
+    return bf16 ? kv_[1].data() + (step % 2) * (kv_floats_ / 2) : kv_[step % 2].data();
+  }
+  static std::uint16_t* bits(float* p) { return reinterpret_cast<std::uint16_t*>(p); }
+  std::int64_t block_floats(bool bf16) const { return bf16 ? kv_floats_ / 2 : kv_floats_; }
+  void count_send(Stats& call, std::int64_t floats) const {
     call.messages += 1;
-    call.bytes += double(kv_floats_) * double(sizeof(float));
+    call.bytes += double(floats) * double(sizeof(float));
   }
   void record(const Stats& call);  // into stats_ and the process's totals
 

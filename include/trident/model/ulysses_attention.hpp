@@ -7,7 +7,11 @@
 // attention runs on it; one all-to-all brings the output back to the local rows and all
 // heads. The backward redoes the all-to-alls of q, k, v, out and dout (nothing stashed beyond
 // what the block keeps), runs the flash backward and sends dq, dk, dv back. Needs
-// NH % cp == 0 and nkv % cp == 0 (the deck checks parallel.cp_mode).
+// NH % cp == 0 and nkv % cp == 0 (the deck checks parallel.cp_mode). Under bf16_exact
+// (Ops::BlockAttention: the CUDA bf16 block's hook) every all-to-all moves bf16: q, k, v, out
+// and dout are bf16 values, and out, dq, dk, dv are only permuted after they are computed, so
+// rounding them before the all-to-all is the caller's rounding after it; half the bytes, the
+// same bits.
 // defines: trident::model::CpMode, UlyssesAttention, ulysses_floats
 #pragma once
 
@@ -40,11 +44,15 @@ class UlyssesAttention {
   UlyssesAttention& operator=(const UlyssesAttention&) = delete;
 
   // out: causal attention of the local queries against the whole sequence's keys.
-  void forward(float* out, float* lse, const float* q, const float* k, const float* v);
+  // bf16_exact: q, k, v hold bf16 values and the caller rounds out to bf16.
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+               bool bf16_exact = false);
   // dq, dk, dv WRITTEN (this rank's rows; each key/value head summing its query heads) from
-  // dout and the forward's out and lse.
+  // dout and the forward's out and lse. bf16_exact: q, k, v, dout, out hold bf16 values and
+  // the caller rounds dq, dk, dv to bf16.
   void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                const float* lse, const float* q, const float* k, const float* v);
+                const float* lse, const float* q, const float* k, const float* v,
+                bool bf16_exact = false);
 
   std::int64_t buffer_bytes() const { return buffer_bytes_; }
 
@@ -60,11 +68,12 @@ class UlyssesAttention {
   void pack_full(const float* full, int heads, std::int64_t col);
   // The received blocks' columns [col, col + w) back into the local rows, source j's heads.
   void unpack(float* x, std::int64_t ld, std::int64_t bs, int heads, std::int64_t col);
-  // send_ -> recv_: the all-to-all of blocks of block_ floats over the CP group.
-  void exchange();
+  // send_ -> recv_: the all-to-all of blocks of block_ floats over the CP group. bf16: the
+  // blocks rounded to bf16 into recv_ (spent), moved into send_ (spent), widened into recv_.
+  void exchange(bool bf16);
   // q, k, v of the local rows to the ranks whose heads they are, and this rank's heads of
   // the whole sequence back into qkv_full_ (Q, then K, then V; packed rows).
-  void gather_qkv(const float* q, const float* k, const float* v);
+  void gather_qkv(const float* q, const float* k, const float* v, bool bf16);
   // The whole-sequence shape of this rank's heads, packed rows.
   ops::Ops::AttentionShape full_shape() const;
 

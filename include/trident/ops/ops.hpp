@@ -255,25 +255,29 @@ class Ops {
   // attention), which the coarse ops call in place of attention_forward / attention_backward
   // (the same signatures, fp32 operands: a bf16 block converts around it). Null: this rank
   // holds every row of its sequences and the ops' own attention runs.
+  // bf16_exact (an argument, so that every caller says it): q, k, v (dout, out) hold bf16
+  // values widened, and the caller rounds out (dq, dk, dv) to bf16; a hook may then move
+  // operands, and results it only permutes, as bf16 (the ring, Ulysses: half the bytes, the
+  // same bits). lse is never rounded. The composition passes false.
   struct BlockAttention {
     virtual ~BlockAttention() = default;
     virtual void forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                         const AttentionShape& s) = 0;
+                         const AttentionShape& s, bool bf16_exact) = 0;
     virtual void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
-                          const AttentionShape& s) = 0;
+                          const AttentionShape& s, bool bf16_exact) = 0;
   };
   // The backend's own attention_forward / attention_backward as a hook: what the coarse ops'
   // default runs where the shape names none (and, in tests, a one-rank stand-in for the ring).
   struct OwnAttention final : BlockAttention {
     explicit OwnAttention(Ops& o) : ops(o) {}
     void forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                 const AttentionShape& s) override {
+                 const AttentionShape& s, bool /*bf16_exact*/) override {
       ops.attention_forward(out, lse, q, k, v, s);
     }
     void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                   const float* lse, const float* q, const float* k, const float* v,
-                  const AttentionShape& s) override {
+                  const AttentionShape& s, bool /*bf16_exact*/) override {
       ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s);
     }
     Ops& ops;

@@ -425,6 +425,11 @@ class CudaOps final : public Ops {
                                 std::int64_t k0, std::int64_t v0, std::uint16_t* dqkv,
                                 const std::uint16_t* datty, const std::uint16_t* atty,
                                 const float* lse, const std::uint16_t* qkv);
+  // The hook is told its operands are bf16-exact and its results rounded to bf16 here
+  // (BlockAttention's bf16_exact: the ring and Ulysses then send bf16 where that is exact);
+  // TRIDENT_CUDA_CP_BF16_WIRE=0 tells it not (fp32 on the wire, the same results).
+  static bool cp_wire_bf16_from_environment();
+  bool cp_wire_bf16_ = cp_wire_bf16_from_environment();
   // The hook's fp32 copies: qkv and dqkv [N, ld_q], atty and datty [N, ld_o] (the backward's;
   // the forward takes the first and the third), in a block of the arena of exactly that size,
   // made at the first call (the scratch block cannot hold them: the hook's own ops empty it).

@@ -3,7 +3,8 @@
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
 //          gpt2_block_backward_weights, gpt2_block_recompute, fused_block_from_environment,
-//          gelu_epilogue_from_environment, say_lt_refusal, bias_lt_bf16_bias, block_linear,
+//          gelu_epilogue_from_environment, cp_wire_bf16_from_environment,
+//          say_lt_refusal, bias_lt_bf16_bias, block_linear,
 //          block_weight16, gemm_rm16_to16, llama_block_forward, llama_block_backward,
 //          llama_block_backward_weights, llama_block_recompute
 //
@@ -184,7 +185,7 @@ void CudaOps::block_attention_forward(BlockAttention* hook, const AttentionShape
     OpScope timed(timer_.get(), "block_forward attention_hook from_bf16");
     launch_from_bf16(stream_, qkv32, qkv, n * att.ld_q);
   }
-  hook->forward(out32, lse, qkv32, qkv32 + k0, qkv32 + v0, att);
+  hook->forward(out32, lse, qkv32, qkv32 + k0, qkv32 + v0, att, cp_wire_bf16_);
   OpScope timed(timer_.get(), "block_forward attention_hook to_bf16");
   launch_to_bf16(stream_, atty, out32, n, att.ld_o, att.ld_o);
 }
@@ -218,13 +219,18 @@ void CudaOps::block_attention_backward(BlockAttention* hook, const AttentionShap
     if (unread) launch_fill(stream_, dqkv32, 0.0f, n * att.ld_q);
   }
   hook->backward(dqkv32, dqkv32 + k0, dqkv32 + v0, datty32, atty32, lse, qkv32, qkv32 + k0,
-                 qkv32 + v0, att);
+                 qkv32 + v0, att, cp_wire_bf16_);
   OpScope timed(timer_.get(), "block_backward attention_hook to_bf16");
   launch_to_bf16(stream_, dqkv, dqkv32, n, att.ld_q, att.ld_q);
 }
 
 bool CudaOps::fused_block_from_environment() {
   const char* v = std::getenv("TRIDENT_CUDA_FUSED_BLOCK");
+  return !(v && std::string(v) == "0");
+}
+
+bool CudaOps::cp_wire_bf16_from_environment() {
+  const char* v = std::getenv("TRIDENT_CUDA_CP_BF16_WIRE");
   return !(v && std::string(v) == "0");
 }
 
