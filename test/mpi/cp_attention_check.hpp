@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trident/ops/ops.hpp"
@@ -96,6 +97,47 @@ BlockSees as_the_block_sees(Attention& attention, trident::ops::Ops& host_ops,
                      r.lse.data(), q.data(), k.data(), v.data(), bf16_exact);
   r.dq = round_bf16(host_ops, r.dq), r.dk = round_bf16(host_ops, r.dk);
   r.dv = round_bf16(host_ops, r.dv);
+  return r;
+}
+
+// The bf16 wire's case: a rank's local shape (b sequences of t rows, nh query and nkv key-value
+// heads of hs) with every row stride padded, so that the wire's packing meets strided rows.
+inline trident::ops::Ops::AttentionShape padded_shape(int b, int t, int nh, int nkv, int hs) {
+  trident::ops::Ops::AttentionShape s;
+  s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
+  const std::int64_t wkv = std::int64_t(nkv) * hs;
+  s.ld_q = std::int64_t(nh) * hs + 3, s.ld_k = wkv + 1, s.ld_v = wkv + 2;
+  s.ld_o = std::int64_t(nh) * hs + 5;
+  return s;
+}
+// The block's view of `attention` with the fp32 wire, then the bf16 wire, on bf16-exact
+// operands drawn from `seed` (ops: the CPU backend); bytes(): what the attention has sent so
+// far. What differs between the two views ("" if nothing: the wire's promise) and the bytes each
+// sent.
+struct WireRuns {
+  std::string difference;
+  double bytes32 = 0, bytes16 = 0;
+};
+template <class Attention, class Bytes>
+WireRuns run_both_wires(Attention& attention, trident::ops::Ops& ops,
+                        const trident::ops::Ops::AttentionShape& s, unsigned seed, Bytes bytes) {
+  const std::size_t rows = std::size_t(s.b) * std::size_t(s.t);
+  const FVec q = round_bf16(ops, normal(rows * s.ld_q, seed)),
+             k = round_bf16(ops, normal(rows * s.ld_k, seed + 1)),
+             v = round_bf16(ops, normal(rows * s.ld_v, seed + 2)),
+             dout = round_bf16(ops, normal(rows * s.ld_o, seed + 3));
+  WireRuns r;
+  const double before = bytes();
+  const BlockSees fp32 = as_the_block_sees(attention, ops, s, q, k, v, dout, false);
+  r.bytes32 = bytes() - before;
+  const BlockSees bf16 = as_the_block_sees(attention, ops, s, q, k, v, dout, true);
+  r.bytes16 = bytes() - before - r.bytes32;
+  const std::pair<const char*, std::string> diffs[] = {
+      {"out", first_difference(bf16.out, fp32.out)}, {"lse", first_difference(bf16.lse, fp32.lse)},
+      {"dq", first_difference(bf16.dq, fp32.dq)},    {"dk", first_difference(bf16.dk, fp32.dk)},
+      {"dv", first_difference(bf16.dv, fp32.dv)}};
+  for (const auto& [name, d] : diffs)
+    if (!d.empty()) r.difference += std::string(r.difference.empty() ? "" : "; ") + name + ": " + d;
   return r;
 }
 

@@ -186,33 +186,17 @@ TEST(RingAttention, Bf16WireSameBits) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
   const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
-  Ops::AttentionShape local;
-  local.b = 2, local.t = tl, local.nh = 4, local.nkv = 2, local.hs = 8;
-  const std::int64_t wkv = std::int64_t(local.nkv) * local.hs;
-  local.ld_q = local.nh * local.hs + 3, local.ld_k = wkv + 1, local.ld_v = wkv + 2;
-  local.ld_o = local.nh * local.hs + 5;
-  const std::size_t rows = std::size_t(local.b) * tl;
+  const Ops::AttentionShape local = padded_shape(2, tl, 4, 2, 8);
   auto ops = trident::ops::make_cpu_ops(1);
-  const unsigned seed = 300u + 10u * unsigned(rank);
-  const FVec q = round_bf16(*ops, normal(rows * local.ld_q, seed)),
-             k = round_bf16(*ops, normal(rows * local.ld_k, seed + 1)),
-             v = round_bf16(*ops, normal(rows * local.ld_v, seed + 2)),
-             dout = round_bf16(*ops, normal(rows * local.ld_o, seed + 3));
   par::Comm cp_group = world.split(0, rank, "cp");
   model::RingAttention ring(*ops, cp_group, local);
-  const BlockSees fp32 = as_the_block_sees(ring, *ops, local, q, k, v, dout, false);
-  const double bytes32 = ring.stats().bytes;
-  const BlockSees bf16 = as_the_block_sees(ring, *ops, local, q, k, v, dout, true);
-  const double bytes16 = ring.stats().bytes - bytes32;
-  EXPECT_EQ(first_difference(bf16.out, fp32.out), "") << "out";
-  EXPECT_EQ(first_difference(bf16.lse, fp32.lse), "") << "lse";
-  EXPECT_EQ(first_difference(bf16.dq, fp32.dq), "") << "dq";
-  EXPECT_EQ(first_difference(bf16.dk, fp32.dk), "") << "dk";
-  EXPECT_EQ(first_difference(bf16.dv, fp32.dv), "") << "dv";
-  const double block = double(rows) * 2 * double(wkv) * sizeof(float);
-  EXPECT_EQ(bytes32, cp == 1 ? 0.0 : (3 * cp - 2) * block);
-  EXPECT_EQ(bytes16, cp == 1 ? 0.0 : (2 * cp - 1.5) * block);
+  const WireRuns w = run_both_wires(ring, *ops, local, 300u + 10u * unsigned(rank),
+                                    [&] { return ring.stats().bytes; });
+  EXPECT_EQ(w.difference, "");
+  const double block = double(local.b) * tl * 2 * double(local.nkv * local.hs) * sizeof(float);
+  EXPECT_EQ(w.bytes32, cp == 1 ? 0.0 : (3 * cp - 2) * block);
+  EXPECT_EQ(w.bytes16, cp == 1 ? 0.0 : (2 * cp - 1.5) * block);
   if (rank == 0)
-    std::printf("ring cp %d: the bf16 wire sent %.0f B, the fp32 wire %.0f B\n", cp, bytes16,
-                bytes32);
+    std::printf("ring cp %d: the bf16 wire sent %.0f B, the fp32 wire %.0f B\n", cp, w.bytes16,
+                w.bytes32);
 }

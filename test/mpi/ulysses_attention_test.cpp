@@ -181,32 +181,16 @@ TEST(UlyssesAttention, Bf16WireSameBits) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
   const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
-  Ops::AttentionShape local;
-  local.b = 2, local.t = tl, local.nh = 8, local.nkv = 4, local.hs = 8;
-  const std::int64_t wkv = std::int64_t(local.nkv) * local.hs;
-  local.ld_q = local.nh * local.hs + 3, local.ld_k = wkv + 1, local.ld_v = wkv + 2;
-  local.ld_o = local.nh * local.hs + 5;
-  const std::size_t rows = std::size_t(local.b) * tl;
+  const Ops::AttentionShape local = padded_shape(2, tl, 8, 4, 8);
   auto ops = trident::ops::make_cpu_ops(1);
-  const unsigned seed = 700u + 10u * unsigned(rank);
-  const FVec q = round_bf16(*ops, normal(rows * local.ld_q, seed)),
-             k = round_bf16(*ops, normal(rows * local.ld_k, seed + 1)),
-             v = round_bf16(*ops, normal(rows * local.ld_v, seed + 2)),
-             dout = round_bf16(*ops, normal(rows * local.ld_o, seed + 3));
   par::Comm cp_group = world.split(0, rank, "cp");
   model::UlyssesAttention uly(*ops, cp_group, local);
-  const BlockSees fp32 = as_the_block_sees(uly, *ops, local, q, k, v, dout, false);
-  const double bytes32 = cp_group.counters().bytes;
-  const BlockSees bf16 = as_the_block_sees(uly, *ops, local, q, k, v, dout, true);
-  const double bytes16 = cp_group.counters().bytes - bytes32;
-  EXPECT_EQ(first_difference(bf16.out, fp32.out), "") << "out";
-  EXPECT_EQ(first_difference(bf16.lse, fp32.lse), "") << "lse";
-  EXPECT_EQ(first_difference(bf16.dq, fp32.dq), "") << "dq";
-  EXPECT_EQ(first_difference(bf16.dk, fp32.dk), "") << "dk";
-  EXPECT_EQ(first_difference(bf16.dv, fp32.dv), "") << "dv";
-  EXPECT_EQ(bytes16 * 2, bytes32);
-  if (cp > 1) EXPECT_GT(bytes16, 0.0);
+  const WireRuns w = run_both_wires(uly, *ops, local, 700u + 10u * unsigned(rank),
+                                    [&] { return cp_group.counters().bytes; });
+  EXPECT_EQ(w.difference, "");
+  EXPECT_EQ(w.bytes16 * 2, w.bytes32);
+  if (cp > 1) EXPECT_GT(w.bytes16, 0.0);
   if (rank == 0)
-    std::printf("ulysses cp %d: the bf16 wire sent %.0f B, the fp32 wire %.0f B\n", cp, bytes16,
-                bytes32);
+    std::printf("ulysses cp %d: the bf16 wire sent %.0f B, the fp32 wire %.0f B\n", cp,
+                w.bytes16, w.bytes32);
 }

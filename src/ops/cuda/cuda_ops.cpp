@@ -64,13 +64,16 @@ void CudaOps::setup(std::size_t arena_bytes, int ranks_per_device) {
   TRIDENT_CHECK(attention_kernel_.empty() || attention_kernel_ == "tc" ||
                     attention_kernel_ == "scalar",
                 "TRIDENT_CUDA_ATTENTION: expected tc or scalar, got '", attention_kernel_, "'");
-  const char* cache = std::getenv("TRIDENT_CUDA_WEIGHT_CACHE");
-  weight_cache_ = !baseline_ && !(cache && std::string(cache) == "0");
-  const char* fused_head = std::getenv("TRIDENT_CUDA_FUSED_HEAD");
-  fused_head_ = !(fused_head && std::string(fused_head) == "0");
+  weight_cache_ = !baseline_ && on_unless_zero("TRIDENT_CUDA_WEIGHT_CACHE");
+  fused_head_ = on_unless_zero("TRIDENT_CUDA_FUSED_HEAD");
   if (precision_ == Precision::bf16 && !baseline_)
     cudnn_ = std::make_unique<CudnnAttention>(stream_);
   if (!baseline_) lt_tune_ = LtTuner::from_environment(device_name_);  // TRIDENT_CUDA_LT_TUNE
+}
+
+bool CudaOps::on_unless_zero(const char* variable) {
+  const char* v = std::getenv(variable);
+  return !(v && std::string(v) == "0");
 }
 
 void CudaOps::set_weights(const float* params, std::int64_t n) {

@@ -359,10 +359,12 @@ class CudaOps final : public Ops {
                  float beta, void* c, bool d16, int ldc);
   friend struct LtTuneAccess;  // lt_tune_access.hpp: the GPU op test, emulate/lt_tune.cpp
 
+  // A TRIDENT_CUDA_* switch of a fast path: on unless the variable is "0" (tests and
+  // benchmarks turn paths off to compare against them).
+  static bool on_unless_zero(const char* variable);
   // ---- the fused GPT-2 block (fused_block.cpp) ----------------------------------------------
   // TRIDENT_CUDA_FUSED_BLOCK=0 turns it off (the composition on fp32 activations, as before).
-  static bool fused_block_from_environment();
-  bool fused_block_ = fused_block_from_environment();
+  bool fused_block_ = on_unless_zero("TRIDENT_CUDA_FUSED_BLOCK");
   // d[N,out] (bf16 when d16, else fp32) = x16 @ bf16(w) + bias (+ residual[N,out] fp32 when not
   // null): bias_lt, else (cuBLASLt declined) the product in fp32 scratch, then bias, residual,
   // bf16. w_t: w is [out, in] (Llama's: x @ w^T); a null bias: no bias.
@@ -374,8 +376,7 @@ class CudaOps final : public Ops {
   // TRIDENT_CUDA_GELU_EPILOGUE=0, and only inside the fused block (so off under the baseline
   // and TRIDENT_CUDA_FUSED_BLOCK=0). A shape cuBLASLt refuses runs the GELU kernels, said
   // once per direction on stderr (and once when only the fp32 bias gradient is refused).
-  static bool gelu_epilogue_from_environment();
-  bool gelu_epilogue_ = gelu_epilogue_from_environment();
+  bool gelu_epilogue_ = on_unless_zero("TRIDENT_CUDA_GELU_EPILOGUE");
   // What cuBLASLt refused of the block's plans, each said once on stderr.
   enum class LtRefusal { gelu_forward, gelu_backward, fp32_bias_grad, fp32_bias, count };
   bool lt_refusal_told_[int(LtRefusal::count)] = {};
@@ -428,8 +429,7 @@ class CudaOps final : public Ops {
   // The hook is told its operands are bf16-exact and its results rounded to bf16 here
   // (BlockAttention's bf16_exact: the ring and Ulysses then send bf16 where that is exact);
   // TRIDENT_CUDA_CP_BF16_WIRE=0 tells it not (fp32 on the wire, the same results).
-  static bool cp_wire_bf16_from_environment();
-  bool cp_wire_bf16_ = cp_wire_bf16_from_environment();
+  bool cp_wire_bf16_ = on_unless_zero("TRIDENT_CUDA_CP_BF16_WIRE");
   // The hook's fp32 copies: qkv and dqkv [N, ld_q], atty and datty [N, ld_o] (the backward's;
   // the forward takes the first and the third), in a block of the arena of exactly that size,
   // made at the first call (the scratch block cannot hold them: the hook's own ops empty it).

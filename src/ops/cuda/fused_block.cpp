@@ -2,9 +2,7 @@
 // bf16 activations: under bf16 products, not the baseline, TRIDENT_CUDA_FUSED_BLOCK not 0, and
 // with a stash the model carved for it (Gpt2BlockStash::bf16). Otherwise Ops' composition.
 // defines: CudaOps::gpt2_block_stash_bf16, gpt2_block_forward, gpt2_block_backward,
-//          gpt2_block_backward_weights, gpt2_block_recompute, fused_block_from_environment,
-//          gelu_epilogue_from_environment, cp_wire_bf16_from_environment,
-//          say_lt_refusal, bias_lt_bf16_bias, block_linear,
+//          gpt2_block_backward_weights, gpt2_block_recompute, say_lt_refusal, bias_lt_bf16_bias, block_linear,
 //          block_weight16, gemm_rm16_to16, llama_block_forward, llama_block_backward,
 //          llama_block_backward_weights, llama_block_recompute
 //
@@ -60,7 +58,6 @@
 // (the forward runs the same kernel), so a recomputed stash's forward is the usual one.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "check.hpp"
@@ -222,21 +219,6 @@ void CudaOps::block_attention_backward(BlockAttention* hook, const AttentionShap
                  qkv32 + v0, att, cp_wire_bf16_);
   OpScope timed(timer_.get(), "block_backward attention_hook to_bf16");
   launch_to_bf16(stream_, dqkv, dqkv32, n, att.ld_q, att.ld_q);
-}
-
-bool CudaOps::fused_block_from_environment() {
-  const char* v = std::getenv("TRIDENT_CUDA_FUSED_BLOCK");
-  return !(v && std::string(v) == "0");
-}
-
-bool CudaOps::cp_wire_bf16_from_environment() {
-  const char* v = std::getenv("TRIDENT_CUDA_CP_BF16_WIRE");
-  return !(v && std::string(v) == "0");
-}
-
-bool CudaOps::gelu_epilogue_from_environment() {
-  const char* v = std::getenv("TRIDENT_CUDA_GELU_EPILOGUE");
-  return !(v && std::string(v) == "0");
 }
 
 void CudaOps::say_lt_refusal(LtRefusal what, int n, int in, int out) {

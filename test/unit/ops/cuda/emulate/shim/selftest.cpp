@@ -225,9 +225,12 @@ int main() {
       check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &rebuilt, &checked) ==
                 CUBLAS_STATUS_INVALID_VALUE, "  AlgoInit alone (tile, stages unset): AlgoCheck refuses");
       const std::uint32_t stages = 213;
-      cublasLtMatmulAlgoConfigSetAttribute(&rebuilt, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
-      cublasLtMatmulAlgoConfigSetAttribute(&rebuilt, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                           sizeof(stages));
+      auto set_tile_and_stages = [&](cublasLtMatmulAlgo_t& algo) {  // algorithm 13's
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                             sizeof(stages));
+      };
+      set_tile_and_stages(rebuilt);
       check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &rebuilt, &checked) ==
                     CUBLAS_STATUS_SUCCESS &&
                 cublasLtMatmul(lt, desc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &rebuilt,
@@ -237,9 +240,7 @@ int main() {
       cublasLtMatmulAlgo_t bf16_d{};  // the same configuration, made for bf16 C and D
       cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F,
                              CUDA_R_16BF, CUDA_R_16BF, 13, &bf16_d);
-      cublasLtMatmulAlgoConfigSetAttribute(&bf16_d, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
-      cublasLtMatmulAlgoConfigSetAttribute(&bf16_d, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                           sizeof(stages));
+      set_tile_and_stages(bf16_d);
       check(cublasLtMatmulAlgoCheck(lt, desc, la, lb, ld, ld, &bf16_d, &checked) ==
                     CUBLAS_STATUS_INVALID_VALUE &&
                 cublasLtMatmul(lt, desc, &one, da, la, dbm, lb, &zero, dd, ld, dd, ld, &bf16_d,
