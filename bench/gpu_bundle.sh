@@ -18,8 +18,13 @@
 #     (OMPI_MCA_mca_base_component_path, PMIX_MCA_mca_base_component_path) and sets
 #     OMPI_MCA_ess_singleton_isolated=1, so `trident train deck.toml` runs as one rank with no
 #     mpirun and no orted (checked here with strace: nothing is loaded from the system's Open
-#     MPI then, one process). Multi-rank runs need a real Open MPI (mpirun) on the GPU machine:
-#     not bundled.
+#     MPI then, one process);
+#   * bin/mpirun (Open MPI's orterun) and openmpi/share (its help texts): the GPU machine's
+#     image has no MPI, and the multi-rank steps (device_layouts, issue 29's pipeline_pp4) need
+#     a launcher of the same Open MPI as the bundle's libmpi. gpu_check.sh puts bin/ first on
+#     PATH and OPAL_PKGDATADIR at the help texts. Checked here with the system's Open MPI,
+#     PMIx and HDF5 hidden (unshare -m, tmpfs over their folders): mpi.pipeline_uneven passes
+#     with the bundle's mpirun and trident.
 # usage: bench/gpu_bundle.sh        knobs: JOBS (nproc), BUILD (build-gpu)
 set -euo pipefail
 
@@ -55,9 +60,21 @@ else
   echo "gpu_bundle: no Open MPI plugin folder (ompi_info --path pkglibdir); trident will need the GPU machine's Open MPI" >&2
 fi
 
+# Open MPI's launcher, for the multi-rank steps: a single node needs no orted (mpirun starts
+# the ranks itself), only the plugins above and, for readable errors, the help texts
+ompi_bin=$(ompi_info --parsable --path bindir 2>/dev/null | sed -n 's/^path:bindir://p')
+ompi_data=$(ompi_info --parsable --path pkgdatadir 2>/dev/null | sed -n 's/^path:pkgdatadir://p')
+if [ -n "$ompi_bin" ] && [ -x "$ompi_bin/orterun" ]; then
+  mkdir -p "$bundle/bin"
+  cp -L "$ompi_bin/orterun" "$bundle/bin/mpirun"
+  [ -z "$ompi_data" ] || [ ! -d "$ompi_data" ] || cp -rL "$ompi_data" "$bundle/openmpi/share"
+else
+  echo "gpu_bundle: no orterun in Open MPI's bindir: the multi-rank steps will need the GPU machine's mpirun" >&2
+fi
+
 # every library the binaries and plugins load, but glibc's and CUDA's
 shopt -s nullglob
-objects=("$bundle"/trident* "$bundle"/libtrident_cuda.so "$bundle"/openmpi/plugins/*.so "$bundle"/openmpi/pmix-plugins/*.so)
+objects=("$bundle"/trident* "$bundle"/libtrident_cuda.so "$bundle"/bin/* "$bundle"/openmpi/plugins/*.so "$bundle"/openmpi/pmix-plugins/*.so)
 ldd "${objects[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
   while read -r name path; do
     case $name in

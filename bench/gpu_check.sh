@@ -15,7 +15,7 @@
 #      when the probe made its plans: TRIDENT_TEST_EXPECT_CUDNN=1);
 #   3. the other CTest tests labelled cuda (ctest -L cuda, e.g. test/mpi/device_layouts.py with
 #      TRIDENT_TEST_DEVICE=cuda); with PREBUILT, the bundle's trident runs
-#      test/mpi/device_layouts.py directly when it and mpirun are there;
+#      test/mpi/device_layouts.py directly, under the bundle's mpirun;
 #   3b. the per-op timing's check with CUDA events (test/unit/ops/cuda/emulate/op_timing.py)
 #      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit),
 #      cuDNN attention's fallback line and whether it ran in training (cudnn_fallback.py);
@@ -163,6 +163,12 @@ if [ -n "${PREBUILT:-}" ]; then
   fi
   if [ -d "$prebuilt/openmpi/pmix-plugins" ]; then
     export PMIX_MCA_mca_base_component_path=$prebuilt/openmpi/pmix-plugins
+  fi
+  # The bundle's mpirun (Open MPI's orterun, gpu_bundle.sh) for the multi-rank steps: first on
+  # PATH even where the machine has an MPI, as the ranks load the bundle's libmpi
+  if [ -x "$prebuilt/bin/mpirun" ]; then
+    export PATH="$prebuilt/bin:$PATH"
+    if [ -d "$prebuilt/openmpi/share" ]; then export OPAL_PKGDATADIR=$prebuilt/openmpi/share; fi
   fi
   tests=$prebuilt/trident_unit_ops_cuda
   gemm=$prebuilt/trident_bench_cublas
@@ -352,7 +358,7 @@ elif [ "$built" = yes ] && [ -x "$trident" ] && [ -f "$src/test/mpi/device_layou
   # PREBUILT: no CTest tree; the layouts test by hand, as CTest would run it (it needs mpirun)
   t=$(bounded "${CTEST_TIMEOUT:-120}")
   if ! command -v mpirun >/dev/null 2>&1; then
-    skip device_layouts "no mpirun on this machine (the bundle runs trident as a single rank only)"
+    skip device_layouts "no mpirun (none on this machine, none in the bundle: rebuild it with bench/gpu_bundle.sh)"
   elif [ "$t" -eq 0 ]; then
     skip device_layouts "time budget spent"
   else
