@@ -41,8 +41,10 @@
 #      (time-bounded);
 #   9. issue 29's pipeline figures at pp 4 on the machine's CPU cores (bench/pipeline_bench.py:
 #      idle per schedule against the simulator, the auto split against the even one).
-# They run in this order: 0, 1, 1b, 2, 3c, 4, 5, 6, 6b, 6c, 6d, then 3 and 3b, 7, 8, 9: the figures
-# before the longer checks in training, so that these cannot spend the budget the figures need.
+# They run in this order: 0, 1, then 9 in the background on four CPUs of its own (every other
+# step on the rest; it needs no GPU, and last it would find the budget spent), 1b, 2, 3c, 4, 5,
+# 6, 6b, 6c, 6d, then 3 and 3b, 7, 8: the figures before the longer checks in training, so that
+# these cannot spend the budget the figures need.
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
 # script ends with a table of the steps and exits 1 if any failed.
@@ -57,7 +59,8 @@
 #        the steps after the build together), PYTHON (python3), PIPELINE_BEFORE (unset),
 #        PIPELINE_TIMEOUT (120 s), PEER (1), PEER_TIMEOUT (100 s), PEER_COMPILE (0: also a
 #        torch.compile'd peer when 1), OP_TABLE (1), OP_TABLE_TIMEOUT (120 s),
-#        PIPELINE_PP4 (1), PIPELINE_PP4_TIMEOUT (150 s), LT_TUNE (1), LT_TUNE_TIMEOUT (60 s)
+#        PIPELINE_PP4 (1), PIPELINE_PP4_TIMEOUT (150 s), PIPELINE_PP4_MIN_CPUS (8), LT_TUNE (1),
+#        LT_TUNE_TIMEOUT (60 s)
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -83,6 +86,12 @@ step() {
   echo "== $name: $*"
   local rc=0
   "$@" >"$out/$name.log" 2>&1 || rc=$?
+  record "$name" "$rc"
+}
+
+# record NAME RC: a finished step's status from its exit code.
+record() {
+  local name=$1 rc=$2
   if [ "$rc" -eq 0 ]; then
     status[$name]=ok
   elif [ "$rc" -eq 124 ]; then
@@ -197,6 +206,47 @@ fi
 
 # ---- run -----------------------------------------------------------------------------------
 set_budget
+
+# Issue 29's pp 4 figures, on this machine's CPU cores (the task machines have 2): every
+# schedule's measured idle against the simulator, and the auto split's step time against the
+# even split's, on a model whose head dominates (vocabulary 32000, 8 layers; one core per
+# rank). It needs no GPU, and it would come last in the budget, so it runs from here in the
+# background on four cores of their own (one CPU per physical core, lscpu), every other step
+# on the rest (taskset), and is collected at the end. PIPELINE_PP4=0 leaves it out.
+pp4_pid=
+pp4_start() {
+  local cpus rest
+  # the first CPU of each of the first four physical cores; the rest: the CPUs of other cores
+  # ("-": none, then the other steps are not confined)
+  read -r cpus rest < <(lscpu -p=CPU,CORE 2>/dev/null | awk -F, '
+    !/^#/ { core[$1] = $2; if (!($2 in first)) { first[$2] = $1; order[n++] = $2 } }
+    END { for (i = 0; i < 4 && i < n; i++) { mine[order[i]] = 1; c = c (c == "" ? "" : ",") first[order[i]] }
+          for (cpu in core) if (!(core[cpu] in mine)) r[cpu] = 1
+          for (cpu = 0; cpu < 4096; cpu++) if (cpu in r) rs = rs (rs == "" ? "" : ",") cpu
+          print (i == 4 ? c : "0,1,2,3"), (rs == "" || i < 4 ? "-" : rs) }')
+  mkdir -p "$out/pipeline_pp4/build"
+  ln -sf "$trident" "$out/pipeline_pp4/build/trident"
+  order+=(pipeline_pp4)
+  echo "== pipeline_pp4 (in the background on CPUs $cpus; the other steps on $rest)"
+  taskset -c "$cpus" timeout "${PIPELINE_PP4_TIMEOUT:-150}" env PYTHON="$python" \
+      OUT="$out/pipeline_pp4" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      "$python" "$src/bench/pipeline_bench.py" --pp 4 --layers 8 --vocab 32000 \
+      --splits even,auto --schedules gpipe,1f1b,zb-h1,zb-v --build "$out/pipeline_pp4/build" \
+      >"$out/pipeline_pp4.log" 2>&1 &
+  pp4_pid=$!
+  [ "$rest" = - ] || taskset -pc "$rest" $$ >/dev/null
+}
+if [ "${PIPELINE_PP4:-1}" = 0 ]; then
+  skip pipeline_pp4 "PIPELINE_PP4=0"
+elif [ "$(nproc)" -lt "${PIPELINE_PP4_MIN_CPUS:-8}" ]; then
+  skip pipeline_pp4 "fewer than ${PIPELINE_PP4_MIN_CPUS:-8} CPUs"
+elif ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$trident" ]; then
+  skip pipeline_pp4 "no mpirun or no trident binary"
+elif ! command -v taskset >/dev/null 2>&1 || ! command -v lscpu >/dev/null 2>&1; then
+  skip pipeline_pp4 "no taskset or lscpu (util-linux) to give it cores of its own"
+else
+  pp4_start
+fi
 # cuDNN for trident's attention (loaded at run time): the loader's own search first; else the
 # first libcudnn.so.9 of /usr/local/cuda or PyTorch's wheel (nvidia/cudnn/lib), whose folder
 # also holds the sub-libraries libcudnn.so.9 loads by name.
@@ -470,28 +520,11 @@ else
   fi
 fi
 
-# Issue 29's pp 4 figures, on this machine's CPU cores (the task machines have 2): every
-# schedule's measured idle against the simulator, and the auto split's step time against the
-# even split's, on a model whose head dominates (vocabulary 32000, 8 layers; one core per
-# rank). PIPELINE_PP4=0 leaves it out; it runs after everything else, in what is left.
-if [ "${PIPELINE_PP4:-1}" = 0 ]; then
-  skip pipeline_pp4 "PIPELINE_PP4=0"
-elif [ "$(nproc)" -lt 8 ]; then
-  skip pipeline_pp4 "fewer than 8 cores"
-elif ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$trident" ]; then
-  skip pipeline_pp4 "no mpirun or no trident binary"
-else
-  t=$(bounded "${PIPELINE_PP4_TIMEOUT:-150}")
-  if [ "$t" -eq 0 ]; then
-    skip pipeline_pp4 "time budget spent"
-  else
-    mkdir -p "$out/pipeline_pp4/build"
-    ln -sf "$trident" "$out/pipeline_pp4/build/trident"
-    step pipeline_pp4 timeout "$t" env PYTHON="$python" OUT="$out/pipeline_pp4" \
-         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-         "$python" "$src/bench/pipeline_bench.py" --pp 4 --layers 8 --vocab 32000 \
-         --splits even,auto --schedules gpipe,1f1b,zb-h1,zb-v --build "$out/pipeline_pp4/build"
-  fi
+# Issue 29's pp 4 run, started in the background after the build (pp4_start): its status.
+if [ -n "$pp4_pid" ]; then
+  rc=0
+  wait "$pp4_pid" || rc=$?
+  record pipeline_pp4 "$rc"
 fi
 
 # ---- summary -------------------------------------------------------------------------------
@@ -596,6 +629,11 @@ elif tuned:
     print(f"    tuned {tuned['step_ms']:.2f} (no untuned table from op_table)")
 PY
     grep -h "cuBLASLt tuning" "$out/lt_tune.log" 2>/dev/null | sed -e 's/^/  /' || true
+  fi
+  if [ -s "$out/pipeline_pp4.log" ]; then
+    echo
+    echo "Issue 29 at pp 4 on the CPU cores (bench/pipeline_bench.py; pipeline_pp4.log):"
+    sed -n '/pipeline bubbles:/,$p' "$out/pipeline_pp4.log" | grep -v '^results:' || true
   fi
 } >"$out/summary.txt"
 
