@@ -59,8 +59,8 @@
 #        the steps after the build together), PYTHON (python3), PIPELINE_BEFORE (unset),
 #        PIPELINE_TIMEOUT (120 s), PEER (1), PEER_TIMEOUT (100 s), PEER_COMPILE (0: also a
 #        torch.compile'd peer when 1), OP_TABLE (1), OP_TABLE_TIMEOUT (120 s),
-#        PIPELINE_PP4 (1), PIPELINE_PP4_TIMEOUT (300 s: in the background, not out of BUDGET_S), PIPELINE_PP4_MIN_CPUS (8), LT_TUNE (1),
-#        LT_TUNE_TIMEOUT (60 s)
+#        PIPELINE_PP4 (1), PIPELINE_PP4_TIMEOUT (300 s: in the background, not out of BUDGET_S),
+#        PIPELINE_PP4_MIN_CPUS (8), LT_TUNE (1), LT_TUNE_TIMEOUT (60 s)
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
