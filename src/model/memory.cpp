@@ -191,8 +191,9 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
     // Attention through a library (cuDNN): the backend's exact bytes for the rank's shape, its
     // heads (key/value heads as ring_floats counts them); Ulysses runs attention over the
     // whole sequence with NH / cp heads.
-    if (lay.fused_attention_bytes) {
-      const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
+    // (Not the bf16 ring's: its blocks are parts of longer sequences, which cuDNN declines.)
+    const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
+    if (lay.fused_attention_bytes && !(cp_bf16 && !ulysses)) {
       const std::int64_t nkv = rank_kv_heads(cfg, lay.tp);
       const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
       const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
