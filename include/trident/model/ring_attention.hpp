@@ -9,7 +9,9 @@
 // as bf16 (its operands are bf16 values) and so does each key/value gradient's last hop (its
 // owner only copies it to dk, dv, which the caller rounds to bf16); the partial gradients,
 // summed hop by hop, stay fp32: the same results, bit for bit, for 5/8 of the bytes at cp 2
-// (towards 2/3 at large cp).
+// (towards 2/3 at large cp). Made for bf16 (the CUDA bf16 block's default: forward_bf16 /
+// backward_bf16 below) it works on the bf16 tensors themselves: the same messages, partials
+// rounded to bf16 (within bf16's noise, not bit for bit), half a key/value block less.
 // Every ring counts, always (a clock read around each wait), the time its calls take, the
 // part of it blocked waiting for the ring's messages, and the bytes it sends: per ring and
 // summed over the process (RingAttention::Stats), which the end-of-run report prints.
