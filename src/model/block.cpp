@@ -46,10 +46,37 @@ Block::Block(const BlockContext& ctx)
 
 void Block::make_ring(const ops::Ops::AttentionShape& local) {
   if (slice_.cp <= 1) return;
+  const bool bf16 = cp_bf16_operands(ctx_.cp_bf16, local.hs);
   if (ctx_.cp_mode == CpMode::ulysses)
-    ulysses_ = std::make_unique<UlyssesAttention>(ops_, *ctx_.cp_group, local);
+    ulysses_ = std::make_unique<UlyssesAttention>(ops_, *ctx_.cp_group, local, bf16);
   else
-    ring_ = std::make_unique<RingAttention>(ops_, *ctx_.cp_group, local);
+    ring_ = std::make_unique<RingAttention>(ops_, *ctx_.cp_group, local, bf16);
+}
+
+bool Block::CpAttention::takes_bf16() const {
+  return block.ulysses_ ? block.ulysses_->bf16() : block.ring_ && block.ring_->bf16();
+}
+
+void Block::CpAttention::forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                                     const std::uint16_t* k, const std::uint16_t* v,
+                                     const ops::Ops::AttentionShape& shape) {
+  TRIDENT_CHECK(shape.b == block.B_ && shape.t == block.T_, "internal: CP attention over ",
+                shape.b, " x ", shape.t, " rows, made for the microbatch's ", block.B_, " x ",
+                block.T_);
+  if (block.ulysses_) return block.ulysses_->forward_bf16(out, lse, q, k, v);
+  block.ring_->forward_bf16(out, lse, q, k, v);
+}
+
+void Block::CpAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                                      const std::uint16_t* dout, const std::uint16_t* out,
+                                      const float* lse, const std::uint16_t* q,
+                                      const std::uint16_t* k, const std::uint16_t* v,
+                                      const ops::Ops::AttentionShape& shape) {
+  TRIDENT_CHECK(shape.b == block.B_ && shape.t == block.T_, "internal: CP attention backward "
+                "over ", shape.b, " x ", shape.t, " rows, made for the microbatch's ", block.B_,
+                " x ", block.T_);
+  if (block.ulysses_) return block.ulysses_->backward_bf16(dq, dk, dv, dout, out, lse, q, k, v);
+  block.ring_->backward_bf16(dq, dk, dv, dout, out, lse, q, k, v);
 }
 
 // The ring is made for the microbatch's shape; other shapes (inference) are refused where

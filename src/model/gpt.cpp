@@ -101,7 +101,11 @@ GptChunk::GptChunk(const ModelConfig& cfg, const std::vector<StageLayout>& chunk
                .make(BlockContext{cfg_, ops_, tpm_, tp_rank, tp, dims_, dbuf_.data(), dqkv_.data(),
                                   dfch_.data(), dact_.data(), full_scratch_.data(),
                                   local_scratch_.data(),
-                                  cp > 1 ? &ps.cp : nullptr, cp_mode});
+                                  cp > 1 ? &ps.cp : nullptr, cp_mode,
+                                  stores_fused_block(ops_.precision() == ops::Precision::bf16,
+                                                     ops_.gpt2_block_stash_bf16(),
+                                                     cfg.arch.get()) &&
+                                      ops_.cp_attention_bf16()});
   for (int l = 0; l < local_first_.back(); ++l) {
     block_->check_layer([&](Role role) { return find(role, l); });
     p_layers_.push_back(layer_params(params_.data(), l));

@@ -39,6 +39,7 @@ void MemoryLayout::set_precision(ops::Precision precision) {
   bf16_products = !host_memory && precision == ops::Precision::bf16;
   fused_head = bf16_products;
   block_stash_bf16 = bf16_products;  // the CUDA backend's default (Trainer asks its backend)
+  cp_bf16 = bf16_products;
 }
 
 namespace {
@@ -75,12 +76,15 @@ void predict_2d(const ModelConfig& cfg, const MemoryLayout& lay, const StageLayo
 }
 }  // namespace
 
-std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d) {
+std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d, bool bf16) {
   // The attention shape the chunk gives its RingAttention (the blocks' attention_shape):
   // nh = NH, hs = head_dim, ld_o = Ca = NH * hs; nkv its key/value heads (LlamaBlock:
   // kv_heads_, one each when n_kv_head < tp replicates them; GPT-2: NH).
   const std::int64_t nkv = rank_kv_heads(cfg, tp), hs = cfg.head_dim();
   const std::int64_t rows = d.B * d.T, kv_block = 2 * rows * nkv * hs;
+  // bf16 (RingAttention's bf16 operands): the two travelling blocks bf16 (half), one bf16
+  // block more (the blocks' dk, dv partials); q_packed_ holds bf16 q and dq (the same floats).
+  if (bf16) return 4 * kv_block + kv_block / 2 + rows * d.Ca + rows * d.NH + 2 * rows * d.NH * hs;
   return 5 * kv_block + rows * d.Ca + rows * d.NH + 2 * rows * d.NH * hs;
 }
 
@@ -163,6 +167,8 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   if (lay.recompute == Recompute::full && fused) scratch += fused_layer_floats(d);
   else if (lay.recompute == Recompute::full || (bf16 && !fused)) scratch += layer_store;
   if (lay.recompute == Recompute::selective) scratch += inner;
+  // The fused block's CP attention on bf16 operands (no fp32 copies; ring/Ulysses in bf16).
+  const bool cp_bf16 = lay.cp > 1 && fused && cp_bf16_operands(lay.cp_bf16, cfg.head_dim());
   e.scratch = scratch * kFloat;
   if (!lay.host_memory) {
     // The device backend's own scratch (CudaOps::scratch: 1.25x the largest need, >= 1 MiB).
@@ -185,19 +191,22 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
     // Attention through a library (cuDNN): the backend's exact bytes for the rank's shape, its
     // heads (key/value heads as ring_floats counts them); Ulysses runs attention over the
     // whole sequence with NH / cp heads.
-    if (lay.fused_attention_bytes) {
-      const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
+    // (Not the bf16 ring's: its blocks are parts of longer sequences, which cuDNN declines.)
+    const bool ulysses = lay.cp > 1 && lay.cp_mode == CpMode::ulysses;
+    if (lay.fused_attention_bytes && !(cp_bf16 && !ulysses)) {
       const std::int64_t nkv = rank_kv_heads(cfg, lay.tp);
       const std::int64_t t = ulysses ? d.T * lay.cp : d.T, nh = ulysses ? d.NH / lay.cp : d.NH;
       const std::int64_t nkv_l = ulysses ? std::max<std::int64_t>(1, nkv / lay.cp) : nkv;
-      // (the fused block's bf16 entry points at cp 1; under CP its hook's fp32 attention)
+      // (the fused block's bf16 entry points at cp 1 and under CP in bf16; else under CP its
+      // hook's fp32 attention)
       need = std::max(need, lay.fused_attention_bytes(int(d.B), int(t), int(nh), int(nkv_l),
-                                                      cfg.head_dim(), fused && lay.cp == 1));
+                                                      cfg.head_dim(),
+                                                      fused && (lay.cp == 1 || cp_bf16)));
     }
     e.scratch += std::max<std::int64_t>(need + need / 4, std::int64_t(1) << 20);
     // The fused block under CP: its attention hook's fp32 copies (CudaOps::hook_scratch: qkv
     // and dqkv [N, C3], atty and datty [N, Ca], each rounded to the arena's alignment).
-    if (fused && lay.cp > 1) {
+    if (fused && lay.cp > 1 && !cp_bf16) {
       auto aligned = [](std::int64_t bytes) {
         const std::int64_t a = std::int64_t(ArenaAllocator::kAlign);
         return (bytes + a - 1) / a * a;
@@ -212,10 +221,11 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& lay) {
   if (lay.cp > 1 && lay.cp_mode == CpMode::ulysses) {
     // UlyssesAttention's buffers for the same local shape (the rank's NH and kv heads).
     const std::int64_t nkv = rank_kv_heads(cfg, lay.tp);
-    e.ring = ulysses_floats(d.B * d.T, int(d.NH), int(nkv), cfg.head_dim()) * kFloat;
+    e.ring = ulysses_floats(d.B * d.T, int(d.NH), int(nkv), cfg.head_dim()) / (cp_bf16 ? 2 : 1) *
+             kFloat;
     e.ulysses = true;
   } else if (lay.cp > 1) {
-    e.ring = ring_floats(cfg, lay.tp, d) * kFloat;
+    e.ring = ring_floats(cfg, lay.tp, d, cp_bf16) * kFloat;
   }
 
   // GptChunk::init_weights draws the weights into a host vector, then copies them over.

@@ -102,15 +102,20 @@ void check_cp_attention_shape(const ops::Ops::AttentionShape& s, const char* who
 }
 
 RingAttention::RingAttention(ops::Ops& ops, parallel::Comm& group,
-                             const ops::Ops::AttentionShape& local)
-    : ops_(ops), group_(group), s_(local), cp_(group.size()), rank_(group.rank()) {
+                             const ops::Ops::AttentionShape& local, bool bf16)
+    : ops_(ops), group_(group), s_(local), bf16_(bf16), cp_(group.size()), rank_(group.rank()) {
   check_cp_attention_shape(s_, "ring attention");
+  // bf16: rows move as float pairs (hs even); out is narrowed in one call (packed rows)
+  TRIDENT_CHECK(!bf16 || (s_.hs % 2 == 0 && s_.ld_o == std::int64_t(s_.nh) * s_.hs &&
+                          s_.batch_o() == s_.t * s_.ld_o),
+                "internal: ring attention in bf16 needs an even head size and packed out rows");
   chunk_ = s_.t / 2;
   width_kv_ = std::int64_t(s_.nkv) * s_.hs;
   const std::int64_t rows = std::int64_t(s_.b) * s_.t;
   kv_floats_ = 2 * rows * width_kv_;
   DeviceMemory* mem = ops.memory();
-  for (auto& buf : kv_) buf = FloatBuffer(std::size_t(kv_floats_), mem);
+  for (auto& buf : kv_) buf = FloatBuffer(std::size_t(bf16 ? kv_floats_ / 2 : kv_floats_), mem);
+  if (bf16) dkv16_ = FloatBuffer(std::size_t(kv_floats_ / 2), mem);
   for (auto& buf : dkv_) buf = FloatBuffer(std::size_t(kv_floats_), mem);
   dkv_in_ = FloatBuffer(std::size_t(kv_floats_), mem);
   part_out_ = FloatBuffer(std::size_t(s_.b * s_.batch_o()), mem);
@@ -119,7 +124,7 @@ RingAttention::RingAttention(ops::Ops& ops, parallel::Comm& group,
   dq_acc_ = FloatBuffer(std::size_t(rows) * s_.nh * s_.hs, mem);
   std::size_t floats = 0;
   for (const FloatBuffer* b : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &dkv_in_, &part_out_,
-                               &part_lse_, &q_packed_, &dq_acc_})
+                               &part_lse_, &q_packed_, &dq_acc_, &dkv16_})
     floats += b->size();
   stats_.buffer_bytes = std::int64_t(floats * sizeof(float));
   process_totals().buffer_bytes += stats_.buffer_bytes;
@@ -195,6 +200,7 @@ void RingAttention::pack_kv(float* kv, const float* k, const float* v) {
 
 void RingAttention::forward(float* out, float* lse, const float* q, const float* k,
                             const float* v, bool bf16_exact) {
+  TRIDENT_CHECK(!bf16_, "internal: ring attention made for bf16 called on fp32");
   const auto t0 = Clock::now();
   const double cpu0 = thread_cpu_s();
   Stats call;
@@ -241,6 +247,7 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
 void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                              const float* out, const float* lse, const float* q, const float* k,
                              const float* v, bool bf16_exact) {
+  TRIDENT_CHECK(!bf16_, "internal: ring attention made for bf16 called on fp32");
   const auto t0 = Clock::now();
   const double cpu0 = thread_cpu_s();
   Stats call;
@@ -333,6 +340,184 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
   copy_rows(ops_, dk, s_.ld_k, s_.batch_k(), mine, width_kv_, bs_kv, s_.b, s_.t, width_kv_);
   copy_rows(ops_, dv, s_.ld_v, s_.batch_v(), mine + kv_floats_ / 2, width_kv_, bs_kv, s_.b, s_.t,
             width_kv_);
+  {
+    Waiting waiting(wait_s, wait_cpu_s);
+    for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });
+  }
+  call.backward_s = seconds_since(t0);
+  call.backward_cpu_s = thread_cpu_s() - cpu0;
+  record(call);
+}
+
+void RingAttention::add_widened(float* acc, const std::uint16_t* part, std::int64_t width,
+                                std::int64_t row0) {
+  const std::int64_t bs = std::int64_t(s_.t) * width, n = std::int64_t(chunk_) * width;
+  for (int bb = 0; bb < s_.b; bb++) {
+    const std::int64_t at = bb * bs + row0 * width;
+    ops_.from_bf16(part_out_.data(), part + at, n);
+    ops_.add(acc + at, acc + at, part_out_.data(), n);
+  }
+}
+
+void RingAttention::forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                                 const std::uint16_t* k, const std::uint16_t* v) {
+  TRIDENT_CHECK(bf16_, "internal: ring attention made for fp32 called on bf16");
+  const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
+  Stats call;
+  call.forward_calls = 1;
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  const std::int64_t half = kv_floats_ / 2;  // elements of keys (values) in a block
+  ops_.fill(lse, -std::numeric_limits<float>::infinity(), std::int64_t(s_.b) * s_.nh * s_.t);
+  // this rank's keys and values into the first travelling block, as bf16 pairs of floats
+  const std::int64_t bs = std::int64_t(s_.t) * width_kv_ / 2;
+  copy_rows(ops_, kv_[0].data(), width_kv_ / 2, bs, reinterpret_cast<const float*>(k),
+            s_.ld_k / 2, s_.batch_k() / 2, s_.b, s_.t, width_kv_ / 2);
+  copy_rows(ops_, kv_[0].data() + half / 2, width_kv_ / 2, bs, reinterpret_cast<const float*>(v),
+            s_.ld_v / 2, s_.batch_v() / 2, s_.b, s_.t, width_kv_ / 2);
+  float* acc = dq_acc_.data();  // out's layout (packed), fp32
+  const std::int64_t msg = block_floats(true);
+  for (int step = 0; step < cp_; step++) {
+    const int src = (rank_ - step + cp_) % cp_;
+    const std::uint16_t* cur = bits(kv_[step % 2].data());
+    parallel::Request send, recv;
+    if (step + 1 < cp_) {
+      recv = group_.irecv(travelling(step + 1, true), msg, prev, kTagKv);
+      send = group_.isend(travelling(step, true), msg, next, kTagKv);
+      count_send(call, msg);
+    }
+    for (int qa = 0; qa < 2; qa++)
+      for (int kc = 0; kc < 2; kc++) {
+        ops::Ops::AttentionShape blk;
+        if (!block_shape(qa, src, kc, blk)) continue;
+        const std::int64_t orow = std::int64_t(qa) * chunk_ * s_.ld_o, lrow = qa * chunk_;
+        const std::int64_t krow = std::int64_t(kc) * chunk_ * width_kv_;
+        // the partial in out (spent until the end), widened into part_out_, merged into acc
+        ops_.attention_forward_bf16(out + orow, part_lse_.data() + lrow,
+                                    q + std::int64_t(qa) * chunk_ * s_.ld_q, cur + krow,
+                                    cur + half + krow, blk);
+        for (int bb = 0; bb < s_.b; bb++) {
+          const std::int64_t at = bb * s_.batch_o() + orow;
+          ops_.from_bf16(part_out_.data() + at, out + at, std::int64_t(chunk_) * s_.ld_o);
+        }
+        ops_.attention_merge(acc + orow, lse + lrow, part_out_.data() + orow,
+                             part_lse_.data() + lrow, blk);
+      }
+    {
+      Waiting waiting(call.forward_wait_s, call.forward_wait_cpu_s);
+      send.wait([&] { return ring_step("forward send", step, group_); });
+      recv.wait([&] { return ring_step("forward receive", step, group_); });
+    }
+  }
+  ops_.to_bf16(out, acc, std::int64_t(s_.b) * s_.batch_o());
+  call.forward_s = seconds_since(t0);
+  call.forward_cpu_s = thread_cpu_s() - cpu0;
+  record(call);
+}
+
+void RingAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                                  const std::uint16_t* dout, const std::uint16_t* out,
+                                  const float* lse, const std::uint16_t* q,
+                                  const std::uint16_t* k, const std::uint16_t* v) {
+  TRIDENT_CHECK(bf16_, "internal: ring attention made for fp32 called on bf16");
+  const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
+  Stats call;
+  call.backward_calls = 1;
+  double &wait_s = call.backward_wait_s, &wait_cpu_s = call.backward_wait_cpu_s;
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  const std::int64_t width_q = std::int64_t(s_.nh) * s_.hs;
+  const std::int64_t bs_q = std::int64_t(s_.t) * width_q;
+  const std::int64_t half = kv_floats_ / 2;
+  const std::int64_t bs_kv = std::int64_t(s_.t) * width_kv_;
+  // q packed (bf16, the first half of q_packed_), the blocks' dq partials in the second
+  std::uint16_t* q16 = bits(q_packed_.data());
+  std::uint16_t* dq16 = q16 + std::int64_t(s_.b) * bs_q;
+  copy_rows(ops_, q_packed_.data(), width_q / 2, bs_q / 2, reinterpret_cast<const float*>(q),
+            s_.ld_q / 2, s_.batch_q() / 2, s_.b, s_.t, width_q / 2);
+  ops_.fill(dq_acc_.data(), 0.0f, s_.b * bs_q);
+  copy_rows(ops_, kv_[0].data(), width_kv_ / 2, bs_kv / 2, reinterpret_cast<const float*>(k),
+            s_.ld_k / 2, s_.batch_k() / 2, s_.b, s_.t, width_kv_ / 2);
+  copy_rows(ops_, kv_[0].data() + half / 2, width_kv_ / 2, bs_kv / 2,
+            reinterpret_cast<const float*>(v), s_.ld_v / 2, s_.batch_v() / 2, s_.b, s_.t,
+            width_kv_ / 2);
+  std::uint16_t* dkv16 = bits(dkv16_.data());
+  const std::int64_t msg = block_floats(true);
+  parallel::Request dkv_sent[2];
+  for (int step = 0; step < cp_; step++) {
+    const int src = (rank_ - step + cp_) % cp_;
+    const std::uint16_t* cur = bits(kv_[step % 2].data());
+    parallel::Request send, recv, dkv_recv;
+    if (step + 1 < cp_) {
+      recv = group_.irecv(travelling(step + 1, true), msg, prev, kTagKv);
+      send = group_.isend(travelling(step, true), msg, next, kTagKv);
+      count_send(call, msg);
+    }
+    if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
+    float* dkv = dkv_[step % 2].data();
+    {
+      Waiting waiting(wait_s, wait_cpu_s);
+      dkv_sent[step % 2].wait([&] { return ring_step("gradient send", step - 2, group_); });
+    }
+    ops_.fill(dkv, 0.0f, kv_floats_);
+    for (int qa = 0; qa < 2; qa++)
+      for (int kc = 0; kc < 2; kc++) {
+        ops::Ops::AttentionShape blk;
+        if (!block_shape(qa, src, kc, blk)) continue;
+        blk.ld_q = width_q;
+        blk.bs_q = bs_q;
+        const std::int64_t qrow = std::int64_t(qa) * chunk_ * width_q;
+        const std::int64_t orow = std::int64_t(qa) * chunk_ * s_.ld_o, lrow = qa * chunk_;
+        const std::int64_t krow = std::int64_t(kc) * chunk_ * width_kv_;
+        // this block's partials in bf16, widened and added into the fp32 sums
+        ops_.attention_backward_bf16(dq16 + qrow, dkv16 + krow, dkv16 + half + krow,
+                                     dout + orow, out + orow, lse + lrow, q16 + qrow,
+                                     cur + krow, cur + half + krow, blk);
+        add_widened(dq_acc_.data(), dq16, width_q, std::int64_t(qa) * chunk_);
+        add_widened(dkv, dkv16, width_kv_, std::int64_t(kc) * chunk_);
+        add_widened(dkv + half, dkv16 + half, width_kv_, std::int64_t(kc) * chunk_);
+      }
+    if (step > 0) {
+      {
+        Waiting waiting(wait_s, wait_cpu_s);
+        dkv_recv.wait([&] { return ring_step("gradient receive", step, group_); });
+      }
+      ops_.add(dkv, dkv, dkv_in_.data(), kv_floats_);
+    }
+    // on to the next holder of src's block; the last hop (home) in bf16, in the travelling
+    // block not attended to now (sent and waited for at the previous step)
+    if (cp_ > 1 && step == cp_ - 1) {
+      float* wire = kv_[(step + 1) % 2].data();
+      ops_.to_bf16(bits(wire), dkv, kv_floats_);
+      dkv_sent[step % 2] = group_.isend(wire, kv_floats_ / 2, next, kTagDkv);
+      count_send(call, kv_floats_ / 2);
+    } else if (cp_ > 1) {
+      dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
+      count_send(call, kv_floats_);
+    }
+    {
+      Waiting waiting(wait_s, wait_cpu_s);
+      send.wait([&] { return ring_step("backward send", step, group_); });
+      recv.wait([&] { return ring_step("backward receive", step, group_); });
+    }
+  }
+  // this rank's own key/value gradients, bf16: home from the ring (cp 1: narrowed here)
+  const float* mine = dkv_in_.data();
+  if (cp_ > 1) {
+    Waiting waiting(wait_s, wait_cpu_s);
+    group_.irecv(dkv_in_.data(), msg, prev, kTagDkv)
+        .wait([&] { return ring_step("gradient return", cp_, group_); });
+  } else {
+    ops_.to_bf16(dkv16, dkv_[0].data(), kv_floats_);
+    mine = dkv16_.data();
+  }
+  ops_.to_bf16(q16, dq_acc_.data(), s_.b * bs_q);
+  copy_rows(ops_, reinterpret_cast<float*>(dq), s_.ld_q / 2, s_.batch_q() / 2, q_packed_.data(),
+            width_q / 2, bs_q / 2, s_.b, s_.t, width_q / 2);
+  copy_rows(ops_, reinterpret_cast<float*>(dk), s_.ld_k / 2, s_.batch_k() / 2, mine,
+            width_kv_ / 2, bs_kv / 2, s_.b, s_.t, width_kv_ / 2);
+  copy_rows(ops_, reinterpret_cast<float*>(dv), s_.ld_v / 2, s_.batch_v() / 2, mine + half / 2,
+            width_kv_ / 2, bs_kv / 2, s_.b, s_.t, width_kv_ / 2);
   {
     Waiting waiting(wait_s, wait_cpu_s);
     for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });

@@ -14,22 +14,26 @@ std::int64_t ulysses_floats(std::int64_t rows, int nh, int nkv, int hs) {
 }
 
 UlyssesAttention::UlyssesAttention(ops::Ops& ops, parallel::Comm& group,
-                                   const ops::Ops::AttentionShape& local)
-    : ops_(ops), group_(group), s_(local), cp_(group.size()) {
+                                   const ops::Ops::AttentionShape& local, bool bf16)
+    : ops_(ops), group_(group), s_(local), cp_(group.size()), u_(bf16 ? 2 : 1) {
   check_cp_attention_shape(s_, "ulysses attention");
   TRIDENT_CHECK(s_.nh % cp_ == 0 && s_.nkv % cp_ == 0, "parallel.cp_mode = \"ulysses\": the ",
                 s_.nh, " query and ", s_.nkv, " key/value heads of the rank must be divisible by "
                 "parallel.cp = ", cp_);
+  // bf16 rows move as float pairs: every width, offset and stride is a multiple of hs
+  TRIDENT_CHECK(!bf16 || s_.hs % 2 == 0, "internal: ulysses attention in bf16 needs an even "
+                "head size (", s_.hs, ")");
   chunk_ = s_.t / 2;
   const std::int64_t rows = std::int64_t(s_.b) * s_.t;
   const std::int64_t qkv = std::int64_t(s_.nh + 2 * s_.nkv) * s_.hs;
   const std::int64_t od = 2 * std::int64_t(s_.nh) * s_.hs;
   DeviceMemory* mem = ops.memory();
-  send_ = FloatBuffer(std::size_t(rows * std::max(qkv, od)), mem);
-  recv_ = FloatBuffer(std::size_t(rows * std::max(qkv, od)), mem);
-  qkv_full_ = FloatBuffer(std::size_t(rows * qkv), mem);
-  od_full_ = FloatBuffer(std::size_t(rows * od), mem);
-  buffer_bytes_ = ulysses_floats(rows, s_.nh, s_.nkv, s_.hs) * std::int64_t(sizeof(float));
+  send_ = FloatBuffer(std::size_t(rows * std::max(qkv, od) / u_), mem);
+  recv_ = FloatBuffer(std::size_t(rows * std::max(qkv, od) / u_), mem);
+  qkv_full_ = FloatBuffer(std::size_t(rows * qkv / u_), mem);
+  od_full_ = FloatBuffer(std::size_t(rows * od / u_), mem);
+  buffer_bytes_ =
+      ulysses_floats(rows, s_.nh, s_.nkv, s_.hs) / u_ * std::int64_t(sizeof(float));
 }
 
 ops::Ops::AttentionShape UlyssesAttention::full_shape() const {
@@ -44,38 +48,42 @@ ops::Ops::AttentionShape UlyssesAttention::full_shape() const {
   return f;
 }
 
+// The copies below count elements (floats, or bf16 in the bf16 buffers) and move them as
+// floats: every count divided by u_ (bf16: an element pair per float; all even).
 void UlyssesAttention::pack(const float* x, std::int64_t ld, std::int64_t bs, int heads,
                             std::int64_t col) {
-  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs;
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs / u_, rw = row_w_ / u_;
+  ld /= u_, bs /= u_, col /= u_;
   for (int j = 0; j < cp_; j++) {
-    float* dst = send_.data() + j * block_ + col;
+    float* dst = send_.data() + j * block_ / u_ + col;
     if (bs == s_.t * ld) {
-      ops_.copy_rows(dst, row_w_, x + j * w, ld, std::int64_t(s_.b) * s_.t, w);
+      ops_.copy_rows(dst, rw, x + j * w, ld, std::int64_t(s_.b) * s_.t, w);
       continue;
     }
     for (int bb = 0; bb < s_.b; bb++)
-      ops_.copy_rows(dst + std::int64_t(bb) * s_.t * row_w_, row_w_, x + bb * bs + j * w, ld,
-                     s_.t, w);
+      ops_.copy_rows(dst + std::int64_t(bb) * s_.t * rw, rw, x + bb * bs + j * w, ld, s_.t, w);
   }
 }
 
 void UlyssesAttention::unpack(float* x, std::int64_t ld, std::int64_t bs, int heads,
                               std::int64_t col) {
-  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs;
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs / u_, rw = row_w_ / u_;
+  ld /= u_, bs /= u_, col /= u_;
   for (int j = 0; j < cp_; j++) {
-    const float* src = recv_.data() + j * block_ + col;
+    const float* src = recv_.data() + j * block_ / u_ + col;
     if (bs == s_.t * ld) {
-      ops_.copy_rows(x + j * w, ld, src, row_w_, std::int64_t(s_.b) * s_.t, w);
+      ops_.copy_rows(x + j * w, ld, src, rw, std::int64_t(s_.b) * s_.t, w);
       continue;
     }
     for (int bb = 0; bb < s_.b; bb++)
-      ops_.copy_rows(x + bb * bs + j * w, ld, src + std::int64_t(bb) * s_.t * row_w_, row_w_,
-                     s_.t, w);
+      ops_.copy_rows(x + bb * bs + j * w, ld, src + std::int64_t(bb) * s_.t * rw, rw, s_.t, w);
   }
 }
 
 void UlyssesAttention::unpack_full(float* full, int heads, std::int64_t col) {
-  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs, T = std::int64_t(s_.t) * cp_;
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs / u_, T = std::int64_t(s_.t) * cp_;
+  const std::int64_t rw = row_w_ / u_;
+  col /= u_;
   for (int i = 0; i < cp_; i++)
     for (int bb = 0; bb < s_.b; bb++)
       for (int which = 0; which < 2; which++) {
@@ -83,26 +91,28 @@ void UlyssesAttention::unpack_full(float* full, int heads, std::int64_t col) {
         const std::int64_t global_row =
             std::int64_t(bb) * T + std::int64_t(cp_chunk(cp_, i, which)) * chunk_;
         ops_.copy_rows(full + global_row * w, w,
-                       recv_.data() + i * block_ + local_row * row_w_ + col, row_w_, chunk_, w);
+                       recv_.data() + i * block_ / u_ + local_row * rw + col, rw, chunk_, w);
       }
 }
 
 void UlyssesAttention::pack_full(const float* full, int heads, std::int64_t col) {
-  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs, T = std::int64_t(s_.t) * cp_;
+  const std::int64_t w = std::int64_t(heads / cp_) * s_.hs / u_, T = std::int64_t(s_.t) * cp_;
+  const std::int64_t rw = row_w_ / u_;
+  col /= u_;
   for (int j = 0; j < cp_; j++)
     for (int bb = 0; bb < s_.b; bb++)
       for (int which = 0; which < 2; which++) {
         const std::int64_t local_row = std::int64_t(bb) * s_.t + std::int64_t(which) * chunk_;
         const std::int64_t global_row =
             std::int64_t(bb) * T + std::int64_t(cp_chunk(cp_, j, which)) * chunk_;
-        ops_.copy_rows(send_.data() + j * block_ + local_row * row_w_ + col, row_w_,
+        ops_.copy_rows(send_.data() + j * block_ / u_ + local_row * rw + col, rw,
                        full + global_row * w, w, chunk_, w);
       }
 }
 
 void UlyssesAttention::exchange(bool bf16) {
-  if (cp_ == 1) return ops_.copy(recv_.data(), send_.data(), block_);  // device memory too
-  if (!bf16) return group_.all_to_all(send_.data(), recv_.data(), block_);
+  if (cp_ == 1) return ops_.copy(recv_.data(), send_.data(), block_ / u_);  // device memory too
+  if (u_ == 2 || !bf16) return group_.all_to_all(send_.data(), recv_.data(), block_ / u_);
   // block_ is even (t is), so each block's bf16 travels as block_ / 2 floats of bits
   const std::int64_t n = block_ * cp_;
   ops_.to_bf16(reinterpret_cast<std::uint16_t*>(recv_.data()), send_.data(), n);
@@ -122,12 +132,13 @@ void UlyssesAttention::gather_qkv(const float* q, const float* k, const float* v
   exchange(bf16);
   float* Q = qkv_full_.data();
   unpack_full(Q, s_.nh, 0);
-  unpack_full(Q + full_rows * f.ld_q, s_.nkv, f.ld_q);
-  unpack_full(Q + full_rows * (f.ld_q + f.ld_k), s_.nkv, f.ld_q + f.ld_k);
+  unpack_full(Q + full_rows * f.ld_q / u_, s_.nkv, f.ld_q);
+  unpack_full(Q + full_rows * (f.ld_q + f.ld_k) / u_, s_.nkv, f.ld_q + f.ld_k);
 }
 
 void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
                                const float* v, bool bf16_exact) {
+  TRIDENT_CHECK(u_ == 1, "internal: ulysses attention made for bf16 called on fp32");
   const ops::Ops::AttentionShape f = full_shape();
   const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
   gather_qkv(q, k, v, bf16_exact);
@@ -146,6 +157,7 @@ void UlyssesAttention::forward(float* out, float* lse, const float* q, const flo
 void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                                 const float* out, const float* lse, const float* q,
                                 const float* k, const float* v, bool bf16_exact) {
+  TRIDENT_CHECK(u_ == 1, "internal: ulysses attention made for bf16 called on fp32");
   const ops::Ops::AttentionShape f = full_shape();
   const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
   // out | dout, then q | k | v, as the forward sent them
@@ -174,6 +186,65 @@ void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* do
   unpack(dq, s_.ld_q, s_.batch_q(), s_.nh, 0);
   unpack(dk, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
   unpack(dv, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
+}
+
+namespace {
+float* as_floats(std::uint16_t* p) { return reinterpret_cast<float*>(p); }
+const float* as_floats(const std::uint16_t* p) { return reinterpret_cast<const float*>(p); }
+}  // namespace
+
+// The same moves as forward() and backward() on bf16 buffers: nothing widened or rounded on
+// the way, the attention on the gathered bf16 (the caller's products read bf16 anyway).
+void UlyssesAttention::forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                                    const std::uint16_t* k, const std::uint16_t* v) {
+  TRIDENT_CHECK(u_ == 2, "internal: ulysses attention made for fp32 called on bf16");
+  const ops::Ops::AttentionShape f = full_shape();
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
+  gather_qkv(as_floats(q), as_floats(k), as_floats(v), true);
+  auto* Q = reinterpret_cast<std::uint16_t*>(qkv_full_.data());
+  std::uint16_t* K = Q + full_rows * f.ld_q;
+  std::uint16_t* V = K + full_rows * f.ld_k;
+  auto* O = reinterpret_cast<std::uint16_t*>(od_full_.data());
+  ops_.attention_forward_bf16(O, lse, Q, K, V, f);
+  row_w_ = f.ld_o;
+  block_ = rows * row_w_;
+  pack_full(od_full_.data(), s_.nh, 0);
+  exchange(true);
+  unpack(as_floats(out), s_.ld_o, s_.batch_o(), s_.nh, 0);
+}
+
+void UlyssesAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                                     const std::uint16_t* dout, const std::uint16_t* out,
+                                     const float* lse, const std::uint16_t* q,
+                                     const std::uint16_t* k, const std::uint16_t* v) {
+  TRIDENT_CHECK(u_ == 2, "internal: ulysses attention made for fp32 called on bf16");
+  const ops::Ops::AttentionShape f = full_shape();
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
+  row_w_ = 2 * f.ld_o;
+  block_ = rows * row_w_;
+  pack(as_floats(out), s_.ld_o, s_.batch_o(), s_.nh, 0);
+  pack(as_floats(dout), s_.ld_o, s_.batch_o(), s_.nh, f.ld_o);
+  exchange(true);
+  auto* O = reinterpret_cast<std::uint16_t*>(od_full_.data());
+  std::uint16_t* dO = O + full_rows * f.ld_o;
+  unpack_full(od_full_.data(), s_.nh, 0);
+  unpack_full(as_floats(dO), s_.nh, f.ld_o);
+  gather_qkv(as_floats(q), as_floats(k), as_floats(v), true);
+  auto* Q = reinterpret_cast<std::uint16_t*>(qkv_full_.data());
+  std::uint16_t* K = Q + full_rows * f.ld_q;
+  std::uint16_t* V = K + full_rows * f.ld_k;
+  // the received blocks are spent: the whole-sequence gradients go there
+  auto* dQ = reinterpret_cast<std::uint16_t*>(recv_.data());
+  std::uint16_t* dK = dQ + full_rows * f.ld_q;
+  std::uint16_t* dV = dK + full_rows * f.ld_k;
+  ops_.attention_backward_bf16(dQ, dK, dV, dO, O, lse, Q, K, V, f);
+  pack_full(as_floats(dQ), s_.nh, 0);
+  pack_full(as_floats(dK), s_.nkv, f.ld_q);
+  pack_full(as_floats(dV), s_.nkv, f.ld_q + f.ld_k);
+  exchange(true);
+  unpack(as_floats(dq), s_.ld_q, s_.batch_q(), s_.nh, 0);
+  unpack(as_floats(dk), s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
+  unpack(as_floats(dv), s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
 }
 
 }  // namespace trident::model

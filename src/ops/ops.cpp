@@ -2,6 +2,8 @@
 #include "trident/ops/ops.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "trident/core/error.hpp"
 #include "trident/core/log.hpp"
@@ -36,6 +38,65 @@ void Ops::adamw_segments(const std::vector<AdamWSegment>& segments, float grad_s
   for (const AdamWSegment& s : segments)
     adamw(s.p, s.g, s.m, s.v, s.n, lr, beta1, beta2, eps, s.decay ? weight_decay : 0.0f, bc1,
           bc2);
+}
+
+namespace {
+// Host fp32 copies of strided bf16 tensors (the default bf16 attention entry points): the
+// whole extent of b sequences of t rows of `width` elements (row stride ld, sequence stride
+// bs) widened, and the rows narrowed back, the columns between them untouched.
+std::int64_t extent(int b, int t, std::int64_t ld, std::int64_t bs, std::int64_t width) {
+  return b > 0 && t > 0 ? std::int64_t(b - 1) * bs + std::int64_t(t - 1) * ld + width : 0;
+}
+std::vector<float> widened(Ops& ops, const std::uint16_t* x, std::int64_t n) {
+  std::vector<float> w(std::size_t(std::max<std::int64_t>(n, 1)));
+  ops.from_bf16(w.data(), x, n);
+  return w;
+}
+void narrow_rows(Ops& ops, std::uint16_t* dst, const float* src, int b, int t, std::int64_t ld,
+                 std::int64_t bs, std::int64_t width) {
+  for (int bb = 0; bb < b; bb++)
+    for (int r = 0; r < t; r++) {
+      const std::int64_t off = std::int64_t(bb) * bs + std::int64_t(r) * ld;
+      ops.to_bf16(dst + off, src + off, width);
+    }
+}
+}  // namespace
+
+void Ops::attention_forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                                 const std::uint16_t* k, const std::uint16_t* v,
+                                 const AttentionShape& s) {
+  TRIDENT_CHECK(!s.accumulate, "attention_forward_bf16: the shape must not accumulate");
+  const std::int64_t wq = std::int64_t(s.nh) * s.hs, wk = std::int64_t(s.nkv) * s.hs;
+  const std::vector<float> q32 = widened(*this, q, extent(s.b, s.t, s.ld_q, s.batch_q(), wq));
+  const std::vector<float> k32 = widened(*this, k, extent(s.b, s.t, s.ld_k, s.batch_k(), wk));
+  const std::vector<float> v32 = widened(*this, v, extent(s.b, s.t, s.ld_v, s.batch_v(), wk));
+  std::vector<float> o32(std::size_t(std::max<std::int64_t>(
+      extent(s.b, s.t, s.ld_o, s.batch_o(), wq), 1)));
+  attention_forward(o32.data(), lse, q32.data(), k32.data(), v32.data(), s);
+  narrow_rows(*this, out, o32.data(), s.b, s.t, s.ld_o, s.batch_o(), wq);
+}
+
+void Ops::attention_backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                                  const std::uint16_t* dout, const std::uint16_t* out,
+                                  const float* lse, const std::uint16_t* q,
+                                  const std::uint16_t* k, const std::uint16_t* v,
+                                  const AttentionShape& s) {
+  TRIDENT_CHECK(!s.accumulate, "attention_backward_bf16: gradients are written, not "
+                "accumulated (the shape must not accumulate)");
+  const std::int64_t wq = std::int64_t(s.nh) * s.hs, wk = std::int64_t(s.nkv) * s.hs;
+  const std::int64_t nq = extent(s.b, s.t, s.ld_q, s.batch_q(), wq);
+  const std::int64_t nk = extent(s.b, s.t, s.ld_k, s.batch_k(), wk);
+  const std::int64_t nv = extent(s.b, s.t, s.ld_v, s.batch_v(), wk);
+  const std::int64_t no = extent(s.b, s.t, s.ld_o, s.batch_o(), wq);
+  const std::vector<float> q32 = widened(*this, q, nq), k32 = widened(*this, k, nk);
+  const std::vector<float> v32 = widened(*this, v, nv), o32 = widened(*this, out, no);
+  const std::vector<float> do32 = widened(*this, dout, no);
+  std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
+  attention_backward(dq32.data(), dk32.data(), dv32.data(), do32.data(), o32.data(), lse,
+                     q32.data(), k32.data(), v32.data(), s);
+  narrow_rows(*this, dq, dq32.data(), s.b, s.t, s.ld_q, s.batch_q(), wq);
+  narrow_rows(*this, dk, dk32.data(), s.b, s.t, s.ld_k, s.batch_k(), wk);
+  narrow_rows(*this, dv, dv32.data(), s.b, s.t, s.ld_v, s.batch_v(), wk);
 }
 
 #if defined(TRIDENT_CUDA_MODULE)

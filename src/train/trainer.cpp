@@ -99,6 +99,7 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   lay.set_precision(ops.precision());  // the chunk's rule: bf16_activations == bf16_storage()
   lay.fused_head = lay.bf16_products && ops.fused_lm_head();  // knobs may turn it off
   lay.block_stash_bf16 = ops.gpt2_block_stash_bf16();
+  lay.cp_bf16 = ops.cp_attention_bf16();
   if (!lay.host_memory)  // the backend's exact scratch for attention through cuDNN (or 0)
     lay.fused_attention_bytes = [&ops](int b, int t, int nh, int nkv, int hs, bool qkv_rows) {
       ops::Ops::AttentionShape s;  // packed rows: the bytes do not depend on the strides

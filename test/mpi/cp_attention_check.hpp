@@ -141,4 +141,77 @@ WireRuns run_both_wires(Attention& attention, trident::ops::Ops& ops,
   return r;
 }
 
+// The bf16 entry points' case (Ops::BlockAttention::forward_bf16 / backward_bf16, what the
+// CUDA bf16 block calls): row strides padded by even amounts (bf16 rows move as float pairs),
+// out packed as the block's atty is.
+inline trident::ops::Ops::AttentionShape bf16_shape(int b, int t, int nh, int nkv, int hs) {
+  trident::ops::Ops::AttentionShape s;
+  s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
+  const std::int64_t wkv = std::int64_t(nkv) * hs;
+  s.ld_q = std::int64_t(nh) * hs + 2, s.ld_k = wkv + 4, s.ld_v = wkv + 6;
+  s.ld_o = std::int64_t(nh) * hs;
+  return s;
+}
+inline std::vector<std::uint16_t> bits_of(trident::ops::Ops& ops, const FVec& x) {
+  std::vector<std::uint16_t> h(x.size());
+  ops.to_bf16(h.data(), x.data(), std::int64_t(x.size()));
+  return h;
+}
+inline FVec widen(trident::ops::Ops& ops, const std::vector<std::uint16_t>& h) {
+  FVec r(h.size());
+  ops.from_bf16(r.data(), h.data(), std::int64_t(h.size()));
+  return r;
+}
+// The bf16 entry points of `bf16` against the fp32 ones of `fp32` (made for the same group and
+// shape) as the block sees them, on bf16-exact operands drawn from `seed`: the largest error
+// of each result over its largest reference value (out, lse, dq, dk, dv), whether the bf16
+// run left the padding columns of dq, dk, dv alone (`untouched`), and its bytes sent.
+struct Bf16Runs {
+  double rel[5] = {0, 0, 0, 0, 0};
+  bool untouched = true;
+  double bytes16 = 0;
+  bool same_bits = true;  // every result's head columns equal to the fp32 one's
+};
+template <class Attention32, class Attention16, class Bytes>
+Bf16Runs run_bf16_entry_points(Attention32& fp32, Attention16& bf16, trident::ops::Ops& ops,
+                               const trident::ops::Ops::AttentionShape& s, unsigned seed,
+                               Bytes bytes) {
+  const std::size_t rows = std::size_t(s.b) * std::size_t(s.t);
+  const FVec q = round_bf16(ops, normal(rows * s.ld_q, seed)),
+             k = round_bf16(ops, normal(rows * s.ld_k, seed + 1)),
+             v = round_bf16(ops, normal(rows * s.ld_v, seed + 2)),
+             dout = round_bf16(ops, normal(rows * s.ld_o, seed + 3));
+  const BlockSees want = as_the_block_sees(fp32, ops, s, q, k, v, dout, false);
+  const std::vector<std::uint16_t> q16 = bits_of(ops, q), k16 = bits_of(ops, k),
+                                   v16 = bits_of(ops, v), dout16 = bits_of(ops, dout);
+  const std::uint16_t sentinel = 0x7fc1;  // a NaN: padding must keep it
+  std::vector<std::uint16_t> out16(rows * s.ld_o, sentinel), dq16(q.size(), sentinel),
+      dk16(k.size(), sentinel), dv16(v.size(), sentinel);
+  FVec lse(std::size_t(s.b) * s.nh * s.t, 0.0f);
+  Bf16Runs r;
+  const double before = bytes();
+  bf16.forward_bf16(out16.data(), lse.data(), q16.data(), k16.data(), v16.data());
+  bf16.backward_bf16(dq16.data(), dk16.data(), dv16.data(), dout16.data(), out16.data(),
+                     lse.data(), q16.data(), k16.data(), v16.data());
+  r.bytes16 = bytes() - before;
+  const FVec got[5] = {widen(ops, out16), lse, widen(ops, dq16), widen(ops, dk16),
+                       widen(ops, dv16)};
+  const FVec* ref[5] = {&want.out, &want.lse, &want.dq, &want.dk, &want.dv};
+  const std::int64_t ld[5] = {s.ld_o, s.t, s.ld_q, s.ld_k, s.ld_v};
+  const std::int64_t width[5] = {std::int64_t(s.nh) * s.hs, s.t, std::int64_t(s.nh) * s.hs,
+                                 std::int64_t(s.nkv) * s.hs, std::int64_t(s.nkv) * s.hs};
+  for (int i = 0; i < 5; i++) {
+    double scale = 0;
+    const double e = max_err(got[i], *ref[i], ld[i], width[i], &scale);
+    r.rel[i] = e / std::max(scale, 1e-30);
+    if (!(e == 0)) r.same_bits = false;  // (over the head columns; NaN: not the same)
+  }
+  const std::vector<std::uint16_t>* grads[3] = {&dq16, &dk16, &dv16};
+  for (int i = 0; i < 3; i++)
+    for (std::size_t row = 0; row < rows; row++)
+      for (std::int64_t c = width[2 + i]; c < ld[2 + i]; c++)
+        if ((*grads[i])[row * ld[2 + i] + c] != sentinel) r.untouched = false;
+  return r;
+}
+
 }  // namespace cp_attention_check

@@ -200,3 +200,33 @@ TEST(RingAttention, Bf16WireSameBits) {
     std::printf("ring cp %d: the bf16 wire sent %.0f B, the fp32 wire %.0f B\n", cp, w.bytes16,
                 w.bytes32);
 }
+
+// The bf16 entry points (the CUDA bf16 block's: key/value blocks held and sent as bf16, each
+// block's partial output rounded to bf16 before the merge, partial gradients widened into fp32
+// sums) against the fp32 ones on bf16-exact operands, as the block sees both: within bf16's
+// rounding (not the same bits: the partials are rounded once more); the padding columns of
+// dq, dk, dv untouched; the bf16 wire's bytes.
+TEST(RingAttention, Bf16EntryPointsMatchFp32) {
+  par::Comm world = par::Comm::world();
+  const int cp = world.size(), rank = world.rank();
+  const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
+  const Ops::AttentionShape local = bf16_shape(2, tl, 4, 2, 8);
+  auto ops = trident::ops::make_cpu_ops(1);
+  par::Comm cp_group = world.split(0, rank, "cp");
+  model::RingAttention ring32(*ops, cp_group, local);
+  model::RingAttention ring16(*ops, cp_group, local, true);
+  EXPECT_LT(ring16.stats().buffer_bytes, ring32.stats().buffer_bytes);
+  const Bf16Runs r = run_bf16_entry_points(ring32, ring16, *ops, local, 900u + 10u * unsigned(rank),
+                                           [&] { return ring16.stats().bytes; });
+  const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; i++) EXPECT_LT(r.rel[i], i == 1 ? 1e-6 : 2e-2) << names[i];
+  EXPECT_TRUE(r.untouched);
+  const double block = double(local.b) * tl * 2 * double(local.nkv * local.hs) * sizeof(float);
+  EXPECT_EQ(r.bytes16, cp == 1 ? 0.0 : (2 * cp - 1.5) * block);
+  if (rank == 0)
+    std::printf("ring cp %d bf16 entry points: relative errors out %.2e lse %.2e dq %.2e dk %.2e "
+                "dv %.2e; sent %.0f B; buffers %lld B (fp32 %lld B)\n",
+                cp, r.rel[0], r.rel[1], r.rel[2], r.rel[3], r.rel[4], r.bytes16,
+                static_cast<long long>(ring16.stats().buffer_bytes),
+                static_cast<long long>(ring32.stats().buffer_bytes));
+}

@@ -194,3 +194,36 @@ TEST(UlyssesAttention, Bf16WireSameBits) {
     std::printf("ulysses cp %d: the bf16 wire sent %.0f B, the fp32 wire %.0f B\n", cp,
                 w.bytes16, w.bytes32);
 }
+
+// The bf16 entry points (the CUDA bf16 block's: every all-to-all on bf16 buffers, the attention
+// on the gathered bf16) against the fp32 ones on bf16-exact operands, as the block sees both:
+// on the CPU the same bits (Ops' default bf16 attention widens exactly and rounds once, where
+// the block rounds the fp32 path's results); padding columns untouched; the bf16 wire's bytes
+// (half the fp32 wire's); buffers half the fp32 object's.
+TEST(UlyssesAttention, Bf16EntryPointsMatchFp32) {
+  par::Comm world = par::Comm::world();
+  const int cp = world.size(), rank = world.rank();
+  const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
+  const Ops::AttentionShape local = bf16_shape(2, tl, 8, 4, 8);
+  auto ops = trident::ops::make_cpu_ops(1);
+  par::Comm cp_group = world.split(0, rank, "cp");
+  model::UlyssesAttention uly32(*ops, cp_group, local);
+  model::UlyssesAttention uly16(*ops, cp_group, local, true);
+  EXPECT_EQ(uly16.buffer_bytes() * 2, uly32.buffer_bytes());
+  const double before = cp_group.counters().bytes;
+  const WireRuns w32 = run_both_wires(uly32, *ops, local, 1100u + 10u * unsigned(rank),
+                                      [&] { return cp_group.counters().bytes; });
+  (void)before;
+  const Bf16Runs r = run_bf16_entry_points(uly32, uly16, *ops, local, 1100u + 10u * unsigned(rank),
+                                           [&] { return cp_group.counters().bytes; });
+  EXPECT_TRUE(r.same_bits) << "out " << r.rel[0] << " lse " << r.rel[1] << " dq " << r.rel[2]
+                           << " dk " << r.rel[3] << " dv " << r.rel[4];
+  EXPECT_TRUE(r.untouched);
+  EXPECT_EQ(r.bytes16, w32.bytes16);  // the fp32 object's bf16 wire: the same messages
+  if (cp > 1) EXPECT_EQ(r.bytes16 * 2, w32.bytes32);
+  if (rank == 0)
+    std::printf("ulysses cp %d bf16 entry points: same bits %d; sent %.0f B (fp32 wire %.0f B); "
+                "buffers %lld B (fp32 %lld B)\n", cp, int(r.same_bits), r.bytes16, w32.bytes32,
+                static_cast<long long>(uly16.buffer_bytes()),
+                static_cast<long long>(uly32.buffer_bytes()));
+}

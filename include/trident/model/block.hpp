@@ -102,6 +102,9 @@ struct BlockContext {
   parallel::Comm* cp_group = nullptr;
   // parallel.cp_mode: the ring (RingAttention) or all-to-all over heads (UlyssesAttention).
   CpMode cp_mode = CpMode::ring;
+  // The fused bf16 block calls the CP attention's bf16 entry points (Ops::cp_attention_bf16):
+  // the ring or Ulysses is made for bf16 operands (where the head size is even).
+  bool cp_bf16 = false;
 };
 
 // The keys and values of the positions generated so far (per layer, [T, kv width] each) and
@@ -175,6 +178,14 @@ class Block {
     void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                   const float* lse, const float* q, const float* k, const float* v,
                   const ops::Ops::AttentionShape& shape, bool bf16_exact) override;
+    bool takes_bf16() const override;
+    void forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                      const std::uint16_t* k, const std::uint16_t* v,
+                      const ops::Ops::AttentionShape& shape) override;
+    void backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                       const std::uint16_t* dout, const std::uint16_t* out, const float* lse,
+                       const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                       const ops::Ops::AttentionShape& shape) override;
     const Block& block;
   };
   ops::Ops::BlockAttention* cp_attention() {

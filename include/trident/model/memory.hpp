@@ -100,6 +100,10 @@ struct MemoryLayout {
   // then keeps carve_fused_layer's stash and no fp32 working copy, and a split backward's W
   // stash in bf16 (stores_fused_block).
   bool block_stash_bf16 = false;
+  // Ops::cp_attention_bf16() of the rank's backend (CUDA unless TRIDENT_CUDA_CP_BF16=0;
+  // set_precision assumes it with block_stash_bf16): the fused block under CP calls the ring
+  // or Ulysses on its bf16 rows (cp_bf16_operands): their buffers in bf16, no fp32 copies.
+  bool cp_bf16 = false;
   // The device backend's scratch for one causal attention call of shape (b, t, nh, nkv, hs)
   // when it runs through a library (CUDA under bf16: cuDNN's bf16 copies and workspace;
   // Ops::fused_attention_bytes, exact from the plans it will use), counted with the other
@@ -165,7 +169,7 @@ MemoryEstimate predict_memory(const ModelConfig& cfg, const MemoryLayout& layout
 // each), the partial output [B*t, Ca], its log-sum-exps [B, NH, t], the packed q and the dq
 // accumulator [B*t, NH*hs] each. nkv: the key/value heads the rank's attention reads
 // (Llama with n_kv_head < tp: one).
-std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d);
+std::int64_t ring_floats(const ModelConfig& cfg, int tp, const ChunkDims& d, bool bf16 = false);
 
 // "812.0 MiB" (trident/core/memory_usage.hpp)
 using trident::format_bytes;

@@ -9,7 +9,9 @@
 // as bf16 (its operands are bf16 values) and so does each key/value gradient's last hop (its
 // owner only copies it to dk, dv, which the caller rounds to bf16); the partial gradients,
 // summed hop by hop, stay fp32: the same results, bit for bit, for 5/8 of the bytes at cp 2
-// (towards 2/3 at large cp).
+// (towards 2/3 at large cp). Made for bf16 (the CUDA bf16 block's default: forward_bf16 /
+// backward_bf16 below) it works on the bf16 tensors themselves: the same messages, partials
+// rounded to bf16 (within bf16's noise, not bit for bit), half a key/value block less.
 // Every ring counts, always (a clock read around each wait), the time its calls take, the
 // part of it blocked waiting for the ring's messages, and the bytes it sends: per ring and
 // summed over the process (RingAttention::Stats), which the end-of-run report prints.
@@ -41,6 +43,11 @@ std::vector<int> cp_local_positions(int t, int cp, int rank);
 // caller in the error.
 void check_cp_attention_shape(const ops::Ops::AttentionShape& s, const char* who);
 
+// Whether the CP attention (ring, Ulysses) is made for bf16 operands: the fused bf16 block
+// calls its bf16 entry points (BlockContext::cp_bf16) and its rows move as float pairs (an
+// even head size). GptChunk and model::predict_memory both ask here.
+inline bool cp_bf16_operands(bool block_cp_bf16, int hs) { return block_cp_bf16 && hs % 2 == 0; }
+
 class RingAttention {
  public:
   // Cumulative figures. *_s: wall seconds (steady_clock) inside forward() / backward();
@@ -67,7 +74,10 @@ class RingAttention {
   // `local`: the shape of this rank's q, k, v, out as Ops::attention_forward takes it, with
   // t = T/cp local rows (even) per sequence, causal; lse is [B, NH, t] packed. The group is
   // the CP communicator (size 1: plain flash attention). Buffers are made here, once.
-  RingAttention(ops::Ops& ops, parallel::Comm& group, const ops::Ops::AttentionShape& local);
+  // bf16: for forward_bf16 / backward_bf16 only (the key/value blocks held in bf16; needs
+  // packed out rows, ld_o = nh * hs, and an even hs).
+  RingAttention(ops::Ops& ops, parallel::Comm& group, const ops::Ops::AttentionShape& local,
+                bool bf16 = false);
   ~RingAttention();
   RingAttention(const RingAttention&) = delete;
   RingAttention& operator=(const RingAttention&) = delete;
@@ -82,6 +92,21 @@ class RingAttention {
   void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                 const float* lse, const float* q, const float* k, const float* v,
                 bool bf16_exact = false);
+
+  // The same on bf16 tensors (Ops::BlockAttention's bf16 entry points: the CUDA bf16 block).
+  // Forward: the key/value blocks held and sent as bf16 and attended to as they are
+  // (Ops::attention_forward_bf16); each block's bf16 partial output (written into out, spent)
+  // is widened and merged into an fp32 accumulator, rounded into out once at the end (one
+  // rounding more than forward()'s: the partials'). Backward: each block's
+  // attention_backward_bf16 gives bf16 dq, dk, dv partials, widened and added into the fp32
+  // dq accumulator and the fp32 key/value gradients that travel hop by hop (fp32 on the wire:
+  // sums); the last hop home in bf16, copied into dk, dv as it is. Only where made with bf16.
+  void forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                    const std::uint16_t* k, const std::uint16_t* v);
+  void backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                     const std::uint16_t* dout, const std::uint16_t* out, const float* lse,
+                     const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v);
+  bool bf16() const { return bf16_; }
 
   // The messages of one forward() or one backward(), alone: the same sizes to the same peers
   // in the same order, waited for at the same points, with no tiles between them (what they
@@ -103,11 +128,18 @@ class RingAttention {
   // The key/value block travelling at `step`: kv_[step % 2] in fp32; as bf16, half
   // (step % 2) of kv_[1] (kv_[0] then holds the block attended to, widened), `floats` floats
   // of wire bits on the wire (a bf16 block fits in half an fp32 one: no buffer more).
+  // A bf16 ring (bf16_): kv_[step % 2], each a bf16 block.
   float* travelling(int step, bool bf16) {
+    if (bf16_) return kv_[step % 2].data();
     return bf16 ? kv_[1].data() + (step % 2) * (kv_floats_ / 2) : kv_[step % 2].data();
   }
   static std::uint16_t* bits(float* p) { return reinterpret_cast<std::uint16_t*>(p); }
-  std::int64_t block_floats(bool bf16) const { return bf16 ? kv_floats_ / 2 : kv_floats_; }
+  std::int64_t block_floats(bool bf16) const {
+    return bf16 || bf16_ ? kv_floats_ / 2 : kv_floats_;
+  }
+  // acc (fp32) += the bf16 partial `part` (both [B, t, width] at sequence stride bs), rows
+  // [row0, row0 + chunk_) of each sequence, widened through part_out_.
+  void add_widened(float* acc, const std::uint16_t* part, std::int64_t width, std::int64_t row0);
   void count_send(Stats& call, std::int64_t floats) const {
     call.messages += 1;
     call.bytes += double(floats) * double(sizeof(float));
@@ -117,10 +149,14 @@ class RingAttention {
   ops::Ops& ops_;
   parallel::Comm& group_;
   ops::Ops::AttentionShape s_;
+  bool bf16_ = false;
   int cp_ = 1, rank_ = 0, chunk_ = 0;  // chunk_: rows of one chunk (t / 2)
   std::int64_t width_kv_ = 0;          // nkv * hs: a packed key (or value) row
   std::int64_t kv_floats_ = 0;         // one packed block: keys then values, [B, t, width_kv] each
-  FloatBuffer kv_[2], dkv_[2], dkv_in_, part_out_, part_lse_, q_packed_, dq_acc_;
+  // bf16_: kv_ hold bf16 blocks (half the floats), dkv16_ a bf16 block (the blocks' dk, dv
+  // partials), q_packed_ the packed bf16 q then the blocks' bf16 dq partials; dq_acc_ is the
+  // forward's fp32 output accumulator too.
+  FloatBuffer kv_[2], dkv_[2], dkv_in_, part_out_, part_lse_, q_packed_, dq_acc_, dkv16_;
   Stats stats_;
 };
 

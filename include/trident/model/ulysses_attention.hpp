@@ -11,7 +11,8 @@
 // (Ops::BlockAttention: the CUDA bf16 block's hook) every all-to-all moves bf16: q, k, v, out
 // and dout are bf16 values, and out, dq, dk, dv are only permuted after they are computed, so
 // rounding them before the all-to-all is the caller's rounding after it; half the bytes, the
-// same bits.
+// same bits. Made for bf16 (the CUDA bf16 block's default, forward_bf16 / backward_bf16), it
+// does the same on bf16 tensors and buffers of half the size, with no fp32 copy.
 // defines: trident::model::CpMode, UlyssesAttention, ulysses_floats
 #pragma once
 
@@ -39,7 +40,9 @@ class UlyssesAttention {
   // t = T/cp local rows (even) per sequence, causal; lse is [B, NH, t] packed (it holds the
   // head-split whole-sequence lse, [B, NH/cp, T]: only backward() reads it). The group is the
   // CP communicator. Buffers are made here, once.
-  UlyssesAttention(ops::Ops& ops, parallel::Comm& group, const ops::Ops::AttentionShape& local);
+  // bf16: for forward_bf16 / backward_bf16 only (buffers of bf16, half the bytes; hs even).
+  UlyssesAttention(ops::Ops& ops, parallel::Comm& group, const ops::Ops::AttentionShape& local,
+                   bool bf16 = false);
   UlyssesAttention(const UlyssesAttention&) = delete;
   UlyssesAttention& operator=(const UlyssesAttention&) = delete;
 
@@ -54,9 +57,20 @@ class UlyssesAttention {
                 const float* lse, const float* q, const float* k, const float* v,
                 bool bf16_exact = false);
 
+  // The same on bf16 tensors (Ops::BlockAttention's bf16 entry points: the CUDA bf16 block),
+  // each all-to-all moving bf16 and the attention in Ops::attention_forward_bf16 /
+  // backward_bf16 on the whole sequence: no fp32 copy anywhere. Only where made with bf16.
+  void forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                    const std::uint16_t* k, const std::uint16_t* v);
+  void backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                     const std::uint16_t* dout, const std::uint16_t* out, const float* lse,
+                     const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v);
+  bool bf16() const { return u_ == 2; }
+
   std::int64_t buffer_bytes() const { return buffer_bytes_; }
 
  private:
+  // (ld, bs, col count elements: floats, or bf16 on a bf16 object's buffers and tensors.)
   // One tensor of the local rows (row stride ld, sequence stride bs; `heads` heads of hs)
   // into the send buffer: the cp-th of its heads for rank j at column `col` of j's block.
   void pack(const float* x, std::int64_t ld, std::int64_t bs, int heads, std::int64_t col);
@@ -81,8 +95,9 @@ class UlyssesAttention {
   parallel::Comm& group_;
   ops::Ops::AttentionShape s_;
   int cp_ = 1, chunk_ = 0;    // chunk_: rows of one chunk (t / 2)
-  std::int64_t row_w_ = 0;    // floats of one row of a block in the current exchange
-  std::int64_t block_ = 0;    // floats of one rank's block in the current exchange
+  int u_ = 1;                 // elements per float of the buffers: 1 fp32, 2 bf16
+  std::int64_t row_w_ = 0;    // elements of one row of a block in the current exchange
+  std::int64_t block_ = 0;    // elements of one rank's block in the current exchange
   FloatBuffer send_, recv_, qkv_full_, od_full_;
   std::int64_t buffer_bytes_ = 0;
 };

@@ -185,6 +185,20 @@ class Ops {
   // A running lse of -inf (no keys yet) takes the partial as it is.
   virtual void attention_merge(float* out, float* lse, const float* out_part,
                                const float* lse_part, const AttentionShape& s) = 0;
+  // attention_forward / attention_backward on bf16 storage (std::uint16_t, round to nearest
+  // even): q, k, v, dout, out read as bf16, out, dq, dk, dv written as bf16 at the shape's
+  // strides (in elements; the columns between them untouched), lse fp32. Gradients are
+  // written: s.accumulate is refused. The default widens into host fp32, runs the fp32 entry
+  // points and narrows (host memory: the CPU backends; tests only); CUDA runs them on the bf16
+  // tensors (CudaOps, attention_bf16.cpp). The CP attention on the CUDA bf16 block calls them.
+  virtual void attention_forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                                      const std::uint16_t* k, const std::uint16_t* v,
+                                      const AttentionShape& s);
+  virtual void attention_backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                                       const std::uint16_t* dout, const std::uint16_t* out,
+                                       const float* lse, const std::uint16_t* q,
+                                       const std::uint16_t* k, const std::uint16_t* v,
+                                       const AttentionShape& s);
   // The backend scratch attention_forward / attention_backward of this shape take when they
   // run through a library's fused attention (CUDA under bf16: cuDNN, loaded and its plans
   // made by this call if not yet): the larger of the two, exact; 0 when they do not (the
@@ -266,6 +280,25 @@ class Ops {
     virtual void backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
                           const AttentionShape& s, bool bf16_exact) = 0;
+    // bf16 entry points (the CUDA bf16 block's, where cp_attention_bf16() and takes_bf16()):
+    // q, k, v, out, dout bf16 at the shape's strides (elements), out, dq, dk, dv written as
+    // bf16 (dq, dk, dv: every column the heads read; others untouched), lse fp32; no fp32
+    // copies on either side. A hook that does not take them is called on fp32 copies.
+    virtual bool takes_bf16() const { return false; }
+    virtual void forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
+                              const std::uint16_t* k, const std::uint16_t* v,
+                              const AttentionShape& s) {
+      (void)out, (void)lse, (void)q, (void)k, (void)v, (void)s;
+      throw Error("internal: this attention hook takes no bf16 operands");
+    }
+    virtual void backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                               const std::uint16_t* dout, const std::uint16_t* out,
+                               const float* lse, const std::uint16_t* q, const std::uint16_t* k,
+                               const std::uint16_t* v, const AttentionShape& s) {
+      (void)dq, (void)dk, (void)dv, (void)dout, (void)out, (void)lse, (void)q, (void)k, (void)v;
+      (void)s;
+      throw Error("internal: this attention hook takes no bf16 operands");
+    }
   };
   // The backend's own attention_forward / attention_backward as a hook: what the coarse ops'
   // default runs where the shape names none (and, in tests, a one-rank stand-in for the ring).
@@ -332,6 +365,11 @@ class Ops {
   // Whether this backend keeps the stash as bf16 (Gpt2BlockStash::bf16) when given room for
   // it: the model then carves half-size tensors and passes bf16 = true. Default: no.
   virtual bool gpt2_block_stash_bf16() const { return false; }
+  // Whether the bf16 block (gpt2_block_stash_bf16) calls its context-parallel attention
+  // hook's bf16 entry points (BlockAttention::takes_bf16) rather than the fp32 ones on fp32
+  // copies of its operands (CUDA: unless TRIDENT_CUDA_CP_BF16=0). The model makes its ring
+  // or Ulysses buffers bf16 then, and predict_memory counts them so.
+  virtual bool cp_attention_bf16() const { return false; }
   // out[N,C] = the block of x[N,C] (out may be x); fills the stash.
   virtual void gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p,
                                   const float* x, float* out, const Gpt2BlockStash& la);

@@ -181,6 +181,7 @@ class CudaOps final : public Ops {
   // The coarse GPT-2 block (fused_block.cpp): with a bf16 stash (Gpt2BlockStash::bf16), bf16
   // activations end to end inside the block; otherwise Ops' composition.
   bool gpt2_block_stash_bf16() const override;
+  bool cp_attention_bf16() const override { return gpt2_block_stash_bf16() && cp_bf16_; }
   void gpt2_block_forward(const Gpt2BlockShape& s, const Gpt2BlockParams& p, const float* x,
                           float* out, const Gpt2BlockStash& la) override;
   // With a W stash (the split backward's B) the bf16 output gradients of c_fc and c_attn go
@@ -406,11 +407,11 @@ class CudaOps final : public Ops {
   // and the stand-in check reach them.
   void attention_forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
                               const std::uint16_t* k, const std::uint16_t* v,
-                              const AttentionShape& s);
+                              const AttentionShape& s) override;
   void attention_backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
                                const std::uint16_t* dout, const std::uint16_t* out,
                                const float* lse, const std::uint16_t* q, const std::uint16_t* k,
-                               const std::uint16_t* v, const AttentionShape& s);
+                               const std::uint16_t* v, const AttentionShape& s) override;
   friend struct AttentionBf16Access;
   // The bf16 blocks' attention core (fused_block.cpp: GPT-2's and Llama's forward, recompute
   // and backward) on the [q k v] rows qkv (q at column 0, k at k0, v at v0; att's strides):
@@ -430,6 +431,10 @@ class CudaOps final : public Ops {
   // (BlockAttention's bf16_exact: the ring and Ulysses then send bf16 where that is exact);
   // TRIDENT_CUDA_CP_BF16_WIRE=0 tells it not (fp32 on the wire, the same results).
   bool cp_wire_bf16_ = on_unless_zero("TRIDENT_CUDA_CP_BF16_WIRE");
+  // A hook that takes bf16 (BlockAttention::takes_bf16: the model's ring and Ulysses) is
+  // called on the bf16 rows themselves, no fp32 copies (cp_attention_bf16);
+  // TRIDENT_CUDA_CP_BF16=0: on the fp32 copies as before (comparison).
+  bool cp_bf16_ = on_unless_zero("TRIDENT_CUDA_CP_BF16");
   // The hook's fp32 copies: qkv and dqkv [N, ld_q], atty and datty [N, ld_o] (the backward's;
   // the forward takes the first and the third), in a block of the arena of exactly that size,
   // made at the first call (the scratch block cannot hold them: the hook's own ops empty it).

@@ -173,6 +173,8 @@ void CudaOps::block_attention_forward(BlockAttention* hook, const AttentionShape
                                       std::int64_t k0, std::int64_t v0, std::uint16_t* atty,
                                       float* lse, const std::uint16_t* qkv) {
   if (!hook) return attention_forward_bf16(atty, lse, qkv, qkv + k0, qkv + v0, att);
+  if (cp_bf16_ && hook->takes_bf16())  // the ring or Ulysses on the bf16 rows themselves
+    return hook->forward_bf16(atty, lse, qkv, qkv + k0, qkv + v0, att);
   const std::int64_t n = std::int64_t(att.b) * att.t;
   BumpBlock& block = hook_scratch(att);
   float* qkv32 = block.alloc_n<float>(std::size_t(n * att.ld_q));
@@ -195,11 +197,14 @@ void CudaOps::block_attention_backward(BlockAttention* hook, const AttentionShap
   // Columns no head of this rank reads (replicated kv heads, n_kv_head < tp): their gradients
   // are zero here (the k/v weights' gradients partial, summed over TP by the model).
   const bool unread = att.ld_q != std::int64_t(att.nh + 2 * att.nkv) * att.hs;
-  if (!hook) {
+  if (!hook || (cp_bf16_ && hook->takes_bf16())) {
     if (unread) {
       OpScope timed(timer_.get(), "block_backward zero_bf16");
       TRIDENT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, std::size_t(n * att.ld_q) * 2, stream_));
     }
+    if (hook)
+      return hook->backward_bf16(dqkv, dqkv + k0, dqkv + v0, datty, atty, lse, qkv, qkv + k0,
+                                 qkv + v0, att);
     return attention_backward_bf16(dqkv, dqkv + k0, dqkv + v0, datty, atty, lse, qkv, qkv + k0,
                                    qkv + v0, att);
   }

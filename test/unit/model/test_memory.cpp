@@ -451,5 +451,36 @@ TEST(Memory, UlyssesCountsItsAllToAllBuffersInsteadOfTheRing) {
   EXPECT_EQ(predict_memory(cfg, lay).ring, 0);
 }
 
+// The fused bf16 block under CP on a device (MemoryLayout::cp_bf16, CUDA's default): the ring or
+// Ulysses made for its bf16 operands (Ulysses' buffers half, the ring's 4.5 key/value blocks
+// instead of 5) and no fp32 copies of the attention's operands in scratch; cp_bf16 off: the
+// copies (2 x [N, C3] + 2 x [N, Ca] floats) and fp32 buffers.
+TEST(Memory, FusedBlockCpOnBf16OperandsDropsTheHookCopies) {
+  ModelConfig cfg;
+  cfg.arch = "llama";
+  cfg.vocab_size = 64, cfg.seq_len = 32, cfg.n_layer = 2, cfg.n_head = 8, cfg.d_model = 64;
+  cfg.n_kv_head = 2;  // head size 8: C3 = 64 + 2 * 16 = 96, Ca = 64
+  MemoryLayout lay;
+  lay.micro_batch = 1, lay.cp = 2;
+  lay.host_memory = false;
+  lay.set_precision(ops::Precision::bf16);
+  ASSERT_TRUE(lay.cp_bf16 && lay.block_stash_bf16);
+  const std::int64_t rows = 32 / 2, kv_block = 2 * rows * 16;
+  const std::int64_t copies = (2 * rows * 96 + 2 * rows * 64) * 4;  // each 256-byte aligned
+  for (CpMode mode : {CpMode::ring, CpMode::ulysses}) {
+    lay.cp_mode = mode;
+    lay.cp_bf16 = true;
+    const MemoryEstimate on = predict_memory(cfg, lay);
+    lay.cp_bf16 = false;
+    const MemoryEstimate off = predict_memory(cfg, lay);
+    EXPECT_EQ(off.scratch - on.scratch, copies);
+    if (mode == CpMode::ulysses)
+      EXPECT_EQ(off.ring, 2 * on.ring);
+    else
+      EXPECT_EQ(off.ring - on.ring, kv_block / 2 * 4);
+    EXPECT_EQ(off.activations, on.activations);
+  }
+}
+
 }  // namespace
 }  // namespace trident::model

@@ -8,7 +8,8 @@ one-pass classifier (xent_forward) once per microbatch in a serial run and the t
 per shard (xent_shard_stats, xent_rescale_sumexp, xent_loss) at tp 2, where the vocabulary is
 sharded; under bf16 the fused LM head's steps once per microbatch (and the one-pass
 classifier again with TRIDENT_CUDA_FUSED_HEAD=0), at tp 2 its two-pass form on each shard; at cp 2
-under bf16 the fused block's attention hook copies once per layer forward and backward (none with
+under bf16 the fused block's ring on its bf16 operands (no copies, bf16 attention), with
+TRIDENT_CUDA_CP_BF16=0 its attention hook copies once per layer forward and backward (none with
 TRIDENT_CUDA_FUSED_BLOCK=0); rank 1 writes
 FILE.rank1 (left out where there is no mpirun). usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 op_timing.py
 """
@@ -123,25 +124,33 @@ def main():
                 and calls(tab, "xent_backward") == 0,
                 f"tp 2 bf16, {os.path.basename(p)}: the fused head's steps on each shard once per "
                 f"microbatch ({steps}), no fp32 classifier")
-    # bf16 at cp 2: the fused block with the ring as its attention hook (fp32 copies of the
-    # bf16 [q k v] around it: one widening and one narrowing per layer forward, one of each
-    # per layer backward), on both ranks; TRIDENT_CUDA_FUSED_BLOCK=0: the composition on fp32
-    # activations, no hook copies.
-    for knob, fused in (("1", True), ("0", False)):
-        path4 = t.path(f"ops-cp2-bf16-{knob}.json")
+    # bf16 at cp 2: the fused block with the ring as its attention hook, on both ranks. By
+    # default on the block's bf16 operands: no fp32 copies, the ring's blocks through
+    # attention_forward_bf16 (no fp32 attention_forward). TRIDENT_CUDA_CP_BF16=0: fp32 copies of
+    # the bf16 [q k v] around it (one widening and one narrowing per layer forward, one of each
+    # per layer backward) and the ring's fp32 attention; TRIDENT_CUDA_FUSED_BLOCK=0: the
+    # composition on fp32 activations, no hook copies.
+    for knob, cp16, fused in (("1", "1", True), ("1", "0", True), ("0", "1", False)):
+        path4 = t.path(f"ops-cp2-bf16-{knob}{cp16}.json")
         os.environ["TRIDENT_OP_TIMING"] = path4
         os.environ["TRIDENT_CUDA_FUSED_BLOCK"] = knob
-        t.train(2, f"cp2-bf16-{knob}", sets=DEVICE + ["parallel.cp=2", 'runtime.precision="bf16"'])
-        del os.environ["TRIDENT_CUDA_FUSED_BLOCK"]
+        os.environ["TRIDENT_CUDA_CP_BF16"] = cp16
+        t.train(2, f"cp2-bf16-{knob}{cp16}",
+                sets=DEVICE + ["parallel.cp=2", 'runtime.precision="bf16"'])
+        del os.environ["TRIDENT_CUDA_FUSED_BLOCK"], os.environ["TRIDENT_CUDA_CP_BF16"]
         for p in [path4, path4 + ".rank1"]:
             tab = table(p)
             hook = {d: calls(tab, f"block_{d} attention_hook from_bf16") for d in ("forward", "backward")}
             blocks = calls_of(tab, "block_forward")
-            want = micro * L if fused else 0
+            on16 = fused and cp16 == "1"
+            want = micro * L if fused and not on16 else 0
+            att16, att32 = calls_of(tab, "attention_forward bf16"), calls(tab, "attention_forward")
             t.check(hook["forward"] == want and hook["backward"] == want and
-                    (blocks > 0) == fused and calls(tab, "attention_forward") > 0,
-                    f"cp 2 bf16, TRIDENT_CUDA_FUSED_BLOCK={knob}, {os.path.basename(p)}: the hook's "
-                    f"copies {hook} (want {want} each), block_forward rows {blocks} calls")
+                    (blocks > 0) == fused and (att16 > 0) == on16 and (att32 > 0) == (not on16),
+                    f"cp 2 bf16, TRIDENT_CUDA_FUSED_BLOCK={knob} TRIDENT_CUDA_CP_BF16={cp16}, "
+                    f"{os.path.basename(p)}: the hook's copies {hook} (want {want} each), "
+                    f"block_forward rows {blocks} calls, attention_forward bf16 {att16}, fp32 "
+                    f"{att32}")
     os.environ.pop("TRIDENT_OP_TIMING", None)
     t.finish()
 
