@@ -198,6 +198,86 @@ void RingAttention::pack_kv(float* kv, const float* k, const float* v) {
             width_kv_);
 }
 
+void RingAttention::forward_ring(Stats& call, bool bf16_wire,
+                                 const std::function<void(int, int)>& attend,
+                                 const std::function<void(int)>& arrived) {
+  const std::int64_t msg = block_floats(bf16_wire);
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  for (int step = 0; step < cp_; step++) {
+    const int src = (rank_ - step + cp_) % cp_;  // whose keys and values are held now
+    parallel::Request send, recv;
+    if (step + 1 < cp_) {  // the next block travels while this one is attended to
+      recv = group_.irecv(travelling(step + 1, bf16_wire), msg, prev, kTagKv);
+      send = group_.isend(travelling(step, bf16_wire), msg, next, kTagKv);
+      count_send(call, msg);
+    }
+    attend(step, src);
+    {
+      Waiting waiting(call.forward_wait_s, call.forward_wait_cpu_s);
+      send.wait([&] { return ring_step("forward send", step, group_); });
+      recv.wait([&] { return ring_step("forward receive", step, group_); });
+    }
+    if (step + 1 < cp_) arrived(step + 1);
+  }
+}
+
+void RingAttention::backward_ring(Stats& call, bool bf16_wire,
+                                  const std::function<void(int, int, float*)>& attend,
+                                  const std::function<void(int)>& arrived,
+                                  parallel::Request (&dkv_sent)[2]) {
+  const std::int64_t msg = block_floats(bf16_wire);
+  double &wait_s = call.backward_wait_s, &wait_cpu_s = call.backward_wait_cpu_s;
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  for (int step = 0; step < cp_; step++) {
+    const int src = (rank_ - step + cp_) % cp_;
+    parallel::Request send, recv, dkv_recv;
+    if (step + 1 < cp_) {
+      recv = group_.irecv(travelling(step + 1, bf16_wire), msg, prev, kTagKv);
+      send = group_.isend(travelling(step, bf16_wire), msg, next, kTagKv);
+      count_send(call, msg);
+    }
+    // src's gradients so far: finished by the previous rank at its previous step
+    if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
+    float* dkv = dkv_[step % 2].data();
+    {
+      Waiting waiting(wait_s, wait_cpu_s);
+      dkv_sent[step % 2].wait([&] { return ring_step("gradient send", step - 2, group_); });
+    }
+    ops_.fill(dkv, 0.0f, kv_floats_);
+    attend(step, src, dkv);
+    if (step > 0) {
+      {
+        Waiting waiting(wait_s, wait_cpu_s);
+        dkv_recv.wait([&] { return ring_step("gradient receive", step, group_); });
+      }
+      ops_.add(dkv, dkv, dkv_in_.data(), kv_floats_);
+    }
+    // on to the next holder of src's block; after the last step that is src itself, which
+    // only copies it to dk, dv: a bf16 wire rounds it here as the caller would there (the
+    // travelling block it goes in is free: sent and waited for at the last step)
+    if (cp_ > 1 && bf16_wire && step == cp_ - 1) {
+      float* wire = travelling(step + 1, true);
+      ops_.to_bf16(bits(wire), dkv, kv_floats_);
+      dkv_sent[step % 2] = group_.isend(wire, kv_floats_ / 2, next, kTagDkv);
+      count_send(call, kv_floats_ / 2);
+    } else if (cp_ > 1) {
+      dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
+      count_send(call, kv_floats_);
+    }
+    {
+      Waiting waiting(wait_s, wait_cpu_s);
+      send.wait([&] { return ring_step("backward send", step, group_); });
+      recv.wait([&] { return ring_step("backward receive", step, group_); });
+    }
+    if (step + 1 < cp_) arrived(step + 1);
+  }
+  if (cp_ > 1) {
+    Waiting waiting(wait_s, wait_cpu_s);
+    group_.irecv(dkv_in_.data(), msg, prev, kTagDkv)
+        .wait([&] { return ring_step("gradient return", cp_, group_); });
+  }
+}
+
 void RingAttention::forward(float* out, float* lse, const float* q, const float* k,
                             const float* v, bool bf16_exact) {
   TRIDENT_CHECK(!bf16_, "internal: ring attention made for bf16 called on fp32");
@@ -205,20 +285,11 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
   const double cpu0 = thread_cpu_s();
   Stats call;
   call.forward_calls = 1;
-  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   ops_.fill(lse, -std::numeric_limits<float>::infinity(), std::int64_t(s_.b) * s_.nh * s_.t);
   pack_kv(kv_[0].data(), k, v);
-  const std::int64_t msg = block_floats(bf16_exact);
   if (bf16_exact) ops_.to_bf16(bits(travelling(0, true)), kv_[0].data(), kv_floats_);
-  for (int step = 0; step < cp_; step++) {
-    const int src = (rank_ - step + cp_) % cp_;  // whose keys and values are held now
-    float* cur = bf16_exact ? kv_[0].data() : kv_[step % 2].data();
-    parallel::Request send, recv;
-    if (step + 1 < cp_) {  // the next block travels while this one is attended to
-      recv = group_.irecv(travelling(step + 1, bf16_exact), msg, prev, kTagKv);
-      send = group_.isend(travelling(step, bf16_exact), msg, next, kTagKv);
-      count_send(call, msg);
-    }
+  const auto attend = [&](int step, int src) {
+    const float* cur = bf16_exact ? kv_[0].data() : kv_[step % 2].data();
     for (int qa = 0; qa < 2; qa++)
       for (int kc = 0; kc < 2; kc++) {
         ops::Ops::AttentionShape blk;
@@ -231,14 +302,11 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
         ops_.attention_merge(out + orow, lse + lrow, part_out_.data() + orow,
                              part_lse_.data() + lrow, blk);
       }
-    {
-      Waiting waiting(call.forward_wait_s, call.forward_wait_cpu_s);
-      send.wait([&] { return ring_step("forward send", step, group_); });
-      recv.wait([&] { return ring_step("forward receive", step, group_); });
-    }
-    if (bf16_exact && step + 1 < cp_)  // the next block, exactly (its values are bf16)
-      ops_.from_bf16(kv_[0].data(), bits(travelling(step + 1, true)), kv_floats_);
-  }
+  };
+  const auto arrived = [&](int step) {  // the next block, exactly (its values are bf16)
+    if (bf16_exact) ops_.from_bf16(kv_[0].data(), bits(travelling(step, true)), kv_floats_);
+  };
+  forward_ring(call, bf16_exact, attend, arrived);
   call.forward_s = seconds_since(t0);
   call.forward_cpu_s = thread_cpu_s() - cpu0;
   record(call);
@@ -252,34 +320,15 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
   const double cpu0 = thread_cpu_s();
   Stats call;
   call.backward_calls = 1;
-  double &wait_s = call.backward_wait_s, &wait_cpu_s = call.backward_wait_cpu_s;
-  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   const std::int64_t width_q = std::int64_t(s_.nh) * s_.hs;
   const std::int64_t bs_q = std::int64_t(s_.t) * width_q;
   // q packed, so that dq accumulates in a packed buffer of the same layout
   copy_rows(ops_, q_packed_.data(), width_q, bs_q, q, s_.ld_q, s_.batch_q(), s_.b, s_.t, width_q);
   ops_.fill(dq_acc_.data(), 0.0f, s_.b * bs_q);
   pack_kv(kv_[0].data(), k, v);
-  const std::int64_t msg = block_floats(bf16_exact);
   if (bf16_exact) ops_.to_bf16(bits(travelling(0, true)), kv_[0].data(), kv_floats_);
-  parallel::Request dkv_sent[2];  // the gradient block sent at the last two steps
-  for (int step = 0; step < cp_; step++) {
-    const int src = (rank_ - step + cp_) % cp_;
-    float* cur = bf16_exact ? kv_[0].data() : kv_[step % 2].data();
-    parallel::Request send, recv, dkv_recv;
-    if (step + 1 < cp_) {
-      recv = group_.irecv(travelling(step + 1, bf16_exact), msg, prev, kTagKv);
-      send = group_.isend(travelling(step, bf16_exact), msg, next, kTagKv);
-      count_send(call, msg);
-    }
-    // src's gradients so far: finished by the previous rank at its previous step
-    if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
-    float* dkv = dkv_[step % 2].data();
-    {
-      Waiting waiting(wait_s, wait_cpu_s);
-      dkv_sent[step % 2].wait([&] { return ring_step("gradient send", step - 2, group_); });
-    }
-    ops_.fill(dkv, 0.0f, kv_floats_);
+  const auto attend = [&](int step, int src, float* dkv) {
+    const float* cur = bf16_exact ? kv_[0].data() : kv_[step % 2].data();
     for (int qa = 0; qa < 2; qa++)
       for (int kc = 0; kc < 2; kc++) {
         ops::Ops::AttentionShape blk;
@@ -294,41 +343,14 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                                 dout + orow, out + orow, lse + lrow, q_packed_.data() + qrow,
                                 cur + krow, cur + kv_floats_ / 2 + krow, blk);
       }
-    if (step > 0) {
-      {
-        Waiting waiting(wait_s, wait_cpu_s);
-        dkv_recv.wait([&] { return ring_step("gradient receive", step, group_); });
-      }
-      ops_.add(dkv, dkv, dkv_in_.data(), kv_floats_);
-    }
-    // on to the next holder of src's block; after the last step that is src itself, which
-    // only copies it to dk, dv: bf16_exact rounds it here as the caller would there (the
-    // other half of kv_[1] is free: its block was sent and waited for at the last step)
-    const bool home16 = bf16_exact && step == cp_ - 1;
-    if (cp_ > 1 && home16) {
-      float* wire = travelling(step + 1, true);
-      ops_.to_bf16(bits(wire), dkv, kv_floats_);
-      dkv_sent[step % 2] = group_.isend(wire, kv_floats_ / 2, next, kTagDkv);
-      count_send(call, kv_floats_ / 2);
-    } else if (cp_ > 1) {
-      dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
-      count_send(call, kv_floats_);
-    }
-    {
-      Waiting waiting(wait_s, wait_cpu_s);
-      send.wait([&] { return ring_step("backward send", step, group_); });
-      recv.wait([&] { return ring_step("backward receive", step, group_); });
-    }
-    if (bf16_exact && step + 1 < cp_)  // the next block, exactly (its values are bf16)
-      ops_.from_bf16(kv_[0].data(), bits(travelling(step + 1, true)), kv_floats_);
-  }
+  };
+  const auto arrived = [&](int step) {  // the next block, exactly (its values are bf16)
+    if (bf16_exact) ops_.from_bf16(kv_[0].data(), bits(travelling(step, true)), kv_floats_);
+  };
+  parallel::Request dkv_sent[2];  // the gradient block sent at the last two steps
+  backward_ring(call, bf16_exact, attend, arrived, dkv_sent);
   const float* mine = dkv_[(cp_ - 1) % 2].data();  // cp 1: this rank's own, never sent
   if (cp_ > 1) {
-    {
-      Waiting waiting(wait_s, wait_cpu_s);
-      group_.irecv(dkv_in_.data(), msg, prev, kTagDkv)
-          .wait([&] { return ring_step("gradient return", cp_, group_); });
-    }
     mine = dkv_in_.data();
     if (bf16_exact) {  // widened into kv_[0], spent after the last step's tiles
       ops_.from_bf16(kv_[0].data(), bits(dkv_in_.data()), kv_floats_);
@@ -341,7 +363,7 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
   copy_rows(ops_, dv, s_.ld_v, s_.batch_v(), mine + kv_floats_ / 2, width_kv_, bs_kv, s_.b, s_.t,
             width_kv_);
   {
-    Waiting waiting(wait_s, wait_cpu_s);
+    Waiting waiting(call.backward_wait_s, call.backward_wait_cpu_s);
     for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });
   }
   call.backward_s = seconds_since(t0);
@@ -366,7 +388,6 @@ void RingAttention::forward_bf16(std::uint16_t* out, float* lse, const std::uint
   const double cpu0 = thread_cpu_s();
   Stats call;
   call.forward_calls = 1;
-  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   const std::int64_t half = kv_floats_ / 2;  // elements of keys (values) in a block
   ops_.fill(lse, -std::numeric_limits<float>::infinity(), std::int64_t(s_.b) * s_.nh * s_.t);
   // this rank's keys and values into the first travelling block, as bf16 pairs of floats
@@ -376,16 +397,8 @@ void RingAttention::forward_bf16(std::uint16_t* out, float* lse, const std::uint
   copy_rows(ops_, kv_[0].data() + half / 2, width_kv_ / 2, bs, reinterpret_cast<const float*>(v),
             s_.ld_v / 2, s_.batch_v() / 2, s_.b, s_.t, width_kv_ / 2);
   float* acc = dq_acc_.data();  // out's layout (packed), fp32
-  const std::int64_t msg = block_floats(true);
-  for (int step = 0; step < cp_; step++) {
-    const int src = (rank_ - step + cp_) % cp_;
+  const auto attend = [&](int step, int src) {
     const std::uint16_t* cur = bits(kv_[step % 2].data());
-    parallel::Request send, recv;
-    if (step + 1 < cp_) {
-      recv = group_.irecv(travelling(step + 1, true), msg, prev, kTagKv);
-      send = group_.isend(travelling(step, true), msg, next, kTagKv);
-      count_send(call, msg);
-    }
     for (int qa = 0; qa < 2; qa++)
       for (int kc = 0; kc < 2; kc++) {
         ops::Ops::AttentionShape blk;
@@ -403,12 +416,8 @@ void RingAttention::forward_bf16(std::uint16_t* out, float* lse, const std::uint
         ops_.attention_merge(acc + orow, lse + lrow, part_out_.data() + orow,
                              part_lse_.data() + lrow, blk);
       }
-    {
-      Waiting waiting(call.forward_wait_s, call.forward_wait_cpu_s);
-      send.wait([&] { return ring_step("forward send", step, group_); });
-      recv.wait([&] { return ring_step("forward receive", step, group_); });
-    }
-  }
+  };
+  forward_ring(call, true, attend, [](int) {});  // the blocks are attended to as they come
   ops_.to_bf16(out, acc, std::int64_t(s_.b) * s_.batch_o());
   call.forward_s = seconds_since(t0);
   call.forward_cpu_s = thread_cpu_s() - cpu0;
@@ -424,8 +433,6 @@ void RingAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uin
   const double cpu0 = thread_cpu_s();
   Stats call;
   call.backward_calls = 1;
-  double &wait_s = call.backward_wait_s, &wait_cpu_s = call.backward_wait_cpu_s;
-  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   const std::int64_t width_q = std::int64_t(s_.nh) * s_.hs;
   const std::int64_t bs_q = std::int64_t(s_.t) * width_q;
   const std::int64_t half = kv_floats_ / 2;
@@ -442,24 +449,8 @@ void RingAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uin
             reinterpret_cast<const float*>(v), s_.ld_v / 2, s_.batch_v() / 2, s_.b, s_.t,
             width_kv_ / 2);
   std::uint16_t* dkv16 = bits(dkv16_.data());
-  const std::int64_t msg = block_floats(true);
-  parallel::Request dkv_sent[2];
-  for (int step = 0; step < cp_; step++) {
-    const int src = (rank_ - step + cp_) % cp_;
+  const auto attend = [&](int step, int src, float* dkv) {
     const std::uint16_t* cur = bits(kv_[step % 2].data());
-    parallel::Request send, recv, dkv_recv;
-    if (step + 1 < cp_) {
-      recv = group_.irecv(travelling(step + 1, true), msg, prev, kTagKv);
-      send = group_.isend(travelling(step, true), msg, next, kTagKv);
-      count_send(call, msg);
-    }
-    if (step > 0) dkv_recv = group_.irecv(dkv_in_.data(), kv_floats_, prev, kTagDkv);
-    float* dkv = dkv_[step % 2].data();
-    {
-      Waiting waiting(wait_s, wait_cpu_s);
-      dkv_sent[step % 2].wait([&] { return ring_step("gradient send", step - 2, group_); });
-    }
-    ops_.fill(dkv, 0.0f, kv_floats_);
     for (int qa = 0; qa < 2; qa++)
       for (int kc = 0; kc < 2; kc++) {
         ops::Ops::AttentionShape blk;
@@ -477,37 +468,12 @@ void RingAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uin
         add_widened(dkv, dkv16, width_kv_, std::int64_t(kc) * chunk_);
         add_widened(dkv + half, dkv16 + half, width_kv_, std::int64_t(kc) * chunk_);
       }
-    if (step > 0) {
-      {
-        Waiting waiting(wait_s, wait_cpu_s);
-        dkv_recv.wait([&] { return ring_step("gradient receive", step, group_); });
-      }
-      ops_.add(dkv, dkv, dkv_in_.data(), kv_floats_);
-    }
-    // on to the next holder of src's block; the last hop (home) in bf16, in the travelling
-    // block not attended to now (sent and waited for at the previous step)
-    if (cp_ > 1 && step == cp_ - 1) {
-      float* wire = kv_[(step + 1) % 2].data();
-      ops_.to_bf16(bits(wire), dkv, kv_floats_);
-      dkv_sent[step % 2] = group_.isend(wire, kv_floats_ / 2, next, kTagDkv);
-      count_send(call, kv_floats_ / 2);
-    } else if (cp_ > 1) {
-      dkv_sent[step % 2] = group_.isend(dkv, kv_floats_, next, kTagDkv);
-      count_send(call, kv_floats_);
-    }
-    {
-      Waiting waiting(wait_s, wait_cpu_s);
-      send.wait([&] { return ring_step("backward send", step, group_); });
-      recv.wait([&] { return ring_step("backward receive", step, group_); });
-    }
-  }
+  };
+  parallel::Request dkv_sent[2];  // the gradient block sent at the last two steps
+  backward_ring(call, true, attend, [](int) {}, dkv_sent);
   // this rank's own key/value gradients, bf16: home from the ring (cp 1: narrowed here)
   const float* mine = dkv_in_.data();
-  if (cp_ > 1) {
-    Waiting waiting(wait_s, wait_cpu_s);
-    group_.irecv(dkv_in_.data(), msg, prev, kTagDkv)
-        .wait([&] { return ring_step("gradient return", cp_, group_); });
-  } else {
+  if (cp_ == 1) {
     ops_.to_bf16(dkv16, dkv_[0].data(), kv_floats_);
     mine = dkv16_.data();
   }
@@ -519,7 +485,7 @@ void RingAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uin
   copy_rows(ops_, reinterpret_cast<float*>(dv), s_.ld_v / 2, s_.batch_v() / 2, mine + half / 2,
             width_kv_ / 2, bs_kv / 2, s_.b, s_.t, width_kv_ / 2);
   {
-    Waiting waiting(wait_s, wait_cpu_s);
+    Waiting waiting(call.backward_wait_s, call.backward_wait_cpu_s);
     for (auto& r : dkv_sent) r.wait([&] { return ring_step("gradient send", cp_, group_); });
   }
   call.backward_s = seconds_since(t0);

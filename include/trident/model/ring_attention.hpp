@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,20 @@ class RingAttention {
   // acc (fp32) += the bf16 partial `part` (both [B, t, width] at sequence stride bs), rows
   // [row0, row0 + chunk_) of each sequence, widened through part_out_.
   void add_widened(float* acc, const std::uint16_t* part, std::int64_t width, std::int64_t row0);
+  // The ring's messages, one copy for every precision (forward, backward and their bf16
+  // entry points; bf16_wire: the key/value blocks travel as bf16, block_floats). Forward: at
+  // each step the next block travels while attend(step, src) works on the one held (src's);
+  // arrived(step + 1) once the next one is in.
+  void forward_ring(Stats& call, bool bf16_wire, const std::function<void(int, int)>& attend,
+                    const std::function<void(int)>& arrived);
+  // Backward: the same blocks again, attend(step, src, dkv) adding src's key/value gradient
+  // partials into dkv (fp32, zeroed), which then travels one hop behind, summed with what came
+  // in; with bf16_wire its last hop home is bf16 too (in travelling(cp, true)). Ends with this
+  // rank's own gradients in dkv_in_ (cp 1: none, they are in dkv_[0]); the last two gradient
+  // sends are left in dkv_sent for the caller to wait for after its copies.
+  void backward_ring(Stats& call, bool bf16_wire,
+                     const std::function<void(int, int, float*)>& attend,
+                     const std::function<void(int)>& arrived, parallel::Request (&dkv_sent)[2]);
   void count_send(Stats& call, std::int64_t floats) const {
     call.messages += 1;
     call.bytes += double(floats) * double(sizeof(float));
