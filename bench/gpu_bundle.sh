@@ -21,10 +21,12 @@
 #     MPI then, one process);
 #   * bin/mpirun (Open MPI's orterun) and openmpi/share (its help texts): the GPU machine's
 #     image has no MPI, and the multi-rank steps (device_layouts, issue 29's pipeline_pp4) need
-#     a launcher of the same Open MPI as the bundle's libmpi. gpu_check.sh puts bin/ first on
-#     PATH and OPAL_PKGDATADIR at the help texts. Checked here with the system's Open MPI,
-#     PMIx and HDF5 hidden (unshare -m, tmpfs over their folders): mpi.pipeline_uneven passes
-#     with the bundle's mpirun and trident.
+#     a launcher of the same Open MPI as the bundle's libmpi, and openmpi-mca-params.conf (the
+#     install's component choices). gpu_check.sh puts bin/ first on PATH, OPAL_PKGDATADIR at
+#     the help texts and OMPI_MCA_mca_base_param_files at the choices. Checked here with the
+#     system's Open MPI, PMIx and HDF5 hidden (unshare -m, tmpfs over their folders, /etc/openmpi
+#     included): mpi.pipeline_uneven and mpi.pipeline_zbv pass with the bundle's mpirun and
+#     trident (without the choices, pipeline_zbv's pp 2 messages never arrived).
 # usage: bench/gpu_bundle.sh        knobs: JOBS (nproc), BUILD (build-gpu)
 set -euo pipefail
 
@@ -68,6 +70,13 @@ if [ -n "$ompi_bin" ] && [ -x "$ompi_bin/orterun" ]; then
   mkdir -p "$bundle/bin"
   cp -L "$ompi_bin/orterun" "$bundle/bin/mpirun"
   [ -z "$ompi_data" ] || [ ! -d "$ompi_data" ] || cp -rL "$ompi_data" "$bundle/openmpi/share"
+  # the install's component choices (Debian's: no ofi MTL, no UCX PML, no uct/openib/ofi
+  # BTLs): without them a bare machine's Open MPI picked components under which pipeline
+  # messages never arrived (mpi.pipeline_zbv hung in the bare-machine check)
+  ompi_etc=$(ompi_info --parsable --path sysconfdir 2>/dev/null | sed -n 's/^path:sysconfdir://p')
+  if [ -f "$ompi_etc/openmpi-mca-params.conf" ]; then
+    cp -L "$ompi_etc/openmpi-mca-params.conf" "$bundle/openmpi/openmpi-mca-params.conf"
+  fi
 else
   echo "gpu_bundle: no orterun in Open MPI's bindir: the multi-rank steps will need the GPU machine's mpirun" >&2
 fi

@@ -178,6 +178,12 @@ if [ -n "${PREBUILT:-}" ]; then
   if [ -x "$prebuilt/bin/mpirun" ]; then
     export PATH="$prebuilt/bin:$PATH"
     if [ -d "$prebuilt/openmpi/share" ]; then export OPAL_PKGDATADIR=$prebuilt/openmpi/share; fi
+    # the install's component choices, which a bare machine lacks (gpu_bundle.sh); shared
+    # memory without single-copy (CMA needs ptrace rights that containers often withhold)
+    if [ -f "$prebuilt/openmpi/openmpi-mca-params.conf" ]; then
+      export OMPI_MCA_mca_base_param_files=$prebuilt/openmpi/openmpi-mca-params.conf
+    fi
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
   fi
   tests=$prebuilt/trident_unit_ops_cuda
   gemm=$prebuilt/trident_bench_cublas
