@@ -26,7 +26,8 @@
 #     the help texts and OMPI_MCA_mca_base_param_files at the choices. Checked here with the
 #     system's Open MPI, PMIx and HDF5 hidden (unshare -m, tmpfs over their folders, /etc/openmpi
 #     included): mpi.pipeline_uneven and mpi.pipeline_zbv pass with the bundle's mpirun and
-#     trident (without the choices, pipeline_zbv's pp 2 messages never arrived).
+#     trident (without the choices, pipeline_zbv's pp 2 messages never arrived):
+#     bench/gpu_bundle_bare_check.sh runs that check on a bundle.
 # usage: bench/gpu_bundle.sh        knobs: JOBS (nproc), BUILD (build-gpu)
 set -euo pipefail
 
