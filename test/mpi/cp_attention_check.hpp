@@ -59,13 +59,49 @@ inline double max_err(const FVec& got, const FVec& want, std::int64_t ld, std::i
   return e;
 }
 
-// x rounded to bf16 and widened back (ops: the CPU backend), as the CUDA bf16 block rounds.
-inline FVec round_bf16(trident::ops::Ops& ops, const FVec& x) {
+// x as bf16 bits, and bf16 bits widened (ops: the CPU backend).
+inline std::vector<std::uint16_t> bits_of(trident::ops::Ops& ops, const FVec& x) {
   std::vector<std::uint16_t> h(x.size());
-  FVec r(x.size());
   ops.to_bf16(h.data(), x.data(), std::int64_t(x.size()));
-  ops.from_bf16(r.data(), h.data(), std::int64_t(x.size()));
+  return h;
+}
+inline FVec widen(trident::ops::Ops& ops, const std::vector<std::uint16_t>& h) {
+  FVec r(h.size());
+  ops.from_bf16(r.data(), h.data(), std::int64_t(h.size()));
   return r;
+}
+// x rounded to bf16 and widened back, as the CUDA bf16 block rounds.
+inline FVec round_bf16(trident::ops::Ops& ops, const FVec& x) {
+  return widen(ops, bits_of(ops, x));
+}
+
+// The full sequence length of the CP tests at cp ranks: divisible by 2cp, not by 64.
+inline int test_t(int cp) { return cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp; }
+
+// A rank's local shape (b sequences of t rows, nh query and nkv key-value heads of hs) with
+// its row strides padded by pad_q, pad_k, pad_v, pad_o elements.
+inline trident::ops::Ops::AttentionShape strided_shape(int b, int t, int nh, int nkv, int hs,
+                                                       int pad_q, int pad_k, int pad_v,
+                                                       int pad_o) {
+  trident::ops::Ops::AttentionShape s;
+  s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
+  const std::int64_t wkv = std::int64_t(nkv) * hs;
+  s.ld_q = std::int64_t(nh) * hs + pad_q, s.ld_k = wkv + pad_k, s.ld_v = wkv + pad_v;
+  s.ld_o = std::int64_t(nh) * hs + pad_o;
+  return s;
+}
+
+// q, k, v, dout of shape s drawn from `seed` and rounded to bf16 (bf16-exact operands).
+struct Operands {
+  FVec q, k, v, dout;
+};
+inline Operands bf16_exact_operands(trident::ops::Ops& ops,
+                                    const trident::ops::Ops::AttentionShape& s, unsigned seed) {
+  const std::size_t rows = std::size_t(s.b) * std::size_t(s.t);
+  return {round_bf16(ops, normal(rows * s.ld_q, seed)),
+          round_bf16(ops, normal(rows * s.ld_k, seed + 1)),
+          round_bf16(ops, normal(rows * s.ld_v, seed + 2)),
+          round_bf16(ops, normal(rows * s.ld_o, seed + 3))};
 }
 
 // Where a and b differ in their bits ("" if nowhere).
@@ -103,12 +139,7 @@ BlockSees as_the_block_sees(Attention& attention, trident::ops::Ops& host_ops,
 // The bf16 wire's case: a rank's local shape (b sequences of t rows, nh query and nkv key-value
 // heads of hs) with every row stride padded, so that the wire's packing meets strided rows.
 inline trident::ops::Ops::AttentionShape padded_shape(int b, int t, int nh, int nkv, int hs) {
-  trident::ops::Ops::AttentionShape s;
-  s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
-  const std::int64_t wkv = std::int64_t(nkv) * hs;
-  s.ld_q = std::int64_t(nh) * hs + 3, s.ld_k = wkv + 1, s.ld_v = wkv + 2;
-  s.ld_o = std::int64_t(nh) * hs + 5;
-  return s;
+  return strided_shape(b, t, nh, nkv, hs, 3, 1, 2, 5);
 }
 // The block's view of `attention` with the fp32 wire, then the bf16 wire, on bf16-exact
 // operands drawn from `seed` (ops: the CPU backend); bytes(): what the attention has sent so
@@ -121,11 +152,7 @@ struct WireRuns {
 template <class Attention, class Bytes>
 WireRuns run_both_wires(Attention& attention, trident::ops::Ops& ops,
                         const trident::ops::Ops::AttentionShape& s, unsigned seed, Bytes bytes) {
-  const std::size_t rows = std::size_t(s.b) * std::size_t(s.t);
-  const FVec q = round_bf16(ops, normal(rows * s.ld_q, seed)),
-             k = round_bf16(ops, normal(rows * s.ld_k, seed + 1)),
-             v = round_bf16(ops, normal(rows * s.ld_v, seed + 2)),
-             dout = round_bf16(ops, normal(rows * s.ld_o, seed + 3));
+  const auto [q, k, v, dout] = bf16_exact_operands(ops, s, seed);
   WireRuns r;
   const double before = bytes();
   const BlockSees fp32 = as_the_block_sees(attention, ops, s, q, k, v, dout, false);
@@ -145,22 +172,7 @@ WireRuns run_both_wires(Attention& attention, trident::ops::Ops& ops,
 // CUDA bf16 block calls): row strides padded by even amounts (bf16 rows move as float pairs),
 // out packed as the block's atty is.
 inline trident::ops::Ops::AttentionShape bf16_shape(int b, int t, int nh, int nkv, int hs) {
-  trident::ops::Ops::AttentionShape s;
-  s.b = b, s.t = t, s.nh = nh, s.nkv = nkv, s.hs = hs;
-  const std::int64_t wkv = std::int64_t(nkv) * hs;
-  s.ld_q = std::int64_t(nh) * hs + 2, s.ld_k = wkv + 4, s.ld_v = wkv + 6;
-  s.ld_o = std::int64_t(nh) * hs;
-  return s;
-}
-inline std::vector<std::uint16_t> bits_of(trident::ops::Ops& ops, const FVec& x) {
-  std::vector<std::uint16_t> h(x.size());
-  ops.to_bf16(h.data(), x.data(), std::int64_t(x.size()));
-  return h;
-}
-inline FVec widen(trident::ops::Ops& ops, const std::vector<std::uint16_t>& h) {
-  FVec r(h.size());
-  ops.from_bf16(r.data(), h.data(), std::int64_t(h.size()));
-  return r;
+  return strided_shape(b, t, nh, nkv, hs, 2, 4, 6, 0);
 }
 // The bf16 entry points of `bf16` against the fp32 ones of `fp32` (made for the same group and
 // shape) as the block sees them, on bf16-exact operands drawn from `seed`: the largest error
@@ -177,10 +189,7 @@ Bf16Runs run_bf16_entry_points(Attention32& fp32, Attention16& bf16, trident::op
                                const trident::ops::Ops::AttentionShape& s, unsigned seed,
                                Bytes bytes) {
   const std::size_t rows = std::size_t(s.b) * std::size_t(s.t);
-  const FVec q = round_bf16(ops, normal(rows * s.ld_q, seed)),
-             k = round_bf16(ops, normal(rows * s.ld_k, seed + 1)),
-             v = round_bf16(ops, normal(rows * s.ld_v, seed + 2)),
-             dout = round_bf16(ops, normal(rows * s.ld_o, seed + 3));
+  const auto [q, k, v, dout] = bf16_exact_operands(ops, s, seed);
   const BlockSees want = as_the_block_sees(fp32, ops, s, q, k, v, dout, false);
   const std::vector<std::uint16_t> q16 = bits_of(ops, q), k16 = bits_of(ops, k),
                                    v16 = bits_of(ops, v), dout16 = bits_of(ops, dout);

@@ -40,7 +40,7 @@ struct Case {
 void check_ring(const Case& c) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
-  const int t_full = cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp;  // divisible by 2cp, not by 64
+  const int t_full = test_t(cp);
   const int tl = t_full / cp;
   Ops::AttentionShape full;
   full.b = c.b, full.t = t_full, full.nh = c.nh, full.nkv = c.nkv, full.hs = c.hs;
@@ -185,7 +185,7 @@ TEST(RingAttention, OnDeviceMemoryStagedMpi) { check_ring({2, 4, 2, 8, true, tru
 TEST(RingAttention, Bf16WireSameBits) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
-  const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
+  const int tl = test_t(cp) / cp;
   const Ops::AttentionShape local = padded_shape(2, tl, 4, 2, 8);
   auto ops = trident::ops::make_cpu_ops(1);
   par::Comm cp_group = world.split(0, rank, "cp");
@@ -209,7 +209,7 @@ TEST(RingAttention, Bf16WireSameBits) {
 TEST(RingAttention, Bf16EntryPointsMatchFp32) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
-  const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
+  const int tl = test_t(cp) / cp;
   const Ops::AttentionShape local = bf16_shape(2, tl, 4, 2, 8);
   auto ops = trident::ops::make_cpu_ops(1);
   par::Comm cp_group = world.split(0, rank, "cp");

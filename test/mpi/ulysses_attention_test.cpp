@@ -42,7 +42,7 @@ struct Case {
 void check_ulysses(const Case& c) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
-  const int t_full = cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp;  // divisible by 2cp, not by 64
+  const int t_full = test_t(cp);
   const int tl = t_full / cp;
   Ops::AttentionShape full;
   full.b = c.b, full.t = t_full, full.nh = c.nh, full.nkv = c.nkv, full.hs = c.hs;
@@ -180,7 +180,7 @@ TEST(UlyssesAttention, HeadsNotDivisibleByCpAreRefused) {
 TEST(UlyssesAttention, Bf16WireSameBits) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
-  const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
+  const int tl = test_t(cp) / cp;
   const Ops::AttentionShape local = padded_shape(2, tl, 8, 4, 8);
   auto ops = trident::ops::make_cpu_ops(1);
   par::Comm cp_group = world.split(0, rank, "cp");
@@ -203,17 +203,15 @@ TEST(UlyssesAttention, Bf16WireSameBits) {
 TEST(UlyssesAttention, Bf16EntryPointsMatchFp32) {
   par::Comm world = par::Comm::world();
   const int cp = world.size(), rank = world.rank();
-  const int tl = (cp == 2 ? 24 : cp == 4 ? 40 : 12 * cp) / cp;
+  const int tl = test_t(cp) / cp;
   const Ops::AttentionShape local = bf16_shape(2, tl, 8, 4, 8);
   auto ops = trident::ops::make_cpu_ops(1);
   par::Comm cp_group = world.split(0, rank, "cp");
   model::UlyssesAttention uly32(*ops, cp_group, local);
   model::UlyssesAttention uly16(*ops, cp_group, local, true);
   EXPECT_EQ(uly16.buffer_bytes() * 2, uly32.buffer_bytes());
-  const double before = cp_group.counters().bytes;
   const WireRuns w32 = run_both_wires(uly32, *ops, local, 1100u + 10u * unsigned(rank),
                                       [&] { return cp_group.counters().bytes; });
-  (void)before;
   const Bf16Runs r = run_bf16_entry_points(uly32, uly16, *ops, local, 1100u + 10u * unsigned(rank),
                                            [&] { return cp_group.counters().bytes; });
   EXPECT_TRUE(r.same_bits) << "out " << r.rel[0] << " lse " << r.rel[1] << " dq " << r.rel[2]
