@@ -136,81 +136,106 @@ void UlyssesAttention::gather_qkv(const float* q, const float* k, const float* v
   unpack_full(Q + full_rows * (f.ld_q + f.ld_k) / u_, s_.nkv, f.ld_q + f.ld_k);
 }
 
-void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
-                               const float* v, bool bf16_exact) {
-  TRIDENT_CHECK(u_ == 1, "internal: ulysses attention made for bf16 called on fp32");
+namespace {
+// The element types the moves below see as floats (bf16: pairs of elements, u_ == 2), and the
+// attention of each type.
+float* as_floats(float* p) { return p; }
+const float* as_floats(const float* p) { return p; }
+float* as_floats(std::uint16_t* p) { return reinterpret_cast<float*>(p); }
+const float* as_floats(const std::uint16_t* p) { return reinterpret_cast<const float*>(p); }
+void attend(ops::Ops& ops, float* o, float* lse, const float* q, const float* k, const float* v,
+            const ops::Ops::AttentionShape& f) {
+  ops.attention_forward(o, lse, q, k, v, f);
+}
+void attend(ops::Ops& ops, std::uint16_t* o, float* lse, const std::uint16_t* q,
+            const std::uint16_t* k, const std::uint16_t* v, const ops::Ops::AttentionShape& f) {
+  ops.attention_forward_bf16(o, lse, q, k, v, f);
+}
+void attend_backward(ops::Ops& ops, float* dq, float* dk, float* dv, const float* dout,
+                     const float* out, const float* lse, const float* q, const float* k,
+                     const float* v, const ops::Ops::AttentionShape& f) {
+  ops.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, f);
+}
+void attend_backward(ops::Ops& ops, std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
+                     const std::uint16_t* dout, const std::uint16_t* out, const float* lse,
+                     const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                     const ops::Ops::AttentionShape& f) {
+  ops.attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, f);
+}
+}  // namespace
+
+// fp32 (T float; wire16: bf16 on the wire, exact under the bf16 block's hook) or bf16 (T
+// uint16_t, u_ 2: every buffer bf16, nothing widened or rounded on the way).
+template <class T>
+void UlyssesAttention::forward_as(T* out, float* lse, const T* q, const T* k, const T* v,
+                                  bool wire16) {
   const ops::Ops::AttentionShape f = full_shape();
   const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
-  gather_qkv(q, k, v, bf16_exact);
-  float* Q = qkv_full_.data();
-  float* K = Q + full_rows * f.ld_q;
-  float* V = K + full_rows * f.ld_k;
-  ops_.attention_forward(od_full_.data(), lse, Q, K, V, f);
+  gather_qkv(as_floats(q), as_floats(k), as_floats(v), wire16);
+  T* Q = reinterpret_cast<T*>(qkv_full_.data());
+  T* K = Q + full_rows * f.ld_q;
+  T* V = K + full_rows * f.ld_k;
+  T* O = reinterpret_cast<T*>(od_full_.data());
+  attend(ops_, O, lse, Q, K, V, f);
   // the output back to the rows it belongs to
   row_w_ = f.ld_o;
   block_ = rows * row_w_;
-  pack_full(od_full_.data(), s_.nh, 0);
-  exchange(bf16_exact);
-  unpack(out, s_.ld_o, s_.batch_o(), s_.nh, 0);
+  pack_full(as_floats(O), s_.nh, 0);
+  exchange(wire16);
+  unpack(as_floats(out), s_.ld_o, s_.batch_o(), s_.nh, 0);
+}
+
+template <class T>
+void UlyssesAttention::backward_as(T* dq, T* dk, T* dv, const T* dout, const T* out,
+                                   const float* lse, const T* q, const T* k, const T* v,
+                                   bool wire16) {
+  const ops::Ops::AttentionShape f = full_shape();
+  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
+  // out | dout, then q | k | v, as the forward sent them
+  row_w_ = 2 * f.ld_o;
+  block_ = rows * row_w_;
+  pack(as_floats(out), s_.ld_o, s_.batch_o(), s_.nh, 0);
+  pack(as_floats(dout), s_.ld_o, s_.batch_o(), s_.nh, f.ld_o);
+  exchange(wire16);
+  T* O = reinterpret_cast<T*>(od_full_.data());
+  T* dO = O + full_rows * f.ld_o;
+  unpack_full(as_floats(O), s_.nh, 0);
+  unpack_full(as_floats(dO), s_.nh, f.ld_o);
+  gather_qkv(as_floats(q), as_floats(k), as_floats(v), wire16);
+  T* Q = reinterpret_cast<T*>(qkv_full_.data());
+  T* K = Q + full_rows * f.ld_q;
+  T* V = K + full_rows * f.ld_k;
+  // the received blocks are spent: the whole-sequence gradients go there
+  T* dQ = reinterpret_cast<T*>(recv_.data());
+  T* dK = dQ + full_rows * f.ld_q;
+  T* dV = dK + full_rows * f.ld_k;
+  attend_backward(ops_, dQ, dK, dV, dO, O, lse, Q, K, V, f);
+  pack_full(as_floats(dQ), s_.nh, 0);
+  pack_full(as_floats(dK), s_.nkv, f.ld_q);
+  pack_full(as_floats(dV), s_.nkv, f.ld_q + f.ld_k);
+  exchange(wire16);
+  unpack(as_floats(dq), s_.ld_q, s_.batch_q(), s_.nh, 0);
+  unpack(as_floats(dk), s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
+  unpack(as_floats(dv), s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
+}
+
+void UlyssesAttention::forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, bool bf16_exact) {
+  TRIDENT_CHECK(u_ == 1, "internal: ulysses attention made for bf16 called on fp32");
+  forward_as(out, lse, q, k, v, bf16_exact);
 }
 
 void UlyssesAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                                 const float* out, const float* lse, const float* q,
                                 const float* k, const float* v, bool bf16_exact) {
   TRIDENT_CHECK(u_ == 1, "internal: ulysses attention made for bf16 called on fp32");
-  const ops::Ops::AttentionShape f = full_shape();
-  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
-  // out | dout, then q | k | v, as the forward sent them
-  row_w_ = 2 * f.ld_o;
-  block_ = rows * row_w_;
-  pack(out, s_.ld_o, s_.batch_o(), s_.nh, 0);
-  pack(dout, s_.ld_o, s_.batch_o(), s_.nh, f.ld_o);
-  exchange(bf16_exact);
-  float* O = od_full_.data();
-  float* dO = O + full_rows * f.ld_o;
-  unpack_full(O, s_.nh, 0);
-  unpack_full(dO, s_.nh, f.ld_o);
-  gather_qkv(q, k, v, bf16_exact);
-  float* Q = qkv_full_.data();
-  float* K = Q + full_rows * f.ld_q;
-  float* V = K + full_rows * f.ld_k;
-  // the received blocks are spent: the whole-sequence gradients go there
-  float* dQ = recv_.data();
-  float* dK = dQ + full_rows * f.ld_q;
-  float* dV = dK + full_rows * f.ld_k;
-  ops_.attention_backward(dQ, dK, dV, dO, O, lse, Q, K, V, f);
-  pack_full(dQ, s_.nh, 0);
-  pack_full(dK, s_.nkv, f.ld_q);
-  pack_full(dV, s_.nkv, f.ld_q + f.ld_k);
-  exchange(bf16_exact);
-  unpack(dq, s_.ld_q, s_.batch_q(), s_.nh, 0);
-  unpack(dk, s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
-  unpack(dv, s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
+  backward_as(dq, dk, dv, dout, out, lse, q, k, v, bf16_exact);
 }
 
-namespace {
-float* as_floats(std::uint16_t* p) { return reinterpret_cast<float*>(p); }
-const float* as_floats(const std::uint16_t* p) { return reinterpret_cast<const float*>(p); }
-}  // namespace
-
-// The same moves as forward() and backward() on bf16 buffers: nothing widened or rounded on
-// the way, the attention on the gathered bf16 (the caller's products read bf16 anyway).
 void UlyssesAttention::forward_bf16(std::uint16_t* out, float* lse, const std::uint16_t* q,
                                     const std::uint16_t* k, const std::uint16_t* v) {
   TRIDENT_CHECK(u_ == 2, "internal: ulysses attention made for fp32 called on bf16");
-  const ops::Ops::AttentionShape f = full_shape();
-  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
-  gather_qkv(as_floats(q), as_floats(k), as_floats(v), true);
-  auto* Q = reinterpret_cast<std::uint16_t*>(qkv_full_.data());
-  std::uint16_t* K = Q + full_rows * f.ld_q;
-  std::uint16_t* V = K + full_rows * f.ld_k;
-  auto* O = reinterpret_cast<std::uint16_t*>(od_full_.data());
-  ops_.attention_forward_bf16(O, lse, Q, K, V, f);
-  row_w_ = f.ld_o;
-  block_ = rows * row_w_;
-  pack_full(od_full_.data(), s_.nh, 0);
-  exchange(true);
-  unpack(as_floats(out), s_.ld_o, s_.batch_o(), s_.nh, 0);
+  forward_as(out, lse, q, k, v, true);
 }
 
 void UlyssesAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::uint16_t* dv,
@@ -218,33 +243,7 @@ void UlyssesAttention::backward_bf16(std::uint16_t* dq, std::uint16_t* dk, std::
                                      const float* lse, const std::uint16_t* q,
                                      const std::uint16_t* k, const std::uint16_t* v) {
   TRIDENT_CHECK(u_ == 2, "internal: ulysses attention made for fp32 called on bf16");
-  const ops::Ops::AttentionShape f = full_shape();
-  const std::int64_t rows = std::int64_t(s_.b) * s_.t, full_rows = rows * cp_;
-  row_w_ = 2 * f.ld_o;
-  block_ = rows * row_w_;
-  pack(as_floats(out), s_.ld_o, s_.batch_o(), s_.nh, 0);
-  pack(as_floats(dout), s_.ld_o, s_.batch_o(), s_.nh, f.ld_o);
-  exchange(true);
-  auto* O = reinterpret_cast<std::uint16_t*>(od_full_.data());
-  std::uint16_t* dO = O + full_rows * f.ld_o;
-  unpack_full(od_full_.data(), s_.nh, 0);
-  unpack_full(as_floats(dO), s_.nh, f.ld_o);
-  gather_qkv(as_floats(q), as_floats(k), as_floats(v), true);
-  auto* Q = reinterpret_cast<std::uint16_t*>(qkv_full_.data());
-  std::uint16_t* K = Q + full_rows * f.ld_q;
-  std::uint16_t* V = K + full_rows * f.ld_k;
-  // the received blocks are spent: the whole-sequence gradients go there
-  auto* dQ = reinterpret_cast<std::uint16_t*>(recv_.data());
-  std::uint16_t* dK = dQ + full_rows * f.ld_q;
-  std::uint16_t* dV = dK + full_rows * f.ld_k;
-  ops_.attention_backward_bf16(dQ, dK, dV, dO, O, lse, Q, K, V, f);
-  pack_full(as_floats(dQ), s_.nh, 0);
-  pack_full(as_floats(dK), s_.nkv, f.ld_q);
-  pack_full(as_floats(dV), s_.nkv, f.ld_q + f.ld_k);
-  exchange(true);
-  unpack(as_floats(dq), s_.ld_q, s_.batch_q(), s_.nh, 0);
-  unpack(as_floats(dk), s_.ld_k, s_.batch_k(), s_.nkv, f.ld_q);
-  unpack(as_floats(dv), s_.ld_v, s_.batch_v(), s_.nkv, f.ld_q + f.ld_k);
+  backward_as(dq, dk, dv, dout, out, lse, q, k, v, true);
 }
 
 }  // namespace trident::model

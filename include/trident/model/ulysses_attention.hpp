@@ -90,6 +90,13 @@ class UlyssesAttention {
   void gather_qkv(const float* q, const float* k, const float* v, bool bf16);
   // The whole-sequence shape of this rank's heads, packed rows.
   ops::Ops::AttentionShape full_shape() const;
+  // forward / backward on either element type (float, or bf16 as std::uint16_t on a bf16
+  // object): the same moves, the attention of that type (ulysses_attention.cpp).
+  template <class T>
+  void forward_as(T* out, float* lse, const T* q, const T* k, const T* v, bool wire16);
+  template <class T>
+  void backward_as(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                   const T* q, const T* k, const T* v, bool wire16);
 
   ops::Ops& ops_;
   parallel::Comm& group_;
