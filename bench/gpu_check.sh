@@ -31,7 +31,8 @@
 #      step (bench/gpu_torch_peer.py: bf16 autocast, SDPA, fused AdamW), MFU against the same
 #      assumed peak, and trident's step over PyTorch's (issue 27 asks for <= 0.8);
 #   6c. the per-op table of one steady GPT-2 small step (bench/gpu_op_table.py: TRIDENT_OP_TIMING),
-#      now and with TRIDENT_CUDA_BASELINE=1 (the paths before issue 27): before/after;
+#      now and with TRIDENT_CUDA_BASELINE=1 (the paths before issue 27): before/after; and the
+#      events' sum over 6's wall-clock step (what is left: launch gaps, host work, syncs);
 #   6d. the same steady step with TRIDENT_CUDA_LT_TUNE=1 (each cuBLASLt plan's algorithm timed
 #      among the heuristic's candidates; src/ops/cuda/lt_tune.hpp) against 6c's "now" (unset),
 #      lt_tune/op_table.json, and the tuning's own line (shapes, ms) from its log;
@@ -613,6 +614,23 @@ PY
     echo
     echo "Per-op GPU time of one steady step (bench/gpu_op_table.py; op_table/op_table.json):"
     cat "$out/op_table/op_table.txt"
+  fi
+  if [ -s "$out/op_table/op_table.json" ] && [ -s "$out/train_bench/gpu_train_bench.json" ]; then
+    echo
+    "$python" - "$out/op_table/op_table.json" "$out/train_bench/gpu_train_bench.json" <<'PY' || true
+# The events time the ops only: what is left of the step's wall time is host work and the
+# GPU waiting for it (launch overhead, synchronizations): what CUDA graphs would win back.
+import json, sys
+ops = json.load(open(sys.argv[1]))
+steps = {r["model"]: r for r in json.load(open(sys.argv[2]))["results"] if "error" not in r}
+print("GPU time inside ops / step wall time (op_table's events over train_bench's median step):")
+for name, step in steps.items():
+    now = ops.get(f"{name}/now")
+    if now and step.get("median_step_s"):
+        wall = 1e3 * step["median_step_s"]
+        print(f"  {name:<8} {now['step_ms']:8.1f} of {wall:8.1f} ms ({100 * now['step_ms'] / wall:.1f}%; "
+              f"the rest: launch gaps, host work, synchronizations)")
+PY
   fi
   if [ -s "$out/lt_tune/op_table.json" ]; then
     echo
