@@ -5,7 +5,9 @@ the same buffers, so the losses and the final weights must be those of eager tra
 bit; the end-of-run line "CUDA graphs: N captured, M microbatches launched as graphs" must
 count launches (> 0), so that the check cannot pass by running eagerly. Cases: GPT-2 fp32;
 GPT-2 bf16 (the fused block and head); GPT-2 bf16 with TRIDENT_CUDA_FUSED_HEAD=0; Llama bf16
-with selective recompute; dp 2 with ZeRO-1 (the bucket sync after the last microbatch).
+with selective recompute; GPT-2 bf16 with full recompute; with evaluation and a checkpoint
+between launches; dp 2 with ZeRO-1 (the bucket sync after the last microbatch). Refused:
+gpipe (its backward does not follow its forward), pipedream-2bw, pp 2.
 Failures (the stand-in's TRIDENT_EMU_CAPTURE_FAIL): the capture invalidated at its end, a
 cuBLAS call refused half way through the forward, the capture refused at its start, the
 instantiation refused: one line "CUDA graphs: capture failed (...): microbatches run
@@ -15,6 +17,7 @@ usage: TRIDENT=... TRIDENT_TEST_OUT=... python3 cuda_graphs.py (emulate/train.sh
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 import h5py
@@ -64,7 +67,12 @@ def main():
              ("gpt2-bf16", 1, bf16, {}),
              ("gpt2-bf16-composed-head", 1, bf16, {"TRIDENT_CUDA_FUSED_HEAD": "0"}),
              ("llama-bf16-selective", 1, [*bf16, 'model.arch="llama"',
-                                          'parallel.recompute="selective"'], {})]
+                                          'parallel.recompute="selective"'], {}),
+             ("gpt2-bf16-full-recompute", 1, [*bf16, 'parallel.recompute="full"'], {}),
+             # evaluation (its own executor) and a checkpoint between the launches
+             ("gpt2-bf16-eval-checkpoint", 1, [*bf16, "train.eval_every=1",
+                                               'data.valid="tokens.h5"', "train.eval_batches=3",
+                                               "io.checkpoint_every=2"], {})]
     if mpi:
         cases.append(("gpt2-dp2-zero", 2, ["parallel.dp=2", "parallel.zero_stage=1",
                                            "parallel.grad_bucket_mb=0.02"], {}))
@@ -98,6 +106,23 @@ def main():
         t.check(line == want, f"{knob}: captured, launched, eager = {line} (expected {want})")
         t.check(np.array_equal(loss, eager_loss) and same(w, eager_w),
                 f"{knob}: losses and weights equal eager training's bit for bit")
+
+    # Refused: one line naming the keys, a non-zero exit (every rank).
+    refusals = [("gpipe", 1, ['parallel.schedule="gpipe"'], "parallel.schedule = gpipe"),
+                ("pipedream-2bw", 1, ['parallel.schedule="pipedream-2bw"'],
+                 "one synchronous weight update a step")]
+    if mpi:
+        refusals += [("pp2", 2, ["parallel.pp=2"], "expected parallel.tp = 1, parallel.pp = 1")]
+    for name, np_, sets, words in refusals:
+        cmd = [lc.TRIDENT, "train", "deck.toml"]
+        for kv in [*CUDA, *sets, "runtime.cuda_graphs=true", f"io.out_dir=refused-{name}"]:
+            cmd += ["--set", kv]
+        if np_ > 1:
+            cmd = ["mpirun", "-np", str(np_), "--oversubscribe", *cmd]
+        p = subprocess.run(cmd, cwd=t.out, capture_output=True, text=True, timeout=120)
+        errors = [x for x in (p.stdout + p.stderr).splitlines() if x.startswith("trident: error:")]
+        t.check(p.returncode != 0 and len(errors) == 1 and "runtime.cuda_graphs" in errors[0] and
+                words in errors[0], f"refused {name}: {errors[:1]}")
     t.finish()
 
 
