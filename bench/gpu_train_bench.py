@@ -402,7 +402,8 @@ def main():
         f.write(text)
     print(text, end="")
     log(f"wrote {args.out}/gpu_train_bench.json and .txt")
-    return 1 if any("error" in r for r in results) else 0
+    return 1 if any("error" in r or (r.get("cuda_graphs") or {}).get("error")
+                    for r in results) else 0
 
 
 if __name__ == "__main__":

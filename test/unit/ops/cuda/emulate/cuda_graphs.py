@@ -6,7 +6,8 @@ bit; the end-of-run line "CUDA graphs: N captured, M microbatches launched as gr
 count launches (> 0), so that the check cannot pass by running eagerly. Cases: GPT-2 fp32;
 GPT-2 bf16 (the fused block and head); GPT-2 bf16 with TRIDENT_CUDA_FUSED_HEAD=0; Llama bf16
 with selective recompute; GPT-2 bf16 with full recompute; with evaluation and a checkpoint
-between launches; dp 2 with ZeRO-1 (the bucket sync after the last microbatch). Refused:
+between launches; dp 2 with ZeRO-1 in bf16 with evaluation (the bucket sync after the last
+microbatch; the weight cache stale after the all-gather, fresh after the evaluation). Refused:
 gpipe (its backward does not follow its forward), pipedream-2bw, pp 2.
 Failures (the stand-in's TRIDENT_EMU_CAPTURE_FAIL): the capture invalidated at its end, a
 cuBLAS call refused half way through the forward, the capture refused at its start, the
@@ -74,8 +75,12 @@ def main():
                                                'data.valid="tokens.h5"', "train.eval_batches=3",
                                                "io.checkpoint_every=2"], {})]
     if mpi:
-        cases.append(("gpt2-dp2-zero", 2, ["parallel.dp=2", "parallel.zero_stage=1",
-                                           "parallel.grad_bucket_mb=0.02"], {}))
+        # bf16 with evaluation: ZeRO-1's all-gather makes the weight cache stale after each
+        # step, the evaluation fresh again (Ops::before_graph converts before each launch)
+        cases.append(("gpt2-bf16-dp2-zero-eval", 2, [*bf16, "parallel.dp=2", "parallel.zero_stage=1",
+                                                    "parallel.grad_bucket_mb=0.02",
+                                                    "train.eval_every=1", 'data.valid="tokens.h5"',
+                                                    "train.eval_batches=2"], {}))
     microbatches = GBS // MBS
     eager = {}
     for name, np_, sets, env in cases:
