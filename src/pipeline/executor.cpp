@@ -15,6 +15,8 @@
 // (StageModel::shares_boundary): each send follows its F and each receive is copied in just
 // before its B, so that holds; the head chunk's output gradient, which its F computes, waits
 // there only where its B comes next (head_gradient_waits), else in a row of the executor's.
+// Graphs (runtime.cuda_graphs, GraphState in executor.hpp): on one rank, an F followed by its
+// B runs as one backend graph per activation slot (forward_backward), from the second run on.
 #include "trident/pipeline/executor.hpp"
 
 #include <algorithm>
