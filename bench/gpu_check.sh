@@ -18,7 +18,8 @@
 #      test/mpi/device_layouts.py directly, under the bundle's mpirun;
 #   3b. the per-op timing's check with CUDA events (test/unit/ops/cuda/emulate/op_timing.py)
 #      and the bf16 weight cache's (emulate/weight_cache.py: cached = uncached, bit for bit),
-#      cuDNN attention's fallback line and whether it ran in training (cudnn_fallback.py);
+#      cuDNN attention's fallback line and whether it ran in training (cudnn_fallback.py),
+#      runtime.cuda_graphs against eager training bit for bit (cuda_graphs.py);
 #   3c. causal bf16 attention at B 8, T 1024, NH 12, hs 64 by each path: cuDNN, trident's
 #      tensor-core kernels, its scalar ones (trident_bench_cuda_attention), and PyTorch's SDPA
 #      where torch sees the GPU (bench/gpu_attention_torch.py): ms and TFLOP/s forward and
@@ -27,6 +28,8 @@
 #   5. an op-level step estimate through the CUDA backend (bench/cuda_step_bench.cpp);
 #   6. `trident train` end to end on the GPU, GPT-2 small and medium in bf16: tokens/s and MFU
 #      (bench/gpu_train_bench.py; trident runs as a single rank without mpirun);
+#   6a. GPT-2 small's step without and with runtime.cuda_graphs (gpu_train_bench.py
+#      --cuda-graphs, 8 steps each): both step times, the losses bit for bit (graphs_bench/);
 #   6b. the same-machine peer: PyTorch on this GPU, the same GPT-2 small and medium and the same
 #      step (bench/gpu_torch_peer.py: bf16 autocast, SDPA, fused AdamW), MFU against the same
 #      assumed peak, and trident's step over PyTorch's (issue 27 asks for <= 0.8);
@@ -44,7 +47,7 @@
 #      idle per schedule against the simulator, the auto split against the even one).
 # They run in this order: 0, 1, then 9 in the background on four CPUs of its own (every other
 # step on the rest; it needs no GPU, and last it would find the budget spent), 1b, 2, 3c, 4, 5,
-# 6, 6b, 6c, 6d, then 3 and 3b, 7, 8: the figures before the longer checks in training, so that
+# 6, 6a, 6b, 6c, 6d, then 3 and 3b, 7, 8: the figures before the longer checks in training, so that
 # these cannot spend the budget the figures need.
 # Writes summary.txt and summary.json (and each step's log and output) to $OUT when set, else
 # to build-gpu/gpu-check/. Each step runs even if an earlier one failed (where it can); the
@@ -61,7 +64,8 @@
 #        PIPELINE_TIMEOUT (120 s), PEER (1), PEER_TIMEOUT (100 s), PEER_COMPILE (0: also a
 #        torch.compile'd peer when 1), OP_TABLE (1), OP_TABLE_TIMEOUT (120 s),
 #        PIPELINE_PP4 (1), PIPELINE_PP4_TIMEOUT (300 s: in the background, not out of BUDGET_S),
-#        PIPELINE_PP4_MIN_CPUS (8), LT_TUNE (1), LT_TUNE_TIMEOUT (60 s)
+#        PIPELINE_PP4_MIN_CPUS (8), LT_TUNE (1), LT_TUNE_TIMEOUT (60 s), GRAPHS_BENCH (1),
+#        GRAPHS_BENCH_TIMEOUT (90 s)
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -346,6 +350,25 @@ else
   fi
 fi
 
+# runtime.cuda_graphs: GPT-2 small's step without and with graphs (8 steps each), both
+# medians and whether the losses are equal bit for bit (graphs_bench/).
+if [ "${GRAPHS_BENCH:-1}" = 0 ]; then
+  skip graphs_bench "GRAPHS_BENCH=0"
+elif [ ! -x "$trident" ]; then
+  skip graphs_bench "no trident binary"
+elif ! command -v "$python" >/dev/null 2>&1; then
+  skip graphs_bench "no $python"
+else
+  t=$(bounded "${GRAPHS_BENCH_TIMEOUT:-90}")
+  if [ "$t" -eq 0 ]; then
+    skip graphs_bench "time budget spent"
+  else
+    step graphs_bench timeout "$t" "$python" "$src/bench/gpu_train_bench.py" --trident "$trident" \
+         --out "$out/graphs_bench" --models small --steps 8 --warmup 3 --cuda-graphs \
+         --timeout $(((t - 10) / 2))
+  fi
+fi
+
 # The same-machine peer: PyTorch with the same models and step (needs torch with CUDA).
 if [ "${PEER:-1}" = 0 ]; then
   skip torch_peer "PEER=0"
@@ -455,6 +478,9 @@ emulate_script weight_cache_test 90 weight_cache.py
 # cuDNN attention in bf16 training: the fallback line (TRIDENT_CUDNN=0, a missing library) and,
 # where cuDNN runs, its rows in the per-op table and losses within 1e-3 of trident's kernel.
 emulate_script cudnn_fallback_test 60 cudnn_fallback.py
+# runtime.cuda_graphs in training: GPT-2 and Llama, fp32 and bf16, dp 2: losses and weights
+# with graphs equal eager ones bit for bit, and the graphs were launched.
+emulate_script cuda_graphs_test 60 cuda_graphs.py
 
 # The pipeline's idle time at pp = 4, m = 8 on this machine's CPU cores (CPU backend, one
 # thread per rank: a core each, which a 2-core CI machine cannot give), this trident against
@@ -587,6 +613,9 @@ json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }
     echo
     cat "$out/train_bench/gpu_train_bench.txt"
   fi
+  if [ -s "$out/graphs_bench/gpu_train_bench.txt" ]; then
+    sed -n '/^runtime.cuda_graphs/,$p' "$out/graphs_bench/gpu_train_bench.txt"
+  fi
   if [ -s "$out/env_probe.log" ]; then
     echo
     echo "Machine (bench/gpu_probe.py; env_probe.json):"
@@ -690,6 +719,12 @@ PY
   printf ',\n  "train_bench": '
   if [ -s "$out/train_bench/gpu_train_bench.json" ]; then
     sed -e '2,$s/^/  /' "$out/train_bench/gpu_train_bench.json"
+  else
+    printf 'null'
+  fi
+  printf ',\n  "graphs_bench": '
+  if [ -s "$out/graphs_bench/gpu_train_bench.json" ]; then
+    sed -e '2,$s/^/  /' "$out/graphs_bench/gpu_train_bench.json"
   else
     printf 'null'
   fi

@@ -25,12 +25,16 @@ For each model:
 
 Writes gpu_train_bench.json and gpu_train_bench.txt (the table) to --out.
 
+  --cuda-graphs  each model twice, without and with runtime.cuda_graphs = true: both median
+               step times and whether the loss curves are equal bit for bit (metrics.h5;
+               "cuda_graphs" in the json, a second table in the txt).
+
   --cpu-smoke  a tiny model on runtime.device = "cpu" (fp32) for a few steps, no cuBLAS: proves
                the script on a machine without a GPU (the "MFU" there is against the same GPU
                peak, i.e. meaningless, and labelled so).
 
 Usage: gpu_train_bench.py [--trident PATH] [--cublas PATH] [--out DIR] [--models small,medium]
-                          [--steps N] [--warmup N] [--timeout S] [--cpu-smoke]
+                          [--steps N] [--warmup N] [--timeout S] [--cpu-smoke] [--cuda-graphs]
 (TRIDENT and TRIDENT_BENCH_CUBLAS in the environment also name the binaries.)
 Exit status: 0 when every model ran, 1 when one failed (the others are still reported).
 """
@@ -176,16 +180,26 @@ def run_cublas(cublas, name, m, n, k, timeout):
     return None, "trident_bench_cublas printed no bf16 row"
 
 
-def run_model(args, name, spec, work, data):
+def losses(metrics):
+    """metrics.h5's loss column (None without h5py or the file)."""
+    try:
+        import h5py
+        with h5py.File(metrics, "r") as f:
+            return [float(x) for x in f["loss"][...]]
+    except (ImportError, OSError, KeyError):
+        return None
+
+
+def run_model(args, name, spec, work, data, graphs=False):
     m = spec["model"]
     seq = spec.get("seq", SEQ)
     vocab = spec.get("vocab", VOCAB)
     micro, accum = spec["micro"], spec["accum"]
     global_batch = micro * accum
     device, precision = ("cpu", "fp32") if args.cpu_smoke else ("cuda", "bf16")
-    out_dir = os.path.join(work, f"run-{name}")
+    out_dir = os.path.join(work, f"run-{name}" + ("-graphs" if graphs else ""))
     shutil.rmtree(out_dir, ignore_errors=True)
-    deck = os.path.join(work, f"{name}.toml")
+    deck = os.path.join(work, f"{name}{'-graphs' if graphs else ''}.toml")
     write_deck(deck, {
         "model": dict(vocab_size=vocab, seq_len=seq, **m),
         "parallel": {"micro_batch_size": micro},
@@ -194,7 +208,8 @@ def run_model(args, name, spec, work, data):
         "data": {"train": data},
         "io": {"out_dir": out_dir, "checkpoint_every": 0, "keep_checkpoints": 1,
                "resume": "none"},
-        "runtime": {"device": device, "precision": precision, "threads": args.threads},
+        "runtime": {"device": device, "precision": precision, "threads": args.threads,
+                    **({"cuda_graphs": True} if graphs else {})},
     })
     n_params = params(m["n_layer"], m["d_model"], vocab, seq)
     fpt = flops_per_token(m["n_layer"], m["d_model"], vocab, seq)
@@ -225,6 +240,9 @@ def run_model(args, name, spec, work, data):
     # trident's own memory report: the start-up prediction (under bf16 the layers' stash at 2
     # bytes) and the arena's measured high-water mark at the end
     r["memory"] = [ln.strip() for ln in p.stdout.splitlines() if ln.startswith("memory: rank 0")]
+    r["losses"] = losses(os.path.join(out_dir, "metrics.h5"))
+    r["graphs_line"] = next((ln.strip() for ln in (p.stdout + p.stderr).splitlines()
+                             if "CUDA graphs:" in ln), None)
     times, source = step_times(os.path.join(out_dir, "metrics.h5"), p.stdout, tokens_per_step)
     r["step_time_source"] = source
     steady = times[args.warmup:]
@@ -240,8 +258,8 @@ def run_model(args, name, spec, work, data):
               "peak_tflops_assumed": args.peak_tflops,
               "mfu_vs_peak": round(achieved / args.peak_tflops, 4)})
     # the cuBLAS ceiling on this model's largest product (the LM head), in the same run
-    if args.cpu_smoke:
-        r["cublas_note"] = "not measured (--cpu-smoke)"
+    if args.cpu_smoke or graphs:
+        r["cublas_note"] = "not measured (--cpu-smoke)" if args.cpu_smoke else "not measured"
     else:
         shape = (micro * seq, vocab, m["d_model"])
         tfl, why = run_cublas(args.cublas, f"{name}_lm_head", *shape, timeout=120)
@@ -253,6 +271,39 @@ def run_model(args, name, spec, work, data):
             r["cublas_tflops"] = tfl
             r["mfu_vs_cublas"] = round(achieved / tfl, 4)
     return r
+
+
+def with_graphs(args, name, spec, work, data):
+    """The model's step without and with runtime.cuda_graphs: the first run's result with
+    "cuda_graphs": both medians, whether the losses are equal bit for bit, the graphs line."""
+    r = run_model(args, name, spec, work, data)
+    g = run_model(args, name, spec, work, data, graphs=True)
+    same = (r.get("losses") is not None and g.get("losses") is not None and
+            r["losses"] == g["losses"])
+    r["cuda_graphs"] = {"median_step_s": g.get("median_step_s"),
+                        "eager_median_step_s": r.get("median_step_s"),
+                        "losses_bitwise_equal": same if r.get("losses") is not None else None,
+                        "line": g.get("graphs_line"), "error": g.get("error")}
+    return r
+
+
+def graphs_table(results):
+    lines = ["", "runtime.cuda_graphs (each microbatch's forward and backward one CUDA graph from "
+             "the second step): median step, eager vs graphs"]
+    for r in results:
+        c = r.get("cuda_graphs")
+        if not c:
+            continue
+        if c.get("error") or not c.get("median_step_s") or not c.get("eager_median_step_s"):
+            lines.append(f"{r['model']:<8} ERROR: {(c.get('error') or r.get('error') or '?')[:200]}")
+            continue
+        e, g = c["eager_median_step_s"], c["median_step_s"]
+        lines.append(f"{r['model']:<8} eager {1e3 * e:9.1f} ms  graphs {1e3 * g:9.1f} ms  "
+                     f"({100 * (e - g) / e:+.1f}% of the step)  losses bit for bit: "
+                     f"{c['losses_bitwise_equal']}")
+        if c.get("line"):
+            lines.append(f"{'':<8} {c['line']}")
+    return "\n".join(lines) + "\n"
 
 
 def table(results, args):
@@ -303,6 +354,9 @@ def main():
                     help="the GPU's peak (default: its data sheet's dense bf16, by name)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny model on device cpu: checks the script without a GPU")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="each model twice, without and with runtime.cuda_graphs: both step "
+                         "times and whether the losses are equal bit for bit")
     args = ap.parse_args()
     args.peak_tflops, args.peak_label = assumed_peak(args.peak_tflops)
     if args.cpu_smoke:
@@ -331,8 +385,12 @@ def main():
     except (RuntimeError, OSError) as e:
         log(str(e))
         return 1
-    results = [run_model(args, n, specs[n], work, data) for n in names]
-    text = table(results, args)
+    if args.cuda_graphs and args.cpu_smoke:
+        log("--cuda-graphs needs a GPU (runtime.device = \"cuda\"), not --cpu-smoke")
+        return 2
+    run = with_graphs if args.cuda_graphs else run_model
+    results = [run(args, n, specs[n], work, data) for n in names]
+    text = table(results, args) + (graphs_table(results) if args.cuda_graphs else "")
     summary = {"bench": "gpu_train_bench", "cpu_smoke": args.cpu_smoke,
                "peak_tflops": args.peak_tflops,
                "peak_assumption": args.peak_label + " (tensor-core peak, no sparsity, not measured)",
@@ -344,7 +402,8 @@ def main():
         f.write(text)
     print(text, end="")
     log(f"wrote {args.out}/gpu_train_bench.json and .txt")
-    return 1 if any("error" in r for r in results) else 0
+    return 1 if any("error" in r or (r.get("cuda_graphs") or {}).get("error")
+                    for r in results) else 0
 
 
 if __name__ == "__main__":

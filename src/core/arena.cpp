@@ -19,7 +19,7 @@ std::size_t ArenaAllocator::allocate(std::size_t bytes, const char* what) {
     const std::size_t offset = it->first, left = it->second - size;
     free_.erase(it);
     if (left > 0) free_[offset + size] = left;
-    taken_[offset] = size;
+    taken_[offset] = Taken{size, ++allocations_};
     used_ += size;
     peak_ = std::max(peak_, used_);
     return offset;
@@ -33,8 +33,9 @@ std::size_t ArenaAllocator::allocate(std::size_t bytes, const char* what) {
 void ArenaAllocator::release(std::size_t offset) {
   auto t = taken_.find(offset);
   TRIDENT_CHECK(t != taken_.end(), "arena: release of offset ", offset, ", not an allocated block");
-  std::size_t start = offset, size = t->second;
+  std::size_t start = offset, size = t->second.size;
   taken_.erase(t);
+  ++releases_;
   used_ -= size;
   auto next = free_.lower_bound(start);
   if (next != free_.end() && next->first == start + size) {  // merge with the block after
@@ -50,6 +51,22 @@ void ArenaAllocator::release(std::size_t offset) {
     }
   }
   free_[start] = size;
+}
+
+std::vector<ArenaAllocator::Block> ArenaAllocator::taken_blocks() const {
+  std::vector<Block> blocks;
+  blocks.reserve(taken_.size());
+  for (const auto& [offset, t] : taken_) blocks.push_back({offset, t.size, t.serial});
+  return blocks;
+}
+
+bool ArenaAllocator::still_taken(const std::vector<Block>& blocks) const {
+  for (const Block& b : blocks) {
+    auto t = taken_.find(b.offset);
+    if (t == taken_.end() || t->second.size != b.size || t->second.serial != b.serial)
+      return false;
+  }
+  return true;
 }
 
 }  // namespace trident

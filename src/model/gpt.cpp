@@ -166,7 +166,8 @@ void GptChunk::zero(FloatBuffer& b) const {
 }
 
 const std::int32_t* GptChunk::stage_tokens(IntBuffer& device, const std::int32_t* host) const {
-  if (!ops_.memory() || !host) return host;
+  // Device memory already (upload_tokens'): nothing to copy.
+  if (!ops_.memory() || !host || holds_device(ops_.memory(), host)) return host;
   const std::size_t n = std::size_t(B_) * std::size_t(T_);
   if (device.size() < n) device = IntBuffer(n, ops_.memory());
   copy_to_device(ops_.memory(), device.data(), host, n * sizeof(std::int32_t));
@@ -511,6 +512,15 @@ void GptChunk::embed_forward(float* x, const std::int32_t* inputs, int b, int t,
     });
   }
   tpm_.leave_forward(partial, x, local_n);
+}
+
+std::pair<const std::int32_t*, const std::int32_t*> GptChunk::upload_tokens(
+    int chunk, StageActivations& activations, const std::int32_t* inputs,
+    const std::int32_t* targets) {
+  ChunkActivations& a = own(activations);
+  const StageLayout& st = this->chunk(chunk);
+  return {st.has_embedding ? stage_tokens(a.tokens, inputs) : inputs,
+          st.has_head ? stage_tokens(a.targets, targets) : targets};
 }
 
 void GptChunk::block_forward(int l, const float* x, float* out, LayerActivations& la, int b,

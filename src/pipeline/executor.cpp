@@ -15,10 +15,13 @@
 // (StageModel::shares_boundary): each send follows its F and each receive is copied in just
 // before its B, so that holds; the head chunk's output gradient, which its F computes, waits
 // there only where its B comes next (head_gradient_waits), else in a row of the executor's.
+// Graphs (runtime.cuda_graphs, GraphState in executor.hpp): on one rank, an F followed by its
+// B runs as one backend graph per activation slot (forward_backward), from the second run on.
 #include "trident/pipeline/executor.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "trident/core/error.hpp"
 #include "trident/parallel/wait.hpp"
@@ -39,6 +42,85 @@ Executor::Executor(model::StageModel& chunk, parallel::ParallelState& ps, Schedu
       chunk_.shares_boundary() ? peak_head_gradients(schedule.stages.at(stage_), head_chunk_) : 0;
   for (int i = 0; i < rows; ++i)
     head_rows_.emplace_back(std::size_t(chunk_.boundary_numel()), chunk_.memory());
+}
+
+Executor::~Executor() {
+  for (int g : graph_of_slot_)
+    if (g >= 0) chunk_.ops().release_graph(g);
+}
+
+void Executor::graphs_failed(const std::string& why) {
+  if (!graphs_->failed)  // one line per process
+    std::fprintf(stderr, "CUDA graphs: %s: microbatches run eagerly\n", why.c_str());
+  graphs_->failed = true;
+  for (int& g : graph_of_slot_) {
+    if (g >= 0) chunk_.ops().release_graph(g);
+    g = -1;
+  }
+}
+
+double Executor::forward_backward(const Action& a, int slot, const MicrobatchTokens& t,
+                                  float loss_scale) {
+  ops::Ops& ops = chunk_.ops();
+  // The tokens go to the slot's device buffers first, outside any graph (a host copy).
+  const auto [inputs, targets] = chunk_.upload_tokens(a.chunk, *pool_[std::size_t(slot)],
+                                                      t.inputs, t.targets);
+  auto work = [&, inputs = inputs, targets = targets] {
+    const double loss = chunk_.forward(a.chunk, *pool_[std::size_t(slot)], inputs, targets,
+                                       loss_scale, true);
+    chunk_.backward(a.chunk, *pool_[std::size_t(slot)], inputs, true);
+    return loss;
+  };
+  auto eager = [&] {
+    ++graphs_->eager;
+    return work();
+  };
+  if (graphs_->failed) return eager();
+  if (graph_of_slot_.empty()) {
+    graph_of_slot_.assign(pool_.size(), -1);
+    graph_scale_.assign(pool_.size(), 0.0f);
+  }
+  int& graph = graph_of_slot_[std::size_t(slot)];
+  if (graph >= 0 && graph_scale_[std::size_t(slot)] != loss_scale) {  // a scalar it baked in
+    ops.release_graph(graph);
+    graph = -1;
+  }
+  ops.before_graph();
+  std::string why;
+  if (graph < 0) {
+    if (!ops.begin_capture(&why)) {
+      graphs_failed(str("capture failed (", why, ")"));
+      return eager();
+    }
+    double loss = 0;
+    try {
+      loss = work();  // recorded, not run
+    } catch (const Error& e) {
+      std::string ignored;
+      const int partial = ops.end_capture(&ignored);
+      if (partial >= 0) ops.release_graph(partial);
+      chunk_.abandon_microbatch();  // its host state, half way through
+      graphs_failed(str("capture failed (", e.what(), ")"));
+      return eager();
+    }
+    graph = ops.end_capture(&why);
+    if (graph < 0) {
+      graphs_failed(str("capture failed (", why, ")"));
+      return eager();
+    }
+    if (loss != 0) {  // the head read its loss on the host: a launch would not
+      graphs_failed("capture failed (the loss was read on the host)");
+      return eager();
+    }
+    graph_scale_[std::size_t(slot)] = loss_scale;
+    ++graphs_->captures;
+  }
+  if (!ops.launch_graph(graph, &why)) {
+    graphs_failed(str("launch refused (", why, ")"));
+    return eager();
+  }
+  ++graphs_->launches;
+  return 0;
 }
 
 void Executor::record(const Action& a, const char* cat, std::string name, double t0, int peer,
@@ -157,6 +239,9 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
     --live;
   };
   const std::vector<Op>& ops = lowered_.ranks[stage_];
+  // Graphs from the second run on: the first grows what grows (scratch, plans, buffers).
+  const bool graphed = graphs_ && runs_ > 0 && ps_.shape.pp == 1 && !split;
+  ++runs_;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const Action& a = op.action;
@@ -195,6 +280,19 @@ double Executor::run(const std::function<MicrobatchTokens(int)>& tokens, float l
         act.keep_head_gradient(row);
         take_receive(a, act.forward_input());
         const double t0 = tracing_ ? trace_now_us() : 0;
+        const bool pair = graphed && row == nullptr && i + 1 < ops.size() &&
+                          ops[i + 1].kind == OpKind::compute &&
+                          ops[i + 1].action.type == ActionType::B && ops[i + 1].action.mb == a.mb &&
+                          ops[i + 1].action.chunk == a.chunk;
+        if (pair) {  // F and its B together (nothing between them on one rank)
+          const Action& b = ops[i + 1].action;
+          loss += forward_backward(a, slot_of[key(a)], t, loss_scale);
+          record(a, "F", a.str() + "+" + b.str(), t0, -1, "");
+          executed_.push_back(b);
+          release(b);
+          ++i;
+          break;
+        }
         loss += chunk_.forward(a.chunk, act, t.inputs, t.targets, loss_scale, true);
         record(a, "F", a.str(), t0, -1, "");  // ends before the send: a receiver starts after it
         break;

@@ -125,6 +125,7 @@ const std::vector<KeyDef>& key_table() {
       {"runtime", "precision", [](Config& c) -> Field { return &c.runtime.precision; }},
       {"runtime", "threads", [](Config& c) -> Field { return &c.runtime.threads; }},
       {"runtime", "watchdog_s", [](Config& c) -> Field { return &c.runtime.watchdog_s; }},
+      {"runtime", "cuda_graphs", [](Config& c) -> Field { return &c.runtime.cuda_graphs; }},
   };
   return keys;
 }
@@ -834,6 +835,10 @@ class Loader {
     need_finite(c.runtime.watchdog_s, "runtime.watchdog_s");
     need(c.runtime.watchdog_s >= 0, "runtime.watchdog_s", ">= 0 (0: off)",
          toml_float(c.runtime.watchdog_s));
+    // The layouts it covers are checked by the trainer (parallel.layout = "auto" picks them).
+    if (c.runtime.cuda_graphs && c.runtime.device != RuntimeDevice::cuda)
+      fail(where("runtime.cuda_graphs", "runtime.device"), ": runtime.cuda_graphs = true needs "
+           "runtime.device = \"cuda\", got ", toml_string(c.runtime.device.word()));
   }
 
   // parallel.layout = "auto" chooses these keys itself: one written too would be ignored.

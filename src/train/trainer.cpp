@@ -73,6 +73,33 @@ void refuse_what_cannot_fit(const model::MemoryEstimate& rank, bool host_memory,
   });
 }
 
+// runtime.cuda_graphs covers a stage that runs alone, one synchronous update a step, each
+// microbatch's backward right after its forward (the executor records the pair as one
+// graph). Every rank reaches the same verdict (the layout is the job's).
+void refuse_graphs_where_they_cannot_apply(const Config& cfg, const parallel::ParallelState& ps,
+                                           pipeline::WeightUpdate update) {
+  parallel::agree([&] {
+    const char* what = "runtime.cuda_graphs = true";
+    TRIDENT_CHECK(ps.shape.tp == 1 && ps.shape.pp == 1 && ps.shape.cp == 1, what,
+                  " covers a stage that runs alone: expected parallel.tp = 1, parallel.pp = 1 "
+                  "and parallel.cp = 1, got tp ", ps.shape.tp, ", pp ", ps.shape.pp, ", cp ",
+                  ps.shape.cp, " (parallel.dp may be any)");
+    TRIDENT_CHECK(update == pipeline::WeightUpdate::flush, what, " needs one synchronous "
+                  "weight update a step: parallel.schedule = ", cfg.parallel.schedule.word(),
+                  " updates per microbatch or with delayed weights");
+    const pipeline::Schedule s =
+        pipeline::make_schedule(cfg.parallel.schedule.kind(), 1, cfg.parallel.vpp, 2);
+    const std::vector<pipeline::Action>& list = s.stages.at(0);
+    bool pairs = list.size() == 4;
+    for (std::size_t i = 0; pairs && i < list.size(); i += 2)
+      pairs = list[i].type == pipeline::ActionType::F &&
+              list[i + 1].type == pipeline::ActionType::B && list[i].mb == list[i + 1].mb;
+    TRIDENT_CHECK(pairs, what, " needs each microbatch's backward right after its forward: "
+                  "parallel.schedule = ", cfg.parallel.schedule.word(), " on one stage runs ",
+                  pipeline::format_actions(list), "; expected 1f1b or naive");
+  });
+}
+
 }  // namespace
 
 int files_held_open(const Config& cfg, bool writes_metrics) {
@@ -127,10 +154,21 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
   memory_estimate_.libraries = backend_bytes;
   refuse_what_cannot_fit(memory_estimate_, lay.host_memory, available);
 
+  if (cfg.runtime.cuda_graphs) {
+    refuse_graphs_where_they_cannot_apply(cfg, ps, update_);
+    const std::string no = ops.graphs_unsupported();
+    if (no.empty())
+      graphs_ = std::make_unique<pipeline::GraphState>();
+    else
+      log::info("trident: runtime.cuda_graphs: ", no, ": microbatches run eagerly");
+  }
+
   model_ = model::make_stage_model(cfg.model, stage_layout(cfg, ps), ps, ops, options);
   sync_ = std::make_unique<GradSync>(*model_, ps.replicas(), cfg.parallel.grad_bucket_mb,
                                      cfg.parallel.zero_stage == 1);
-  if (sync_->active())
+  // Under graphs the backward's host code does not run again: the DP buckets all start after
+  // the last microbatch (GradSync::finish), not overlapped with the backward.
+  if (sync_->active() && !graphs_)
     model_->set_grad_ready_hook([sync = sync_.get()](std::int64_t offset, std::int64_t count) {
       sync->ready(offset, count);
     });
@@ -160,7 +198,14 @@ Trainer::Trainer(const Config& cfg, parallel::ParallelState& ps, ops::Ops& ops)
             lay.bf16_activations ? ", the layers' stash in bf16)" : ")");
 }
 
-Trainer::~Trainer() { ops_.set_weights(nullptr, 0); }
+Trainer::~Trainer() {
+  if (graphs_)
+    log::info("trident: CUDA graphs: ", graphs_->captures, " captured, ", graphs_->launches,
+              " microbatches launched as graphs, ", graphs_->eager, " eager",
+              graphs_->failed ? " (graphs failed: eager since)" : "");
+  executors_.clear();  // their graphs, before the backend's weights go
+  ops_.set_weights(nullptr, 0);
+}
 
 std::int64_t Trainer::measured_peak_bytes() const {
   if (step_peak_ < 0) return 0;
@@ -198,6 +243,7 @@ pipeline::Executor& Trainer::executor_for(int microbatches) {
     it = executors_
              .emplace(microbatches, std::make_unique<pipeline::Executor>(*model_, ps_, std::move(sched)))
              .first;
+    it->second->set_graphs(graphs_.get());
   }
   it->second->set_step(step_);
   it->second->set_tracing(cfg_.io.trace_step > 0 && cfg_.io.trace_step == step_);

@@ -195,6 +195,10 @@ def c_watchdog_negative(d):
     return ["train", write_deck(os.path.join(d, "deck.toml"), extra="[runtime]\nwatchdog_s = -1\n")]
 
 
+def c_cuda_graphs_on_cpu(d):
+    return ["train", write_deck(os.path.join(d, "deck.toml"), extra="[runtime]\ncuda_graphs = true\n")]
+
+
 def c_trace_step_past_end(d):
     return ["train", write_deck(os.path.join(d, "deck.toml"), extra="[io]\nout_dir = \"run\"\n"
                                 "resume = \"none\"\ntrace_step = 5\n")]
@@ -328,6 +332,8 @@ CASES = [
      ["deck.toml", "model.n_layer", "parallel.pp * parallel.vpp"]),
     ("vpp_needs_pp", c_vpp_needs_pp, ["deck.toml", "parallel.vpp", "parallel.pp"]),
     ("watchdog_negative", c_watchdog_negative, ["deck.toml", "runtime.watchdog_s"]),
+    ("cuda_graphs_on_cpu", c_cuda_graphs_on_cpu,
+     ["deck.toml", "runtime.cuda_graphs", 'runtime.device = "cuda"', '"cpu"']),
     ("trace_step_past_the_end", c_trace_step_past_end, ["deck.toml", "io.trace_step", "train.steps"]),
     ("unknown_subcommand", c_unknown_subcommand, ["frobnicate"]),
     ("data_train_missing", c_data_missing, ["missing_tokens.h5"]),

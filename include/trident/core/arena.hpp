@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
+#include <vector>
 
 namespace trident {
 
@@ -26,10 +28,27 @@ class ArenaAllocator {
   std::size_t peak() const { return peak_; }
   std::size_t blocks() const { return taken_.size(); }
 
+  // For what bakes pointers in (CUDA graphs): the blocks taken now, and whether each of them
+  // is still the same allocation (not released, or released and handed out again).
+  // allocations() and releases() count the calls so far.
+  struct Block {
+    std::size_t offset = 0, size = 0;
+    std::uint64_t serial = 0;  // allocations() when it was handed out
+  };
+  std::vector<Block> taken_blocks() const;
+  bool still_taken(const std::vector<Block>& blocks) const;
+  std::uint64_t allocations() const { return allocations_; }
+  std::uint64_t releases() const { return releases_; }
+
  private:
+  struct Taken {
+    std::size_t size = 0;
+    std::uint64_t serial = 0;
+  };
   std::size_t capacity_ = 0, used_ = 0, peak_ = 0;
-  std::map<std::size_t, std::size_t> free_;   // offset -> size, no two adjacent
-  std::map<std::size_t, std::size_t> taken_;  // offset -> size
+  std::uint64_t allocations_ = 0, releases_ = 0;
+  std::map<std::size_t, std::size_t> free_;  // offset -> size, no two adjacent
+  std::map<std::size_t, Taken> taken_;       // offset -> size, serial
 };
 
 }  // namespace trident

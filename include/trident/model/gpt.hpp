@@ -244,6 +244,10 @@ class GptChunk final : public StageModel {
                 bool weight_grads = true) override;
   // The blocks' c_attn and c_fc weight gradients of a backward run with weight_grads =
   // false (+=). With full recompute each block's forward runs again first.
+  std::pair<const std::int32_t*, const std::int32_t*> upload_tokens(
+      int chunk, StageActivations& a, const std::int32_t* inputs,
+      const std::int32_t* targets) override;
+  void abandon_microbatch() override { head_gradient_pending_ = nullptr; }
   void backward_weights(int chunk, StageActivations& a) override;
   // Under sequence parallelism each TP rank's LayerNorm gradients cover its token rows
   // only, and a Llama's k/v weights replicated over TP (n_kv_head < tp) get from each rank

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trident/core/buffer.hpp"
@@ -109,6 +110,19 @@ class StageModel {
   virtual void backward(int chunk, StageActivations& a, const std::int32_t* inputs,
                         bool weight_grads = true) = 0;
   virtual void backward_weights(int chunk, StageActivations& a) = 0;
+  // Graphs (runtime.cuda_graphs): copies a microbatch's tokens (host memory) into the
+  // device buffers of `a` that forward and backward would copy them to, and returns those
+  // buffers: given them instead of host pointers, forward copies nothing (a graph records no
+  // host copy). Default: the host pointers (a model that copies nothing to a device).
+  virtual std::pair<const std::int32_t*, const std::int32_t*> upload_tokens(
+      int chunk, StageActivations& a, const std::int32_t* inputs, const std::int32_t* targets) {
+    (void)chunk;
+    (void)a;
+    return {inputs, targets};
+  }
+  // Forgets the host state a forward or backward left when it stopped part way (a failed
+  // graph capture), so that the microbatch can run again from its forward.
+  virtual void abandon_microbatch() {}
   // on: the head's forward adds its loss sum to the backend's total (Ops::add_loss) and
   // returns 0, so that a step reads the loss once (Ops::take_loss) instead of per microbatch.
   // A model may ignore it (then forward returns the sum, as when off).

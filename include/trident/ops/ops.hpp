@@ -61,6 +61,34 @@ class Ops {
   // The weights were written other than through this backend (MPI into device memory).
   virtual void weights_changed() {}
 
+  // ---- graphs (runtime.cuda_graphs): a microbatch's work recorded once, replayed ---------
+  // "" where this backend records graphs, else why not (the CPU backends: none; CUDA: not
+  // with TRIDENT_OP_TIMING, whose events would be recorded once and never timed again).
+  virtual std::string graphs_unsupported() const { return "the " + name() + " backend has none"; }
+  // Work the backend would otherwise do lazily inside its first op (the weight cache's
+  // conversion): done now, eagerly, before a capture and before each launch.
+  virtual void before_graph() {}
+  // From begin_capture to end_capture the backend's ops are recorded, not run (nothing they
+  // write changes). begin_capture: false (with why) where recording cannot start.
+  virtual bool begin_capture(std::string* why) {
+    *why = graphs_unsupported();
+    return false;
+  }
+  // The graph recorded (a handle >= 0), or -1 with why: the capture failed (an op could not
+  // be recorded, or device memory was allocated inside it); none of its ops ran.
+  virtual int end_capture(std::string* why) {
+    *why = graphs_unsupported();
+    return -1;
+  }
+  // Runs graph `handle` (in stream order with the other ops). false (with why, nothing run)
+  // where device memory live at its capture has been released since (its pointers are stale).
+  virtual bool launch_graph(int handle, std::string* why) {
+    (void)handle;
+    *why = graphs_unsupported();
+    return false;
+  }
+  virtual void release_graph(int handle) { (void)handle; }
+
   // ---- bf16 storage (the model's stash under runtime.precision = "bf16") -------------
   // dst[i] = the 16 bits of bfloat16(src[i]), rounded to nearest even (NaN stays NaN).
   virtual void to_bf16(std::uint16_t* dst, const float* src, std::int64_t n) = 0;

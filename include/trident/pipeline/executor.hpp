@@ -27,6 +27,16 @@ struct MicrobatchTokens {
 };
 
 
+// Graphs (runtime.cuda_graphs): what the trainer shares with its executors. A run of an
+// executor after its first records each microbatch's F and B (a B right after its F, on
+// one rank: pp 1) as one graph of the backend per activation slot, captured once and
+// launched for every later microbatch in that slot. Any failure (capture, or a launch whose
+// memory moved) prints one line and leaves every later microbatch eager.
+struct GraphState {
+  bool failed = false;
+  std::int64_t captures = 0, launches = 0, eager = 0;  // microbatches (F and B)
+};
+
 class Executor {
  public:
   // Activation slots: as many as the schedule ever holds at once on this stage (shared by
@@ -50,6 +60,9 @@ class Executor {
     std::function<void(const Action&)> before, after_backward;
   };
   void set_hooks(Hooks hooks) { hooks_ = std::move(hooks); }
+  // Graphs from this executor's second run() on (nullptr: off); see GraphState.
+  void set_graphs(GraphState* graphs) { graphs_ = graphs; }
+  ~Executor();
 
   // Forwards only (evaluation): the loss sum of every microbatch, no gradients.
   double forward_only(const std::function<MicrobatchTokens(int mb)>& tokens, int microbatches);
@@ -88,6 +101,9 @@ class Executor {
   void wait_sends();
   void record(const Action& a, const char* cat, std::string name, double t0, int peer,
               const char* what);
+  // F then B of microbatch a.mb in slot `slot`: through its graph where it can.
+  double forward_backward(const Action& a, int slot, const MicrobatchTokens& t, float loss_scale);
+  void graphs_failed(const std::string& why);
 
   model::StageModel& chunk_;
   parallel::ParallelState& ps_;
@@ -100,6 +116,10 @@ class Executor {
   std::vector<Action> executed_;
   Hooks hooks_;
   std::vector<std::unique_ptr<model::StageActivations>> pool_;
+  GraphState* graphs_ = nullptr;
+  int runs_ = 0;
+  std::vector<int> graph_of_slot_;      // the backend's handle, -1: none yet
+  std::vector<float> graph_scale_;      // the loss scale each graph recorded
   // The head chunk's output gradients that wait for a later B (head_gradient_waits): a row
   // each from the F to its B, as many as peak_head_gradients. Empty where every head F is
   // followed by its B or where the model keeps them itself (StageModel::shares_boundary).

@@ -107,6 +107,7 @@ struct Config {
     Choice<ops::Precision> precision = ops::Precision::fp32;  // tf32 and bf16 need cuda
     int threads = 0;                 // 0: cores / ranks on this node
     double watchdog_s = 0;           // a pipeline wait longer than this aborts the job; 0: off
+    bool cuda_graphs = false;        // each microbatch's forward and backward as one CUDA graph
   } runtime;
 
   // Where the deck came from (a file path, or the name given to parse_config); used in the

@@ -154,6 +154,9 @@ class Trainer {
   std::unique_ptr<model::StageModel> model_;
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
+  // runtime.cuda_graphs where the backend records graphs (else nullptr); before executors_,
+  // which point to it.
+  std::unique_ptr<pipeline::GraphState> graphs_;
   std::map<int, std::unique_ptr<pipeline::Executor>> executors_;  // by microbatch count
   std::int64_t step_ = 1;
   const pipeline::Executor* last_executor_ = nullptr;

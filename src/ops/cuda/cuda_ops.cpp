@@ -109,6 +109,9 @@ void CudaOps::release() noexcept {
   // No throwing here: a fault would have been reported by an earlier synchronizing call.
   // The arena goes last but one: cuBLAS may use its workspace until destroyed.
   if (stream_) cudaStreamSynchronize(stream_);
+  for (Graph& g : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
   timer_.reset();  // writes its table; its events are on the stream
   cudnn_.reset();  // its handle and plans, before the arena its buffers came from
   if (cublas_) cublasDestroy(cublas_);

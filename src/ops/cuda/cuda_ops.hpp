@@ -78,6 +78,13 @@ class CudaOps final : public Ops {
   Precision precision() const override { return precision_; }
   void set_weights(const float* params, std::int64_t n) override;
   void weights_changed() override { weights16_fresh_ = false; }
+  // Graphs (graphs.cpp): stream capture on the backend's stream (thread-local mode).
+  std::string graphs_unsupported() const override;
+  void before_graph() override;
+  bool begin_capture(std::string* why) override;
+  int end_capture(std::string* why) override;
+  bool launch_graph(int handle, std::string* why) override;
+  void release_graph(int handle) override;
   cudaStream_t stream() const { return stream_; }
   DeviceMemory* memory() override { return memory_.get(); }
   CudaMemory& cuda_memory() { return *memory_; }
@@ -340,6 +347,15 @@ class CudaOps final : public Ops {
   // cuDNN attention (bf16 products, not the baseline; null otherwise): loads cuDNN at the
   // first attention call.
   std::unique_ptr<CudnnAttention> cudnn_;
+  // Graphs: each instantiated with the arena blocks live at its capture (its pointers lie
+  // in them), checked before a launch when anything was released since.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<ArenaAllocator::Block> blocks;
+    std::uint64_t releases = 0;  // the arena's releases() at capture
+  };
+  std::vector<Graph> graphs_;
+  std::uint64_t allocations_at_capture_ = 0;
   // {n, in, out, alignments, GELU epilogue | aux alignment << 8}
   std::map<std::array<std::int64_t, 5>, LtPlan> lt_plans_;
   // TRIDENT_CUDA_LT_TUNE (lt_tune.hpp; null when off and under the baseline): a new plan's

@@ -45,6 +45,7 @@ class CudaMemory final : public DeviceMemory {
   std::size_t used() const override { return arena_.used(); }
   std::size_t peak() const override { return arena_.peak(); }
   std::size_t blocks() const { return arena_.blocks(); }
+  const ArenaAllocator& arena() const { return arena_; }  // CUDA graphs' check of their pointers
   void* base() const { return base_; }
   // to_device notes a copy into [p, p + bytes) (the model's weights: CudaOps's weight cache);
   // take_watched_write() says whether one happened since it last asked.

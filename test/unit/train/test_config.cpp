@@ -168,7 +168,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
       "valid = \"\"", "[io]", "out_dir = \"output/run\"", "checkpoint_every = 0",
       "final_checkpoint = true", "keep_checkpoints = 2", "resume = \"auto\"", "overwrite = false", "init_weights = \"\"", "trace_step = 0",
       "[runtime]", "device = \"cpu\"", "precision = \"fp32\"", "threads = 0",
-      "watchdog_s = 0.0"};
+      "watchdog_s = 0.0", "cuda_graphs = false"};
   std::size_t pos = 0;
   for (const std::string& l : lines) {
     const std::size_t at = text.find("\n" + l + "\n", pos);
@@ -177,7 +177,7 @@ TEST(Config, ToTomlHasEveryKeyInFormatOrder) {
   }
   std::size_t assignments = 0;
   for (std::size_t i = 0; (i = text.find(" = ", i)) != std::string::npos; ++i) ++assignments;
-  EXPECT_EQ(assignments, 49u);
+  EXPECT_EQ(assignments, 50u);
 }
 
 // parallel.pipeline_layers: "even" by default, "auto", or a list that prints and parses back;
@@ -492,6 +492,7 @@ TEST(ConfigErrors, Ranges) {
       {"io.trace_step=201", "io.trace_step"},  // above steps = 200
       {"runtime.watchdog_s=-1", "runtime.watchdog_s"},
       {"runtime.watchdog_s=inf", "runtime.watchdog_s"},
+      {"runtime.cuda_graphs=true", "runtime.cuda_graphs"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.set);

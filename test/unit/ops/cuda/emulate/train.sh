@@ -11,6 +11,7 @@
 #   emulate/op_timing.py        the per-op timing table (TRIDENT_OP_TIMING; ~5 s)
 #   emulate/weight_cache.py     the bf16 weight cache against no cache, bit for bit (~40 s)
 #   emulate/cudnn_fallback.py   cuDNN attention's loader and fallback line (~10 s)
+#   emulate/cuda_graphs.py      runtime.cuda_graphs against eager, bit for bit; capture failures (~25 s)
 #   emulate/attention_bf16.cpp  the bf16 attention entry points against the CPU (~1 s)
 #   emulate/lt_tune.py          TRIDENT_CUDA_LT_TUNE in training: bit for bit, its file (~60 s)
 # with a fake nvidia-smi on PATH (the scripts ask it whether a GPU is visible).
@@ -160,7 +161,8 @@ for t in test/mpi/device_layouts.py test/oracle/grad_oracle.py test/oracle/cp_or
          test/unit/ops/cuda/emulate/op_timing.py \
          test/unit/ops/cuda/emulate/weight_cache.py \
          test/unit/ops/cuda/emulate/lt_tune.py \
-         test/unit/ops/cuda/emulate/cudnn_fallback.py; do
+         test/unit/ops/cuda/emulate/cudnn_fallback.py \
+         test/unit/ops/cuda/emulate/cuda_graphs.py; do
   t0=$SECONDS
   rc=0
   "${TRIDENT_PYTHON:-python3}" "$src/$t" || rc=$?

@@ -127,6 +127,15 @@ cublasStatus_t check_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperatio
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// During a capture of the handle's stream: true (the call recorded by the caller) unless
+// TRIDENT_EMU_CAPTURE_FAIL=cublas refuses it (the capture is invalidated).
+bool capture_refused() {
+  const char* v = std::getenv("TRIDENT_EMU_CAPTURE_FAIL");
+  if (!(v && std::strcmp(v, "cublas") == 0)) return false;
+  emu::refuse_in_capture("a cuBLAS call (TRIDENT_EMU_CAPTURE_FAIL=cublas)");
+  return true;
+}
+
 }  // namespace
 
 cublasStatus_t cublasCreate(cublasHandle_t* h) {
@@ -200,7 +209,17 @@ cublasStatus_t cublasGemmStridedBatchedEx(
     const void* alpha, const void* a, cudaDataType atype, int lda, long long stride_a,
     const void* b, cudaDataType btype, int ldb, long long stride_b, const void* beta, void* c,
     cudaDataType ctype, int ldc, long long stride_c, int batch, cublasComputeType_t compute,
-    cublasGemmAlgo_t) {
+    cublasGemmAlgo_t algo) {
+  if (h && h->stream && emu::capturing(h->stream)) {  // alpha, beta as they are now
+    if (capture_refused()) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+    emu::record("cublasGemmStridedBatchedEx", [=] {
+      return cublasGemmStridedBatchedEx(h, transa, transb, m, n, k, &al, a, atype, lda, stride_a,
+                                        b, btype, ldb, stride_b, &be, c, ctype, ldc, stride_c,
+                                        batch, compute, algo) == CUBLAS_STATUS_SUCCESS;
+    });
+    return CUBLAS_STATUS_SUCCESS;
+  }
   const cublasStatus_t s =
       check_gemm(h, transa, transb, m, n, k, atype, lda, btype, ldb, ctype, ldc, compute);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
@@ -236,6 +255,15 @@ cublasStatus_t cublasSgeam(cublasHandle_t h, cublasOperation_t transa, cublasOpe
                            int m, int n, const float* alpha, const float* a, int lda,
                            const float* beta, const float* b, int ldb, float* c, int ldc) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (h->stream && emu::capturing(h->stream)) {
+    if (capture_refused()) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float al = *alpha, be = *beta;
+    emu::record("cublasSgeam", [=] {
+      return cublasSgeam(h, transa, transb, m, n, &al, a, lda, &be, b, ldb, c, ldc) ==
+             CUBLAS_STATUS_SUCCESS;
+    });
+    return CUBLAS_STATUS_SUCCESS;
+  }
   if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m < 0 || n < 0) return CUBLAS_STATUS_INVALID_VALUE;
   const bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
@@ -264,6 +292,15 @@ cublasStatus_t cublasSgemv(cublasHandle_t h, cublasOperation_t trans, int m, int
                            const float* alpha, const float* a, int lda, const float* x, int incx,
                            const float* beta, float* y, int incy) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (h->stream && emu::capturing(h->stream)) {
+    if (capture_refused()) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float al = *alpha, be = *beta;
+    emu::record("cublasSgemv", [=] {
+      return cublasSgemv(h, trans, m, n, &al, a, lda, x, incx, &be, y, incy) ==
+             CUBLAS_STATUS_SUCCESS;
+    });
+    return CUBLAS_STATUS_SUCCESS;
+  }
   if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m < 0 || n < 0 || lda < (m > 1 ? m : 1) || incx == 0 || incy == 0)
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -636,8 +673,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                               cublasLtMatrixLayout_t bdesc, const void* beta, const void* c,
                               cublasLtMatrixLayout_t cdesc, void* d,
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t* algo,
-                              void* workspace, std::size_t workspace_bytes, cudaStream_t) {
+                              void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (stream && emu::capturing(stream)) {  // the descriptors and scalars as they are now
+    if (capture_refused()) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!desc || !adesc || !bdesc || !ddesc || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+    const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+    cublasLtMatmulDescOpaque_t dc = *desc;
+    cublasLtMatrixLayoutOpaque_t ac = *adesc, bc = *bdesc, ddc = *ddesc;
+    const bool has_c = cdesc != nullptr, has_algo = algo != nullptr;
+    cublasLtMatrixLayoutOpaque_t cc = has_c ? *cdesc : ddc;
+    cublasLtMatmulAlgo_t alg = has_algo ? *algo : cublasLtMatmulAlgo_t{};
+    emu::record("cublasLtMatmul", [=]() mutable {
+      return cublasLtMatmul(h, &dc, &al, a, &ac, b, &bc, &be, c, has_c ? &cc : nullptr, d, &ddc,
+                            has_algo ? &alg : nullptr, workspace, workspace_bytes, stream) ==
+             CUBLAS_STATUS_SUCCESS;
+    });
+    return CUBLAS_STATUS_SUCCESS;
+  }
   int m, n, k;
   const cublasStatus_t s = lt_problem(desc, adesc, bdesc, cdesc, ddesc, m, n, k);
   if (s != CUBLAS_STATUS_SUCCESS) return s;

@@ -23,6 +23,8 @@ enum cudaError_t {
   cudaErrorInvalidDevice = 101,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -99,3 +101,42 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 // Milliseconds between the two records (host clock readings here).
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+
+// Stream capture and graphs (trident's runtime.cuda_graphs). While a thread captures a stream
+// (any mode is taken as thread-local: trident's), what it queues there (kernel launches from
+// that thread, async copies and memsets, cuBLAS and cuBLASLt calls on a handle bound to the
+// stream, event records) is recorded, not run: arguments by value, host scalars (alpha,
+// beta) and cuBLASLt descriptors as they are at the call, as a GPU bakes them in. The calls
+// CUDA refuses during a capture (cudaMalloc, cudaFree, cudaHostAlloc/cudaMallocHost,
+// cudaFreeHost, cudaMemcpy, cudaMemset, cudaStreamSynchronize, cudaEventSynchronize,
+// cudaEventQuery, cudaDeviceSynchronize, async copies to or from pageable host memory or on
+// the legacy stream, a graph launch) return cudaErrorStreamCaptureUnsupported and
+// invalidate the capture: cudaStreamEndCapture then returns
+// cudaErrorStreamCaptureInvalidated and no graph. A launch of the instantiated graph replays
+// the records in order; one that fails then stops the program (a faulting graph).
+// Knob (read at each call), for the callers' fallbacks: TRIDENT_EMU_CAPTURE_FAIL = begin
+// (cudaStreamBeginCapture refuses), end (cudaStreamEndCapture finds the capture invalidated),
+// instantiate (cudaGraphInstantiateWithFlags refuses), cublas (cuBLAS and cuBLASLt calls
+// during a capture return CUBLAS_STATUS_NOT_SUPPORTED and invalidate it).
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+struct CUgraph_st;
+struct CUgraphExec_st;
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphExec_t = CUgraphExec_st*;
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                          unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);

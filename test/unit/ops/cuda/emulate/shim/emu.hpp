@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 
 #include "cuda_runtime_api.h"
@@ -55,6 +56,13 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, void (*body)(void*), vo
 // cuda_runtime shim (runtime.cpp): is [p, p + bytes) inside one cudaMalloc block?
 bool is_device(const void* p, std::size_t bytes);
 void launch_error(const char* kernel, const char* why);  // sets cudaGetLastError
+// Stream capture (runtime.cpp): whether this thread records what it queues on `stream`
+// (nullptr: a kernel launch, which names no stream here: any stream this thread captures),
+// and the record (true: it succeeded when replayed).
+bool capturing(cudaStream_t stream = nullptr);
+void record(const char* what, std::function<bool()> op);
+// A call CUDA refuses during a capture: the capture is invalidated and `call` returns this.
+cudaError_t refuse_in_capture(const char* call);
 
 // false (and the launch's error set) for a pointer that is neither null nor device memory:
 // the kernel is then not run (on a GPU it would fault).
@@ -132,6 +140,13 @@ void emu_launch(K kernel, const char* name, dim3 grid, dim3 block, A... args) {
 #ifdef TRIDENT_EMU_DEVICE_POINTERS
   if (!(emu::check_arg(name, args) && ...)) return;
 #endif
+  if (emu::capturing()) {  // the arguments by value, run at each launch of the graph
+    emu::record(name, [=] {
+      emu_launch(kernel, name, grid, block, args...);
+      return cudaGetLastError() == cudaSuccess;
+    });
+    return;
+  }
   auto body = [&] { kernel(args...); };
   using Body = decltype(body);
   emu::run_grid(name, grid, block, [](void* ctx) { (*static_cast<Body*>(ctx))(); }, &body);

@@ -7,7 +7,8 @@
 // DGELU_BGRAD: tanh GELU, aux written and read, the bias gradient overwritten) and their refusals; WMMA (mma.h): D = A B + C with
 // A row-major, B column-major, C read column-major and D stored row-major from padded tiles,
 // against a double loop on the bf16-rounded values, __all_sync, and the alignment check of
-// 16-byte accesses (__ldca, __stwb: cuda_runtime.h). Built with
+// 16-byte accesses (__ldca, __stwb: cuda_runtime.h); stream capture and graph launches
+// (replay equals eager, a synchronization inside a capture is refused). Built with
 // TRIDENT_EMU_DEVICE_POINTERS.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -447,6 +448,78 @@ int main() {
     waitpid(child, &status, 0);
     check(child > 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0),
           "__ldca of an int4 4-byte aligned stops the run");
+  }
+  {  // Stream capture: recorded, not run; a launch replays kernels, copies, memsets and
+     // cuBLAS with their values at the capture; a synchronization inside is refused
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    cublasHandle_t hc;
+    cublasCreate(&hc);
+    cublasSetStream(hc, s);
+    float* a = dev(4);
+    float* b = dev(4);
+    float* pinned = nullptr;
+    cudaMallocHost(reinterpret_cast<void**>(&pinned), 4 * sizeof(float));
+    const float init[4] = {1, 2, 3, 4};
+    cudaMemcpy(a, init, sizeof init, cudaMemcpyHostToDevice);
+    cudaMemset(b, 0, 4 * sizeof(float));
+    float two = 2.0f, zero = 0.0f;
+    // eager: b = 2 (a + 1), a += 1, pinned = b
+    auto work = [&] {
+      emu_launch(+add_one_kernel, "add_one_kernel", dim3(1), dim3(4), a, 4);
+      cublasSgeam(hc, CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, &two, a, 4, &zero, b, 4, b, 4);
+      cudaMemcpyAsync(pinned, b, 4 * sizeof(float), cudaMemcpyDeviceToHost, s);
+    };
+    work();
+    const float eager[4] = {pinned[0], pinned[1], pinned[2], pinned[3]};
+    cudaMemcpy(a, init, sizeof init, cudaMemcpyHostToDevice);  // back to the start
+    cudaStreamCaptureStatus st;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess &&
+              cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusActive,
+          "capture begins");
+    pinned[0] = -1;
+    work();
+    two = 100.0f;  // after the call: the graph keeps 2
+    float now[4];
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(s, &g) == cudaSuccess && g != nullptr, "capture ends with a graph");
+    cudaMemcpy(now, a, sizeof now, cudaMemcpyDeviceToHost);
+    check(now[0] == 1 && pinned[0] == -1, "nothing ran during the capture");
+    cudaGraphExec_t ge = nullptr;
+    check(cudaGraphInstantiateWithFlags(&ge, g, 0) == cudaSuccess && ge != nullptr, "instantiated");
+    cudaGraphDestroy(g);
+    check(cudaGraphLaunch(ge, s) == cudaSuccess && pinned[0] == eager[0] && pinned[3] == eager[3],
+          "a launch replays the capture: the same results as eager (alpha as captured)");
+    cudaGraphLaunch(ge, s);
+    check(pinned[0] == 2 * (init[0] + 2) && pinned[3] == 2 * (init[3] + 2),
+          "a second launch runs it again on the same buffers");
+    cudaGraphExecDestroy(ge);
+    // refused calls invalidate the capture
+    const char* refused[] = {"cudaStreamSynchronize", "cudaMemcpy", "cudaMalloc", "cudaMemcpyAsync pageable"};
+    for (int r = 0; r < 4; r++) {
+      std::fflush(stdout);
+      cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+      cudaError_t e = cudaSuccess;
+      float host[4];
+      void* p = nullptr;
+      if (r == 0) e = cudaStreamSynchronize(s);
+      if (r == 1) e = cudaMemcpy(host, a, sizeof host, cudaMemcpyDeviceToHost);
+      if (r == 2) e = cudaMalloc(&p, 16);
+      if (r == 3) e = cudaMemcpyAsync(host, a, sizeof host, cudaMemcpyDeviceToHost, s);
+      cudaGraph_t none = nullptr;
+      const cudaError_t end = cudaStreamEndCapture(s, &none);
+      cudaGetLastError();
+      char what[160];
+      std::snprintf(what, sizeof what, "%s inside a capture: refused, the capture invalidated",
+                    refused[r]);
+      check(e == cudaErrorStreamCaptureUnsupported && end == cudaErrorStreamCaptureInvalidated &&
+                none == nullptr, what);
+    }
+    cudaFreeHost(pinned);
+    cudaFree(a);
+    cudaFree(b);
+    cublasDestroy(hc);
+    cudaStreamDestroy(s);
   }
   std::printf(bad ? "shim selftest: %d FAILED\n" : "shim selftest: all ok\n", bad);
   return bad != 0;
