@@ -654,12 +654,16 @@ import json, sys
 ops = json.load(open(sys.argv[1]))
 steps = {r["model"]: r for r in json.load(open(sys.argv[2]))["results"] if "error" not in r}
 print("GPU time inside ops / step wall time (op_table's events over train_bench's median step):")
+shown = 0
 for name, step in steps.items():
     now = ops.get(f"{name}/now")
     if now and step.get("median_step_s"):
         wall = 1e3 * step["median_step_s"]
         print(f"  {name:<8} {now['step_ms']:8.1f} of {wall:8.1f} ms ({100 * now['step_ms'] / wall:.1f}%; "
               f"the rest: launch gaps, host work, synchronizations)")
+        shown += 1
+if not shown:
+    print("  none: no model has both an op table and a step time")
 PY
   fi
   if [ -s "$out/lt_tune/op_table.json" ]; then
